@@ -1,0 +1,35 @@
+// Run outputs: the stdout summary table, summary.json, requests.csv and
+// iterations.csv. Every number is printed with a fixed format, so the same
+// run gives byte-identical files; wall time never enters them (it goes to
+// the table and to run_info.json).
+#ifndef SERVESIM_CLUSTER_REPORT_H_
+#define SERVESIM_CLUSTER_REPORT_H_
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "cluster/metrics.h"
+#include "cluster/scenario.h"
+#include "cluster/workload.h"
+
+namespace servesim::cluster {
+
+struct RunInfo {
+  double wall_s = 0;
+  double simulated_s = 0;
+};
+
+std::string FormatSummaryTable(const ResolvedScenario& sc, const Workload& wl,
+                               const Summary& s, const RunInfo& info);
+std::string SummaryJson(const ResolvedScenario& sc, const Workload& wl,
+                        const Summary& s, double simulated_s);
+
+// Writes summary.json, run_info.json and, as the scenario asks,
+// requests.csv and iterations.csv into `dir` (created if missing).
+absl::Status WriteOutputs(const std::string& dir, const ResolvedScenario& sc,
+                          const Workload& wl, const MetricsCollector& metrics,
+                          const Summary& s, const RunInfo& info);
+
+}  // namespace servesim::cluster
+
+#endif  // SERVESIM_CLUSTER_REPORT_H_

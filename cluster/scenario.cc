@@ -1,0 +1,506 @@
+#include "cluster/scenario.h"
+
+#include <cmath>
+#include <fstream>
+#include <sstream>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "common/status_macros.h"
+#include "devices/presets.h"
+#include "google/protobuf/descriptor.h"
+#include "google/protobuf/io/tokenizer.h"
+#include "scheduler/planner.h"
+
+namespace servesim::cluster {
+namespace {
+
+using google::protobuf::Descriptor;
+using google::protobuf::EnumValueDescriptor;
+using google::protobuf::FieldDescriptor;
+using google::protobuf::Message;
+using google::protobuf::Reflection;
+using google::protobuf::TextFormat;
+
+class CollectErrors : public google::protobuf::io::ErrorCollector {
+ public:
+  explicit CollectErrors(std::string path) : path_(std::move(path)) {}
+  void AddError(int line, google::protobuf::io::ColumnNumber column,
+                const std::string& message) override {
+    if (!first_.empty()) return;
+    first_ = absl::StrCat(path_, ":", line + 1, ":", column + 1, ": ", message);
+  }
+  const std::string& first() const { return first_; }
+
+ private:
+  std::string path_;
+  std::string first_;
+};
+
+std::string Dirname(const std::string& path) {
+  const size_t slash = path.find_last_of('/');
+  if (slash == std::string::npos) return ".";
+  if (slash == 0) return "/";
+  return path.substr(0, slash);
+}
+
+}  // namespace
+
+std::string LoadedScenario::Where(absl::string_view field_path) const {
+  if (overridden.count(std::string(field_path)) > 0) {
+    return absl::StrCat(path, " (--set ", field_path, ")");
+  }
+  int line = -1;
+  const TextFormat::ParseInfoTree* tree = locations.get();
+  const Descriptor* desc = servesim::v1::Scenario::descriptor();
+  for (absl::string_view part : absl::StrSplit(field_path, '.')) {
+    if (tree == nullptr || desc == nullptr) break;
+    const FieldDescriptor* f = desc->FindFieldByName(std::string(part));
+    if (f == nullptr) break;
+    const auto loc = tree->GetLocation(f, f->is_repeated() ? 0 : -1);
+    if (loc.line < 0) break;
+    line = loc.line;
+    if (f->cpp_type() != FieldDescriptor::CPPTYPE_MESSAGE) break;
+    tree = tree->GetTreeForNested(f, f->is_repeated() ? 0 : -1);
+    desc = f->message_type();
+  }
+  if (line < 0) return path;
+  return absl::StrCat(path, ":", line + 1);
+}
+
+absl::StatusOr<LoadedScenario> ParseScenarioText(const std::string& text,
+                                                 const std::string& path) {
+  LoadedScenario out;
+  out.path = path;
+  out.base_dir = Dirname(path);
+  out.locations = std::make_shared<TextFormat::ParseInfoTree>();
+  CollectErrors errors(path);
+  TextFormat::Parser parser;
+  parser.RecordErrorsTo(&errors);
+  parser.WriteLocationsTo(out.locations.get());
+  parser.AllowUnknownField(false);
+  if (!parser.ParseFromString(text, &out.proto)) {
+    return absl::InvalidArgumentError(
+        errors.first().empty() ? absl::StrCat(path, ": not a valid Scenario")
+                               : errors.first());
+  }
+  return out;
+}
+
+absl::StatusOr<LoadedScenario> LoadScenarioFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    return absl::NotFoundError(absl::StrCat(path, ": cannot open scenario file"));
+  }
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  return ParseScenarioText(buffer.str(), path);
+}
+
+absl::Status ApplyOverride(LoadedScenario* scenario,
+                           absl::string_view assignment) {
+  const size_t eq = assignment.find('=');
+  if (eq == absl::string_view::npos || eq == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--set ", assignment, ": expected field.path=value"));
+  }
+  const std::string path(absl::StripAsciiWhitespace(assignment.substr(0, eq)));
+  const std::string value(absl::StripAsciiWhitespace(assignment.substr(eq + 1)));
+  Message* msg = &scenario->proto;
+  const std::vector<std::string> parts = absl::StrSplit(path, '.');
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const Descriptor* desc = msg->GetDescriptor();
+    const FieldDescriptor* f = desc->FindFieldByName(parts[i]);
+    if (f == nullptr) {
+      std::vector<std::string> names;
+      for (int j = 0; j < desc->field_count(); ++j) names.push_back(desc->field(j)->name());
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--set ", path, ": ", desc->name(), " has no field \"", parts[i],
+          "\"; its fields: ", absl::StrJoin(names, ", ")));
+    }
+    if (f->is_repeated()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--set ", path, ": ", f->name(), " is a list; --set takes scalars"));
+    }
+    const Reflection* r = msg->GetReflection();
+    const bool last = i + 1 == parts.size();
+    if (f->cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE) {
+      if (last) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--set ", path, ": ", f->name(),
+            " is a message; name one of its scalar fields"));
+      }
+      msg = r->MutableMessage(msg, f);
+      continue;
+    }
+    if (!last) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--set ", path, ": ", f->name(), " is a scalar; nothing below it"));
+    }
+    bool ok = true;
+    std::string expected;
+    switch (f->cpp_type()) {
+      case FieldDescriptor::CPPTYPE_INT32: {
+        int32_t v;
+        ok = absl::SimpleAtoi(value, &v);
+        if (ok) r->SetInt32(msg, f, v);
+        expected = "a 32-bit integer";
+        break;
+      }
+      case FieldDescriptor::CPPTYPE_INT64: {
+        int64_t v;
+        ok = absl::SimpleAtoi(value, &v);
+        if (ok) r->SetInt64(msg, f, v);
+        expected = "an integer";
+        break;
+      }
+      case FieldDescriptor::CPPTYPE_UINT32: {
+        uint32_t v;
+        ok = absl::SimpleAtoi(value, &v);
+        if (ok) r->SetUInt32(msg, f, v);
+        expected = "a non-negative integer";
+        break;
+      }
+      case FieldDescriptor::CPPTYPE_UINT64: {
+        uint64_t v;
+        ok = absl::SimpleAtoi(value, &v);
+        if (ok) r->SetUInt64(msg, f, v);
+        expected = "a non-negative integer";
+        break;
+      }
+      case FieldDescriptor::CPPTYPE_DOUBLE: {
+        double v;
+        ok = absl::SimpleAtod(value, &v) && std::isfinite(v);
+        if (ok) r->SetDouble(msg, f, v);
+        expected = "a finite number";
+        break;
+      }
+      case FieldDescriptor::CPPTYPE_FLOAT: {
+        float v;
+        ok = absl::SimpleAtof(value, &v) && std::isfinite(v);
+        if (ok) r->SetFloat(msg, f, v);
+        expected = "a finite number";
+        break;
+      }
+      case FieldDescriptor::CPPTYPE_BOOL: {
+        bool v;
+        ok = absl::SimpleAtob(value, &v);
+        if (ok) r->SetBool(msg, f, v);
+        expected = "true or false";
+        break;
+      }
+      case FieldDescriptor::CPPTYPE_STRING:
+        r->SetString(msg, f, value);
+        break;
+      case FieldDescriptor::CPPTYPE_ENUM: {
+        const auto* e = f->enum_type();
+        const EnumValueDescriptor* ev = e->FindValueByName(value);
+        if (ev == nullptr) {
+          // Accept the name without the type prefix, e.g. CHUNKED_PREFILL.
+          for (int j = 0; j < e->value_count() && ev == nullptr; ++j) {
+            if (absl::EndsWith(e->value(j)->name(), absl::StrCat("_", value))) {
+              ev = e->value(j);
+            }
+          }
+        }
+        ok = ev != nullptr;
+        if (ok) r->SetEnumValue(msg, f, ev->number());
+        std::vector<std::string> names;
+        for (int j = 1; j < e->value_count(); ++j) names.push_back(e->value(j)->name());
+        expected = absl::StrCat("one of ", absl::StrJoin(names, ", "));
+        break;
+      }
+      case FieldDescriptor::CPPTYPE_MESSAGE:
+        break;
+    }
+    if (!ok) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--set ", path, "=", value, ": expected ", expected));
+    }
+  }
+  scenario->overridden.insert(path);
+  return absl::OkStatus();
+}
+
+namespace {
+
+template <typename Msg>
+absl::Status FillFromPreset(
+    Msg* spec, absl::StatusOr<Msg> (*lookup)(absl::string_view),
+    const LoadedScenario& sc, absl::string_view field_path) {
+  if (spec->preset().empty()) return absl::OkStatus();
+  auto preset = lookup(spec->preset());
+  if (!preset.ok()) {
+    return absl::Status(preset.status().code(),
+                        absl::StrCat(sc.Where(absl::StrCat(field_path, ".preset")),
+                                     ": ", field_path, ".preset: ",
+                                     preset.status().message()));
+  }
+  devices::FillUnset(*preset, spec);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status Normalize(LoadedScenario* scenario) {
+  auto& p = scenario->proto;
+  if (!p.has_seed()) p.set_seed(1);
+
+  auto* m = p.mutable_model();
+  RETURN_IF_ERROR(FillFromPreset(m, &devices::ModelPreset, *scenario, "model"));
+  if (!m->has_name()) m->set_name(m->preset().empty() ? "custom" : m->preset());
+  if (!m->has_num_kv_heads() && m->has_num_heads()) m->set_num_kv_heads(m->num_heads());
+  if (m->ff_kind() == servesim::v1::FF_KIND_UNSPECIFIED) m->set_ff_kind(servesim::v1::FF_KIND_GELU);
+  if (m->dtype() == servesim::v1::DTYPE_UNSPECIFIED) m->set_dtype(servesim::v1::DTYPE_FP16);
+  if (!m->has_tied_embeddings()) m->set_tied_embeddings(false);
+
+  auto* c = p.mutable_cluster();
+  if (!c->has_replicas()) c->set_replicas(1);
+  if (!c->has_tensor_parallel()) c->set_tensor_parallel(1);
+  if (!c->has_memory_utilization()) c->set_memory_utilization(0.9);
+  RETURN_IF_ERROR(FillFromPreset(c->mutable_xpu(), &devices::XpuPreset, *scenario, "cluster.xpu"));
+  if (c->interconnect().preset().empty() && !c->interconnect().has_bandwidth_bytes_per_s()) {
+    c->mutable_interconnect()->set_preset("nvlink3");
+  }
+  if (c->frontend().preset().empty() && !c->frontend().has_bandwidth_bytes_per_s()) {
+    c->mutable_frontend()->set_preset("ethernet-100g");
+  }
+  RETURN_IF_ERROR(FillFromPreset(c->mutable_interconnect(), &devices::LinkPreset, *scenario, "cluster.interconnect"));
+  RETURN_IF_ERROR(FillFromPreset(c->mutable_frontend(), &devices::LinkPreset, *scenario, "cluster.frontend"));
+  // Explicit hardware without a preset still gets the documented defaults.
+  auto* x = c->mutable_xpu();
+  if (!x->has_compute_utilization()) x->set_compute_utilization(0.8);
+  if (!x->has_memory_utilization()) x->set_memory_utilization(0.85);
+  if (!x->has_kernel_overhead_s()) x->set_kernel_overhead_s(4e-6);
+  if (!x->has_dram_energy_pj_per_byte()) x->set_dram_energy_pj_per_byte(28.72);
+  if (!x->has_flop_energy_pj()) x->set_flop_energy_pj(0.16);
+  if (!x->has_int8_op_energy_pj()) x->set_int8_op_energy_pj(0.08);
+  if (!x->has_peak_flops_int8() && x->has_peak_flops_fp16()) {
+    x->set_peak_flops_int8(2 * x->peak_flops_fp16());
+  }
+  for (auto* link : {c->mutable_interconnect(), c->mutable_frontend()}) {
+    if (!link->has_latency_s()) link->set_latency_s(0);
+    if (!link->has_energy_pj_per_byte()) link->set_energy_pj_per_byte(0);
+  }
+
+  auto* s = p.mutable_scheduler();
+  if (s->batching() == servesim::v1::BATCHING_POLICY_UNSPECIFIED) {
+    s->set_batching(servesim::v1::BATCHING_POLICY_PREFILL_FIRST);
+  }
+  if (s->routing() == servesim::v1::ROUTING_POLICY_UNSPECIFIED) {
+    s->set_routing(servesim::v1::ROUTING_POLICY_ROUND_ROBIN);
+  }
+  if (!s->has_max_batch_size()) s->set_max_batch_size(256);
+  if (!s->has_max_tokens_per_iteration()) {
+    s->set_max_tokens_per_iteration(
+        s->batching() == servesim::v1::BATCHING_POLICY_CHUNKED_PREFILL ? 512 : 8192);
+  }
+  if (!s->has_kv_block_tokens()) s->set_kv_block_tokens(16);
+  if (!s->has_kv_watermark()) s->set_kv_watermark(0.01);
+
+  auto* slo = p.mutable_slo();
+  if (!slo->has_ttft_s()) slo->set_ttft_s(5.0);
+  if (!slo->has_tpot_s()) slo->set_tpot_s(0.1);
+
+  auto* o = p.mutable_output();
+  if (!o->has_requests_csv()) o->set_requests_csv(true);
+  if (!o->has_iterations_csv()) o->set_iterations_csv(true);
+
+  auto* w = p.mutable_workload();
+  if (!w->has_rate_scale()) w->set_rate_scale(1.0);
+  return absl::OkStatus();
+}
+
+namespace {
+
+// Accumulates the first range error with its location.
+class Checker {
+ public:
+  explicit Checker(const LoadedScenario& sc) : sc_(sc) {}
+
+  template <typename T>
+  void Range(absl::string_view path, T v, T lo, T hi) {
+    if (!status_.ok()) return;
+    if (!(v >= lo && v <= hi)) {
+      Fail(path, v, absl::StrCat("allowed range [", lo, ", ", hi, "]"));
+    }
+  }
+  void Positive(absl::string_view path, double v) {
+    if (!status_.ok()) return;
+    if (!(v > 0) || !std::isfinite(v)) Fail(path, v, "expected > 0");
+  }
+  void NonNegative(absl::string_view path, double v) {
+    if (!status_.ok()) return;
+    if (!(v >= 0) || !std::isfinite(v)) Fail(path, v, "expected >= 0");
+  }
+  void Fraction(absl::string_view path, double v) {
+    if (!status_.ok()) return;
+    if (!(v > 0 && v <= 1)) Fail(path, v, "allowed range (0, 1]");
+  }
+  template <typename T>
+  void Fail(absl::string_view path, T v, absl::string_view what) {
+    if (!status_.ok()) return;
+    status_ = absl::InvalidArgumentError(
+        absl::StrCat(sc_.Where(path), ": ", path, " = ", v, ": ", what));
+  }
+  void Require(bool has, absl::string_view path, absl::string_view why) {
+    if (!status_.ok() || has) return;
+    status_ = absl::InvalidArgumentError(
+        absl::StrCat(sc_.Where(path), ": ", path, " is not set: ", why));
+  }
+  const absl::Status& status() const { return status_; }
+
+ private:
+  const LoadedScenario& sc_;
+  absl::Status status_;
+};
+
+std::string Gb(double bytes) { return absl::StrFormat("%.2f GB", bytes / 1e9); }
+
+}  // namespace
+
+absl::StatusOr<ResolvedScenario> Resolve(const LoadedScenario& sc) {
+  const auto& p = sc.proto;
+  Checker ck(sc);
+  const auto& m = p.model();
+  const char* kDims = "set model.preset or every model dimension";
+  ck.Require(m.has_num_layers(), "model.num_layers", kDims);
+  ck.Require(m.has_d_model(), "model.d_model", kDims);
+  ck.Require(m.has_num_heads(), "model.num_heads", kDims);
+  ck.Require(m.has_d_head(), "model.d_head", kDims);
+  ck.Require(m.has_d_ff(), "model.d_ff", kDims);
+  ck.Require(m.has_vocab_size(), "model.vocab_size", kDims);
+  ck.Require(m.has_max_context_tokens(), "model.max_context_tokens", kDims);
+  ck.Range<int64_t>("model.num_layers", m.num_layers(), 1, 1024);
+  ck.Range<int64_t>("model.d_model", m.d_model(), 1, 1 << 20);
+  ck.Range<int64_t>("model.num_heads", m.num_heads(), 1, 4096);
+  ck.Range<int64_t>("model.num_kv_heads", m.num_kv_heads(), 1, m.num_heads());
+  ck.Range<int64_t>("model.d_head", m.d_head(), 1, 4096);
+  ck.Range<int64_t>("model.d_ff", m.d_ff(), 1, 1 << 22);
+  ck.Range<int64_t>("model.vocab_size", m.vocab_size(), 1, 1 << 24);
+  ck.Range<int64_t>("model.max_context_tokens", m.max_context_tokens(), 2, 1 << 24);
+  if (ck.status().ok() && m.num_heads() % m.num_kv_heads() != 0) {
+    ck.Fail("model.num_kv_heads", m.num_kv_heads(),
+            absl::StrCat("must divide num_heads (", m.num_heads(), ")"));
+  }
+
+  const auto& c = p.cluster();
+  ck.Range<int32_t>("cluster.replicas", c.replicas(), 1, 4096);
+  ck.Range<int32_t>("cluster.tensor_parallel", c.tensor_parallel(), 1, 64);
+  const int64_t tp = c.tensor_parallel();
+  if (ck.status().ok() && m.num_heads() % tp != 0) {
+    ck.Fail("cluster.tensor_parallel", tp,
+            absl::StrCat("must divide model.num_heads (", m.num_heads(), ")"));
+  }
+  if (ck.status().ok() && m.d_ff() % tp != 0) {
+    ck.Fail("cluster.tensor_parallel", tp,
+            absl::StrCat("must divide model.d_ff (", m.d_ff(), ")"));
+  }
+  if (ck.status().ok() && m.num_kv_heads() % tp != 0 && tp % m.num_kv_heads() != 0) {
+    ck.Fail("cluster.tensor_parallel", tp,
+            absl::StrCat("must divide model.num_kv_heads (", m.num_kv_heads(),
+                         ") or be a multiple of it"));
+  }
+  const auto& x = c.xpu();
+  const char* kXpu = "set cluster.xpu.preset or every xPU figure";
+  ck.Require(x.has_peak_flops_fp16(), "cluster.xpu.peak_flops_fp16", kXpu);
+  ck.Require(x.has_memory_bytes(), "cluster.xpu.memory_bytes", kXpu);
+  ck.Require(x.has_memory_bw_bytes_per_s(), "cluster.xpu.memory_bw_bytes_per_s", kXpu);
+  ck.Positive("cluster.xpu.peak_flops_fp16", x.peak_flops_fp16());
+  ck.Positive("cluster.xpu.peak_flops_int8", x.peak_flops_int8());
+  ck.Positive("cluster.xpu.memory_bytes", x.memory_bytes());
+  ck.Positive("cluster.xpu.memory_bw_bytes_per_s", x.memory_bw_bytes_per_s());
+  ck.Fraction("cluster.xpu.compute_utilization", x.compute_utilization());
+  ck.Fraction("cluster.xpu.memory_utilization", x.memory_utilization());
+  ck.NonNegative("cluster.xpu.kernel_overhead_s", x.kernel_overhead_s());
+  ck.NonNegative("cluster.xpu.dram_energy_pj_per_byte", x.dram_energy_pj_per_byte());
+  ck.NonNegative("cluster.xpu.flop_energy_pj", x.flop_energy_pj());
+  ck.NonNegative("cluster.xpu.int8_op_energy_pj", x.int8_op_energy_pj());
+  for (const char* name : {"interconnect", "frontend"}) {
+    const auto& l = std::string(name) == "interconnect" ? c.interconnect() : c.frontend();
+    const std::string base = absl::StrCat("cluster.", name);
+    ck.Positive(absl::StrCat(base, ".bandwidth_bytes_per_s"), l.bandwidth_bytes_per_s());
+    ck.NonNegative(absl::StrCat(base, ".latency_s"), l.latency_s());
+    ck.NonNegative(absl::StrCat(base, ".energy_pj_per_byte"), l.energy_pj_per_byte());
+  }
+  ck.Fraction("cluster.memory_utilization", c.memory_utilization());
+
+  const auto& s = p.scheduler();
+  ck.Range<int64_t>("scheduler.max_batch_size", s.max_batch_size(), 1, 1 << 16);
+  ck.Range<int64_t>("scheduler.max_tokens_per_iteration", s.max_tokens_per_iteration(), 1, 1 << 22);
+  ck.Range<int64_t>("scheduler.kv_block_tokens", s.kv_block_tokens(), 1, 1024);
+  if (ck.status().ok() && !(s.kv_watermark() >= 0 && s.kv_watermark() < 0.5)) {
+    ck.Fail("scheduler.kv_watermark", s.kv_watermark(), "allowed range [0, 0.5)");
+  }
+  ck.Positive("slo.ttft_s", p.slo().ttft_s());
+  ck.Positive("slo.tpot_s", p.slo().tpot_s());
+  RETURN_IF_ERROR(ck.status());
+
+  ResolvedScenario out;
+  out.proto = p;
+  out.base_dir = sc.base_dir;
+  out.model = devices::ModelDimsFromSpec(m);
+  out.replicas = c.replicas();
+  out.tensor_parallel = tp;
+  out.seed = p.seed();
+  out.ttft_slo_s = p.slo().ttft_s();
+  out.tpot_slo_s = p.slo().tpot_s();
+  auto* gpu = out.xpu_device.mutable_gpu();
+  *gpu->mutable_xpu() = x;
+  *gpu->mutable_interconnect() = c.interconnect();
+  gpu->set_dtype(m.dtype());
+
+  // Memory: weights and the activation workspace must leave room for KV.
+  scheduler::IterationPlanner sizes(out.model, tp, /*device=*/nullptr);
+  out.weight_bytes_per_xpu = sizes.WeightBytesPerXpu();
+  out.activation_bytes_per_xpu = sizes.ActivationBytesPerXpu(s.max_tokens_per_iteration());
+  scheduler::KvCapacityInputs kin;
+  kin.memory_bytes_per_xpu = x.memory_bytes();
+  kin.xpus = tp;
+  kin.memory_utilization = c.memory_utilization();
+  kin.weight_bytes = out.model.WeightBytes();
+  kin.activation_bytes_per_xpu = out.activation_bytes_per_xpu;
+  kin.kv_bytes_per_token_per_xpu = sizes.KvBytesPerTokenPerXpu();
+  kin.block_tokens = s.kv_block_tokens();
+  out.kv = scheduler::ComputeKvCapacity(kin);
+  const double available = x.memory_bytes() * c.memory_utilization();
+  const double required = out.weight_bytes_per_xpu + out.activation_bytes_per_xpu;
+  if (out.kv.blocks < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        sc.Where("cluster.tensor_parallel"), ": ", m.name(),
+        " does not fit a replica of ", tp, " x ", x.preset().empty() ? "xPU" : x.preset(),
+        ": required ", Gb(required), " per xPU (weights ", Gb(out.weight_bytes_per_xpu),
+        " + activations ", Gb(out.activation_bytes_per_xpu), ") plus at least one KV block (",
+        Gb(double(kin.block_tokens) * kin.kv_bytes_per_token_per_xpu), ") vs available ",
+        Gb(available), " (memory ", Gb(x.memory_bytes()), " x cluster.memory_utilization ",
+        c.memory_utilization(), "); raise cluster.tensor_parallel or use a larger xPU"));
+  }
+
+  out.batching.policy = s.batching() == servesim::v1::BATCHING_POLICY_CHUNKED_PREFILL
+                            ? scheduler::BatchingPolicy::kChunkedPrefill
+                            : scheduler::BatchingPolicy::kPrefillFirst;
+  out.batching.max_batch_size = s.max_batch_size();
+  out.batching.max_tokens_per_iteration = s.max_tokens_per_iteration();
+  out.batching.kv_block_tokens = s.kv_block_tokens();
+  out.batching.kv_capacity_blocks = out.kv.blocks;
+  out.batching.kv_watermark = s.kv_watermark();
+  out.batching.max_context_tokens = m.max_context_tokens();
+  switch (s.routing()) {
+    case servesim::v1::ROUTING_POLICY_LEAST_OUTSTANDING:
+      out.routing = scheduler::RoutingPolicy::kLeastOutstanding;
+      break;
+    case servesim::v1::ROUTING_POLICY_LEAST_KV_LOAD:
+      out.routing = scheduler::RoutingPolicy::kLeastKvLoad;
+      break;
+    default:
+      out.routing = scheduler::RoutingPolicy::kRoundRobin;
+  }
+  return out;
+}
+
+}  // namespace servesim::cluster

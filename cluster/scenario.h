@@ -1,0 +1,79 @@
+// Scenario files: parse -> override -> normalise -> validate -> resolve
+// (Triton's model-config pipeline; see ../shared/STYLE.md §4).
+//
+//  - Load: protobuf text format; syntax errors and unknown fields are
+//    errors naming file:line:column. The parser records where each field
+//    was written, so later errors name the line too.
+//  - ApplyOverride: `field.path=value` for any scalar, enum (by value name,
+//    with or without its type prefix) or string field; setting a field
+//    inside a oneof selects that oneof member.
+//  - Normalize: fills presets (model, xPU, links) and documented defaults,
+//    so the resolved scenario shows every value the run uses.
+//  - Resolve: checks every value against its allowed range and the
+//    configuration as a whole (weights must fit the replica's memory, say
+//    required against available bytes), then derives what the run needs.
+// Every error is INVALID_ARGUMENT (NOT_FOUND for a missing file or preset)
+// and reads `<file>:<line>: <field.path> = <value>: <problem>; <allowed>`.
+#ifndef SERVESIM_CLUSTER_SCENARIO_H_
+#define SERVESIM_CLUSTER_SCENARIO_H_
+
+#include <memory>
+#include <set>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "devices/model.h"
+#include "google/protobuf/text_format.h"
+#include "scheduler/batching.h"
+#include "scheduler/kv_cache.h"
+#include "scheduler/router.h"
+#include "servesim/v1/hardware.pb.h"
+#include "servesim/v1/scenario.pb.h"
+
+namespace servesim::cluster {
+
+struct LoadedScenario {
+  servesim::v1::Scenario proto;
+  std::string path;      // as given
+  std::string base_dir;  // folder of `path`, for relative trace paths
+  std::shared_ptr<google::protobuf::TextFormat::ParseInfoTree> locations;
+  std::set<std::string> overridden;  // paths set by --set
+
+  // "file:line" of `field_path` (or of its nearest written ancestor;
+  // "file (--set)" for overridden fields; "file" if never written).
+  std::string Where(absl::string_view field_path) const;
+};
+
+absl::StatusOr<LoadedScenario> LoadScenarioFile(const std::string& path);
+absl::StatusOr<LoadedScenario> ParseScenarioText(const std::string& text,
+                                                 const std::string& path);
+
+absl::Status ApplyOverride(LoadedScenario* scenario,
+                           absl::string_view assignment);
+
+absl::Status Normalize(LoadedScenario* scenario);
+
+// Everything a run needs, derived from a normalised scenario.
+struct ResolvedScenario {
+  servesim::v1::Scenario proto;  // normalised
+  std::string base_dir;
+  devices::ModelDims model;
+  servesim::v1::DeviceSpec xpu_device;  // gpu spec for the replica's xPUs
+  int64_t replicas = 1;
+  int64_t tensor_parallel = 1;
+  scheduler::BatchingConfig batching;  // kv_capacity_blocks filled in
+  scheduler::RoutingPolicy routing = scheduler::RoutingPolicy::kRoundRobin;
+  scheduler::KvCapacity kv;
+  double weight_bytes_per_xpu = 0;
+  double activation_bytes_per_xpu = 0;
+  double ttft_slo_s = 0;
+  double tpot_slo_s = 0;
+  uint64_t seed = 1;
+};
+
+absl::StatusOr<ResolvedScenario> Resolve(const LoadedScenario& scenario);
+
+}  // namespace servesim::cluster
+
+#endif  // SERVESIM_CLUSTER_SCENARIO_H_

@@ -1,0 +1,267 @@
+#include "cluster/simulation.h"
+
+#include <memory>
+#include <simgrid/s4u.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "devices/registry.h"
+#include "scheduler/planner.h"
+
+namespace sg4 = simgrid::s4u;
+
+namespace servesim::cluster {
+namespace {
+
+// A message on a mailbox: a request, or the end-of-stream count.
+struct Message {
+  const scheduler::RequestSpec* request = nullptr;  // null: end of stream
+  int64_t total_sent = 0;                           // with end of stream
+};
+
+constexpr double kBytesPerPromptToken = 4;  // token ids on the wire
+constexpr double kHeaderBytes = 512;
+
+struct Shared {
+  const ResolvedScenario* sc = nullptr;
+  const Workload* workload = nullptr;
+  MetricsCollector* metrics = nullptr;
+  std::vector<scheduler::ReplicaLoad> loads;
+  std::vector<sg4::Mailbox*> engine_boxes;
+  sg4::Mailbox* router_box = nullptr;
+  absl::Status error;  // first internal error; stops the run
+};
+
+double WireBytes(const scheduler::RequestSpec& r) {
+  return kHeaderBytes + kBytesPerPromptToken * static_cast<double>(r.input_tokens);
+}
+
+void Source(Shared* sh) {
+  for (const auto& r : sh->workload->requests) {
+    sg4::this_actor::sleep_until(r.arrival_s);
+    auto* msg = new Message{&r, 0};
+    sh->router_box->put_init(msg, static_cast<uint64_t>(WireBytes(r)))->detach();
+  }
+  auto* end = new Message{nullptr, static_cast<int64_t>(sh->workload->requests.size())};
+  sh->router_box->put_init(end, 0)->detach();
+}
+
+void RouterActor(Shared* sh) {
+  scheduler::Router router(sh->sc->routing);
+  std::vector<int64_t> sent(sh->engine_boxes.size(), 0);
+  int64_t expected = -1, received = 0;
+  while (expected < 0 || received < expected) {
+    auto* msg = sh->router_box->get<Message>();
+    if (msg->request == nullptr) {
+      expected = msg->total_sent;
+      delete msg;
+      continue;
+    }
+    ++received;
+    const int r = router.Route(sh->loads);
+    ++sh->loads[r].outstanding;
+    ++sent[r];
+    sh->engine_boxes[r]->put_init(msg, static_cast<uint64_t>(WireBytes(*msg->request)))
+        ->detach();
+  }
+  for (size_t r = 0; r < sh->engine_boxes.size(); ++r) {
+    sh->engine_boxes[r]->put_init(new Message{nullptr, sent[r]}, 0)->detach();
+  }
+}
+
+class Engine {
+ public:
+  Engine(Shared* sh, int replica, std::unique_ptr<devices::Device> device)
+      : sh_(sh),
+        replica_(replica),
+        device_(std::move(device)),
+        scheduler_(sh->sc->batching),
+        planner_(sh->sc->model, sh->sc->tensor_parallel, device_.get()),
+        observer_(sh->metrics->ObserverFor(replica)) {}
+
+  void Run() {
+    sg4::Mailbox* box = sh_->engine_boxes[replica_];
+    while (true) {
+      while (box->ready()) Receive(box->get<Message>());
+      if (scheduler_.Idle()) {
+        if (expected_ >= 0 && done_ >= expected_) break;
+        Receive(box->get<Message>());  // block until work arrives
+        continue;
+      }
+      const double start = sg4::Engine::get_clock();
+      const scheduler::Batch& batch = scheduler_.Schedule(start);
+      if (batch.empty()) {
+        sh_->error = absl::InternalError(absl::StrCat(
+            "replica ", replica_, ": work queued but nothing schedulable at t=", start));
+        return;
+      }
+      auto cost = planner_.Plan(batch);
+      if (!cost.ok()) {
+        sh_->error = cost.status();
+        return;
+      }
+      IterationRecord it;
+      it.replica = replica_;
+      it.start_s = start;
+      it.duration_s = cost->time_s;
+      it.batch_size = static_cast<int32_t>(batch.entries.size());
+      it.prefill_tokens = batch.prefill_tokens;
+      it.decode_tokens = batch.decode_tokens;
+      it.kv_blocks_used = scheduler_.kv().used();
+      it.energy_j = cost->total.energy_pj() * 1e-12;
+      sh_->metrics->AddIteration(it);
+      sg4::this_actor::sleep_for(cost->time_s);
+      const int64_t finished_before = finished_;
+      scheduler_.Complete(sg4::Engine::get_clock(), &counting_);
+      done_ += finished_ - finished_before;
+      UpdateLoad();
+    }
+  }
+
+ private:
+  // Forwards to the metrics observer and counts finishes.
+  class Counting : public scheduler::RequestObserver {
+   public:
+    explicit Counting(Engine* e) : e_(e) {}
+    void OnToken(const scheduler::RequestState& r, double t, double gap) override {
+      e_->observer_->OnToken(r, t, gap);
+    }
+    void OnFinish(const scheduler::RequestState& r, double t) override {
+      ++e_->finished_;
+      --e_->sh_->loads[e_->replica_].outstanding;
+      e_->observer_->OnFinish(r, t);
+    }
+    void OnReject(const scheduler::RequestSpec& r, scheduler::RejectReason why,
+                  double t) override {
+      ++e_->finished_;
+      --e_->sh_->loads[e_->replica_].outstanding;
+      e_->observer_->OnReject(r, why, t);
+    }
+
+   private:
+    Engine* e_;
+  };
+
+  void Receive(Message* msg) {
+    if (msg->request == nullptr) {
+      expected_ = msg->total_sent;
+    } else {
+      const int64_t before = finished_;
+      scheduler_.Add(*msg->request, sg4::Engine::get_clock(), &counting_);
+      done_ += finished_ - before;
+    }
+    delete msg;
+    UpdateLoad();
+  }
+
+  void UpdateLoad() {
+    auto& l = sh_->loads[replica_];
+    l.kv_blocks_used = scheduler_.kv().used();
+    l.kv_blocks_queued = scheduler_.queued_block_demand();
+  }
+
+  Shared* sh_;
+  int replica_;
+  std::unique_ptr<devices::Device> device_;
+  scheduler::ReplicaScheduler scheduler_;
+  scheduler::IterationPlanner planner_;
+  scheduler::RequestObserver* observer_;
+  Counting counting_{this};
+  int64_t expected_ = -1;  // requests the router sent; known at the end
+  int64_t finished_ = 0;   // finished or rejected
+  int64_t done_ = 0;
+};
+
+void BuildPlatform(const ResolvedScenario& sc, sg4::NetZone** zone_out,
+                   std::vector<sg4::Host*>* engine_hosts, sg4::Host** clients,
+                   sg4::Host** router) {
+  const auto& c = sc.proto.cluster();
+  auto* zone = sg4::create_full_zone("cluster");
+  *clients = zone->create_host("clients", 1e9);
+  *router = zone->create_host("router", 1e9);
+  auto make_link = [&](const std::string& name, const servesim::v1::LinkSpec& l) {
+    return zone->create_link(name, l.bandwidth_bytes_per_s())
+        ->set_latency(l.latency_s())
+        ->seal();
+  };
+  auto* in = make_link("frontend.in", c.frontend());
+  zone->add_route((*clients)->get_netpoint(), (*router)->get_netpoint(), nullptr, nullptr,
+                  {sg4::LinkInRoute(in)}, true);
+  for (int64_t r = 0; r < sc.replicas; ++r) {
+    std::vector<sg4::Host*> xpus;
+    std::vector<sg4::Link*> links;
+    for (int64_t j = 0; j < sc.tensor_parallel; ++j) {
+      xpus.push_back(zone->create_host(absl::StrCat("r", r, ".xpu", j),
+                                       c.xpu().peak_flops_fp16()));
+      links.push_back(make_link(absl::StrCat("r", r, ".xpu", j, ".link"), c.interconnect()));
+    }
+    auto* fe = make_link(absl::StrCat("r", r, ".frontend"), c.frontend());
+    zone->add_route((*router)->get_netpoint(), xpus[0]->get_netpoint(), nullptr, nullptr,
+                    {sg4::LinkInRoute(fe)}, true);
+    for (int64_t j = 1; j < sc.tensor_parallel; ++j) {
+      zone->add_route(xpus[0]->get_netpoint(), xpus[j]->get_netpoint(), nullptr, nullptr,
+                      {sg4::LinkInRoute(links[0]), sg4::LinkInRoute(links[j])}, true);
+    }
+    engine_hosts->push_back(xpus[0]);
+  }
+  zone->seal();
+  *zone_out = zone;
+}
+
+}  // namespace
+
+absl::StatusOr<RunResult> RunSimulation(const ResolvedScenario& sc,
+                                        const Workload& workload,
+                                        const std::vector<std::string>& simgrid_args) {
+  std::vector<std::string> args = {"servesim"};
+  args.insert(args.end(), simgrid_args.begin(), simgrid_args.end());
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  int argc = static_cast<int>(argv.size());
+  sg4::Engine engine(&argc, argv.data());
+  if (argc > 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unrecognised SimGrid argument: ", argv[1]));
+  }
+
+  RunResult result;
+  result.metrics = std::make_unique<MetricsCollector>(workload.requests);
+  Shared sh;
+  sh.sc = &sc;
+  sh.workload = &workload;
+  sh.metrics = result.metrics.get();
+  sh.loads.assign(sc.replicas, scheduler::ReplicaLoad{});
+  for (auto& l : sh.loads) l.kv_blocks_capacity = sc.kv.blocks;
+
+  sg4::NetZone* zone = nullptr;
+  std::vector<sg4::Host*> engine_hosts;
+  sg4::Host *clients = nullptr, *router = nullptr;
+  BuildPlatform(sc, &zone, &engine_hosts, &clients, &router);
+
+  std::vector<std::unique_ptr<Engine>> engines;
+  for (int64_t r = 0; r < sc.replicas; ++r) {
+    ASSIGN_OR_RETURN(auto device, devices::CreateDevice(sc.xpu_device));
+    engines.push_back(std::make_unique<Engine>(&sh, static_cast<int>(r), std::move(device)));
+    sh.engine_boxes.push_back(sg4::Mailbox::by_name(absl::StrCat("engine", r)));
+  }
+  sh.router_box = sg4::Mailbox::by_name("router");
+
+  // Permanent receivers: hand-offs complete without waiting for the
+  // receiver to call get(), so a busy engine finds them queued.
+  auto router_actor = sg4::Actor::create("router", router, RouterActor, &sh);
+  sh.router_box->set_receiver(router_actor);
+  for (int64_t r = 0; r < sc.replicas; ++r) {
+    Engine* e = engines[r].get();
+    auto actor = sg4::Actor::create(absl::StrCat("engine", r), engine_hosts[r],
+                                    [e]() { e->Run(); });
+    sh.engine_boxes[r]->set_receiver(actor);
+  }
+  sg4::Actor::create("source", clients, Source, &sh);
+
+  engine.run();
+  RETURN_IF_ERROR(sh.error);
+  result.simulated_s = sg4::Engine::get_clock();
+  return result;
+}
+
+}  // namespace servesim::cluster

@@ -1,0 +1,53 @@
+// The cluster simulation on SimGrid S4U.
+//
+// Platform (built in C++ from the scenario): a `clients` host, a `router`
+// host and one host per xPU (`r<i>.xpu<j>`, speed = peak FP16 FLOP/s). The
+// clients reach the router over the `frontend.in` link; the router reaches
+// each replica's first xPU over its own `r<i>.frontend` link (both of the
+// cluster.frontend link class); each xPU has an `r<i>.xpu<j>.link` of the
+// interconnect class to its replica's switch.
+//
+// Actors (few and long-lived, ../shared/TOOLCHAIN.md):
+//  - source (on clients): sleeps until each arrival and sends the request
+//    to the router; its size on the wire is 4 bytes per prompt token.
+//  - router: routes each request (scheduler/router.h) and forwards it over
+//    the replica's front-end link; at the end tells every engine how many
+//    requests it was sent.
+//  - one engine per replica (on r<i>.xpu0): takes the requests that have
+//    arrived, asks its ReplicaScheduler for a batch, costs it with the
+//    IterationPlanner on its Device, sleeps for the iteration's time, then
+//    applies it. Idle engines block on their mailbox.
+// Collectives inside a replica are costed by the device model per layer
+// (hundreds per iteration) rather than sent as SimGrid messages: at ~100k
+// messages per wall second, per-layer messages would make an hour-long
+// trace take minutes. The links are in the platform for the transfers that
+// happen once per request or iteration.
+//
+// SimGrid allows one Engine per process, so RunSimulation may be called
+// once per process.
+#ifndef SERVESIM_CLUSTER_SIMULATION_H_
+#define SERVESIM_CLUSTER_SIMULATION_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "cluster/metrics.h"
+#include "cluster/scenario.h"
+#include "cluster/workload.h"
+
+namespace servesim::cluster {
+
+struct RunResult {
+  std::unique_ptr<MetricsCollector> metrics;
+  double simulated_s = 0;  // SimGrid clock at the end
+};
+
+// `simgrid_args`: extra --cfg=... / --log=... arguments for SimGrid.
+absl::StatusOr<RunResult> RunSimulation(const ResolvedScenario& scenario,
+                                        const Workload& workload,
+                                        const std::vector<std::string>& simgrid_args);
+
+}  // namespace servesim::cluster
+
+#endif  // SERVESIM_CLUSTER_SIMULATION_H_

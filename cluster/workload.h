@@ -1,0 +1,74 @@
+// Workload sources: real request traces and synthetic arrival processes.
+//
+// Readers (each names the file and 1-based line of any bad row):
+//  - Azure LLM inference trace 2023 (CSV `TIMESTAMP,ContextTokens,
+//    GeneratedTokens`, timestamps `YYYY-MM-DD HH:MM:SS.fffffff`). Arrival
+//    times are seconds after the first row, computed from integer calendar
+//    arithmetic plus the fractional part, so no time zone or libc enters.
+//  - Mooncake JSONL (`timestamp` in ms, `input_length`, `output_length`,
+//    `hash_ids`). Timestamps are whole milliseconds, so several requests can
+//    share one; the n requests of a bucket are spread evenly over it, the
+//    k-th (0-based) arriving at timestamp + k/n ms, keeping file order.
+//  - BurstGPT CSV, columns found by header name (`Timestamp`, `Request
+//    tokens`, `Response tokens`; other columns ignored). Rows with 0 response
+//    tokens are failed requests: skipped and counted in `skipped_failed`.
+//  - Length-only CSV (ShareGPT-style, columns `num_prefill_tokens`,
+//    `num_decode_tokens` by name): a sampler of (input, output) pairs.
+// Synthetic arrivals: Poisson (exponential gaps), gamma (gaps ~ Gamma with
+// shape 1/cv^2, mean 1/rate), constant rate; first arrival at t=0 for
+// constant, after one gap for the random ones. Saturated: N requests at t=0.
+// All randomness comes from common/rng.h streams of the scenario seed.
+#ifndef SERVESIM_CLUSTER_WORKLOAD_H_
+#define SERVESIM_CLUSTER_WORKLOAD_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "scheduler/request.h"
+#include "servesim/v1/scenario.pb.h"
+
+namespace servesim::cluster {
+
+struct TraceRow {
+  double timestamp_s = 0;  // as in the file, converted to seconds
+  int64_t input_tokens = 0;
+  int64_t output_tokens = 0;
+};
+
+struct TraceFile {
+  std::vector<TraceRow> rows;  // in file order
+  int64_t skipped_failed = 0;  // rows the format defines as failed requests
+};
+
+absl::StatusOr<TraceFile> ReadAzureTrace(const std::string& path);
+absl::StatusOr<TraceFile> ReadMooncakeTrace(const std::string& path);
+absl::StatusOr<TraceFile> ReadBurstGptTrace(const std::string& path);
+
+struct LengthPair {
+  int64_t input_tokens = 0;
+  int64_t output_tokens = 0;
+};
+absl::StatusOr<std::vector<LengthPair>> ReadLengthCsv(const std::string& path);
+
+struct Workload {
+  std::vector<scheduler::RequestSpec> requests;  // sorted by arrival, ids 0..n-1
+  int64_t rows_read = 0;         // rows in the trace (or generated)
+  int64_t skipped_failed = 0;    // failed rows skipped (BurstGPT)
+  int64_t outside_window = 0;    // dropped by the time window / request limit
+  std::string description;       // e.g. "azure trace examples/traces/x.csv"
+};
+
+// Builds the workload a resolved WorkloadSpec describes. Relative paths are
+// resolved against `base_dir`; `trace_override`, when non-empty, replaces the
+// trace path (servesim run --trace). Applies rate_scale, then the window, then
+// max_requests, then shifts arrivals so the first is at 0 and renumbers ids.
+absl::StatusOr<Workload> LoadWorkload(const servesim::v1::WorkloadSpec& spec,
+                                      const std::string& base_dir,
+                                      const std::string& trace_override,
+                                      uint64_t seed);
+
+}  // namespace servesim::cluster
+
+#endif  // SERVESIM_CLUSTER_WORKLOAD_H_

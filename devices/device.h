@@ -1,0 +1,75 @@
+// The device interface: every accelerator kind servesim models implements it.
+//
+// Contract:
+//  - Describe() names the device and lists its parameters and the op kinds it
+//    accepts. It never fails.
+//  - Estimate() is the cycle model. It is pure (the same ops give the same
+//    costs, bit for bit, on any host), batched (one call covers one
+//    iteration's ops for one layer on one device instance) and fast (it runs
+//    once per simulated iteration). costs[i] receives the cost of ops[i].
+//    Ops of a kind the device does not accept give INVALID_ARGUMENT.
+//  - Execute() is the functional kernel: real attention on real tensors with
+//    the device's algorithm. It returns the output and the statistics the
+//    cycle model consumes. Shapes: q [heads, q_len, d_head], k and v
+//    [kv_heads, kv_len, d_head]; query i sits at position kv_len - q_len + i
+//    and attends causally. Bad shapes give INVALID_ARGUMENT.
+//  - A Device is immutable after Create(), so one instance may serve
+//    concurrent callers (in-process engines or gRPC handler threads).
+#ifndef SERVESIM_DEVICES_DEVICE_H_
+#define SERVESIM_DEVICES_DEVICE_H_
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "devices/ops.h"
+#include "devices/tensor.h"
+
+namespace servesim::devices {
+
+struct DeviceDescription {
+  std::string kind;    // registry name, e.g. "gpu"
+  std::string preset;  // hardware preset, e.g. "a100-80gb"
+  std::vector<std::pair<std::string, double>> parameters;  // name_unit -> value
+  std::vector<OpKind> accepts;
+  double memory_bytes = 0;
+};
+
+struct AttentionCall {
+  Tensor q, k, v;
+  float scale = 0;  // 0: use 1/sqrt(d_head)
+};
+
+// What the kernel did; the cycle model's inputs, measured.
+struct KernelStats {
+  // Counted over (query head, query, key position) triples the causal mask
+  // allows: how many there are, for how many the kernel read K, and for how
+  // many it read V. Exact attention reads all of them.
+  int64_t kv_positions = 0;
+  int64_t kv_positions_read = 0;
+  int64_t v_rows_read = 0;
+  double bytes_read = 0;      // K, V and Q bytes read
+};
+
+struct AttentionResult {
+  Tensor out;  // fp32, [heads, q_len, d_head]
+  KernelStats stats;
+};
+
+class Device {
+ public:
+  virtual ~Device() = default;
+  virtual DeviceDescription Describe() const = 0;
+  virtual absl::Status Estimate(absl::Span<const Op> ops,
+                                absl::Span<Cost> costs) const = 0;
+  virtual absl::StatusOr<AttentionResult> Execute(
+      const AttentionCall& call) const = 0;
+};
+
+}  // namespace servesim::devices
+
+#endif  // SERVESIM_DEVICES_DEVICE_H_

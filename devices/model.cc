@@ -1,0 +1,45 @@
+#include "devices/model.h"
+
+namespace servesim::devices {
+
+int64_t ModelDims::AttentionParamsPerLayer() const {
+  const int64_t q = num_heads * d_head;
+  const int64_t kv = num_kv_heads * d_head;
+  return d_model * q + 2 * d_model * kv + q * d_model;
+}
+
+int64_t ModelDims::FfParamsPerLayer() const {
+  return (ff_kind == FfKind::kSwiGlu ? 3 : 2) * d_model * d_ff;
+}
+
+int64_t ModelDims::ParamsPerLayer() const {
+  return AttentionParamsPerLayer() + FfParamsPerLayer() + 2 * 2 * d_model;
+}
+
+int64_t ModelDims::EmbeddingParams() const {
+  return (tied_embeddings ? 1 : 2) * vocab_size * d_model;
+}
+
+int64_t ModelDims::TotalParams() const {
+  return num_layers * ParamsPerLayer() + EmbeddingParams() + 2 * d_model;
+}
+
+ModelDims ModelDimsFromSpec(const servesim::v1::ModelSpec& spec) {
+  ModelDims m;
+  m.name = spec.name();
+  m.num_layers = spec.num_layers();
+  m.d_model = spec.d_model();
+  m.num_heads = spec.num_heads();
+  m.num_kv_heads = spec.num_kv_heads();
+  m.d_head = spec.d_head();
+  m.d_ff = spec.d_ff();
+  m.ff_kind = spec.ff_kind() == servesim::v1::FF_KIND_SWIGLU ? FfKind::kSwiGlu
+                                                             : FfKind::kGelu;
+  m.vocab_size = spec.vocab_size();
+  m.max_context_tokens = spec.max_context_tokens();
+  m.bytes_per_element = spec.dtype() == servesim::v1::DTYPE_INT8 ? 1 : 2;
+  m.tied_embeddings = spec.tied_embeddings();
+  return m;
+}
+
+}  // namespace servesim::devices

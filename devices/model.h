@@ -1,0 +1,59 @@
+// The transformer being served, as the cost models see it.
+//
+// ModelDims is the resolved, validated form of servesim.v1.ModelSpec: plain
+// integers read in hot loops. Derived sizes follow the standard decoder
+// layout (Vaswani et al. 2017; GQA per Ainslie et al. 2023):
+//   attention weights per layer = d*(h*dh) + 2*d*(kv*dh) + (h*dh)*d
+//   FF weights per layer        = 2*d*d_ff (GELU) or 3*d*d_ff (SwiGLU)
+//   KV elements per token       = 2 * layers * kv * dh     (AttAcc §3.2)
+// Norm gains/biases are counted (2*d per norm, 2 norms per layer + final).
+#ifndef SERVESIM_DEVICES_MODEL_H_
+#define SERVESIM_DEVICES_MODEL_H_
+
+#include <cstdint>
+#include <string>
+
+#include "servesim/v1/scenario.pb.h"
+
+namespace servesim::devices {
+
+enum class FfKind { kGelu, kSwiGlu };
+
+struct ModelDims {
+  std::string name;
+  int64_t num_layers = 0;
+  int64_t d_model = 0;
+  int64_t num_heads = 0;
+  int64_t num_kv_heads = 0;
+  int64_t d_head = 0;
+  int64_t d_ff = 0;
+  FfKind ff_kind = FfKind::kGelu;
+  int64_t vocab_size = 0;
+  int64_t max_context_tokens = 0;
+  int64_t bytes_per_element = 2;  // 2 for fp16, 1 for int8
+  bool tied_embeddings = false;
+
+  // Parameter counts.
+  int64_t AttentionParamsPerLayer() const;
+  int64_t FfParamsPerLayer() const;
+  int64_t ParamsPerLayer() const;  // attention + FF + 2 norms
+  int64_t EmbeddingParams() const;  // token embedding (+ LM head if untied)
+  int64_t TotalParams() const;
+  double WeightBytes() const { return double(TotalParams()) * bytes_per_element; }
+
+  // KV-cache bytes one token occupies across all layers and KV heads.
+  int64_t KvBytesPerToken() const {
+    return 2 * num_layers * num_kv_heads * d_head * bytes_per_element;
+  }
+  // Number of FF weight matrices that read the layer input (gate+up for
+  // SwiGLU, one for GELU).
+  int64_t FfInputMatrices() const { return ff_kind == FfKind::kSwiGlu ? 2 : 1; }
+};
+
+// Converts a resolved ModelSpec (every optional field set; see
+// cluster/scenario.h) to ModelDims.
+ModelDims ModelDimsFromSpec(const servesim::v1::ModelSpec& spec);
+
+}  // namespace servesim::devices
+
+#endif  // SERVESIM_DEVICES_MODEL_H_

@@ -1,0 +1,23 @@
+#include "devices/ops.h"
+
+namespace servesim::devices {
+
+std::string_view StageName(Stage stage) {
+  switch (stage) {
+    case Stage::kEmbedding: return "embedding";
+    case Stage::kNorm: return "norm";
+    case Stage::kQkv: return "qkv";
+    case Stage::kAttention: return "attention";
+    case Stage::kProjection: return "projection";
+    case Stage::kFf1: return "ff1";
+    case Stage::kActivation: return "activation";
+    case Stage::kFf2: return "ff2";
+    case Stage::kResidual: return "residual";
+    case Stage::kAllReduce: return "allreduce";
+    case Stage::kLmHead: return "lm_head";
+    case Stage::kCount: break;
+  }
+  return "unknown";
+}
+
+}  // namespace servesim::devices

@@ -1,0 +1,290 @@
+#include "devices/presets.h"
+
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "google/protobuf/descriptor.h"
+#include "google/protobuf/text_format.h"
+
+namespace servesim::devices {
+namespace {
+
+using google::protobuf::FieldDescriptor;
+using google::protobuf::Message;
+using google::protobuf::Reflection;
+
+// ---------------------------------------------------------------- models ----
+// Sources:
+//  [GPT3]  Brown et al., "Language Models are Few-Shot Learners", 2020,
+//          Table 2.1 (layers, d_model, heads, d_head, context 2048); FF = 4d;
+//          GPT-2 BPE vocabulary of 50,257 with tied embeddings.
+//  [LLAMA] Touvron et al., "LLaMA", 2023, Table 2; FF 22016 and vocab 32000
+//          from the released params (SwiGLU, untied LM head).
+//  [MTNLG] Smith et al., "Using DeepSpeed and Megatron to Train Megatron-
+//          Turing NLG 530B", 2022, §3 (105 layers, 20480 hidden, 128 heads,
+//          context 2048); d_head 160 = 20480/128; Megatron pads the GPT-2
+//          vocabulary to 51,200.
+//  [LLAMA2] Touvron et al., "Llama 2", 2023, Table 1 (context 4096, GQA for
+//          70B) and the released config.json files (intermediate_size 11008
+//          / 13824 / 28672, num_key_value_heads 8 for 70B).
+//  [OPT]   Zhang et al., "OPT", 2022, Table 1 (layers, heads, d_model);
+//          FF = 4d; vocab 50,272; context 2048; tied embeddings.
+//  [GPT2]  Radford et al., "Language Models are Unsupervised Multitask
+//          Learners", 2019, Table 2; d_head 64, FF 4d, context 1024.
+// AttAcc's evaluation (§7) uses GPT-3 175B, LLaMA 65B and MT-NLG 530B.
+constexpr absl::string_view kModelPresets[][2] = {
+    {"gpt3-175b",  // [GPT3]
+     R"pb(name: "GPT-3 175B" num_layers: 96 d_model: 12288 num_heads: 96
+          num_kv_heads: 96 d_head: 128 d_ff: 49152 ff_kind: FF_KIND_GELU
+          vocab_size: 50257 max_context_tokens: 2048 tied_embeddings: true)pb"},
+    {"llama-65b",  // [LLAMA]
+     R"pb(name: "LLaMA-65B" num_layers: 80 d_model: 8192 num_heads: 64
+          num_kv_heads: 64 d_head: 128 d_ff: 22016 ff_kind: FF_KIND_SWIGLU
+          vocab_size: 32000 max_context_tokens: 2048 tied_embeddings: false)pb"},
+    {"mt-nlg-530b",  // [MTNLG]
+     R"pb(name: "MT-NLG 530B" num_layers: 105 d_model: 20480 num_heads: 128
+          num_kv_heads: 128 d_head: 160 d_ff: 81920 ff_kind: FF_KIND_GELU
+          vocab_size: 51200 max_context_tokens: 2048 tied_embeddings: true)pb"},
+    {"llama2-7b",  // [LLAMA2]
+     R"pb(name: "LLaMA-2 7B" num_layers: 32 d_model: 4096 num_heads: 32
+          num_kv_heads: 32 d_head: 128 d_ff: 11008 ff_kind: FF_KIND_SWIGLU
+          vocab_size: 32000 max_context_tokens: 4096 tied_embeddings: false)pb"},
+    {"llama2-13b",  // [LLAMA2]
+     R"pb(name: "LLaMA-2 13B" num_layers: 40 d_model: 5120 num_heads: 40
+          num_kv_heads: 40 d_head: 128 d_ff: 13824 ff_kind: FF_KIND_SWIGLU
+          vocab_size: 32000 max_context_tokens: 4096 tied_embeddings: false)pb"},
+    {"llama2-70b",  // [LLAMA2]
+     R"pb(name: "LLaMA-2 70B" num_layers: 80 d_model: 8192 num_heads: 64
+          num_kv_heads: 8 d_head: 128 d_ff: 28672 ff_kind: FF_KIND_SWIGLU
+          vocab_size: 32000 max_context_tokens: 4096 tied_embeddings: false)pb"},
+    {"opt-6.7b",  // [OPT]
+     R"pb(name: "OPT-6.7B" num_layers: 32 d_model: 4096 num_heads: 32
+          num_kv_heads: 32 d_head: 128 d_ff: 16384 ff_kind: FF_KIND_GELU
+          vocab_size: 50272 max_context_tokens: 2048 tied_embeddings: true)pb"},
+    {"opt-13b",  // [OPT]
+     R"pb(name: "OPT-13B" num_layers: 40 d_model: 5120 num_heads: 40
+          num_kv_heads: 40 d_head: 128 d_ff: 20480 ff_kind: FF_KIND_GELU
+          vocab_size: 50272 max_context_tokens: 2048 tied_embeddings: true)pb"},
+    {"opt-66b",  // [OPT]
+     R"pb(name: "OPT-66B" num_layers: 64 d_model: 9216 num_heads: 72
+          num_kv_heads: 72 d_head: 128 d_ff: 36864 ff_kind: FF_KIND_GELU
+          vocab_size: 50272 max_context_tokens: 2048 tied_embeddings: true)pb"},
+    {"gpt2-medium",  // [GPT2]
+     R"pb(name: "GPT-2 medium" num_layers: 24 d_model: 1024 num_heads: 16
+          num_kv_heads: 16 d_head: 64 d_ff: 4096 ff_kind: FF_KIND_GELU
+          vocab_size: 50257 max_context_tokens: 1024 tied_embeddings: true)pb"},
+    {"gpt2-large",  // [GPT2]
+     R"pb(name: "GPT-2 large" num_layers: 36 d_model: 1280 num_heads: 20
+          num_kv_heads: 20 d_head: 64 d_ff: 5120 ff_kind: FF_KIND_GELU
+          vocab_size: 50257 max_context_tokens: 1024 tied_embeddings: true)pb"},
+    {"gpt2-xl",  // [GPT2]
+     R"pb(name: "GPT-2 XL" num_layers: 48 d_model: 1600 num_heads: 25
+          num_kv_heads: 25 d_head: 64 d_ff: 6400 ff_kind: FF_KIND_GELU
+          vocab_size: 50257 max_context_tokens: 1024 tied_embeddings: true)pb"},
+};
+
+// ------------------------------------------------------------------ xPUs ----
+// Datasheet figures: dense (non-sparse) tensor-core throughput; memory in
+// GiB as the parts expose it (80 GB parts have 81,920 MiB).
+//  [A100]  NVIDIA A100 Tensor Core GPU datasheet (SXM): 312 TFLOPS FP16,
+//          624 TOPS INT8; 40GB HBM2 at 1,555 GB/s; 80GB HBM2e at 2,039 GB/s.
+//  [ATTACC] AttAcc §7: the baseline DGX uses "A100 with HBM3": 80 GB and
+//          3.35 TB/s per GPU, 312 TFLOPS (8 GPUs: 26.8 TB/s, 2.5 PFLOPS).
+//  [H100]  NVIDIA H100 Tensor Core GPU datasheet (SXM5): 989.4 TFLOPS FP16
+//          and 1,979 TOPS INT8 dense; 80 GB HBM3 at 3.35 TB/s.
+// Utilisation caps 0.8 (compute) and 0.85 (memory) are the AttAcc
+// simulator's MAX_COMPUTE_UTIL / MAX_OFF_MEM_BW_UTIL (scale-snu/
+// attacc_simulator, src/config.py).
+// Energy (same source's ENERGY_TABLE):
+//  - device memory 28.72 pJ/B = 3.59 pJ/bit, the HBM access path of
+//    O'Connor et al., "Fine-Grained DRAM", MICRO'17: cell ACT/PRE 0.11, cell
+//    RD/WR 0.44, column decoder to bank-group mux 1.01, BG mux to global IO
+//    1.23, TSV 0.5, silicon-interposer IO 0.3 pJ/bit.
+//  - 0.32 pJ per fp16 multiply-accumulate = 0.16 pJ/FLOP.
+//  - int8 at 0.08 pJ/OP is an assumption (half the fp16 energy, as the
+//    multiplier area roughly quarters and operand movement halves).
+// kernel_overhead_s = 4 us is an assumption: the AttAcc simulator's measured
+// A100 fits for layernorm and GELU have fixed terms of 6.9 and 8.3 us; a
+// CUDA launch plus tail is commonly 3-5 us.
+constexpr absl::string_view kXpuCommon =
+    R"pb(compute_utilization: 0.8 memory_utilization: 0.85
+         kernel_overhead_s: 4e-6 dram_energy_pj_per_byte: 28.72
+         flop_energy_pj: 0.16 int8_op_energy_pj: 0.08)pb";
+constexpr absl::string_view kXpuPresets[][2] = {
+    {"a100-40gb",  // [A100]
+     R"pb(peak_flops_fp16: 312e12 peak_flops_int8: 624e12
+          memory_bytes: 42949672960 memory_bw_bytes_per_s: 1555e9)pb"},
+    {"a100-80gb",  // [A100]
+     R"pb(peak_flops_fp16: 312e12 peak_flops_int8: 624e12
+          memory_bytes: 85899345920 memory_bw_bytes_per_s: 2039e9)pb"},
+    {"a100-hbm3",  // [ATTACC]
+     R"pb(peak_flops_fp16: 312e12 peak_flops_int8: 624e12
+          memory_bytes: 85899345920 memory_bw_bytes_per_s: 3.35e12)pb"},
+    {"h100-sxm-80gb",  // [H100]
+     R"pb(peak_flops_fp16: 989.4e12 peak_flops_int8: 1979e12
+          memory_bytes: 85899345920 memory_bw_bytes_per_s: 3.35e12)pb"},
+};
+
+// ----------------------------------------------------------------- links ----
+// Bandwidth per direction.
+//  - NVLink 3 (A100): 600 GB/s total per GPU = 300 GB/s each way; NVLink 4
+//    (H100): 900 GB/s = 450 GB/s each way (A100/H100 datasheets).
+//    latency_s is the per-step latency of a ring collective, 3 us: with it an
+//    8-GPU ring all-reduce of 1.57 MB (GPT-3, batch 64) takes 51 us, against
+//    55 us from the AttAcc simulator's fit to measured A100 NVLink data
+//    (6.06 us + 0.009 ns/B per peer step). Energy 1.3 pJ/bit = 10.4 pJ/B
+//    (the AttAcc simulator's 'comm' figure, from ISSCC'23 NVLink-class IO).
+//  - PCIe 4.0 x16: 16 GT/s x 16 lanes x 128/130 = 31.5 GB/s; PCIe 5.0 x16:
+//    63 GB/s (PCI-SIG base specs). 5 us latency and 40 pJ/B (5 pJ/bit SerDes
+//    plus protocol) are assumptions.
+//  - Ethernet 100G / 400G: 12.5 / 50 GB/s line rate; 10 us latency (NIC,
+//    switch and stack) and 40 pJ/B are assumptions.
+constexpr absl::string_view kLinkPresets[][2] = {
+    {"nvlink3",
+     R"pb(bandwidth_bytes_per_s: 300e9 latency_s: 3e-6 energy_pj_per_byte: 10.4)pb"},
+    {"nvlink4",
+     R"pb(bandwidth_bytes_per_s: 450e9 latency_s: 3e-6 energy_pj_per_byte: 10.4)pb"},
+    {"pcie4",
+     R"pb(bandwidth_bytes_per_s: 31.5e9 latency_s: 5e-6 energy_pj_per_byte: 40)pb"},
+    {"pcie5",
+     R"pb(bandwidth_bytes_per_s: 63e9 latency_s: 5e-6 energy_pj_per_byte: 40)pb"},
+    {"ethernet-100g",
+     R"pb(bandwidth_bytes_per_s: 12.5e9 latency_s: 10e-6 energy_pj_per_byte: 40)pb"},
+    {"ethernet-400g",
+     R"pb(bandwidth_bytes_per_s: 50e9 latency_s: 10e-6 energy_pj_per_byte: 40)pb"},
+};
+
+template <typename Msg, size_t N>
+std::map<std::string, Msg> ParseTable(const absl::string_view (&table)[N][2],
+                                      absl::string_view common) {
+  std::map<std::string, Msg> out;
+  for (const auto& [name, text] : table) {
+    Msg msg;
+    const std::string all = absl::StrCat(text, " ", common);
+    if (!google::protobuf::TextFormat::ParseFromString(all, &msg)) {
+      // The tables are compiled in; a parse failure is a programming error
+      // that every test run catches.
+      std::fprintf(stderr, "servesim: bad built-in preset '%s'\n",
+                   std::string(name).c_str());
+      std::abort();
+    }
+    msg.set_preset(std::string(name));
+    out.emplace(std::string(name), std::move(msg));
+  }
+  return out;
+}
+
+const std::map<std::string, servesim::v1::ModelSpec>& Models() {
+  static const auto* m =
+      new auto(ParseTable<servesim::v1::ModelSpec>(kModelPresets, ""));
+  return *m;
+}
+const std::map<std::string, servesim::v1::XpuSpec>& Xpus() {
+  static const auto* m =
+      new auto(ParseTable<servesim::v1::XpuSpec>(kXpuPresets, kXpuCommon));
+  return *m;
+}
+const std::map<std::string, servesim::v1::LinkSpec>& Links() {
+  static const auto* m =
+      new auto(ParseTable<servesim::v1::LinkSpec>(kLinkPresets, ""));
+  return *m;
+}
+
+template <typename Msg>
+absl::StatusOr<Msg> Find(const std::map<std::string, Msg>& table,
+                         absl::string_view name, absl::string_view what) {
+  auto it = table.find(std::string(name));
+  if (it == table.end()) {
+    std::vector<std::string> names;
+    for (const auto& [n, unused] : table) names.push_back(n);
+    return absl::NotFoundError(absl::StrCat("unknown ", what, " preset \"",
+                                            name, "\"; known: ",
+                                            absl::StrJoin(names, ", ")));
+  }
+  return it->second;
+}
+
+template <typename Msg>
+std::vector<std::string> Names(const std::map<std::string, Msg>& table) {
+  std::vector<std::string> names;
+  for (const auto& [n, unused] : table) names.push_back(n);
+  return names;
+}
+
+}  // namespace
+
+absl::StatusOr<servesim::v1::ModelSpec> ModelPreset(absl::string_view name) {
+  return Find(Models(), name, "model");
+}
+absl::StatusOr<servesim::v1::XpuSpec> XpuPreset(absl::string_view name) {
+  return Find(Xpus(), name, "xpu");
+}
+absl::StatusOr<servesim::v1::LinkSpec> LinkPreset(absl::string_view name) {
+  return Find(Links(), name, "link");
+}
+std::vector<std::string> ModelPresetNames() { return Names(Models()); }
+std::vector<std::string> XpuPresetNames() { return Names(Xpus()); }
+std::vector<std::string> LinkPresetNames() { return Names(Links()); }
+
+void FillUnset(const Message& source, Message* target) {
+  const Reflection* src = source.GetReflection();
+  const Reflection* dst = target->GetReflection();
+  std::vector<const FieldDescriptor*> fields;
+  src->ListFields(source, &fields);  // only fields `source` sets
+  for (const FieldDescriptor* f : fields) {
+    if (f->is_repeated()) {
+      if (dst->FieldSize(*target, f) == 0) {
+        for (int i = 0; i < src->FieldSize(source, f); ++i) {
+          switch (f->cpp_type()) {
+            case FieldDescriptor::CPPTYPE_MESSAGE:
+              dst->AddMessage(target, f)->CopyFrom(
+                  src->GetRepeatedMessage(source, f, i));
+              break;
+            default:
+              break;  // no repeated scalars in presets
+          }
+        }
+      }
+      continue;
+    }
+    if (f->cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE) {
+      FillUnset(src->GetMessage(source, f), dst->MutableMessage(target, f));
+      continue;
+    }
+    if (dst->HasField(*target, f)) continue;
+    switch (f->cpp_type()) {
+      case FieldDescriptor::CPPTYPE_INT32:
+        dst->SetInt32(target, f, src->GetInt32(source, f));
+        break;
+      case FieldDescriptor::CPPTYPE_INT64:
+        dst->SetInt64(target, f, src->GetInt64(source, f));
+        break;
+      case FieldDescriptor::CPPTYPE_UINT32:
+        dst->SetUInt32(target, f, src->GetUInt32(source, f));
+        break;
+      case FieldDescriptor::CPPTYPE_UINT64:
+        dst->SetUInt64(target, f, src->GetUInt64(source, f));
+        break;
+      case FieldDescriptor::CPPTYPE_DOUBLE:
+        dst->SetDouble(target, f, src->GetDouble(source, f));
+        break;
+      case FieldDescriptor::CPPTYPE_FLOAT:
+        dst->SetFloat(target, f, src->GetFloat(source, f));
+        break;
+      case FieldDescriptor::CPPTYPE_BOOL:
+        dst->SetBool(target, f, src->GetBool(source, f));
+        break;
+      case FieldDescriptor::CPPTYPE_ENUM:
+        dst->SetEnumValue(target, f, src->GetEnumValue(source, f));
+        break;
+      case FieldDescriptor::CPPTYPE_STRING:
+        dst->SetString(target, f, src->GetString(source, f));
+        break;
+      case FieldDescriptor::CPPTYPE_MESSAGE:
+        break;
+    }
+  }
+}
+
+}  // namespace servesim::devices

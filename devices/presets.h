@@ -1,0 +1,36 @@
+// Named model and hardware presets (ramulator2's standard tables are the
+// model): facts from model cards and vendor datasheets, each cited in
+// presets.cc. A scenario names a preset and may override any field; the
+// normaliser (cluster/scenario.h) fills the fields it leaves unset.
+#ifndef SERVESIM_DEVICES_PRESETS_H_
+#define SERVESIM_DEVICES_PRESETS_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "google/protobuf/message.h"
+#include "servesim/v1/hardware.pb.h"
+#include "servesim/v1/scenario.pb.h"
+
+namespace servesim::devices {
+
+// Each returns NOT_FOUND, listing the known names, for an unknown name.
+absl::StatusOr<servesim::v1::ModelSpec> ModelPreset(absl::string_view name);
+absl::StatusOr<servesim::v1::XpuSpec> XpuPreset(absl::string_view name);
+absl::StatusOr<servesim::v1::LinkSpec> LinkPreset(absl::string_view name);
+
+std::vector<std::string> ModelPresetNames();
+std::vector<std::string> XpuPresetNames();
+std::vector<std::string> LinkPresetNames();
+
+// Copies into `target` every field that `source` sets and `target` does not
+// (scalars with presence, non-zero enums, non-empty strings; sub-messages
+// recursively). Both must be the same message type.
+void FillUnset(const google::protobuf::Message& source,
+               google::protobuf::Message* target);
+
+}  // namespace servesim::devices
+
+#endif  // SERVESIM_DEVICES_PRESETS_H_

@@ -1,0 +1,153 @@
+// Iteration-level (continuous) batching for one replica (Orca, OSDI'22;
+// vLLM, SOSP'23; Sarathi-Serve, OSDI'24), with a paged KV cache.
+//
+// Contract: ReplicaScheduler is plain code. It never reads a clock: the
+// caller passes `now_s` in, so tests drive it with a fake clock and the
+// SimGrid engine actor drives it with simulated time. It is deterministic.
+//
+// Request life: Add() at arrival -> waiting (FCFS) -> admitted (KV blocks for
+// the whole prompt reserved) -> prefilled, in one iteration or in chunks ->
+// the prefill's last chunk yields the first output token -> one decode step
+// per iteration per further token -> finished (blocks freed). A decode step
+// that needs a new block when none is free preempts the most recently
+// admitted running request (vLLM's recompute preemption): its blocks are
+// freed and it rejoins the FRONT of the waiting queue; on re-admission it
+// prefills its prompt plus the tokens it had generated, and that prefill
+// yields its next token.
+//
+// PARAMETERS AND BEHAVIOR
+//  - kPrefillFirst (vLLM): when prompts are waiting and can be admitted, the
+//    iteration prefills them only (whole prompts, FCFS, up to
+//    max_tokens_per_iteration tokens; the first prompt of a batch is taken
+//    even if longer than the budget, so no prompt starves); otherwise it
+//    decodes every running request.
+//  - kChunkedPrefill (Sarathi): every iteration decodes all running requests
+//    that finished their prompt, then spends the remaining token budget on
+//    prompt chunks: first of admitted, partly prefilled requests, then of
+//    newly admitted ones.
+//  - max_batch_size caps running requests; kv_watermark keeps that fraction
+//    of blocks free at admission (not for decode growth).
+//  - Requests whose prompt + output exceed max_context_tokens, or whose full
+//    KV could never fit (capacity minus watermark), are rejected at Add().
+#ifndef SERVESIM_SCHEDULER_BATCHING_H_
+#define SERVESIM_SCHEDULER_BATCHING_H_
+
+#include <cstdint>
+#include <deque>
+#include <vector>
+
+#include "scheduler/kv_cache.h"
+#include "scheduler/request.h"
+
+namespace servesim::scheduler {
+
+enum class BatchingPolicy { kPrefillFirst, kChunkedPrefill };
+
+struct BatchingConfig {
+  BatchingPolicy policy = BatchingPolicy::kPrefillFirst;
+  int64_t max_batch_size = 256;
+  int64_t max_tokens_per_iteration = 8192;
+  int64_t kv_block_tokens = 16;
+  int64_t kv_capacity_blocks = 0;
+  double kv_watermark = 0.01;
+  int64_t max_context_tokens = 0;
+};
+
+enum class RejectReason { kNone, kTooLong, kExceedsKvCapacity };
+
+// One request's share of an iteration.
+struct BatchEntry {
+  int32_t slot = 0;          // index into the scheduler's request table
+  int64_t new_tokens = 0;    // 1 for decode, chunk length for prefill
+  int64_t past_tokens = 0;   // tokens already in the KV cache
+  bool prefill = false;
+  bool emits_token = false;  // decode, or the prompt's last chunk
+};
+
+struct Batch {
+  std::vector<BatchEntry> entries;
+  int64_t prefill_tokens = 0;
+  int64_t decode_tokens = 0;
+  int64_t emitting = 0;  // entries that produce a token (LM-head rows)
+  bool empty() const { return entries.empty(); }
+};
+
+// Per-request state the scheduler keeps; observers read it.
+struct RequestState {
+  RequestSpec spec;
+  int64_t prompt_tokens = 0;  // tokens to prefill (input + regenerated)
+  int64_t prefilled = 0;      // of prompt_tokens, already in the KV cache
+  int64_t context_tokens = 0; // KV positions held (after the last iteration)
+  int64_t generated = 0;      // output tokens produced so far
+  int64_t blocks = 0;
+  int32_t preemptions = 0;
+  double first_token_s = -1;
+  double last_token_s = -1;
+  double finish_s = -1;
+  bool running = false;
+};
+
+// Receives what happens to requests; metrics implement it.
+class RequestObserver {
+ public:
+  virtual ~RequestObserver() = default;
+  // gap_s: time since the request's previous token; negative for the first.
+  virtual void OnToken(const RequestState& r, double now_s, double gap_s) = 0;
+  virtual void OnFinish(const RequestState& r, double now_s) = 0;
+  virtual void OnReject(const RequestSpec& r, RejectReason why, double now_s) = 0;
+};
+
+class ReplicaScheduler {
+ public:
+  explicit ReplicaScheduler(const BatchingConfig& config);
+
+  // Enqueues an arriving request, or rejects it (reported to `observer`).
+  RejectReason Add(const RequestSpec& spec, double now_s,
+                   RequestObserver* observer);
+
+  // Picks the next iteration's work. Empty when nothing can run (no work).
+  // The batch is valid until the next Schedule or Complete call.
+  const Batch& Schedule(double now_s);
+
+  // Applies the batch from Schedule as finished at `now_s`.
+  void Complete(double now_s, RequestObserver* observer);
+
+  bool Idle() const { return waiting_.empty() && running_.empty(); }
+  int64_t num_waiting() const { return static_cast<int64_t>(waiting_.size()); }
+  int64_t num_running() const { return static_cast<int64_t>(running_.size()); }
+  const KvBlockPool& kv() const { return kv_; }
+  // Blocks the waiting requests' prompts would need.
+  int64_t queued_block_demand() const { return queued_blocks_; }
+  int64_t total_preemptions() const { return total_preemptions_; }
+  const RequestState& state(int32_t slot) const { return table_[slot]; }
+  const BatchingConfig& config() const { return config_; }
+
+  // Blocks needed to hold `tokens` KV positions.
+  int64_t BlocksFor(int64_t tokens) const {
+    return (tokens + config_.kv_block_tokens - 1) / config_.kv_block_tokens;
+  }
+
+ private:
+  bool TryAdmit(int32_t slot);
+  void Preempt(int32_t slot);
+  // Ensures `slot` has a block for one more token, preempting from the back
+  // of running_ as needed. False if `slot` itself was preempted.
+  bool ReserveDecodeSlot(int32_t slot);
+  void ScheduleDecodes();
+  int32_t NewSlot(const RequestSpec& spec);
+
+  BatchingConfig config_;
+  KvBlockPool kv_;
+  int64_t watermark_blocks_;
+  std::vector<RequestState> table_;
+  std::vector<int32_t> free_slots_;
+  std::deque<int32_t> waiting_;
+  std::vector<int32_t> running_;  // admission order
+  int64_t queued_blocks_ = 0;
+  int64_t total_preemptions_ = 0;
+  Batch batch_;
+};
+
+}  // namespace servesim::scheduler
+
+#endif  // SERVESIM_SCHEDULER_BATCHING_H_

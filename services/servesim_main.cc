@@ -1,0 +1,273 @@
+// servesim: the command-line front end. Parsing flags, calling into
+// cluster/, printing; no model logic lives here.
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/match.h"
+#include "cluster/metrics.h"
+#include "cluster/report.h"
+#include "cluster/scenario.h"
+#include "cluster/simulation.h"
+#include "cluster/workload.h"
+#include "common/status_macros.h"
+#include "devices/presets.h"
+#include "devices/registry.h"
+#include "google/protobuf/text_format.h"
+
+namespace {
+
+using servesim::cluster::LoadedScenario;
+
+constexpr char kUsage[] = R"(servesim - discrete-event simulator of LLM serving clusters
+
+Usage:
+  servesim run SCENARIO.pbtxt [options]   simulate and print the summary table
+  servesim validate SCENARIO.pbtxt [--set path=value ...]
+                                          parse and check; print the resolved
+                                          scenario and the replica memory plan
+  servesim presets [models|xpus|links]    list presets with their parameters
+  servesim help | --help                  this text
+
+Options of run (validate takes --set, --seed and --trace too):
+  --out DIR             write summary.json, run_info.json, requests.csv and
+                        iterations.csv into DIR (overrides output.dir)
+  --seed N              master seed (overrides the scenario's seed)
+  --trace FILE          replay FILE instead of the scenario's workload source
+                        (format inferred from its name and header)
+  --set path=value      set any scalar field of the scenario by its path,
+                        e.g. --set cluster.replicas=2
+                             --set scheduler.batching=CHUNKED_PREFILL
+                        (repeatable; applied in order, before defaults)
+  --quiet               do not print the summary table
+  --cfg=NAME:VALUE      passed to SimGrid (e.g. --cfg=network/model:CM02)
+  --log=SPEC            passed to SimGrid's logging
+
+Scenario files are protobuf text (schema: proto/servesim/v1/scenario.proto;
+examples: examples/*.pbtxt). Relative trace paths are resolved against the
+scenario file's folder. Exit status: 0 success, 1 bad input or failed run,
+2 bad command line.
+)";
+
+struct Options {
+  std::string command;
+  std::string scenario;
+  std::string out;
+  std::string trace;
+  std::string presets_kind;
+  std::vector<std::string> sets;
+  std::vector<std::string> simgrid;
+  bool has_seed = false;
+  uint64_t seed = 0;
+  bool quiet = false;
+};
+
+int UsageError(const std::string& msg) {
+  std::cerr << "servesim: " << msg << "\nRun 'servesim --help' for usage.\n";
+  return 2;
+}
+
+int Fail(const absl::Status& status) {
+  std::cerr << "servesim: error: " << status.message() << "\n";
+  return 1;
+}
+
+// Returns 0 on success, else the exit code.
+int ParseArgs(int argc, char** argv, Options* o) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  if (args.empty()) return UsageError("no command given");
+  size_t i = 0;
+  o->command = args[i++];
+  if (o->command == "--help" || o->command == "-h" || o->command == "help") {
+    o->command = "help";
+    return 0;
+  }
+  auto value = [&](const std::string& flag, std::string* out) -> bool {
+    if (i >= args.size()) return false;
+    *out = args[i++];
+    (void)flag;
+    return true;
+  };
+  while (i < args.size()) {
+    std::string a = args[i++];
+    std::string v;
+    // Accept --flag=value as well as --flag value.
+    const size_t eq = a.find('=');
+    const bool inline_value = absl::StartsWith(a, "--") && eq != std::string::npos;
+    std::string flag = inline_value ? a.substr(0, eq) : a;
+    auto get = [&](std::string* out) -> bool {
+      if (inline_value) {
+        *out = a.substr(eq + 1);
+        return true;
+      }
+      return value(flag, out);
+    };
+    if (flag == "--help" || flag == "-h") {
+      o->command = "help";
+      return 0;
+    } else if (flag == "--cfg" || flag == "--log") {
+      if (!inline_value) return UsageError(flag + " takes --cfg=NAME:VALUE form");
+      o->simgrid.push_back(a);
+    } else if (flag == "--out") {
+      if (!get(&o->out)) return UsageError("--out needs a folder");
+    } else if (flag == "--trace") {
+      if (!get(&o->trace)) return UsageError("--trace needs a file");
+    } else if (flag == "--set") {
+      if (!get(&v)) return UsageError("--set needs path=value");
+      o->sets.push_back(v);
+    } else if (flag == "--seed") {
+      if (!get(&v) || !absl::SimpleAtoi(v, &o->seed)) {
+        return UsageError("--seed needs a non-negative integer");
+      }
+      o->has_seed = true;
+    } else if (flag == "--quiet") {
+      o->quiet = true;
+    } else if (absl::StartsWith(a, "-")) {
+      return UsageError(absl::StrCat("unknown option ", a));
+    } else if (o->command == "presets" && o->presets_kind.empty()) {
+      o->presets_kind = a;
+    } else if (o->scenario.empty() && o->command != "presets") {
+      o->scenario = a;
+    } else {
+      return UsageError(absl::StrCat("unexpected argument ", a));
+    }
+  }
+  if ((o->command == "run" || o->command == "validate") && o->scenario.empty()) {
+    return UsageError(o->command + " needs a scenario file");
+  }
+  return 0;
+}
+
+absl::StatusOr<servesim::cluster::ResolvedScenario> LoadAndResolve(const Options& o) {
+  ASSIGN_OR_RETURN(LoadedScenario sc, servesim::cluster::LoadScenarioFile(o.scenario));
+  for (const std::string& s : o.sets) RETURN_IF_ERROR(servesim::cluster::ApplyOverride(&sc, s));
+  if (o.has_seed) {
+    sc.proto.set_seed(o.seed);
+    sc.overridden.insert("seed");
+  }
+  if (!o.trace.empty()) {
+    // --trace paths are relative to the working folder, not the scenario.
+    auto* t = sc.proto.mutable_workload()->mutable_trace();
+    t->set_path(std::filesystem::absolute(o.trace).string());
+    sc.overridden.insert("workload.trace.path");
+  }
+  RETURN_IF_ERROR(servesim::cluster::Normalize(&sc));
+  return servesim::cluster::Resolve(sc);
+}
+
+std::string Gb(double b) { return absl::StrFormat("%.2f GB", b / 1e9); }
+
+int Validate(const Options& o) {
+  auto sc = LoadAndResolve(o);
+  if (!sc.ok()) return Fail(sc.status());
+  auto wl = servesim::cluster::LoadWorkload(sc->proto.workload(), sc->base_dir, "", sc->seed);
+  if (!wl.ok()) return Fail(wl.status());
+  std::string text;
+  google::protobuf::TextFormat::PrintToString(sc->proto, &text);
+  std::cout << "# resolved scenario (every default and preset value filled in)\n"
+            << text << "\n";
+  std::cout << absl::StrFormat(
+      "# memory plan per xPU: weights %s, activations %s, KV %s\n"
+      "# KV capacity per replica: %d blocks x %d tokens = %d tokens\n"
+      "# workload: %s, %d requests\n",
+      Gb(sc->weight_bytes_per_xpu), Gb(sc->activation_bytes_per_xpu),
+      Gb(sc->kv.usable_bytes_per_xpu), sc->kv.blocks,
+      sc->batching.kv_block_tokens, sc->kv.tokens, wl->description,
+      wl->requests.size());
+  std::cout << "OK\n";
+  return 0;
+}
+
+int Run(const Options& o) {
+  const auto wall_start = std::chrono::steady_clock::now();
+  auto sc = LoadAndResolve(o);
+  if (!sc.ok()) return Fail(sc.status());
+  auto wl = servesim::cluster::LoadWorkload(sc->proto.workload(), sc->base_dir, "", sc->seed);
+  if (!wl.ok()) return Fail(wl.status());
+  auto result = servesim::cluster::RunSimulation(*sc, *wl, o.simgrid);
+  if (!result.ok()) return Fail(result.status());
+  const servesim::cluster::Summary summary = servesim::cluster::ComputeSummary(
+      *result->metrics, sc->ttft_slo_s, sc->tpot_slo_s, sc->kv.blocks);
+  servesim::cluster::RunInfo info;
+  info.simulated_s = result->simulated_s;
+  info.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start).count();
+  // The table first: if writing files fails, the results are still shown.
+  if (!o.quiet) std::cout << FormatSummaryTable(*sc, *wl, summary, info) << std::flush;
+  const std::string out = !o.out.empty() ? o.out : sc->proto.output().dir();
+  if (!out.empty()) {
+    if (absl::Status st = WriteOutputs(out, *sc, *wl, *result->metrics, summary, info);
+        !st.ok()) {
+      return Fail(st);
+    }
+    if (!o.quiet) std::cout << "  outputs    " << out << "/\n";
+  }
+  return 0;
+}
+
+void PrintMessage(const google::protobuf::Message& m) {
+  std::string text;
+  google::protobuf::TextFormat::Printer printer;
+  printer.SetSingleLineMode(true);
+  printer.PrintToString(m, &text);
+  std::cout << "    " << text << "\n";
+}
+
+int Presets(const Options& o) {
+  const std::string& k = o.presets_kind;
+  if (!k.empty() && k != "models" && k != "xpus" && k != "links") {
+    return UsageError("presets takes models, xpus or links");
+  }
+  if (k.empty() || k == "models") {
+    std::cout << "models (model.preset):\n";
+    for (const auto& name : servesim::devices::ModelPresetNames()) {
+      auto m = servesim::devices::ModelPreset(name);
+      std::cout << "  " << name << "\n";
+      PrintMessage(*m);
+      const auto dims = servesim::devices::ModelDimsFromSpec(*m);
+      std::cout << absl::StrFormat("    = %.2fB parameters, %s fp16 weights, %d KB KV per token\n",
+                                   dims.TotalParams() / 1e9, Gb(dims.WeightBytes()),
+                                   dims.KvBytesPerToken() / 1024);
+    }
+  }
+  if (k.empty() || k == "xpus") {
+    std::cout << "xpus (cluster.xpu.preset):\n";
+    for (const auto& name : servesim::devices::XpuPresetNames()) {
+      std::cout << "  " << name << "\n";
+      PrintMessage(*servesim::devices::XpuPreset(name));
+    }
+  }
+  if (k.empty() || k == "links") {
+    std::cout << "links (cluster.interconnect.preset, cluster.frontend.preset):\n";
+    for (const auto& name : servesim::devices::LinkPresetNames()) {
+      std::cout << "  " << name << "\n";
+      PrintMessage(*servesim::devices::LinkPreset(name));
+    }
+  }
+  if (k.empty()) {
+    std::cout << "device kinds: " << absl::StrJoin(servesim::devices::RegisteredDeviceKinds(), ", ")
+              << "\n";
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  if (int rc = ParseArgs(argc, argv, &o); rc != 0) return rc;
+  if (o.command == "help") {
+    std::cout << kUsage;
+    return 0;
+  }
+  if (o.command == "run") return Run(o);
+  if (o.command == "validate") return Validate(o);
+  if (o.command == "presets") return Presets(o);
+  return UsageError(absl::StrCat("unknown command ", o.command));
+}
