@@ -11,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "common/status_macros.h"
 #include "devices/presets.h"
 #include "google/protobuf/descriptor.h"
@@ -201,9 +202,11 @@ absl::Status ApplyOverride(LoadedScenario* scenario,
         const auto* e = f->enum_type();
         const EnumValueDescriptor* ev = e->FindValueByName(value);
         if (ev == nullptr) {
-          // Accept the name without the type prefix, e.g. CHUNKED_PREFILL.
+          // Accept the name without the type prefix, e.g. CHUNKED_PREFILL
+          // (the prefix is what precedes UNSPECIFIED in value 0).
           for (int j = 0; j < e->value_count() && ev == nullptr; ++j) {
-            if (absl::EndsWith(e->value(j)->name(), absl::StrCat("_", value))) {
+            if (e->value(j)->name() ==
+                absl::StrCat(absl::StripSuffix(e->value(0)->name(), "UNSPECIFIED"), value)) {
               ev = e->value(j);
             }
           }
@@ -225,6 +228,26 @@ absl::Status ApplyOverride(LoadedScenario* scenario,
   }
   scenario->overridden.insert(path);
   return absl::OkStatus();
+}
+
+absl::Status AnnotateFieldError(const LoadedScenario& scenario,
+                                const absl::Status& status) {
+  if (status.ok()) return status;
+  const absl::string_view msg = status.message();
+  size_t end = 0;
+  while (end < msg.size() &&
+         (absl::ascii_isalnum(static_cast<unsigned char>(msg[end])) ||
+          msg[end] == '_' || msg[end] == '.')) {
+    ++end;
+  }
+  const absl::string_view path = msg.substr(0, end);
+  const absl::string_view top = path.substr(0, path.find('.'));
+  if (top.empty() ||
+      servesim::v1::Scenario::descriptor()->FindFieldByName(std::string(top)) == nullptr) {
+    return status;
+  }
+  return absl::Status(status.code(),
+                      absl::StrCat(scenario.Where(path), ": ", msg));
 }
 
 namespace {

@@ -54,6 +54,13 @@ absl::Status ApplyOverride(LoadedScenario* scenario,
 
 absl::Status Normalize(LoadedScenario* scenario);
 
+// Errors raised after parsing (e.g. by LoadWorkload) name the field path
+// first: "workload.poisson.rate_rps = 0; expected > 0". This prefixes such
+// a message with the field's "file:line: " so every scenario error reads
+// the same way. Other statuses pass through unchanged.
+absl::Status AnnotateFieldError(const LoadedScenario& scenario,
+                                const absl::Status& status);
+
 // Everything a run needs, derived from a normalised scenario.
 struct ResolvedScenario {
   servesim::v1::Scenario proto;  // normalised

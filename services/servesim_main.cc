@@ -145,7 +145,13 @@ int ParseArgs(int argc, char** argv, Options* o) {
   return 0;
 }
 
-absl::StatusOr<servesim::cluster::ResolvedScenario> LoadAndResolve(const Options& o) {
+// The scenario as written (for error locations) and as resolved.
+struct Scenario {
+  LoadedScenario loaded;
+  servesim::cluster::ResolvedScenario resolved;
+};
+
+absl::StatusOr<Scenario> LoadAndResolve(const Options& o) {
   ASSIGN_OR_RETURN(LoadedScenario sc, servesim::cluster::LoadScenarioFile(o.scenario));
   for (const std::string& s : o.sets) RETURN_IF_ERROR(servesim::cluster::ApplyOverride(&sc, s));
   if (o.has_seed) {
@@ -159,16 +165,25 @@ absl::StatusOr<servesim::cluster::ResolvedScenario> LoadAndResolve(const Options
     sc.overridden.insert("workload.trace.path");
   }
   RETURN_IF_ERROR(servesim::cluster::Normalize(&sc));
-  return servesim::cluster::Resolve(sc);
+  ASSIGN_OR_RETURN(auto resolved, servesim::cluster::Resolve(sc));
+  return Scenario{std::move(sc), std::move(resolved)};
+}
+
+absl::StatusOr<servesim::cluster::Workload> LoadWorkloadOf(const Scenario& s) {
+  auto wl = servesim::cluster::LoadWorkload(s.resolved.proto.workload(), s.resolved.base_dir,
+                                            "", s.resolved.seed);
+  if (!wl.ok()) return servesim::cluster::AnnotateFieldError(s.loaded, wl.status());
+  return wl;
 }
 
 std::string Gb(double b) { return absl::StrFormat("%.2f GB", b / 1e9); }
 
 int Validate(const Options& o) {
-  auto sc = LoadAndResolve(o);
-  if (!sc.ok()) return Fail(sc.status());
-  auto wl = servesim::cluster::LoadWorkload(sc->proto.workload(), sc->base_dir, "", sc->seed);
+  auto loaded = LoadAndResolve(o);
+  if (!loaded.ok()) return Fail(loaded.status());
+  auto wl = LoadWorkloadOf(*loaded);
   if (!wl.ok()) return Fail(wl.status());
+  const servesim::cluster::ResolvedScenario* sc = &loaded->resolved;
   std::string text;
   google::protobuf::TextFormat::PrintToString(sc->proto, &text);
   std::cout << "# resolved scenario (every default and preset value filled in)\n"
@@ -187,10 +202,11 @@ int Validate(const Options& o) {
 
 int Run(const Options& o) {
   const auto wall_start = std::chrono::steady_clock::now();
-  auto sc = LoadAndResolve(o);
-  if (!sc.ok()) return Fail(sc.status());
-  auto wl = servesim::cluster::LoadWorkload(sc->proto.workload(), sc->base_dir, "", sc->seed);
+  auto loaded = LoadAndResolve(o);
+  if (!loaded.ok()) return Fail(loaded.status());
+  auto wl = LoadWorkloadOf(*loaded);
   if (!wl.ok()) return Fail(wl.status());
+  const servesim::cluster::ResolvedScenario* sc = &loaded->resolved;
   auto result = servesim::cluster::RunSimulation(*sc, *wl, o.simgrid);
   if (!result.ok()) return Fail(result.status());
   const servesim::cluster::Summary summary = servesim::cluster::ComputeSummary(

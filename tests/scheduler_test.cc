@@ -1,0 +1,403 @@
+// Scheduler layer under a fake clock: KV capacity, admission, preemption,
+// chunked prefill budgets, rejection, routing, and the iteration planner
+// against AttAcc's published decode latency.
+#include <cstdio>
+#include <vector>
+
+#include "devices/model.h"
+#include "devices/presets.h"
+#include "devices/registry.h"
+#include "gtest/gtest.h"
+#include "scheduler/batching.h"
+#include "scheduler/kv_cache.h"
+#include "scheduler/planner.h"
+#include "scheduler/router.h"
+
+namespace servesim::scheduler {
+namespace {
+
+// Records what the scheduler reports.
+class FakeObserver : public RequestObserver {
+ public:
+  struct Token {
+    int64_t id;
+    double t;
+    double gap;
+  };
+  void OnToken(const RequestState& r, double t, double gap) override {
+    tokens.push_back({r.spec.id, t, gap});
+  }
+  void OnFinish(const RequestState& r, double t) override {
+    finished.push_back(r.spec.id);
+    finish_time.push_back(t);
+  }
+  void OnReject(const RequestSpec& r, RejectReason why, double) override {
+    rejected.push_back({r.id, why});
+  }
+  std::vector<Token> tokens;
+  std::vector<int64_t> finished;
+  std::vector<double> finish_time;
+  std::vector<std::pair<int64_t, RejectReason>> rejected;
+};
+
+BatchingConfig SmallConfig() {
+  BatchingConfig c;
+  c.kv_block_tokens = 16;
+  c.kv_capacity_blocks = 10;
+  c.kv_watermark = 0;
+  c.max_context_tokens = 4096;
+  c.max_batch_size = 8;
+  c.max_tokens_per_iteration = 8192;
+  return c;
+}
+
+RequestSpec Req(int64_t id, int64_t in, int64_t out) { return {id, 0.0, in, out}; }
+
+// --------------------------------------------------------------- KV --
+
+TEST(KvCapacityTest, Gpt3OnDgxA100Hbm3) {
+  // GPT-3 175B on 8 x A100-HBM3 (80 GiB), 90% usable, 16-token blocks,
+  // activations for 8192 tokens:
+  //   weights/xPU     174,568,476,672 x 2 / 8      = 43,642,119,168 B
+  //   activations/xPU 2 x (12288 + 36x128 + 6144) x 8192 x 2 = 754,974,720 B
+  //   KV/token/xPU    2 x 96 layers x 12 heads x 128 x 2     = 589,824 B
+  //   usable = 77,309,411,328 - 43,642,119,168 - 754,974,720 = 32,912,317,440
+  //   blocks = floor(32,912,317,440 / (16 x 589,824)) = 3487
+  auto spec = devices::ModelPreset("gpt3-175b");
+  auto model = devices::ModelDimsFromSpec(*spec);
+  IterationPlanner sizes(model, 8, nullptr);
+  EXPECT_EQ(sizes.KvBytesPerTokenPerXpu(), 589'824);
+  EXPECT_DOUBLE_EQ(sizes.ActivationBytesPerXpu(8192), 754'974'720.0);
+  KvCapacityInputs in;
+  in.memory_bytes_per_xpu = 85'899'345'920.0;
+  in.xpus = 8;
+  in.memory_utilization = 0.9;
+  in.weight_bytes = model.WeightBytes();
+  in.activation_bytes_per_xpu = sizes.ActivationBytesPerXpu(8192);
+  in.kv_bytes_per_token_per_xpu = sizes.KvBytesPerTokenPerXpu();
+  in.block_tokens = 16;
+  const KvCapacity kv = ComputeKvCapacity(in);
+  EXPECT_DOUBLE_EQ(kv.usable_bytes_per_xpu, 32'912'317'440.0);
+  EXPECT_EQ(kv.blocks, 3487);
+  EXPECT_EQ(kv.tokens, 55'792);
+  // AttAcc §3.2's point: a (2048, 2048) request needs 4096 tokens of KV, so
+  // this replica holds at most 13 such requests.
+  EXPECT_EQ(kv.tokens / 4096, 13);
+}
+
+TEST(KvCapacityTest, ReplicatesKvHeadsBeyondTheirCount) {
+  // LLaMA-2 70B has 8 KV heads; at TP=16 each xPU still holds one.
+  auto model = devices::ModelDimsFromSpec(*devices::ModelPreset("llama2-70b"));
+  IterationPlanner tp8(model, 8, nullptr), tp16(model, 16, nullptr);
+  EXPECT_EQ(tp8.kv_heads_per_xpu(), 1);
+  EXPECT_EQ(tp16.kv_heads_per_xpu(), 1);
+  EXPECT_EQ(tp16.KvBytesPerTokenPerXpu(), 2 * 80 * 1 * 128 * 2);
+}
+
+TEST(KvCapacityTest, NoRoomGivesZeroBlocks) {
+  KvCapacityInputs in;
+  in.memory_bytes_per_xpu = 40e9;
+  in.weight_bytes = 350e9;
+  in.kv_bytes_per_token_per_xpu = 1000;
+  EXPECT_EQ(ComputeKvCapacity(in).blocks, 0);
+}
+
+// ------------------------------------------------------ prefill-first --
+
+TEST(PrefillFirstTest, AdmissionBlockedByKvCapacity) {
+  ReplicaScheduler s(SmallConfig());  // 10 blocks of 16 tokens
+  FakeObserver obs;
+  s.Add(Req(0, 100, 4), 0, &obs);  // 7 blocks
+  s.Add(Req(1, 60, 4), 0, &obs);   // 4 blocks: only 3 left
+  const Batch& b = s.Schedule(0);
+  ASSERT_EQ(b.entries.size(), 1u);
+  EXPECT_TRUE(b.entries[0].prefill);
+  EXPECT_EQ(b.entries[0].new_tokens, 100);
+  EXPECT_EQ(b.prefill_tokens, 100);
+  EXPECT_EQ(s.kv().used(), 7);
+  EXPECT_EQ(s.num_waiting(), 1);
+  EXPECT_EQ(s.queued_block_demand(), 4);
+}
+
+TEST(PrefillFirstTest, WatermarkKeepsBlocksFree) {
+  BatchingConfig c = SmallConfig();
+  c.kv_watermark = 0.2;  // 2 of 10 blocks
+  ReplicaScheduler s(c);
+  s.Add(Req(0, 100, 2), 0, nullptr);  // 7 blocks: 3 left >= 2
+  s.Add(Req(1, 16, 2), 0, nullptr);   // 1 block: 2 left, not < 2: admitted
+  s.Add(Req(2, 16, 2), 0, nullptr);   // would leave 1 < 2
+  EXPECT_EQ(s.Schedule(0).entries.size(), 2u);
+}
+
+TEST(PrefillFirstTest, TokenBudgetAndOversizedFirstPrompt) {
+  BatchingConfig c = SmallConfig();
+  c.kv_capacity_blocks = 10000;
+  c.max_tokens_per_iteration = 8192;
+  c.max_context_tokens = 1 << 20;
+  ReplicaScheduler s(c);
+  s.Add(Req(0, 9000, 2), 0, nullptr);  // larger than the budget: runs alone
+  s.Add(Req(1, 5000, 2), 0, nullptr);
+  s.Add(Req(2, 3000, 2), 0, nullptr);
+  s.Add(Req(3, 100, 2), 0, nullptr);
+  EXPECT_EQ(s.Schedule(0).prefill_tokens, 9000);
+  s.Complete(1, nullptr);
+  // FCFS: 5000 + 3000 fit; 100 more would too (8100 <= 8192).
+  const Batch& b = s.Schedule(1);
+  EXPECT_EQ(b.prefill_tokens, 8100);
+  EXPECT_EQ(b.entries.size(), 3u);
+}
+
+TEST(PrefillFirstTest, TokensTtftAndFinishUnderFakeClock) {
+  ReplicaScheduler s(SmallConfig());
+  FakeObserver obs;
+  s.Add(Req(0, 20, 3), 0.0, &obs);
+  s.Schedule(0.0);
+  s.Complete(0.5, &obs);  // prefill ends: first token
+  const Batch& d1 = s.Schedule(0.5);
+  ASSERT_EQ(d1.entries.size(), 1u);
+  EXPECT_FALSE(d1.entries[0].prefill);
+  EXPECT_EQ(d1.entries[0].past_tokens, 20);
+  s.Complete(0.6, &obs);
+  EXPECT_EQ(s.Schedule(0.6).entries[0].past_tokens, 21);
+  s.Complete(0.75, &obs);
+  ASSERT_EQ(obs.tokens.size(), 3u);
+  EXPECT_DOUBLE_EQ(obs.tokens[0].t, 0.5);
+  EXPECT_LT(obs.tokens[0].gap, 0);
+  EXPECT_DOUBLE_EQ(obs.tokens[1].gap, 0.6 - 0.5);
+  EXPECT_DOUBLE_EQ(obs.tokens[2].gap, 0.75 - 0.6);
+  ASSERT_EQ(obs.finished, std::vector<int64_t>{0});
+  EXPECT_DOUBLE_EQ(obs.finish_time[0], 0.75);
+  EXPECT_TRUE(s.Idle());
+  EXPECT_EQ(s.kv().used(), 0);
+  EXPECT_TRUE(s.Schedule(1.0).empty());
+}
+
+TEST(PrefillFirstTest, DecodeGrowthPreemptsTheNewestRequest) {
+  BatchingConfig c = SmallConfig();
+  c.kv_block_tokens = 4;
+  c.kv_capacity_blocks = 4;
+  ReplicaScheduler s(c);
+  FakeObserver obs;
+  s.Add(Req(0, 4, 8), 0, &obs);  // 1 block each; 4+8 = 12 tokens = 3 blocks
+  s.Add(Req(1, 4, 8), 0, &obs);
+  EXPECT_EQ(s.Schedule(0).entries.size(), 2u);
+  s.Complete(1, &obs);  // both hold 4 tokens in 1 block; 2 blocks free
+  // Decode 1: both need a 2nd block (5th token): 2 allocated, 0 free.
+  EXPECT_EQ(s.Schedule(1).entries.size(), 2u);
+  s.Complete(2, &obs);
+  for (int step = 0; step < 3; ++step) {  // tokens 6..8 fit in block 2
+    EXPECT_EQ(s.Schedule(2 + step).entries.size(), 2u);
+    s.Complete(3 + step, &obs);
+  }
+  // Both hold 8 tokens; the 9th needs a 3rd block each and none is free:
+  // request 1 (admitted last) is preempted, request 0 takes its blocks.
+  const Batch& b = s.Schedule(5);
+  ASSERT_EQ(b.entries.size(), 1u);
+  EXPECT_EQ(s.state(b.entries[0].slot).spec.id, 0);
+  EXPECT_EQ(s.total_preemptions(), 1);
+  EXPECT_EQ(s.num_waiting(), 1);
+  s.Complete(6, &obs);
+  // Request 1 had generated 5 tokens: it re-prefills 4 + 5 = 9 tokens
+  // when blocks allow; prefill-first tries it before decoding.
+  bool saw_recompute = false;
+  double t = 6;
+  while (!s.Idle()) {
+    const Batch& next = s.Schedule(t);
+    ASSERT_FALSE(next.empty());
+    for (const BatchEntry& e : next.entries) {
+      if (e.prefill && s.state(e.slot).spec.id == 1) {
+        EXPECT_EQ(e.new_tokens, 9);
+        saw_recompute = true;
+      }
+    }
+    t += 1;
+    s.Complete(t, &obs);
+  }
+  EXPECT_TRUE(saw_recompute);
+  EXPECT_EQ(obs.finished.size(), 2u);
+  // Each request produced exactly its 8 tokens despite the preemption.
+  int per_request[2] = {0, 0};
+  for (const auto& tok : obs.tokens) ++per_request[tok.id];
+  EXPECT_EQ(per_request[0], 8);
+  EXPECT_EQ(per_request[1], 8);
+  EXPECT_EQ(s.kv().used(), 0);
+}
+
+TEST(RejectTest, TooLongAndOverCapacity) {
+  ReplicaScheduler s(SmallConfig());  // 160 tokens of KV, context 4096
+  FakeObserver obs;
+  EXPECT_EQ(s.Add(Req(0, 4000, 100), 0, &obs), RejectReason::kTooLong);
+  EXPECT_EQ(s.Add(Req(1, 150, 20), 0, &obs), RejectReason::kExceedsKvCapacity);
+  EXPECT_EQ(s.Add(Req(2, 150, 10), 0, &obs), RejectReason::kNone);  // 160 fits
+  ASSERT_EQ(obs.rejected.size(), 2u);
+  EXPECT_EQ(obs.rejected[0].second, RejectReason::kTooLong);
+  EXPECT_TRUE(s.num_waiting() == 1);
+}
+
+// ---------------------------------------------------- chunked prefill --
+
+TEST(ChunkedPrefillTest, DecodesFirstThenChunksWithinBudget) {
+  BatchingConfig c = SmallConfig();
+  c.policy = BatchingPolicy::kChunkedPrefill;
+  c.max_tokens_per_iteration = 512;
+  c.kv_capacity_blocks = 1000;
+  ReplicaScheduler s(c);
+  FakeObserver obs;
+  for (int i = 0; i < 3; ++i) s.Add(Req(i, 10, 50), 0, &obs);
+  EXPECT_EQ(s.Schedule(0).prefill_tokens, 30);
+  s.Complete(1, &obs);  // three running decoders
+  s.Add(Req(3, 1000, 5), 1, &obs);
+  const Batch& b = s.Schedule(1);
+  EXPECT_EQ(b.decode_tokens, 3);
+  EXPECT_EQ(b.prefill_tokens, 509);  // 512 - 3 decodes
+  EXPECT_EQ(b.emitting, 3);          // the partial chunk emits nothing
+  s.Complete(2, &obs);
+  const Batch& b2 = s.Schedule(2);
+  EXPECT_EQ(b2.prefill_tokens, 491);  // the rest of the prompt
+  EXPECT_EQ(b2.emitting, 4);          // ... which now yields a token
+  bool found = false;
+  for (const BatchEntry& e : b2.entries) {
+    if (e.prefill) {
+      EXPECT_EQ(e.past_tokens, 509);
+      found = true;
+    }
+  }
+  EXPECT_TRUE(found);
+}
+
+TEST(ChunkedPrefillTest, MaxBatchSizeCapsRunning) {
+  BatchingConfig c = SmallConfig();
+  c.policy = BatchingPolicy::kChunkedPrefill;
+  c.kv_capacity_blocks = 1000;
+  c.max_batch_size = 2;
+  ReplicaScheduler s(c);
+  for (int i = 0; i < 5; ++i) s.Add(Req(i, 8, 3), 0, nullptr);
+  EXPECT_EQ(s.Schedule(0).entries.size(), 2u);
+  EXPECT_EQ(s.num_running(), 2);
+}
+
+// --------------------------------------------------------------- router --
+
+TEST(RouterTest, RoundRobin) {
+  Router r(RoutingPolicy::kRoundRobin);
+  std::vector<ReplicaLoad> loads(3);
+  std::vector<int> picks;
+  for (int i = 0; i < 5; ++i) picks.push_back(r.Route(loads));
+  EXPECT_EQ(picks, (std::vector<int>{0, 1, 2, 0, 1}));
+}
+
+TEST(RouterTest, LeastOutstandingTiesGoLow) {
+  Router r(RoutingPolicy::kLeastOutstanding);
+  std::vector<ReplicaLoad> loads(3);
+  loads[0].outstanding = 2, loads[1].outstanding = 1, loads[2].outstanding = 1;
+  EXPECT_EQ(r.Route(loads), 1);
+}
+
+TEST(RouterTest, LeastKvLoadComparesFractions) {
+  Router r(RoutingPolicy::kLeastKvLoad);
+  std::vector<ReplicaLoad> loads(2);
+  loads[0] = {0, 50, 10, 100};   // 60%
+  loads[1] = {0, 100, 10, 200};  // 55%
+  EXPECT_EQ(r.Route(loads), 1);
+  loads[1].kv_blocks_queued = 20;  // 60%: tie goes to 0
+  EXPECT_EQ(r.Route(loads), 0);
+}
+
+// -------------------------------------------------------------- planner --
+
+class PlannerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    servesim::v1::DeviceSpec spec;
+    *spec.mutable_gpu()->mutable_xpu() = *devices::XpuPreset("a100-hbm3");
+    *spec.mutable_gpu()->mutable_interconnect() = *devices::LinkPreset("nvlink3");
+    spec.mutable_gpu()->set_dtype(servesim::v1::DTYPE_FP16);
+    device_ = *devices::CreateDevice(spec);
+  }
+  static Batch Decode(const std::vector<int64_t>& past) {
+    Batch b;
+    for (size_t i = 0; i < past.size(); ++i) {
+      b.entries.push_back({static_cast<int32_t>(i), 1, past[i], false, true});
+    }
+    b.decode_tokens = b.emitting = static_cast<int64_t>(past.size());
+    return b;
+  }
+  std::unique_ptr<devices::Device> device_;
+};
+
+TEST_F(PlannerTest, Gpt3DecodeAtBatch64MatchesAttAcc) {
+  // AttAcc §3.2: GPT-3 175B on a DGX of A100-HBM3 takes ~80 ms per output
+  // token at batch 64 (L_in = L_out = 2048); we require 50-100 ms at L~2048.
+  auto model = devices::ModelDimsFromSpec(*devices::ModelPreset("gpt3-175b"));
+  IterationPlanner planner(model, 8, device_.get());
+  std::vector<int64_t> past(64);
+  for (int i = 0; i < 64; ++i) past[i] = 2016 + i;  // L = 2017..2080
+  auto cost = planner.Plan(Decode(past));
+  ASSERT_TRUE(cost.ok());
+  EXPECT_GT(cost->time_s, 0.050);
+  EXPECT_LT(cost->time_s, 0.100);
+  // AttAcc Fig. 4(c): attention is a large share of the time at batch 64.
+  const double attention =
+      cost->stages[static_cast<int>(devices::Stage::kAttention)].time_s;
+  EXPECT_GT(attention / cost->time_s, 0.35);
+  // The FC layers read every weight once per iteration per xPU (12 d^2 / 8
+  // per layer) plus their [64 x k] inputs and [64 x n] outputs:
+  // QKV 12288->4608, projection 1536->12288, FF1 12288->6144, FF2 6144->12288.
+  const double fc_bytes =
+      cost->stages[static_cast<int>(devices::Stage::kQkv)].dram_bytes +
+      cost->stages[static_cast<int>(devices::Stage::kProjection)].dram_bytes +
+      cost->stages[static_cast<int>(devices::Stage::kFf1)].dram_bytes +
+      cost->stages[static_cast<int>(devices::Stage::kFf2)].dram_bytes;
+  const double weights = 12288.0 * (4608 + 1536 + 6144 + 6144);
+  EXPECT_DOUBLE_EQ(weights, 12.0 * 12288 * 12288 / 8);
+  const double activations =
+      64.0 * ((12288 + 4608) + (1536 + 12288) + (12288 + 6144) + (6144 + 12288));
+  EXPECT_DOUBLE_EQ(fc_bytes, 96 * 2 * (weights + activations));
+  std::printf("GPT-3 175B decode, batch 64, L~2048, DGX A100-HBM3: %.2f ms "
+              "(attention %.2f ms)\n", cost->time_s * 1e3, attention * 1e3);
+}
+
+TEST_F(PlannerTest, LayerOpsFollowMegatronSplit) {
+  auto model = devices::ModelDimsFromSpec(*devices::ModelPreset("llama-65b"));
+  IterationPlanner planner(model, 8, device_.get());
+  ASSERT_TRUE(planner.Plan(Decode({100, 200, 300})).ok());
+  const auto& ops = planner.last_ops();
+  int gemms = 0;
+  for (const auto& op : ops) {
+    if (op.kind != devices::OpKind::kGemm) continue;
+    ++gemms;
+    switch (op.stage) {
+      case devices::Stage::kQkv:
+        EXPECT_EQ(op.n, 3 * 8 * 128);  // 8 heads per xPU, Q, K and V
+        EXPECT_EQ(op.k, 8192);
+        break;
+      case devices::Stage::kFf1:
+        EXPECT_EQ(op.n, 2 * 22016 / 8);  // SwiGLU gate + up
+        break;
+      case devices::Stage::kFf2:
+        EXPECT_EQ(op.k, 22016 / 8);
+        break;
+      case devices::Stage::kLmHead:
+        EXPECT_EQ(op.m, 3);
+        EXPECT_EQ(op.n, 32000 / 8);
+        break;
+      default:
+        break;
+    }
+    EXPECT_EQ(op.m, 3);
+  }
+  EXPECT_EQ(gemms, 5);
+}
+
+TEST_F(PlannerTest, TimeGrowsWithEachSequencesLength) {
+  auto model = devices::ModelDimsFromSpec(*devices::ModelPreset("gpt3-175b"));
+  IterationPlanner planner(model, 8, device_.get());
+  const double short_ctx = planner.Plan(Decode(std::vector<int64_t>(16, 500)))->time_s;
+  const double long_ctx = planner.Plan(Decode(std::vector<int64_t>(16, 4000)))->time_s;
+  // 16 x 3500 more cached tokens x 4.72 MB / 8 xPUs / (3.35 TB/s x 0.85).
+  const double expected = 16.0 * 3500 * 2 * 96 * 12 * 128 * 2 / (3.35e12 * 0.85);
+  EXPECT_NEAR(long_ctx - short_ctx, expected, 1e-9);
+}
+
+}  // namespace
+}  // namespace servesim::scheduler
