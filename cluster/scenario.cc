@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -204,12 +205,8 @@ absl::Status ApplyOverride(LoadedScenario* scenario,
         if (ev == nullptr) {
           // Accept the name without the type prefix, e.g. CHUNKED_PREFILL
           // (the prefix is what precedes UNSPECIFIED in value 0).
-          for (int j = 0; j < e->value_count() && ev == nullptr; ++j) {
-            if (e->value(j)->name() ==
-                absl::StrCat(absl::StripSuffix(e->value(0)->name(), "UNSPECIFIED"), value)) {
-              ev = e->value(j);
-            }
-          }
+          ev = e->FindValueByName(
+              absl::StrCat(absl::StripSuffix(e->value(0)->name(), "UNSPECIFIED"), value));
         }
         ok = ev != nullptr;
         if (ok) r->SetEnumValue(msg, f, ev->number());
@@ -273,6 +270,13 @@ absl::Status FillFromPreset(
 absl::Status Normalize(LoadedScenario* scenario) {
   auto& p = scenario->proto;
   if (!p.has_seed()) p.set_seed(1);
+  if (p.name().empty()) {
+    // Untitled scenarios are named after their file, without folder and
+    // extension, so tables and summary.json always say what ran.
+    std::string stem = scenario->path.substr(scenario->path.find_last_of('/') + 1);
+    if (absl::EndsWith(stem, ".pbtxt")) stem.resize(stem.size() - 6);
+    p.set_name(stem);
+  }
 
   auto* m = p.mutable_model();
   RETURN_IF_ERROR(FillFromPreset(m, &devices::ModelPreset, *scenario, "model"));

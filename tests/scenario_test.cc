@@ -804,6 +804,16 @@ TEST(ScenarioNormalizeTest, GqaKvHeadsDefaultToHeadsForExplicitModels) {
   EXPECT_EQ(sc.proto.model().name(), "custom");
 }
 
+TEST(ScenarioNameTest, UntitledScenarioIsNamedAfterItsFile) {
+  auto sc = ParseScenarioText("model { preset: \"gpt2-xl\" }", "runs/sweep_a.pbtxt");
+  ASSERT_TRUE(sc.ok());
+  ASSERT_TRUE(Normalize(&*sc).ok());
+  EXPECT_EQ(sc->proto.name(), "sweep_a");
+  auto named = ParseScenarioText("name: \"mine\"", "runs/x.pbtxt");
+  ASSERT_TRUE(Normalize(&*named).ok());
+  EXPECT_EQ(named->proto.name(), "mine");
+}
+
 TEST(AnnotateFieldErrorTest, PrefixesWorkloadErrorsWithTheirLine) {
   auto sc = ParseScenarioText(
       "model { preset: \"gpt2-xl\" }\n"
