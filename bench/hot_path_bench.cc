@@ -28,7 +28,7 @@ void BM_PlanDecode(benchmark::State& state) {
   servesim::scheduler::IterationPlanner planner(sc.model, 8, device->get());
   servesim::scheduler::Batch batch;
   for (int i = 0; i < state.range(0); ++i) {
-    batch.entries.push_back({i, 1, 1000 + 13 * i, false, true});
+    batch.entries.push_back({i, 1, 1000 + 13 * i, false, true, {}});
   }
   batch.decode_tokens = batch.emitting = state.range(0);
   for (auto _ : state) {

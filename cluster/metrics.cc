@@ -140,6 +140,7 @@ Summary ComputeSummary(const MetricsCollector& metrics, double ttft_slo_s,
   double busy = 0, kv_weighted = 0, batch_sum = 0;
   for (const IterationRecord& it : metrics.iterations()) {
     ++s.iterations;
+    ++s.bound_iterations[static_cast<int>(it.bound)];
     batch_sum += it.batch_size;
     s.batch_size_max = std::max<int64_t>(s.batch_size_max, it.batch_size);
     const double util = kv_capacity_blocks > 0

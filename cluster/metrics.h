@@ -57,6 +57,8 @@ struct IterationRecord {
   int64_t decode_tokens = 0;
   int64_t kv_blocks_used = 0;
   double energy_j = 0;
+  scheduler::BatchBound bound = scheduler::BatchBound::kNone;
+  int64_t batch_cap = 0;  // SLO cap in force (0: none)
 };
 
 class MetricsCollector {
@@ -108,6 +110,8 @@ struct Summary {
   int64_t batch_size_max = 0;
   double kv_utilization_mean = 0, kv_utilization_max = 0;
   double energy_j = 0, energy_per_token_j = 0;
+  // Iterations by what limited admission (BatchBound order).
+  int64_t bound_iterations[5] = {0, 0, 0, 0, 0};
 };
 
 Summary ComputeSummary(const MetricsCollector& metrics, double ttft_slo_s,

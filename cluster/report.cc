@@ -78,6 +78,12 @@ std::string SummaryJson(const ResolvedScenario& sc, const Workload& wl,
   kv("xpu", JsonString(p.cluster().xpu().preset()));
   kv("replicas", absl::StrCat(sc.replicas));
   kv("tensor_parallel", absl::StrCat(sc.tensor_parallel));
+  if (sc.has_attention_device) {
+    const auto& a = sc.proto.cluster().attacc();
+    kv("attention_device", JsonString(absl::StrCat(a.preset(), " x ", a.stacks(), " stacks")));
+    kv("overlap_policy", JsonString(scheduler::OverlapPolicyName(sc.planner.overlap)));
+  }
+  if (sc.tbt_slo_s > 0) kv("slo_tbt_s", Num(sc.tbt_slo_s));
   kv("seed", absl::StrCat(sc.seed));
   kv("workload", JsonString(wl.description));
   kv("kv_capacity_blocks_per_replica", absl::StrCat(sc.kv.blocks));
@@ -110,6 +116,15 @@ std::string SummaryJson(const ResolvedScenario& sc, const Workload& wl,
   kv("batch_size_max", absl::StrCat(s.batch_size_max));
   kv("kv_utilization_mean", Num(s.kv_utilization_mean));
   kv("kv_utilization_max", Num(s.kv_utilization_max));
+  {
+    std::string b = "{";
+    for (int i = 0; i < 5; ++i) {
+      absl::StrAppend(&b, i ? ", " : "", "\"",
+                      scheduler::BatchBoundName(static_cast<scheduler::BatchBound>(i)),
+                      "\": ", s.bound_iterations[i]);
+    }
+    kv("batch_bound_iterations", b + "}");
+  }
   kv("energy_j", Num(s.energy_j));
   kv("energy_per_token_j", Num(s.energy_per_token_j), true);
   j += "}\n";
@@ -209,12 +224,13 @@ absl::Status WriteOutputs(const std::string& dir, const ResolvedScenario& sc,
   if (sc.proto.output().iterations_csv()) {
     std::string csv =
         "replica,start_s,duration_s,batch_size,prefill_tokens,decode_tokens,"
-        "kv_blocks_used,energy_j\n";
+        "kv_blocks_used,energy_j,batch_bound,batch_cap\n";
     for (const IterationRecord& it : metrics.iterations()) {
-      absl::StrAppendFormat(&csv, "%d,%.9f,%.9f,%d,%d,%d,%d,%.6g\n", it.replica,
+      absl::StrAppendFormat(&csv, "%d,%.9f,%.9f,%d,%d,%d,%d,%.6g,%s,%d\n", it.replica,
                             it.start_s, it.duration_s, it.batch_size,
                             it.prefill_tokens, it.decode_tokens,
-                            it.kv_blocks_used, it.energy_j);
+                            it.kv_blocks_used, it.energy_j,
+                            scheduler::BatchBoundName(it.bound), it.batch_cap);
     }
     if (absl::Status st = WriteFile(base / "iterations.csv", csv); !st.ok()) return st;
   }

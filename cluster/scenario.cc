@@ -14,7 +14,9 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "common/status_macros.h"
+#include "devices/attacc/attacc_device.h"
 #include "devices/presets.h"
+#include "devices/registry.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/io/tokenizer.h"
 #include "scheduler/planner.h"
@@ -310,6 +312,23 @@ absl::Status Normalize(LoadedScenario* scenario) {
   if (!x->has_peak_flops_int8() && x->has_peak_flops_fp16()) {
     x->set_peak_flops_int8(2 * x->peak_flops_fp16());
   }
+  if (c->has_attacc()) {
+    auto* a = c->mutable_attacc();
+    if (a->preset().empty()) a->set_preset("attacc_bank");
+    RETURN_IF_ERROR(FillFromPreset(a, &devices::AttAccPreset, *scenario, "cluster.attacc"));
+    if (!a->has_attention_level_pipelining()) a->set_attention_level_pipelining(true);
+    if (a->link().preset().empty() && !a->link().has_bandwidth_bytes_per_s()) {
+      a->mutable_link()->set_preset("nvlink3");
+    }
+    RETURN_IF_ERROR(FillFromPreset(a->mutable_link(), &devices::LinkPreset, *scenario,
+                                   "cluster.attacc.link"));
+    if (!a->link().has_latency_s()) a->mutable_link()->set_latency_s(0);
+    if (!a->link().has_energy_pj_per_byte()) a->mutable_link()->set_energy_pj_per_byte(0);
+    if (c->overlap() == servesim::v1::OVERLAP_POLICY_UNSPECIFIED) {
+      c->set_overlap(servesim::v1::OVERLAP_POLICY_SERIAL);
+    }
+    if (!c->has_head_groups()) c->set_head_groups(8);
+  }
   for (auto* link : {c->mutable_interconnect(), c->mutable_frontend()}) {
     if (!link->has_latency_s()) link->set_latency_s(0);
     if (!link->has_energy_pj_per_byte()) link->set_energy_pj_per_byte(0);
@@ -466,6 +485,19 @@ absl::StatusOr<ResolvedScenario> Resolve(const LoadedScenario& sc) {
   }
   ck.Positive("slo.ttft_s", p.slo().ttft_s());
   ck.Positive("slo.tpot_s", p.slo().tpot_s());
+  if (p.slo().has_tbt_s()) ck.Positive("slo.tbt_s", p.slo().tbt_s());
+  if (c.has_attacc()) {
+    ck.Range<int32_t>("cluster.attacc.stacks", c.attacc().stacks(), 1, 4096);
+    ck.Range<int32_t>("cluster.head_groups", c.head_groups(), 1,
+                      static_cast<int32_t>(std::max<int64_t>(1, m.num_heads())));
+    ck.Positive("cluster.attacc.link.bandwidth_bytes_per_s",
+                c.attacc().link().bandwidth_bytes_per_s());
+    ck.NonNegative("cluster.attacc.link.latency_s", c.attacc().link().latency_s());
+  } else if (c.overlap() != servesim::v1::OVERLAP_POLICY_UNSPECIFIED &&
+             c.overlap() != servesim::v1::OVERLAP_POLICY_SERIAL) {
+    ck.Fail("cluster.overlap", servesim::v1::OverlapPolicy_Name(c.overlap()),
+            "overlap policies other than SERIAL need cluster.attacc (an attention device)");
+  }
   RETURN_IF_ERROR(ck.status());
 
   ResolvedScenario out;
@@ -477,6 +509,7 @@ absl::StatusOr<ResolvedScenario> Resolve(const LoadedScenario& sc) {
   out.seed = p.seed();
   out.ttft_slo_s = p.slo().ttft_s();
   out.tpot_slo_s = p.slo().tpot_s();
+  out.tbt_slo_s = p.slo().has_tbt_s() ? p.slo().tbt_s() : 0.0;
   auto* gpu = out.xpu_device.mutable_gpu();
   *gpu->mutable_xpu() = x;
   *gpu->mutable_interconnect() = c.interconnect();
@@ -494,7 +527,78 @@ absl::StatusOr<ResolvedScenario> Resolve(const LoadedScenario& sc) {
   kin.activation_bytes_per_xpu = out.activation_bytes_per_xpu;
   kin.kv_bytes_per_token_per_xpu = sizes.KvBytesPerTokenPerXpu();
   kin.block_tokens = s.kv_block_tokens();
-  out.kv = scheduler::ComputeKvCapacity(kin);
+  out.planner.tensor_parallel = tp;
+  if (c.has_attacc()) {
+    // DGX+AttAccs (§4, §7.1): the xPUs hold the weights, the device pool the
+    // KV cache (and the FF slices of §6.2 co-processing).
+    out.has_attention_device = true;
+    auto* spec = out.attention_device.mutable_attacc();
+    *spec->mutable_attacc() = c.attacc();
+    spec->set_dtype(m.dtype());
+    ASSIGN_OR_RETURN(auto device, devices::CreateDevice(out.attention_device));
+    const devices::DeviceDescription desc = device->Describe();
+    auto param = [&](absl::string_view name) {
+      for (const auto& [k, v] : desc.parameters) {
+        if (k == name) return v;
+      }
+      return 0.0;
+    };
+    out.device_memory_bytes = desc.memory_bytes;
+    const double stack_bytes = param("stack_bytes");
+    auto& pc = out.planner;
+    pc.overlap = c.overlap() == servesim::v1::OVERLAP_POLICY_HEAD_LEVEL
+                     ? scheduler::OverlapPolicy::kHeadLevel
+                 : c.overlap() == servesim::v1::OVERLAP_POLICY_HEAD_LEVEL_FF
+                     ? scheduler::OverlapPolicy::kHeadLevelFf
+                 : c.overlap() == servesim::v1::OVERLAP_POLICY_BATCH_LEVEL
+                     ? scheduler::OverlapPolicy::kBatchLevel
+                     : scheduler::OverlapPolicy::kSerial;
+    pc.head_groups = c.head_groups();
+    pc.link_bytes_per_s = c.attacc().link().bandwidth_bytes_per_s();
+    pc.link_latency_s = c.attacc().link().latency_s();
+    pc.link_energy_pj_per_byte = c.attacc().link().energy_pj_per_byte();
+    pc.xpu_bandwidth = x.memory_bw_bytes_per_s() * static_cast<double>(tp);
+    pc.device_bandwidth = param("internal_bandwidth_bytes_per_s");
+    pc.ff_max_batch = s.max_batch_size();
+    // FF co-processing places f(1) of every FF matrix on the device and
+    // keeps 1 - f(max batch) on the xPUs (§6.2).
+    double ff_on_device = 0, ff_on_xpu = 1;
+    if (pc.overlap == scheduler::OverlapPolicy::kHeadLevelFf) {
+      scheduler::IterationPlanner fp(out.model, pc);
+      ff_on_device = fp.FfDeviceFraction(1);
+      ff_on_xpu = 1 - fp.FfDeviceFraction(s.max_batch_size());
+    }
+    const double ff_bytes = static_cast<double>(out.model.num_layers) *
+                            static_cast<double>(out.model.FfParamsPerLayer()) *
+                            out.model.bytes_per_element;
+    out.device_ff_weight_bytes = ff_on_device * ff_bytes;
+    out.weight_bytes_per_xpu -= (1 - ff_on_xpu) * ff_bytes / static_cast<double>(tp);
+    const double kv_per_token = static_cast<double>(out.model.KvBytesPerToken());
+    const double kv_bytes = out.device_memory_bytes - out.device_ff_weight_bytes;
+    out.kv.usable_bytes_per_xpu = 0;
+    out.kv.blocks = kv_bytes > 0 ? static_cast<int64_t>(std::floor(
+                                       kv_bytes / (kv_per_token * s.kv_block_tokens())))
+                                 : 0;
+    out.kv.tokens = out.kv.blocks * s.kv_block_tokens();
+    // One head's KV, all layers, per position.
+    const double head_bytes = 2.0 * static_cast<double>(out.model.num_layers) *
+                              static_cast<double>(out.model.d_head) *
+                              out.model.bytes_per_element;
+    out.batching.placement_stacks = c.attacc().stacks();
+    out.batching.placement_capacity_tokens = static_cast<int64_t>(std::floor(
+        (stack_bytes - out.device_ff_weight_bytes / c.attacc().stacks()) / head_bytes));
+    out.batching.placement_kv_heads = static_cast<int>(out.model.num_kv_heads);
+    const double xpu_available = x.memory_bytes() * c.memory_utilization();
+    const double xpu_required = out.weight_bytes_per_xpu + out.activation_bytes_per_xpu;
+    if (xpu_required > xpu_available) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          sc.Where("cluster.tensor_parallel"), ": ", m.name(), " weights do not fit the ",
+          tp, " x ", x.preset(), " of a DGX+AttAcc replica: required ", Gb(xpu_required),
+          " per xPU vs available ", Gb(xpu_available)));
+    }
+  } else {
+    out.kv = scheduler::ComputeKvCapacity(kin);
+  }
   const double available = x.memory_bytes() * c.memory_utilization();
   const double required = out.weight_bytes_per_xpu + out.activation_bytes_per_xpu;
   if (out.kv.blocks < 1) {

@@ -27,6 +27,7 @@
 #include "google/protobuf/text_format.h"
 #include "scheduler/batching.h"
 #include "scheduler/kv_cache.h"
+#include "scheduler/planner.h"
 #include "scheduler/router.h"
 #include "servesim/v1/hardware.pb.h"
 #include "servesim/v1/scenario.pb.h"
@@ -76,7 +77,15 @@ struct ResolvedScenario {
   double activation_bytes_per_xpu = 0;
   double ttft_slo_s = 0;
   double tpot_slo_s = 0;
+  double tbt_slo_s = 0;  // 0: no SLO-limited batching
   uint64_t seed = 1;
+  // Heterogeneous replicas (cluster.attacc set): the device spec, and the
+  // planner settings (device pointers are filled per replica at run time).
+  bool has_attention_device = false;
+  servesim::v1::DeviceSpec attention_device;
+  scheduler::PlannerConfig planner;
+  double device_memory_bytes = 0;      // the attention-device pool
+  double device_ff_weight_bytes = 0;   // FF slices placed on it (§6.2)
 };
 
 absl::StatusOr<ResolvedScenario> Resolve(const LoadedScenario& scenario);

@@ -3,6 +3,7 @@
 #include <memory>
 #include <simgrid/s4u.hpp>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "devices/registry.h"
@@ -20,6 +21,12 @@ struct Message {
 };
 
 constexpr double kBytesPerPromptToken = 4;  // token ids on the wire
+int kTransferToken = 0;  // payload of device-link transfers (size is what counts)
+
+// The attention device's end of the link: takes what the xPUs send.
+void DeviceReceiver(sg4::Mailbox* box) {
+  while (true) box->get<int>();
+}
 constexpr double kHeaderBytes = 512;
 
 struct Shared {
@@ -28,6 +35,7 @@ struct Shared {
   MetricsCollector* metrics = nullptr;
   std::vector<scheduler::ReplicaLoad> loads;
   std::vector<sg4::Mailbox*> engine_boxes;
+  std::vector<sg4::Mailbox*> device_boxes;  // per replica, when it has a device
   sg4::Mailbox* router_box = nullptr;
   absl::Status error;  // first internal error; stops the run
 };
@@ -69,14 +77,27 @@ void RouterActor(Shared* sh) {
   }
 }
 
+scheduler::PlannerConfig ReplicaPlannerConfig(const ResolvedScenario& sc,
+                                              const devices::Device* xpu,
+                                              const devices::Device* attention) {
+  scheduler::PlannerConfig c = sc.planner;
+  c.tensor_parallel = sc.tensor_parallel;
+  c.xpu = xpu;
+  c.attention = attention;
+  return c;
+}
+
 class Engine {
  public:
-  Engine(Shared* sh, int replica, std::unique_ptr<devices::Device> device)
+  Engine(Shared* sh, int replica, std::unique_ptr<devices::Device> device,
+         std::unique_ptr<devices::Device> attention)
       : sh_(sh),
         replica_(replica),
         device_(std::move(device)),
+        attention_(std::move(attention)),
         scheduler_(sh->sc->batching),
-        planner_(sh->sc->model, sh->sc->tensor_parallel, device_.get()),
+        planner_(sh->sc->model,
+                 ReplicaPlannerConfig(*sh->sc, device_.get(), attention_.get())),
         observer_(sh->metrics->ObserverFor(replica)) {}
 
   void Run() {
@@ -89,6 +110,14 @@ class Engine {
         continue;
       }
       const double start = sg4::Engine::get_clock();
+      if (sh_->sc->tbt_slo_s > 0) {
+        auto cap = SloCap();
+        if (!cap.ok()) {
+          sh_->error = cap.status();
+          return;
+        }
+        scheduler_.SetBatchCap(std::max<int64_t>(1, *cap));
+      }
       const scheduler::Batch& batch = scheduler_.Schedule(start);
       if (batch.empty()) {
         sh_->error = absl::InternalError(absl::StrCat(
@@ -109,8 +138,19 @@ class Engine {
       it.decode_tokens = batch.decode_tokens;
       it.kv_blocks_used = scheduler_.kv().used();
       it.energy_j = cost->total.energy_pj() * 1e-12;
+      it.bound = batch.bound;
+      it.batch_cap = batch_cap_;
       sh_->metrics->AddIteration(it);
+      // Q/K/V out, attention outputs and prefilled K/V back: a SimGrid
+      // communication over the replica's device link alongside the compute,
+      // so a busier link than planned delays the iteration.
+      sg4::CommPtr transfer;
+      if (attention_ != nullptr && cost->device_link_bytes > 0) {
+        transfer = sh_->device_boxes[replica_]->put_async(
+            &kTransferToken, static_cast<uint64_t>(cost->device_link_bytes));
+      }
       sg4::this_actor::sleep_for(cost->time_s);
+      if (transfer) transfer->wait();
       const int64_t finished_before = finished_;
       scheduler_.Complete(sg4::Engine::get_clock(), &counting_);
       done_ += finished_ - finished_before;
@@ -154,6 +194,23 @@ class Engine {
     UpdateLoad();
   }
 
+  // The SLO batch cap for the current mean context, memoised per 64-token
+  // bucket (rounded up, so the cap is never too generous).
+  absl::StatusOr<int64_t> SloCap() {
+    const int64_t ctx = scheduler_.MeanContextTokens();
+    const int64_t bucket = (ctx + 63) / 64;
+    auto it = slo_caps_.find(bucket);
+    if (it == slo_caps_.end()) {
+      ASSIGN_OR_RETURN(int64_t cap,
+                       scheduler::MaxBatchWithinSlo(planner_, sh_->sc->tbt_slo_s,
+                                                    std::max<int64_t>(1, bucket * 64),
+                                                    sh_->sc->batching.max_batch_size));
+      it = slo_caps_.emplace(bucket, cap).first;
+    }
+    batch_cap_ = it->second;
+    return it->second;
+  }
+
   void UpdateLoad() {
     auto& l = sh_->loads[replica_];
     l.kv_blocks_used = scheduler_.kv().used();
@@ -163,6 +220,7 @@ class Engine {
   Shared* sh_;
   int replica_;
   std::unique_ptr<devices::Device> device_;
+  std::unique_ptr<devices::Device> attention_;
   scheduler::ReplicaScheduler scheduler_;
   scheduler::IterationPlanner planner_;
   scheduler::RequestObserver* observer_;
@@ -170,10 +228,13 @@ class Engine {
   int64_t expected_ = -1;  // requests the router sent; known at the end
   int64_t finished_ = 0;   // finished or rejected
   int64_t done_ = 0;
+  int64_t batch_cap_ = 0;
+  absl::flat_hash_map<int64_t, int64_t> slo_caps_;
 };
 
 void BuildPlatform(const ResolvedScenario& sc, sg4::NetZone** zone_out,
-                   std::vector<sg4::Host*>* engine_hosts, sg4::Host** clients,
+                   std::vector<sg4::Host*>* engine_hosts,
+                   std::vector<sg4::Host*>* device_hosts, sg4::Host** clients,
                    sg4::Host** router) {
   const auto& c = sc.proto.cluster();
   auto* zone = sg4::create_full_zone("cluster");
@@ -203,6 +264,20 @@ void BuildPlatform(const ResolvedScenario& sc, sg4::NetZone** zone_out,
                       {sg4::LinkInRoute(links[0]), sg4::LinkInRoute(links[j])}, true);
     }
     engine_hosts->push_back(xpus[0]);
+    if (sc.has_attention_device) {
+      // One host for the replica's AttAcc pool; its link carries every xPU's
+      // traffic (t links' worth of bandwidth).
+      auto* dev = zone->create_host(absl::StrCat("r", r, ".attacc"), 1e9);
+      const auto& al = c.attacc().link();
+      auto* link = zone->create_link(absl::StrCat("r", r, ".attacc.link"),
+                                     al.bandwidth_bytes_per_s() *
+                                         static_cast<double>(sc.tensor_parallel))
+                       ->set_latency(al.latency_s())
+                       ->seal();
+      zone->add_route(xpus[0]->get_netpoint(), dev->get_netpoint(), nullptr, nullptr,
+                      {sg4::LinkInRoute(link)}, true);
+      device_hosts->push_back(dev);
+    }
   }
   zone->seal();
   *zone_out = zone;
@@ -234,14 +309,19 @@ absl::StatusOr<RunResult> RunSimulation(const ResolvedScenario& sc,
   for (auto& l : sh.loads) l.kv_blocks_capacity = sc.kv.blocks;
 
   sg4::NetZone* zone = nullptr;
-  std::vector<sg4::Host*> engine_hosts;
+  std::vector<sg4::Host*> engine_hosts, device_hosts;
   sg4::Host *clients = nullptr, *router = nullptr;
-  BuildPlatform(sc, &zone, &engine_hosts, &clients, &router);
+  BuildPlatform(sc, &zone, &engine_hosts, &device_hosts, &clients, &router);
 
   std::vector<std::unique_ptr<Engine>> engines;
   for (int64_t r = 0; r < sc.replicas; ++r) {
     ASSIGN_OR_RETURN(auto device, devices::CreateDevice(sc.xpu_device));
-    engines.push_back(std::make_unique<Engine>(&sh, static_cast<int>(r), std::move(device)));
+    std::unique_ptr<devices::Device> attention;
+    if (sc.has_attention_device) {
+      ASSIGN_OR_RETURN(attention, devices::CreateDevice(sc.attention_device));
+    }
+    engines.push_back(std::make_unique<Engine>(&sh, static_cast<int>(r), std::move(device),
+                                               std::move(attention)));
     sh.engine_boxes.push_back(sg4::Mailbox::by_name(absl::StrCat("engine", r)));
   }
   sh.router_box = sg4::Mailbox::by_name("router");
@@ -255,6 +335,12 @@ absl::StatusOr<RunResult> RunSimulation(const ResolvedScenario& sc,
     auto actor = sg4::Actor::create(absl::StrCat("engine", r), engine_hosts[r],
                                     [e]() { e->Run(); });
     sh.engine_boxes[r]->set_receiver(actor);
+  }
+  for (size_t r = 0; r < device_hosts.size(); ++r) {
+    sh.device_boxes.push_back(sg4::Mailbox::by_name(absl::StrCat("device", r)));
+    auto actor = sg4::Actor::create(absl::StrCat("device", r), device_hosts[r],
+                                    DeviceReceiver, sh.device_boxes[r]);
+    actor->daemonize();
   }
   sg4::Actor::create("source", clients, Source, &sh);
 

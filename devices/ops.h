@@ -55,9 +55,17 @@ struct Op {
   Stage stage = Stage::kQkv;
   // kGemm.
   int64_t m = 0, n = 0, k = 0;
-  // kAttention: heads handled by this xPU; the span is borrowed.
+  // kAttention: heads handled by this device; the span is borrowed.
   int64_t heads = 0, kv_heads = 0, d_head = 0;
   absl::Span<const AttentionSeq> seqs;
+  // Attention devices that hold whole heads (AttAcc): only the query heads
+  // [head_begin, head_end) of every sequence are in this op (a head group of
+  // head-level pipelining); head_end < 0 means all heads.
+  int64_t head_begin = 0, head_end = -1;
+  // Which memory stack holds each (sequence, KV head):
+  // kv_head_stack[seq * kv_heads + kv_head]. Empty: the device places heads
+  // itself (greedy least-loaded, as at admission).
+  absl::Span<const int32_t> kv_head_stack;
   // kElementwise: elements touched, bytes moved per element (reads+writes)
   // and FLOPs per element.
   int64_t elements = 0;
@@ -77,6 +85,14 @@ struct Cost {
   double compute_energy_pj = 0;
   double dram_energy_pj = 0;
   double link_energy_pj = 0;
+  // Processing-in-memory devices: bytes moved at each level of the stack
+  // (device-memory bytes above are the cell reads), the device's own cycles,
+  // and the attention stages' busy time (score GEMV, softmax, context GEMV).
+  double bg_bus_bytes = 0;    // over bank-group buses to the GBUS
+  double tsv_bytes = 0;       // over TSVs to the buffer die
+  double external_bytes = 0;  // over the stack's PHY / the device interface
+  double cycles = 0;
+  double score_s = 0, softmax_s = 0, context_s = 0;
 
   double energy_pj() const {
     return compute_energy_pj + dram_energy_pj + link_energy_pj;
@@ -89,12 +105,24 @@ struct Cost {
     compute_energy_pj += o.compute_energy_pj;
     dram_energy_pj += o.dram_energy_pj;
     link_energy_pj += o.link_energy_pj;
+    bg_bus_bytes += o.bg_bus_bytes;
+    tsv_bytes += o.tsv_bytes;
+    external_bytes += o.external_bytes;
+    cycles += o.cycles;
+    score_s += o.score_s;
+    softmax_s += o.softmax_s;
+    context_s += o.context_s;
     return *this;
   }
   Cost Scaled(double f) const {
-    return Cost{time_s * f,         flops * f,          dram_bytes * f,
-                link_bytes * f,     compute_energy_pj * f, dram_energy_pj * f,
-                link_energy_pj * f};
+    Cost c = *this;
+    for (double* v : {&c.time_s, &c.flops, &c.dram_bytes, &c.link_bytes,
+                      &c.compute_energy_pj, &c.dram_energy_pj, &c.link_energy_pj,
+                      &c.bg_bus_bytes, &c.tsv_bytes, &c.external_bytes, &c.cycles,
+                      &c.score_s, &c.softmax_s, &c.context_s}) {
+      *v *= f;
+    }
+    return c;
   }
 };
 

@@ -6,11 +6,28 @@
 
 namespace servesim::scheduler {
 
+const char* BatchBoundName(BatchBound b) {
+  switch (b) {
+    case BatchBound::kNone: return "none";
+    case BatchBound::kCapacity: return "capacity";
+    case BatchBound::kSlo: return "slo";
+    case BatchBound::kMaxBatch: return "max_batch";
+    case BatchBound::kTokenBudget: return "token_budget";
+  }
+  return "unknown";
+}
+
 ReplicaScheduler::ReplicaScheduler(const BatchingConfig& config)
     : config_(config),
       kv_(config.kv_capacity_blocks),
       watermark_blocks_(static_cast<int64_t>(
-          std::floor(config.kv_watermark * config.kv_capacity_blocks))) {}
+          std::floor(config.kv_watermark * config.kv_capacity_blocks))) {
+  if (config.placement_stacks > 0) {
+    placement_ = std::make_unique<StackPlacement>(
+        config.placement_stacks, config.placement_capacity_tokens,
+        config.placement_kv_heads);
+  }
+}
 
 int32_t ReplicaScheduler::NewSlot(const RequestSpec& spec) {
   int32_t slot;
@@ -34,7 +51,8 @@ RejectReason ReplicaScheduler::Add(const RequestSpec& spec, double now_s,
   const int64_t total = spec.input_tokens + spec.output_tokens;
   if (total > config_.max_context_tokens) {
     why = RejectReason::kTooLong;
-  } else if (BlocksFor(total) > kv_.capacity() - watermark_blocks_) {
+  } else if (BlocksFor(total) > kv_.capacity() - watermark_blocks_ ||
+             (placement_ != nullptr && !placement_->CouldEverFit(total))) {
     // Its full KV (prompt + every output token but the last, plus the
     // block the last decode reserves) can never be held: reject up front
     // rather than preempt it forever.
@@ -50,10 +68,32 @@ RejectReason ReplicaScheduler::Add(const RequestSpec& spec, double now_s,
   return RejectReason::kNone;
 }
 
-bool ReplicaScheduler::TryAdmit(int32_t slot) {
+bool ReplicaScheduler::TryAdmit(int32_t slot, int64_t tokens_so_far) {
   RequestState& r = table_[slot];
+  const int64_t running = static_cast<int64_t>(running_.size());
+  if (running >= config_.max_batch_size) {
+    batch_.bound = BatchBound::kMaxBatch;
+    return false;
+  }
+  if (batch_cap_ > 0 && running >= batch_cap_) {
+    batch_.bound = BatchBound::kSlo;
+    return false;
+  }
+  if (config_.policy == BatchingPolicy::kPrefillFirst && tokens_so_far > 0 &&
+      tokens_so_far + r.prompt_tokens > config_.max_tokens_per_iteration) {
+    batch_.bound = BatchBound::kTokenBudget;
+    return false;
+  }
   const int64_t need = BlocksFor(r.prompt_tokens);
-  if (kv_.free() - need < watermark_blocks_) return false;
+  if (kv_.free() - need < watermark_blocks_) {
+    batch_.bound = BatchBound::kCapacity;
+    return false;
+  }
+  if (placement_ != nullptr &&
+      !placement_->Place(slot, r.spec.input_tokens + r.spec.output_tokens)) {
+    batch_.bound = BatchBound::kCapacity;
+    return false;
+  }
   kv_.TryAllocate(need);
   r.blocks = need;
   r.running = true;
@@ -64,10 +104,15 @@ bool ReplicaScheduler::TryAdmit(int32_t slot) {
   return true;
 }
 
-void ReplicaScheduler::Preempt(int32_t slot) {
-  RequestState& r = table_[slot];
+void ReplicaScheduler::ReleaseResources(RequestState& r, int32_t slot) {
   kv_.Release(r.blocks);
   r.blocks = 0;
+  if (placement_ != nullptr) placement_->Release(slot);
+}
+
+void ReplicaScheduler::Preempt(int32_t slot) {
+  RequestState& r = table_[slot];
+  ReleaseResources(r, slot);
   r.running = false;
   r.prefilled = 0;
   r.context_tokens = 0;
@@ -104,7 +149,7 @@ void ReplicaScheduler::ScheduleDecodes() {
   for (int32_t slot : running_) {
     const RequestState& r = table_[slot];
     if (r.prefilled < r.prompt_tokens) continue;
-    batch_.entries.push_back(BatchEntry{slot, 1, r.context_tokens, false, true});
+    batch_.entries.push_back(BatchEntry{slot, 1, r.context_tokens, false, true, Stacks(slot)});
     ++batch_.decode_tokens;
     ++batch_.emitting;
   }
@@ -118,19 +163,21 @@ const Batch& ReplicaScheduler::Schedule(double now_s) {
   if (config_.policy == BatchingPolicy::kPrefillFirst) {
     // Whole prompts of newly admitted requests, FCFS.
     int64_t tokens = 0;
-    while (!waiting_.empty() &&
-           static_cast<int64_t>(running_.size()) < config_.max_batch_size) {
+    while (!waiting_.empty()) {
       const int32_t slot = waiting_.front();
       const int64_t p = table_[slot].prompt_tokens;
-      if (tokens > 0 && tokens + p > budget) break;
-      if (!TryAdmit(slot)) break;  // head-of-line blocks: FCFS
+      if (!TryAdmit(slot, tokens)) break;  // head-of-line blocks: FCFS
       waiting_.pop_front();
-      batch_.entries.push_back(BatchEntry{slot, p, 0, true, true});
+      batch_.entries.push_back(BatchEntry{slot, p, 0, true, true, Stacks(slot)});
       tokens += p;
       batch_.prefill_tokens += p;
       ++batch_.emitting;
     }
-    if (batch_.empty()) ScheduleDecodes();
+    if (batch_.empty()) {
+      const BatchBound bound = batch_.bound;
+      ScheduleDecodes();
+      batch_.bound = bound;
+    }
     return batch_;
   }
 
@@ -143,25 +190,48 @@ const Batch& ReplicaScheduler::Schedule(double now_s) {
     if (r.prefilled >= r.prompt_tokens) continue;
     const int64_t chunk = std::min(r.prompt_tokens - r.prefilled, left);
     const bool last = r.prefilled + chunk == r.prompt_tokens;
-    batch_.entries.push_back(BatchEntry{slot, chunk, r.prefilled, true, last});
+    batch_.entries.push_back(BatchEntry{slot, chunk, r.prefilled, true, last, Stacks(slot)});
     batch_.prefill_tokens += chunk;
     batch_.emitting += last ? 1 : 0;
     left -= chunk;
   }
-  while (left > 0 && !waiting_.empty() &&
-         static_cast<int64_t>(running_.size()) < config_.max_batch_size) {
+  while (!waiting_.empty()) {
+    if (left <= 0) {
+      batch_.bound = BatchBound::kTokenBudget;
+      break;
+    }
     const int32_t slot = waiting_.front();
-    if (!TryAdmit(slot)) break;
+    if (!TryAdmit(slot, 0)) break;
     waiting_.pop_front();
     const RequestState& r = table_[slot];
     const int64_t chunk = std::min(r.prompt_tokens, left);
     const bool last = chunk == r.prompt_tokens;
-    batch_.entries.push_back(BatchEntry{slot, chunk, 0, true, last});
+    batch_.entries.push_back(BatchEntry{slot, chunk, 0, true, last, Stacks(slot)});
     batch_.prefill_tokens += chunk;
     batch_.emitting += last ? 1 : 0;
     left -= chunk;
   }
   return batch_;
+}
+
+int64_t ReplicaScheduler::MeanContextTokens() const {
+  int64_t sum = 0, n = 0;
+  for (int32_t slot : running_) {
+    sum += table_[slot].context_tokens + 1;
+    ++n;
+  }
+  if (n == 0) {
+    for (int32_t slot : waiting_) {
+      sum += table_[slot].prompt_tokens + 1;
+      ++n;
+    }
+  }
+  return n == 0 ? 0 : (sum + n - 1) / n;
+}
+
+absl::Span<const int32_t> ReplicaScheduler::Stacks(int32_t slot) const {
+  if (placement_ == nullptr) return {};
+  return placement_->StacksOf(slot);
 }
 
 void ReplicaScheduler::Complete(double now_s, RequestObserver* observer) {
@@ -183,8 +253,7 @@ void ReplicaScheduler::Complete(double now_s, RequestObserver* observer) {
     if (r.generated >= r.spec.output_tokens) {
       r.finish_s = now_s;
       r.running = false;
-      kv_.Release(r.blocks);
-      r.blocks = 0;
+      ReleaseResources(r, e.slot);
       any_finished = true;
       if (observer != nullptr) observer->OnFinish(r, now_s);
     }

@@ -34,9 +34,11 @@
 
 #include <cstdint>
 #include <deque>
+#include <memory>
 #include <vector>
 
 #include "scheduler/kv_cache.h"
+#include "scheduler/placement.h"
 #include "scheduler/request.h"
 
 namespace servesim::scheduler {
@@ -51,7 +53,23 @@ struct BatchingConfig {
   int64_t kv_capacity_blocks = 0;
   double kv_watermark = 0.01;
   int64_t max_context_tokens = 0;
+  // Head-wise placement on attention-device stacks (AttAcc); off when
+  // placement_stacks == 0. Capacity is per stack, in KV positions of one
+  // head across all layers.
+  int placement_stacks = 0;
+  int64_t placement_capacity_tokens = 0;
+  int placement_kv_heads = 0;
 };
+
+// What stopped admission in the last Schedule() call.
+enum class BatchBound : uint8_t {
+  kNone,         // every waiting request was admitted (or none waited)
+  kCapacity,     // KV blocks or stack placement ran out
+  kSlo,          // the SLO batch cap (SetBatchCap) was reached
+  kMaxBatch,     // max_batch_size was reached
+  kTokenBudget,  // max_tokens_per_iteration was reached
+};
+const char* BatchBoundName(BatchBound b);
 
 enum class RejectReason { kNone, kTooLong, kExceedsKvCapacity };
 
@@ -62,6 +80,8 @@ struct BatchEntry {
   int64_t past_tokens = 0;   // tokens already in the KV cache
   bool prefill = false;
   bool emits_token = false;  // decode, or the prompt's last chunk
+  // Stacks of the request's KV heads when placement is on; else empty.
+  absl::Span<const int32_t> kv_stacks;
 };
 
 struct Batch {
@@ -69,6 +89,7 @@ struct Batch {
   int64_t prefill_tokens = 0;
   int64_t decode_tokens = 0;
   int64_t emitting = 0;  // entries that produce a token (LM-head rows)
+  BatchBound bound = BatchBound::kNone;
   bool empty() const { return entries.empty(); }
 };
 
@@ -109,6 +130,10 @@ class ReplicaScheduler {
   // The batch is valid until the next Schedule or Complete call.
   const Batch& Schedule(double now_s);
 
+  // Caps running requests at `cap` (SLO-limited batching; <= 0: no cap).
+  // Running requests above a lowered cap keep running; admission stops.
+  void SetBatchCap(int64_t cap) { batch_cap_ = cap; }
+
   // Applies the batch from Schedule as finished at `now_s`.
   void Complete(double now_s, RequestObserver* observer);
 
@@ -119,6 +144,10 @@ class ReplicaScheduler {
   // Blocks the waiting requests' prompts would need.
   int64_t queued_block_demand() const { return queued_blocks_; }
   int64_t total_preemptions() const { return total_preemptions_; }
+  const StackPlacement* placement() const { return placement_.get(); }
+  // Mean KV length the next decode step would see: over running requests
+  // (cached tokens + 1), else over waiting prompts; 0 when idle.
+  int64_t MeanContextTokens() const;
   const RequestState& state(int32_t slot) const { return table_[slot]; }
   const BatchingConfig& config() const { return config_; }
 
@@ -128,7 +157,11 @@ class ReplicaScheduler {
   }
 
  private:
-  bool TryAdmit(int32_t slot);
+  // Admits the head of the queue if every limit allows; else records the
+  // limit that stopped it in batch_.bound and returns false.
+  bool TryAdmit(int32_t slot, int64_t tokens_so_far);
+  void ReleaseResources(RequestState& r, int32_t slot);
+  absl::Span<const int32_t> Stacks(int32_t slot) const;
   void Preempt(int32_t slot);
   // Ensures `slot` has a block for one more token, preempting from the back
   // of running_ as needed. False if `slot` itself was preempted.
@@ -146,6 +179,8 @@ class ReplicaScheduler {
   int64_t queued_blocks_ = 0;
   int64_t total_preemptions_ = 0;
   Batch batch_;
+  int64_t batch_cap_ = 0;
+  std::unique_ptr<StackPlacement> placement_;
 };
 
 }  // namespace servesim::scheduler

@@ -1,6 +1,7 @@
 #include "scheduler/planner.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "common/status_macros.h"
 
@@ -10,13 +11,54 @@ using devices::Op;
 using devices::OpKind;
 using devices::Stage;
 
+const char* OverlapPolicyName(OverlapPolicy p) {
+  switch (p) {
+    case OverlapPolicy::kSerial: return "serial";
+    case OverlapPolicy::kHeadLevel: return "head_level";
+    case OverlapPolicy::kHeadLevelFf: return "head_level_ff";
+    case OverlapPolicy::kBatchLevel: return "batch_level";
+  }
+  return "unknown";
+}
+
+namespace {
+PlannerConfig XpuOnly(int64_t tp, const devices::Device* device) {
+  PlannerConfig c;
+  c.tensor_parallel = tp;
+  c.xpu = device;
+  return c;
+}
+}  // namespace
+
 IterationPlanner::IterationPlanner(const devices::ModelDims& model,
                                    int64_t tensor_parallel,
                                    const devices::Device* device)
-    : model_(model), tp_(tensor_parallel), device_(device) {
+    : IterationPlanner(model, XpuOnly(tensor_parallel, device)) {}
+
+IterationPlanner::IterationPlanner(const devices::ModelDims& model,
+                                   const PlannerConfig& config)
+    : model_(model), config_(config), tp_(config.tensor_parallel), device_(config.xpu) {
   heads_ = model_.num_heads / tp_;
   kv_heads_ = std::max<int64_t>(1, model_.num_kv_heads / tp_);
   ff_ = model_.d_ff / tp_;
+}
+
+double IterationPlanner::FfDeviceFraction(int64_t tokens) const {
+  if (config_.device_bandwidth <= 0) return 0;
+  auto f = [&](double bs) {
+    return config_.device_bandwidth /
+           (config_.xpu_bandwidth * bs + config_.device_bandwidth);
+  };
+  const double bs = static_cast<double>(std::max<int64_t>(tokens, 1));
+  const double hi = f(1);
+  const double lo = f(static_cast<double>(std::max<int64_t>(config_.ff_max_batch, 1)));
+  return std::clamp(f(bs), lo, hi);
+}
+
+double IterationPlanner::LinkTime(double bytes) const {
+  if (bytes <= 0) return 0;
+  return config_.link_latency_s +
+         bytes / (config_.link_bytes_per_s * static_cast<double>(tp_));
 }
 
 int64_t IterationPlanner::KvBytesPerTokenPerXpu() const {
@@ -115,6 +157,7 @@ void IterationPlanner::BuildLayerOps(const Batch& batch) {
 absl::StatusOr<IterationCost> IterationPlanner::Plan(const Batch& batch) {
   IterationCost out;
   if (batch.empty()) return out;
+  if (config_.attention != nullptr) return PlanWithDevice(batch);
   BuildLayerOps(batch);
   costs_.assign(ops_.size(), devices::Cost{});
   RETURN_IF_ERROR(device_->Estimate(ops_, absl::MakeSpan(costs_)));
@@ -126,11 +169,360 @@ absl::StatusOr<IterationCost> IterationPlanner::Plan(const Batch& batch) {
     out.total += c;
   }
   out.time_s = out.total.time_s;
+  out.xpu_busy_s = out.time_s;
   // Energy and traffic of the whole group; time is one xPU's.
   const double tp = static_cast<double>(tp_);
   out.total = out.total.Scaled(tp);
   out.total.time_s = out.time_s;
   return out;
+}
+
+absl::StatusOr<IterationPlanner::XpuLayer> IterationPlanner::XpuLayerCost(
+    int64_t tokens, absl::Span<const devices::AttentionSeq> xpu_seqs,
+    double ff_xpu_share, int groups) {
+  const int64_t t = tokens, d = model_.d_model;
+  const double elem = model_.bytes_per_element;
+  const int64_t qkv_n = (heads_ + 2 * kv_heads_) * model_.d_head;
+  const int64_t proj_k = heads_ * model_.d_head;
+  const int64_t ff_n = static_cast<int64_t>(
+      std::llround(static_cast<double>(model_.FfInputMatrices() * ff_) * ff_xpu_share));
+  const int64_t ff_k = static_cast<int64_t>(
+      std::llround(static_cast<double>(ff_) * ff_xpu_share));
+  std::vector<Op> ops(11);
+  auto set_gemm = [&](Op& op, Stage st, int64_t m, int64_t n, int64_t k) {
+    op.kind = OpKind::kGemm;
+    op.stage = st;
+    op.m = m, op.n = n, op.k = k;
+  };
+  auto set_elem = [&](Op& op, Stage st, int64_t n, double bytes, double flops) {
+    op.kind = OpKind::kElementwise;
+    op.stage = st;
+    op.elements = n;
+    op.bytes_per_element = bytes;
+    op.flops_per_element = flops;
+  };
+  set_elem(ops[0], Stage::kNorm, t * d, 2 * elem, 5);
+  set_gemm(ops[1], Stage::kQkv, t, qkv_n, d);
+  set_gemm(ops[2], Stage::kQkv, t, (qkv_n + groups - 1) / groups, d);
+  ops[3].kind = OpKind::kAttention;
+  ops[3].stage = Stage::kAttention;
+  ops[3].heads = heads_;
+  ops[3].kv_heads = kv_heads_;
+  ops[3].d_head = model_.d_head;
+  ops[3].seqs = xpu_seqs;
+  set_gemm(ops[4], Stage::kProjection, t, d, proj_k);
+  set_gemm(ops[5], Stage::kProjection, t, d, (proj_k + groups - 1) / groups);
+  ops[6].kind = OpKind::kAllReduce;
+  ops[6].stage = Stage::kAllReduce;
+  ops[6].bytes = static_cast<double>(t) * d * elem;
+  ops[6].participants = static_cast<int>(tp_);
+  set_elem(ops[7], Stage::kResidual, t * d, 3 * elem, 1);
+  set_gemm(ops[8], Stage::kFf1, t, ff_n, d);
+  if (model_.ff_kind == devices::FfKind::kSwiGlu) {
+    set_elem(ops[9], Stage::kActivation, t * ff_k, 3 * elem, 6);
+  } else {
+    set_elem(ops[9], Stage::kActivation, t * ff_k, 2 * elem, 8);
+  }
+  set_gemm(ops[10], Stage::kFf2, t, d, ff_k);
+  std::vector<devices::Cost> c(ops.size());
+  RETURN_IF_ERROR(device_->Estimate(ops, absl::MakeSpan(c)));
+  XpuLayer x;
+  x.norm = c[0];
+  x.ff_norm = c[0];
+  x.qkv = c[1];
+  x.qkv_tile = c[2];
+  x.xattn = xpu_seqs.empty() ? devices::Cost{} : c[3];
+  x.proj = c[4];
+  x.proj_tile = c[5];
+  x.allreduce = c[6];
+  x.residual = c[7];
+  x.ff = c[8];
+  x.ff += c[9];
+  x.ff += c[10];
+  return x;
+}
+
+absl::StatusOr<IterationCost> IterationPlanner::PlanWithDevice(const Batch& batch) {
+  using devices::Cost;
+  const devices::Device* dev = config_.attention;
+  const int64_t t = batch.prefill_tokens + batch.decode_tokens;
+  const double elem = model_.bytes_per_element;
+  const int64_t H = model_.num_heads, KV = model_.num_kv_heads, dh = model_.d_head;
+  const int64_t d = model_.d_model;
+
+  // Decode sequences go to the device, prefill ones stay on the xPUs.
+  std::vector<devices::AttentionSeq> dec_seqs, pre_seqs;
+  std::vector<int32_t> dec_stacks;
+  int64_t prefill_tokens = 0;
+  for (const BatchEntry& e : batch.entries) {
+    if (e.prefill) {
+      pre_seqs.push_back({e.new_tokens, e.past_tokens});
+      prefill_tokens += e.new_tokens;
+    } else {
+      dec_seqs.push_back({e.new_tokens, e.past_tokens});
+      dec_stacks.insert(dec_stacks.end(), e.kv_stacks.begin(), e.kv_stacks.end());
+    }
+  }
+  if (!dec_stacks.empty() && dec_stacks.size() != dec_seqs.size() * KV) dec_stacks.clear();
+  const int64_t b_dec = static_cast<int64_t>(dec_seqs.size());
+
+  OverlapPolicy policy = config_.overlap;
+  if (policy == OverlapPolicy::kBatchLevel && (!pre_seqs.empty() || b_dec < 2)) {
+    policy = OverlapPolicy::kSerial;  // two halves need a pure decode batch
+  }
+  const bool head_level =
+      policy == OverlapPolicy::kHeadLevel || policy == OverlapPolicy::kHeadLevelFf;
+  const int groups = head_level ? static_cast<int>(std::clamp<int64_t>(
+                                      config_.head_groups, 1, H))
+                                : 1;
+  const double f = policy == OverlapPolicy::kHeadLevelFf ? FfDeviceFraction(t) : 0.0;
+
+  IterationCost out;
+  out.ff_device_fraction = f;
+  const double layers = static_cast<double>(model_.num_layers);
+  const double tp = static_cast<double>(tp_);
+  Cost xpu_energy, dev_energy;  // per layer: one xPU / the device
+  double link_bytes = 0;         // per layer, whole group
+  double layer_time = 0, xpu_busy = 0, dev_busy = 0, link_busy = 0;
+  double batch_level_time = -1;  // whole-iteration chain of kBatchLevel
+
+  auto device_attention = [&](absl::Span<const devices::AttentionSeq> seqs,
+                              absl::Span<const int32_t> stacks, int g,
+                              std::vector<Cost>* costs) -> absl::Status {
+    std::vector<Op> ops(g);
+    for (int j = 0; j < g; ++j) {
+      Op& op = ops[j];
+      op.kind = OpKind::kAttention;
+      op.stage = Stage::kAttention;
+      op.heads = H, op.kv_heads = KV, op.d_head = dh;
+      op.seqs = seqs;
+      op.kv_head_stack = stacks;
+      op.head_begin = H * j / g;
+      op.head_end = H * (j + 1) / g;
+    }
+    costs->assign(g, Cost{});
+    if (seqs.empty()) return absl::OkStatus();
+    return dev->Estimate(ops, absl::MakeSpan(*costs));
+  };
+
+  if (policy != OverlapPolicy::kBatchLevel) {
+    ASSIGN_OR_RETURN(XpuLayer x, XpuLayerCost(t, pre_seqs, 1.0 - f, groups));
+    std::vector<Cost> att;
+    RETURN_IF_ERROR(device_attention(dec_seqs, dec_stacks, groups, &att));
+    const double send = static_cast<double>(b_dec) * (H + 2 * KV) * dh * elem;
+    const double recv = static_cast<double>(b_dec) * H * dh * elem;
+    const double kv_copy = static_cast<double>(prefill_tokens) * 2 * KV * dh * elem;
+    link_bytes += send + recv + kv_copy;
+    // Feed-forward: the xPUs' share, and the device's in parallel.
+    Cost dev_ff;
+    double ff_link = 0;
+    if (f > 0) {
+      std::vector<Op> ops(2);
+      ops[0].kind = ops[1].kind = OpKind::kGemm;
+      ops[0].stage = Stage::kFf1;
+      ops[0].m = t;
+      ops[0].n = static_cast<int64_t>(std::llround(
+          static_cast<double>(model_.FfInputMatrices() * model_.d_ff) * f));
+      ops[0].k = d;
+      ops[1].stage = Stage::kFf2;
+      ops[1].m = t;
+      ops[1].n = d;
+      ops[1].k = static_cast<int64_t>(std::llround(static_cast<double>(model_.d_ff) * f));
+      std::vector<Cost> c(2);
+      RETURN_IF_ERROR(dev->Estimate(ops, absl::MakeSpan(c)));
+      dev_ff = c[0];
+      dev_ff += c[1];
+      const double ff_bytes = 2.0 * static_cast<double>(t) * d * elem;  // in, partial out
+      ff_link = 2 * LinkTime(ff_bytes / 2);
+      link_bytes += ff_bytes;
+    }
+    const double ff_block =
+        x.ff_norm.time_s + std::max(x.ff.time_s, ff_link + dev_ff.time_s) +
+        x.allreduce.time_s + x.residual.time_s;
+    const double kv_copy_time = LinkTime(kv_copy);
+    double att_total = 0;
+    for (const Cost& c : att) att_total += c.time_s;
+
+    if (!head_level) {
+      const double attn_path =
+          b_dec > 0 ? LinkTime(send) + att_total + LinkTime(recv) : 0.0;
+      const double post = x.proj.time_s + x.allreduce.time_s + x.residual.time_s;
+      layer_time = x.norm.time_s + x.qkv.time_s + x.xattn.time_s + attn_path + post +
+                   ff_block + std::max(0.0, kv_copy_time - (post + ff_block));
+      xpu_busy = x.norm.time_s + x.qkv.time_s + x.xattn.time_s + post + x.ff_norm.time_s +
+                 x.ff.time_s + x.allreduce.time_s + x.residual.time_s;
+    } else {
+      // List schedule over head groups (§6.1): the QKV kernel's output tiles
+      // complete one head group at a time (the GEMM is tiled anyway, so a
+      // tile is 1/groups of the kernel, not a kernel of its own); each group
+      // is sent, attended on the device and sent back; the projection kernel
+      // consumes the groups in order as they return. Resources: xPU, link
+      // out, device, link back; each runs its work in order.
+      double xpu = x.norm.time_s;
+      double link_out = 0, device = 0, link_back = 0;
+      std::vector<double> back_done(groups, 0);
+      const double send_g = b_dec > 0 ? LinkTime(send / groups) : 0.0;
+      const double recv_g = b_dec > 0 ? LinkTime(recv / groups) : 0.0;
+      const double qkv_tile = x.qkv.time_s / groups;
+      const double proj_tile = x.proj.time_s / groups;
+      for (int j = 0; j < groups; ++j) {
+        xpu += qkv_tile;
+        link_out = std::max(link_out, xpu) + send_g;
+        device = std::max(device, link_out) + att[j].time_s;
+        link_back = std::max(link_back, device) + recv_g;
+        back_done[j] = link_back;
+      }
+      xpu += x.xattn.time_s;
+      for (int j = 0; j < groups; ++j) xpu = std::max(xpu, back_done[j]) + proj_tile;
+      const double post = x.allreduce.time_s + x.residual.time_s;
+      layer_time = xpu + post + ff_block + std::max(0.0, kv_copy_time - (post + ff_block));
+      // Per-group messages each pay the link latency; for tiny batches that
+      // can outweigh the overlap, and the host then keeps the serial order.
+      const double attn_path =
+          b_dec > 0 ? LinkTime(send) + att_total + LinkTime(recv) : 0.0;
+      const double serial_time =
+          x.norm.time_s + x.qkv.time_s + x.xattn.time_s + attn_path + x.proj.time_s + post +
+          ff_block + std::max(0.0, kv_copy_time - (x.proj.time_s + post + ff_block));
+      layer_time = std::min(layer_time, serial_time);
+      xpu_busy = x.norm.time_s + x.qkv.time_s + x.xattn.time_s + x.proj.time_s + post +
+                 x.ff_norm.time_s + x.ff.time_s + x.allreduce.time_s + x.residual.time_s;
+    }
+    dev_busy = att_total + dev_ff.time_s;
+    link_busy = (b_dec > 0 ? LinkTime(send) + LinkTime(recv) : 0.0) + kv_copy_time + ff_link;
+    // Energy and traffic.
+    for (const Cost* c : {&x.norm, &x.ff_norm, &x.xattn, &x.allreduce, &x.allreduce,
+                          &x.residual, &x.residual, &x.ff}) {
+      xpu_energy += *c;
+    }
+    xpu_energy += x.qkv;
+    xpu_energy += x.proj;
+    for (const Cost& c : att) dev_energy += c;
+    dev_energy += dev_ff;
+    out.stages[static_cast<int>(Stage::kAttention)] += [&] {
+      Cost a;
+      for (const Cost& c : att) a += c;
+      return a.Scaled(layers);
+    }();
+  } else {
+    // Batch-level pipelining: halves A and B, chained across layers.
+    const int64_t half = (b_dec + 1) / 2;
+    std::vector<devices::AttentionSeq> seqs_a(dec_seqs.begin(), dec_seqs.begin() + half);
+    std::vector<devices::AttentionSeq> seqs_b(dec_seqs.begin() + half, dec_seqs.end());
+    std::vector<int32_t> st_a, st_b;
+    if (!dec_stacks.empty()) {
+      st_a.assign(dec_stacks.begin(), dec_stacks.begin() + half * KV);
+      st_b.assign(dec_stacks.begin() + half * KV, dec_stacks.end());
+    }
+    ASSIGN_OR_RETURN(XpuLayer xa, XpuLayerCost(half, {}, 1.0, 1));
+    ASSIGN_OR_RETURN(XpuLayer xb, XpuLayerCost(b_dec - half, {}, 1.0, 1));
+    std::vector<Cost> att_a, att_b;
+    RETURN_IF_ERROR(device_attention(seqs_a, st_a, 1, &att_a));
+    RETURN_IF_ERROR(device_attention(seqs_b, st_b, 1, &att_b));
+    auto pre = [](const XpuLayer& x) { return x.norm.time_s + x.qkv.time_s; };
+    auto post = [](const XpuLayer& x) {
+      return x.proj.time_s + 2 * (x.allreduce.time_s + x.residual.time_s) +
+             x.ff_norm.time_s + x.ff.time_s;
+    };
+    auto sends = [&](int64_t n) { return LinkTime(double(n) * (H + 2 * KV) * dh * elem); };
+    auto recvs = [&](int64_t n) { return LinkTime(double(n) * H * dh * elem); };
+    double xpu = 0, device = 0, out_link = 0, back_link = 0;
+    double post_a = 0, post_b = 0;
+    for (int64_t l = 0; l < model_.num_layers; ++l) {
+      xpu = std::max(xpu, post_a) + pre(xa);
+      out_link = std::max(out_link, xpu) + sends(half);
+      device = std::max(device, out_link) + att_a[0].time_s;
+      back_link = std::max(back_link, device) + recvs(half);
+      const double ready_a = back_link;
+      xpu = std::max(xpu, post_b) + pre(xb);
+      out_link = std::max(out_link, xpu) + sends(b_dec - half);
+      device = std::max(device, out_link) + att_b[0].time_s;
+      back_link = std::max(back_link, device) + recvs(b_dec - half);
+      const double ready_b = back_link;
+      xpu = std::max(xpu, ready_a) + post(xa);
+      post_a = xpu;
+      xpu = std::max(xpu, ready_b) + post(xb);
+      post_b = xpu;
+    }
+    // The chain covers every layer already.
+    layer_time = xpu / layers;
+    batch_level_time = xpu;
+    xpu_busy = pre(xa) + pre(xb) + post(xa) + post(xb);
+    dev_busy = att_a[0].time_s + att_b[0].time_s;
+    link_busy = sends(half) + sends(b_dec - half) + recvs(half) + recvs(b_dec - half);
+    link_bytes += static_cast<double>(b_dec) * (2 * H + 2 * KV) * dh * elem;
+    for (const XpuLayer* x : {&xa, &xb}) {
+      for (const Cost* c : {&x->norm, &x->qkv, &x->proj, &x->allreduce, &x->allreduce,
+                            &x->residual, &x->residual, &x->ff_norm, &x->ff}) {
+        xpu_energy += *c;
+      }
+    }
+    dev_energy += att_a[0];
+    dev_energy += att_b[0];
+    out.stages[static_cast<int>(Stage::kAttention)] += [&] {
+      Cost a = att_a[0];
+      a += att_b[0];
+      return a.Scaled(layers);
+    }();
+  }
+
+  // Once per iteration on the xPUs: embedding, final norm, LM head.
+  std::vector<Op> tail(3);
+  tail[0].kind = tail[1].kind = OpKind::kElementwise;
+  tail[0].stage = Stage::kEmbedding;
+  tail[0].elements = t * d;
+  tail[0].bytes_per_element = 2 * elem;
+  tail[1].stage = Stage::kNorm;
+  tail[1].elements = batch.emitting * d;
+  tail[1].bytes_per_element = 2 * elem;
+  tail[1].flops_per_element = 5;
+  tail[2].kind = OpKind::kGemm;
+  tail[2].stage = Stage::kLmHead;
+  tail[2].m = batch.emitting;
+  tail[2].n = (model_.vocab_size + tp_ - 1) / tp_;
+  tail[2].k = d;
+  std::vector<Cost> tc(3);
+  RETURN_IF_ERROR(device_->Estimate(tail, absl::MakeSpan(tc)));
+  double tail_time = 0;
+  for (size_t i = 0; i < tail.size(); ++i) {
+    tail_time += tc[i].time_s;
+    xpu_energy += tc[i].Scaled(1.0 / layers);  // folded into the per-layer sum
+    out.stages[static_cast<int>(tail[i].stage)] += tc[i];
+  }
+
+  out.time_s = (batch_level_time >= 0 ? batch_level_time : layer_time * layers) + tail_time;
+  out.xpu_busy_s = xpu_busy * layers + tail_time;
+  out.device_busy_s = dev_busy * layers;
+  out.link_busy_s = link_busy * layers;
+  Cost total = xpu_energy.Scaled(layers * tp);
+  total += dev_energy.Scaled(layers);
+  total.link_bytes += link_bytes * layers;
+  out.device_link_bytes = link_bytes * layers;
+  total.link_energy_pj += link_bytes * layers * config_.link_energy_pj_per_byte;
+  total.time_s = out.time_s;
+  out.total = total;
+  return out;
+}
+
+absl::StatusOr<int64_t> MaxBatchWithinSlo(IterationPlanner& planner, double tbt_s,
+                                          int64_t context_tokens, int64_t max_batch) {
+  auto time_of = [&](int64_t b) -> absl::StatusOr<double> {
+    Batch batch;
+    batch.entries.assign(b, BatchEntry{0, 1, context_tokens, false, true, {}});
+    batch.decode_tokens = batch.emitting = b;
+    ASSIGN_OR_RETURN(IterationCost c, planner.Plan(batch));
+    return c.time_s;
+  };
+  int64_t lo = 0, hi = max_batch;  // lo meets the SLO (0 trivially)
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo + 1) / 2;
+    ASSIGN_OR_RETURN(double t, time_of(mid));
+    if (t <= tbt_s) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return lo;
 }
 
 }  // namespace servesim::scheduler

@@ -14,9 +14,26 @@
 //   -> activation -> FF2 -> all-reduce -> residual
 // The layer cost times num_layers, plus once per iteration the embedding
 // gather, the final norm and the LM head over the rows that emit a token,
-// is the iteration. Ops run one after another (serial overlap policy); the
-// xPUs of the group run in lockstep, so time is one xPU's time and energy is
-// t times one xPU's.
+// is the iteration. The xPUs of the group run in lockstep, so time is one
+// xPU's time and energy is t times one xPU's.
+//
+// With an attention device (AttAcc, §4-§6) the decode sequences' attention
+// runs on the device, fed over the xPU<->device link (each xPU of the group
+// sends the Q/K/V of its heads and receives their outputs), while prefill
+// attention stays on the xPUs and the prefilled K/V is copied to the device.
+// The layer is then a schedule over three resources, xPU, link and device,
+// under the overlap policy (§6):
+//  - kSerial: QKV, send, attention, receive, projection, FF: each waits.
+//  - kHeadLevel: QKV and projection run as `head_groups` tiles; group j's
+//    attention starts once its QKV tile is sent and its projection tile once
+//    its outputs are back (a list schedule per resource, §6.1, Fig. 11b).
+//  - kHeadLevelFf: kHeadLevel plus feed-forward co-processing (§6.2): a share
+//    f = BW_dev / (BW_xpu * BS + BW_dev) of FF1 (columns) and FF2 (rows) runs
+//    on the device in parallel with the xPUs' share; f is clamped to the
+//    partitions placed for the largest and smallest batch.
+//  - kBatchLevel: the decode batch runs as two halves; the device works on
+//    one half's attention while the xPUs run the other's layers, layer after
+//    layer (§6.1, Fig. 11c). Iterations with prefill run serially.
 #ifndef SERVESIM_SCHEDULER_PLANNER_H_
 #define SERVESIM_SCHEDULER_PLANNER_H_
 
@@ -30,10 +47,35 @@
 
 namespace servesim::scheduler {
 
+enum class OverlapPolicy { kSerial, kHeadLevel, kHeadLevelFf, kBatchLevel };
+const char* OverlapPolicyName(OverlapPolicy p);
+
+struct PlannerConfig {
+  int64_t tensor_parallel = 1;
+  const devices::Device* xpu = nullptr;        // borrowed
+  const devices::Device* attention = nullptr;  // borrowed; null: xPUs only
+  OverlapPolicy overlap = OverlapPolicy::kSerial;
+  int head_groups = 8;
+  // xPU <-> attention device link, per xPU of the group (the group uses t).
+  double link_bytes_per_s = 0;
+  double link_latency_s = 0;
+  double link_energy_pj_per_byte = 0;
+  // Feed-forward co-processing (§6.2): aggregate xPU memory bandwidth, the
+  // device's internal GEMV bandwidth, and the batch sizes the weight
+  // partitions were placed for.
+  double xpu_bandwidth = 0;
+  double device_bandwidth = 0;
+  int64_t ff_max_batch = 1;
+};
+
 struct IterationCost {
   double time_s = 0;
   devices::Cost total;          // whole replica (energy summed over xPUs)
-  devices::StageCosts stages;   // per stage, one xPU, all layers
+  devices::StageCosts stages;   // per stage, one xPU (or the device), all layers
+  // Busy time of each resource over the iteration (all layers).
+  double xpu_busy_s = 0, device_busy_s = 0, link_busy_s = 0;
+  double ff_device_fraction = 0;  // share of FF run on the device
+  double device_link_bytes = 0;   // over the xPU <-> device link, whole iteration
 };
 
 class IterationPlanner {
@@ -41,6 +83,7 @@ class IterationPlanner {
   // `device` is borrowed and must outlive the planner.
   IterationPlanner(const devices::ModelDims& model, int64_t tensor_parallel,
                    const devices::Device* device);
+  IterationPlanner(const devices::ModelDims& model, const PlannerConfig& config);
 
   // Costs `batch`. Errors only if the device rejects an op.
   absl::StatusOr<IterationCost> Plan(const Batch& batch);
@@ -58,13 +101,29 @@ class IterationPlanner {
   int64_t KvBytesPerTokenPerXpu() const;
   // Model weights resident on one xPU (embedding and LM head split too).
   double WeightBytesPerXpu() const;
+  // FF co-processing share for a batch of `tokens` (§6.2), clamped to
+  // [f(ff_max_batch), f(1)].
+  double FfDeviceFraction(int64_t tokens) const;
 
   const std::vector<devices::Op>& last_ops() const { return ops_; }
+  const PlannerConfig& config() const { return config_; }
 
  private:
   void BuildLayerOps(const Batch& batch);
+  absl::StatusOr<IterationCost> PlanWithDevice(const Batch& batch);
+  // xPU cost of the layer pieces for `tokens` tokens with the given FF
+  // share kept on the xPUs and `xpu_seqs` attended on the xPUs.
+  struct XpuLayer {
+    devices::Cost norm, qkv, xattn, proj, allreduce, residual, ff, ff_norm;
+    devices::Cost qkv_tile, proj_tile;  // one of head_groups tiles
+  };
+  absl::StatusOr<XpuLayer> XpuLayerCost(int64_t tokens,
+                                        absl::Span<const devices::AttentionSeq> xpu_seqs,
+                                        double ff_xpu_share, int groups);
+  double LinkTime(double bytes) const;
 
   devices::ModelDims model_;
+  PlannerConfig config_;
   int64_t tp_;
   const devices::Device* device_;
   int64_t heads_, kv_heads_, ff_;
@@ -73,6 +132,13 @@ class IterationPlanner {
   std::vector<devices::Cost> costs_;
   size_t layer_ops_ = 0;  // ops_[0, layer_ops_) repeat per layer
 };
+
+// SLO-limited batching (AttAcc §3.2, §7.3): the largest decode batch, in
+// 1..max_batch, of requests with `context_tokens` cached tokens each whose
+// predicted iteration time meets `tbt_s`; 0 if even one request misses it.
+// Binary search: iteration time grows with the batch.
+absl::StatusOr<int64_t> MaxBatchWithinSlo(IterationPlanner& planner, double tbt_s,
+                                          int64_t context_tokens, int64_t max_batch);
 
 }  // namespace servesim::scheduler
 

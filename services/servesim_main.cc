@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -16,6 +17,8 @@
 #include "cluster/report.h"
 #include "cluster/scenario.h"
 #include "cluster/simulation.h"
+#include "cluster/study.h"
+#include "devices/attacc/attacc_device.h"
 #include "cluster/workload.h"
 #include "common/status_macros.h"
 #include "devices/presets.h"
@@ -33,7 +36,13 @@ Usage:
   servesim validate SCENARIO.pbtxt [--set path=value ...]
                                           parse and check; print the resolved
                                           scenario and the replica memory plan
-  servesim presets [models|xpus|links]    list presets with their parameters
+  servesim presets [models|xpus|links|attacc]
+                                          list presets with their parameters
+  servesim study attacc [--out DIR] [--trace FILE | --no-trace]
+                                          the AttAcc paper's evaluation (§7):
+                                          DGX_Base, DGX_Large, DGX+AttAccs x
+                                          policies x models x lengths x SLOs,
+                                          saturated, then the Azure trace
   servesim help | --help                  this text
 
 Options of run (validate takes --set, --seed and --trace too):
@@ -67,6 +76,8 @@ struct Options {
   bool has_seed = false;
   uint64_t seed = 0;
   bool quiet = false;
+  bool no_trace = false;
+  std::string study;
 };
 
 int UsageError(const std::string& msg) {
@@ -129,11 +140,15 @@ int ParseArgs(int argc, char** argv, Options* o) {
       o->has_seed = true;
     } else if (flag == "--quiet") {
       o->quiet = true;
+    } else if (flag == "--no-trace") {
+      o->no_trace = true;
     } else if (absl::StartsWith(a, "-")) {
       return UsageError(absl::StrCat("unknown option ", a));
     } else if (o->command == "presets" && o->presets_kind.empty()) {
       o->presets_kind = a;
-    } else if (o->scenario.empty() && o->command != "presets") {
+    } else if (o->command == "study" && o->study.empty()) {
+      o->study = a;
+    } else if (o->scenario.empty() && o->command != "presets" && o->command != "study") {
       o->scenario = a;
     } else {
       return UsageError(absl::StrCat("unexpected argument ", a));
@@ -141,6 +156,9 @@ int ParseArgs(int argc, char** argv, Options* o) {
   }
   if ((o->command == "run" || o->command == "validate") && o->scenario.empty()) {
     return UsageError(o->command + " needs a scenario file");
+  }
+  if (o->command == "study" && o->study != "attacc") {
+    return UsageError("study takes one study name: attacc");
   }
   return 0;
 }
@@ -237,8 +255,8 @@ void PrintMessage(const google::protobuf::Message& m) {
 
 int Presets(const Options& o) {
   const std::string& k = o.presets_kind;
-  if (!k.empty() && k != "models" && k != "xpus" && k != "links") {
-    return UsageError("presets takes models, xpus or links");
+  if (!k.empty() && k != "models" && k != "xpus" && k != "links" && k != "attacc") {
+    return UsageError("presets takes models, xpus, links or attacc");
   }
   if (k.empty() || k == "models") {
     std::cout << "models (model.preset):\n";
@@ -266,10 +284,56 @@ int Presets(const Options& o) {
       PrintMessage(*servesim::devices::LinkPreset(name));
     }
   }
+  if (k.empty() || k == "attacc") {
+    std::cout << "attacc (cluster.attacc.preset):\n";
+    for (const auto& name : servesim::devices::AttAccPresetNames()) {
+      std::cout << "  " << name << "\n";
+      PrintMessage(*servesim::devices::AttAccPreset(name));
+    }
+  }
   if (k.empty()) {
     std::cout << "device kinds: " << absl::StrJoin(servesim::devices::RegisteredDeviceKinds(), ", ")
               << "\n";
   }
+  return 0;
+}
+
+int Study(const Options& o) {
+  servesim::cluster::StudyOptions options;
+  auto points = servesim::cluster::RunAttAccStudy(options);
+  if (!points.ok()) return Fail(points.status());
+  std::cout << "AttAcc study, saturated (decode stages; speedups over DGX_Base / DGX_Large "
+               "at the same model, lengths and SLO)\n"
+            << servesim::cluster::StudyTable(*points) << std::flush;
+  const std::string out = o.out.empty() ? "out/attacc_study" : o.out;
+  std::error_code ec;
+  std::filesystem::create_directories(out, ec);
+  {
+    std::ofstream f(out + "/attacc_study.csv");
+    f << servesim::cluster::StudyCsv(*points);
+    if (!f) return Fail(absl::UnavailableError(out + "/attacc_study.csv: cannot write"));
+  }
+  std::cout << "  wrote " << out << "/attacc_study.csv\n";
+  if (o.no_trace) return 0;
+  const std::string trace =
+      o.trace.empty() ? "examples/traces/AzureLLMInferenceTrace_conv.csv" : o.trace;
+  if (!std::filesystem::exists(trace)) {
+    return Fail(absl::NotFoundError(absl::StrCat(
+        trace, ": trace not found (run from the repository root, pass --trace FILE, or "
+               "--no-trace)")));
+  }
+  std::filesystem::create_directories(out + "/trace_runs", ec);
+  std::cout << "\nAttAcc study, Azure conversation trace (" << trace << ")\n" << std::flush;
+  auto rows = servesim::cluster::RunAttAccTraceStudy(
+      options, std::filesystem::read_symlink("/proc/self/exe").string(),
+      std::filesystem::absolute(trace).string(), out + "/trace_runs");
+  if (!rows.ok()) return Fail(rows.status());
+  std::cout << servesim::cluster::TraceStudyTable(*rows);
+  {
+    std::ofstream f(out + "/attacc_trace.csv");
+    f << servesim::cluster::TraceStudyCsv(*rows);
+  }
+  std::cout << "  wrote " << out << "/attacc_trace.csv\n";
   return 0;
 }
 
@@ -285,5 +349,6 @@ int main(int argc, char** argv) {
   if (o.command == "run") return Run(o);
   if (o.command == "validate") return Validate(o);
   if (o.command == "presets") return Presets(o);
+  if (o.command == "study") return Study(o);
   return UsageError(absl::StrCat("unknown command ", o.command));
 }

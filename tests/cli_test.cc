@@ -192,7 +192,7 @@ TEST(CliTest, BadCommandLinesExitTwo) {
       {{"run", scenario, "--seed", "abc"}, "--seed needs a non-negative integer"},
       {{"run", scenario, "--out"}, "--out needs a folder"},
       {{"run", scenario, "other.pbtxt"}, "unexpected argument other.pbtxt"},
-      {{"presets", "gadgets"}, "presets takes models, xpus or links"},
+      {{"presets", "gadgets"}, "presets takes models, xpus, links or attacc"},
   };
   for (const Case& c : cases) {
     const RunResult r = RunServesim(c.args);
@@ -215,7 +215,7 @@ TEST(CliTest, PresetsListsEveryPreset) {
     EXPECT_TRUE(absl::StrContains(r.out, absl::StrCat("\n  ", name, "\n")))
         << name << " not listed";
   }
-  EXPECT_TRUE(absl::StrContains(r.out, "device kinds: gpu")) << r.out;
+  EXPECT_TRUE(absl::StrContains(r.out, "device kinds: attacc, gpu")) << r.out;
   // The parameter count follows gpt3-175b's own entry.
   const size_t gpt3 = r.out.find("\n  gpt3-175b\n");
   ASSERT_NE(gpt3, std::string::npos);

@@ -317,7 +317,7 @@ class PlannerTest : public ::testing::Test {
   static Batch Decode(const std::vector<int64_t>& past) {
     Batch b;
     for (size_t i = 0; i < past.size(); ++i) {
-      b.entries.push_back({static_cast<int32_t>(i), 1, past[i], false, true});
+      b.entries.push_back({static_cast<int32_t>(i), 1, past[i], false, true, {}});
     }
     b.decode_tokens = b.emitting = static_cast<int64_t>(past.size());
     return b;
