@@ -328,6 +328,7 @@ absl::Status Normalize(LoadedScenario* scenario) {
       c->set_overlap(servesim::v1::OVERLAP_POLICY_SERIAL);
     }
     if (!c->has_head_groups()) c->set_head_groups(8);
+    if (!c->has_ff_min_batch()) c->set_ff_min_batch(1);
   }
   for (auto* link : {c->mutable_interconnect(), c->mutable_frontend()}) {
     if (!link->has_latency_s()) link->set_latency_s(0);
@@ -493,6 +494,10 @@ absl::StatusOr<ResolvedScenario> Resolve(const LoadedScenario& sc) {
     ck.Positive("cluster.attacc.link.bandwidth_bytes_per_s",
                 c.attacc().link().bandwidth_bytes_per_s());
     ck.NonNegative("cluster.attacc.link.latency_s", c.attacc().link().latency_s());
+    ck.Range<int64_t>("cluster.ff_min_batch", c.ff_min_batch(), 1, 1 << 16);
+    if (c.has_ff_max_batch()) {
+      ck.Range<int64_t>("cluster.ff_max_batch", c.ff_max_batch(), c.ff_min_batch(), 1 << 16);
+    }
   } else if (c.overlap() != servesim::v1::OVERLAP_POLICY_UNSPECIFIED &&
              c.overlap() != servesim::v1::OVERLAP_POLICY_SERIAL) {
     ck.Fail("cluster.overlap", servesim::v1::OverlapPolicy_Name(c.overlap()),
@@ -559,14 +564,15 @@ absl::StatusOr<ResolvedScenario> Resolve(const LoadedScenario& sc) {
     pc.link_energy_pj_per_byte = c.attacc().link().energy_pj_per_byte();
     pc.xpu_bandwidth = x.memory_bw_bytes_per_s() * static_cast<double>(tp);
     pc.device_bandwidth = param("internal_bandwidth_bytes_per_s");
-    pc.ff_max_batch = s.max_batch_size();
-    // FF co-processing places f(1) of every FF matrix on the device and
-    // keeps 1 - f(max batch) on the xPUs (§6.2).
+    pc.ff_min_batch = c.ff_min_batch();
+    pc.ff_max_batch = c.has_ff_max_batch() ? c.ff_max_batch() : s.max_batch_size();
+    // FF co-processing places f(min batch) of every FF matrix on the device
+    // and keeps 1 - f(max batch) on the xPUs (§6.2).
     double ff_on_device = 0, ff_on_xpu = 1;
     if (pc.overlap == scheduler::OverlapPolicy::kHeadLevelFf) {
       scheduler::IterationPlanner fp(out.model, pc);
-      ff_on_device = fp.FfDeviceFraction(1);
-      ff_on_xpu = 1 - fp.FfDeviceFraction(s.max_batch_size());
+      ff_on_device = fp.FfDeviceFraction(pc.ff_min_batch);
+      ff_on_xpu = 1 - fp.FfDeviceFraction(pc.ff_max_batch);
     }
     const double ff_bytes = static_cast<double>(out.model.num_layers) *
                             static_cast<double>(out.model.FfParamsPerLayer()) *

@@ -13,6 +13,8 @@
 #include "absl/strings/str_format.h"
 #include "cluster/scenario.h"
 #include "common/status_macros.h"
+#include "devices/model.h"
+#include "devices/presets.h"
 #include "devices/registry.h"
 #include "scheduler/placement.h"
 #include "scheduler/planner.h"
@@ -40,8 +42,22 @@ constexpr System kSystems[] = {
 // (§7.1).
 bool Int8(const std::string& model) { return model == "mt-nlg-530b"; }
 
+// The paper's DGX+AttAccs has 1,280 GB in all: the DGX's 640 GB hold the
+// weights and the 40 AttAcc stacks "correspond to the rest" (§7.1), i.e.
+// 1,280 GiB - weights. Rows per bank set each stack's capacity to that
+// share (1,024 banks x 1 KiB rows per stack).
+int64_t StackRowsForPaperCapacity(const std::string& model) {
+  auto spec = devices::ModelPreset(model);
+  if (!spec.ok()) return 16384;
+  auto dims = devices::ModelDimsFromSpec(*spec);
+  dims.bytes_per_element = Int8(model) ? 1 : 2;
+  const double pool = 1280.0 * (1ull << 30) - dims.WeightBytes();
+  return static_cast<int64_t>(pool / 40 / (1024.0 * 1024.0));
+}
+
 std::string ScenarioText(const std::string& model, const System& sys, int64_t max_batch,
-                         const std::string& workload, const std::string& extra) {
+                         const std::string& workload, const std::string& extra,
+                         int64_t ff_batch = 0) {
   std::string t = absl::StrCat(
       "name: \"attacc study: ", model, " / ", sys.name, " / ", sys.policy, "\"\n",
       "model { preset: \"", model, "\" dtype: ", Int8(model) ? "DTYPE_INT8" : "DTYPE_FP16",
@@ -50,8 +66,11 @@ std::string ScenarioText(const std::string& model, const System& sys, int64_t ma
       "  xpu { preset: \"a100-hbm3\"", sys.large ? " memory_bytes: 171798691840" : "",
       " }\n");
   if (sys.attacc) {
-    absl::StrAppend(&t, "  attacc { preset: \"attacc_bank\" stacks: 40 }\n  overlap: ",
-                    sys.overlap, "\n");
+    absl::StrAppend(&t, "  attacc { preset: \"attacc_bank\" stacks: 40 rows_per_bank: ",
+                    StackRowsForPaperCapacity(model), " }\n  overlap: ", sys.overlap, "\n");
+    if (ff_batch > 0) {
+      absl::StrAppend(&t, "  ff_min_batch: ", ff_batch, " ff_max_batch: ", ff_batch, "\n");
+    }
   }
   absl::StrAppend(&t, "}\nscheduler { max_batch_size: ", max_batch, " }\n", workload, extra);
   return t;
@@ -99,17 +118,30 @@ absl::StatusOr<std::vector<StudyPoint>> RunAttAccStudy(const StudyOptions& optio
   for (const std::string& model : options.models) {
     for (const System& sys : kSystems) {
       for (const auto& [lin, lout] : options.lengths) {
-        // Capacity first (it does not depend on the FF split bound), then
-        // the scenario with the batch bound the FF partitions are placed for.
+        // Capacity first, without FF partitions; with co-processing the
+        // partitions are placed for the batch the point runs (its minimum
+        // and maximum, §6.2), which costs the device some KV capacity:
+        // iterate until the batch and the partitions agree.
         ASSIGN_OR_RETURN(ResolvedScenario probe,
                          ResolveText(ScenarioText(model, sys, 65536, saturated, "")));
-        const int64_t cap = CapacityBatch(probe, lin + lout);
+        int64_t cap = CapacityBatch(probe, lin + lout);
+        for (int round = 0; round < 8 && std::string(sys.policy) == "hl_pipe_ff" && cap > 0;
+             ++round) {
+          ASSIGN_OR_RETURN(ResolvedScenario with_ff,
+                           ResolveText(ScenarioText(model, sys, cap, saturated, "", cap)));
+          const int64_t next = CapacityBatch(with_ff, lin + lout);
+          if (next == cap) break;
+          cap = next;
+        }
         if (cap < 1) {
           return absl::FailedPreconditionError(absl::StrCat(
               model, " on ", sys.name, ": no request of ", lin + lout, " tokens fits"));
         }
         ASSIGN_OR_RETURN(ResolvedScenario sc,
-                         ResolveText(ScenarioText(model, sys, cap, saturated, "")));
+                         ResolveText(ScenarioText(model, sys, cap, saturated, "",
+                                                  std::string(sys.policy) == "hl_pipe_ff"
+                                                      ? cap
+                                                      : 0)));
         ASSIGN_OR_RETURN(auto xpu, devices::CreateDevice(sc.xpu_device));
         std::unique_ptr<devices::Device> att;
         if (sc.has_attention_device) {
@@ -212,8 +244,11 @@ absl::StatusOr<std::vector<StudyTraceRun>> RunAttAccTraceStudy(
     const StudyOptions& options, const std::string& servesim_binary,
     const std::string& trace_path, const std::string& work_dir) {
   std::vector<StudyTraceRun> rows;
+  // The first `trace_window_s` seconds of the trace (default 10 minutes:
+  // every system, 15 runs, in about a minute of wall time).
   const std::string workload =
-      absl::StrCat("workload { trace { path: \"", trace_path, "\" } }\n");
+      absl::StrCat("workload { trace { path: \"", trace_path, "\" } window_end_s: ",
+                   options.trace_window_s, " }\n");
   const std::string slo = "slo { ttft_s: 2.0 tpot_s: 0.05 }\n";
   for (const std::string& model : options.models) {
     for (const System& sys : kSystems) {

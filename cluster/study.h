@@ -19,9 +19,9 @@
 // Memory is used in full (memory_utilization 1), as the paper's capacity
 // arithmetic does.
 //
-// Trace mode: each system serves the Azure conversation trace through the
-// full simulator (one child process per run: SimGrid allows one engine per
-// process).
+// Trace mode: each system serves the first 10 minutes of the Azure
+// conversation trace through the full simulator (one child process per run:
+// SimGrid allows one engine per process).
 #ifndef SERVESIM_CLUSTER_STUDY_H_
 #define SERVESIM_CLUSTER_STUDY_H_
 
@@ -50,6 +50,7 @@ struct StudyOptions {
   std::vector<std::string> models = {"llama-65b", "gpt3-175b", "mt-nlg-530b"};
   std::vector<std::pair<int64_t, int64_t>> lengths = {{2048, 128}, {2048, 512}, {2048, 2048}};
   std::vector<double> slos_ms = {0, 30, 50, 70};
+  double trace_window_s = 600;  // trace mode: the first 10 minutes
 };
 
 // Every saturated point of the study.

@@ -50,7 +50,7 @@ double IterationPlanner::FfDeviceFraction(int64_t tokens) const {
            (config_.xpu_bandwidth * bs + config_.device_bandwidth);
   };
   const double bs = static_cast<double>(std::max<int64_t>(tokens, 1));
-  const double hi = f(1);
+  const double hi = f(static_cast<double>(std::max<int64_t>(config_.ff_min_batch, 1)));
   const double lo = f(static_cast<double>(std::max<int64_t>(config_.ff_max_batch, 1)));
   return std::clamp(f(bs), lo, hi);
 }

@@ -65,6 +65,7 @@ struct PlannerConfig {
   // partitions were placed for.
   double xpu_bandwidth = 0;
   double device_bandwidth = 0;
+  int64_t ff_min_batch = 1;
   int64_t ff_max_batch = 1;
 };
 
@@ -102,7 +103,7 @@ class IterationPlanner {
   // Model weights resident on one xPU (embedding and LM head split too).
   double WeightBytesPerXpu() const;
   // FF co-processing share for a batch of `tokens` (§6.2), clamped to
-  // [f(ff_max_batch), f(1)].
+  // [f(ff_max_batch), f(ff_min_batch)], the partitions placed.
   double FfDeviceFraction(int64_t tokens) const;
 
   const std::vector<devices::Op>& last_ops() const { return ops_; }
