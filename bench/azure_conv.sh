@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
-# End-to-end speed of the default example (one hour of the Azure
-# conversation trace, 19,366 requests, GPT-3 175B on 4 DGX replicas):
-# simulated requests per wall-second and the real-time factor, as key=value
-# lines, from the median of RUNS runs pinned to one core.
-# Usage: bench/azure_conv.sh [RUNS]      (after scripts/setup.sh)
+# End-to-end speed on one hour of the Azure conversation trace (19,366
+# requests), GPT-3 175B on 4 replicas: simulated requests per wall-second and
+# the real-time factor, as key=value lines, from the median of RUNS runs
+# pinned to one core. SCENARIO defaults to the GPU-only default example;
+# examples/attacc/gpt3_175b_dgx_attacc_azure_conv.pbtxt measures DGX+AttAccs.
+# Usage: bench/azure_conv.sh [RUNS] [SCENARIO]      (after scripts/setup.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 runs=${1:-5}
 bin=build/services/servesim
-scenario=examples/gpt3_175b_dgx_azure_conv.pbtxt
+scenario=${2:-examples/gpt3_175b_dgx_azure_conv.pbtxt}
 [ -x "$bin" ] || { echo "build first: scripts/setup.sh" >&2; exit 1; }
 pin=()
 command -v taskset >/dev/null && pin=(taskset -c 0)

@@ -206,6 +206,12 @@ int Validate(const Options& o) {
   google::protobuf::TextFormat::PrintToString(sc->proto, &text);
   std::cout << "# resolved scenario (every default and preset value filled in)\n"
             << text << "\n";
+  if (sc->has_attention_device) {
+    std::cout << absl::StrFormat(
+        "# attention device: %s x %d stacks, %s in all (FF partitions %s); KV lives there\n",
+        sc->proto.cluster().attacc().preset(), sc->proto.cluster().attacc().stacks(),
+        Gb(sc->device_memory_bytes), Gb(sc->device_ff_weight_bytes));
+  }
   std::cout << absl::StrFormat(
       "# memory plan per xPU: weights %s, activations %s, KV %s\n"
       "# KV capacity per replica: %d blocks x %d tokens = %d tokens\n"
