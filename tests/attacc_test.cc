@@ -639,5 +639,40 @@ TEST(AttAccBadInputTest, BadSpecNamesTheField) {
   check(spec, "link is not resolved");
 }
 
+TEST(AttAccMemoTest, WarmDeviceEqualsColdDeviceStepByStep) {
+  // Decode steps of 7 sequences as a serving run makes them (L + 1 per
+  // step, crossing 16-token buckets at different steps), in 8 head-group
+  // ops: a device that has memoised earlier steps must return exactly what
+  // a fresh device computes.
+  auto warm = CreateDevice(Spec());
+  ASSERT_TRUE(warm.ok()) << warm.status();
+  std::vector<int32_t> stacks(7 * 96);
+  for (size_t i = 0; i < stacks.size(); ++i) stacks[i] = static_cast<int32_t>((i * 7) % 40);
+  for (int step = 0; step < 40; ++step) {
+    std::vector<AttentionSeq> seqs;
+    for (int s = 0; s < 7; ++s) seqs.push_back({1, 300 + 37 * s + step});
+    std::vector<Op> ops(8);
+    for (int g = 0; g < 8; ++g) {
+      ops[g].kind = OpKind::kAttention;
+      ops[g].heads = ops[g].kv_heads = 96;
+      ops[g].d_head = 128;
+      ops[g].seqs = seqs;
+      ops[g].kv_head_stack = stacks;
+      ops[g].head_begin = 12 * g;
+      ops[g].head_end = 12 * (g + 1);
+    }
+    std::vector<Cost> a(8), b(8);
+    ASSERT_TRUE((*warm)->Estimate(ops, absl::MakeSpan(a)).ok());
+    auto cold = CreateDevice(Spec());
+    ASSERT_TRUE((*cold)->Estimate(ops, absl::MakeSpan(b)).ok());
+    for (int g = 0; g < 8; ++g) {
+      EXPECT_EQ(a[g].time_s, b[g].time_s) << step << " " << g;
+      EXPECT_EQ(a[g].cycles, b[g].cycles) << step << " " << g;
+      EXPECT_EQ(a[g].dram_energy_pj, b[g].dram_energy_pj) << step << " " << g;
+      EXPECT_EQ(a[g].compute_energy_pj, b[g].compute_energy_pj) << step << " " << g;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace servesim::devices

@@ -561,8 +561,13 @@ absl::Status AttAccDevice::AttentionCost(const Op& op, OwnPlacement* own, Cost* 
           absl::StrCat("attacc device: kv_head_stack has ", op.kv_head_stack.size(),
                        " entries; expected seqs x kv_heads = ", nseq * kvh_n));
     }
-    for (size_t i = 0; i < op.kv_head_stack.size(); ++i) {
+    const bool checked = own->validated_stacks == op.kv_head_stack.data() &&
+                         own->validated_n == op.kv_head_stack.size();
+    own->validated_stacks = op.kv_head_stack.data();
+    own->validated_n = op.kv_head_stack.size();
+    for (size_t i = 0; !checked && i < op.kv_head_stack.size(); ++i) {
       if (op.kv_head_stack[i] < 0 || op.kv_head_stack[i] >= a.stacks()) {
+        own->validated_stacks = nullptr;
         return absl::InvalidArgumentError(
             absl::StrCat("attacc device: kv_head_stack[", i, "] = ", op.kv_head_stack[i],
                          "; expected a stack index in [0, ", a.stacks(), ")"));
@@ -593,11 +598,15 @@ absl::Status AttAccDevice::AttentionCost(const Op& op, OwnPlacement* own, Cost* 
     own->per_seq_dh = dh;
     own->per_seq.resize(nseq);
     own->seq_len.resize(nseq);
+    own->l_key.resize(nseq);
     own->score_busy = own->softmax_busy = own->context_busy = 0;
     own->cells = own->rows = own->bg = own->tsv = own->ext = own->macs = own->sfm_ops = 0;
     for (int64_t s = 0; s < nseq; ++s) {
       const int64_t l = op.seqs[s].past_tokens + 1;
       own->seq_len[s] = l;
+      own->l_key[s] = {static_cast<int32_t>(CeilDiv(l, l_split_)),
+                       static_cast<int32_t>(CeilDiv(l, a.softmax_lanes())),
+                       static_cast<int32_t>(CeilDiv(l, l_split_ * lanes_))};
       const AttAccHeadCycles h = HeadCycles(l, dh);
       own->per_seq[s] = {h.wr_gb + h.score + h.mv_sb, h.context + h.out, h.softmax, h.mv_gb};
       own->score_busy += own->per_seq[s].s;
@@ -695,6 +704,23 @@ absl::Status AttAccDevice::AttentionCost(const Op& op, OwnPlacement* own, Cost* 
     stack_of = own->stack.data();
   }
 
+  // ---- the op's schedule inputs, exactly: memo hit skips the schedule.
+  const int32_t in_flight = a.attention_level_pipelining() ? 2 : 1;
+  std::string op_key;
+  {
+    const int64_t head[6] = {in_flight, dh, hb, he, op.heads, kvh_n};
+    op_key.append(reinterpret_cast<const char*>(head), sizeof(head));
+    for (int64_t s = 0; s < nseq; ++s) {
+      op_key.append(reinterpret_cast<const char*>(own->l_key[s].data()), 3 * sizeof(int32_t));
+      op_key.append(reinterpret_cast<const char*>(stack_of + s * kvh_n + kv_lo),
+                    static_cast<size_t>(kv_hi - kv_lo) * sizeof(int32_t));
+    }
+  }
+  std::lock_guard<std::mutex> memo_lock(memo_mu_);
+  if (auto hit = op_memo_.find(op_key); hit != op_memo_.end()) {
+    return FinishAttentionCost(hit->second, score_busy, softmax_busy, context_busy, cost);
+  }
+
   // ---- KV-head work items per stack, longest first (CSR).
   const std::vector<int32_t>& order = own->order;
   auto heads_of = [&](int64_t kv) {
@@ -744,12 +770,14 @@ absl::Status AttAccDevice::AttentionCost(const Op& op, OwnPlacement* own, Cost* 
   };
   std::vector<Chan> chans(nch);
   // Heads whose score may run before the oldest context: 2 with attention-
-  // level pipelining (S0 S1 C0 S2 C1 ...), 1 without (S0 C0 S1 C1 ...).
-  const int32_t in_flight = a.attention_level_pipelining() ? 2 : 1;
+  // level pipelining (S0 S1 C0 S2 C1 ...), 1 without (S0 C0 S1 C1 ...):
+  // `in_flight`, above.
   double slowest = 0;
+  if (op_memo_.size() > (1u << 18)) op_memo_.clear();  // bound memory
   for (int32_t st = 0; st < nstacks; ++st) {
     const int32_t ib = stack_begin[st], ie = stack_begin[st + 1];
     if (ib == ie) continue;
+    double stack_slowest = 0;
     // Longest first to the least-loaded channel (GEMV cycles), ties lowest.
     // With n <= channels items, item i lands on channel i, so only the
     // first `used` channels ever get work: skip the idle ones (identical
@@ -811,10 +839,18 @@ absl::Status AttAccDevice::AttentionCost(const Op& op, OwnPlacement* own, Cost* 
       blocked[c] = run(ch) ? ch.arrival[ch.next_c & 1] : kNotBlocked;
       tree.Update(c);
     }
-    for (int32_t c = 0; c < used; ++c) slowest = std::max(slowest, chans[c].g);
+    for (int32_t c = 0; c < used; ++c) stack_slowest = std::max(stack_slowest, chans[c].g);
+    slowest = std::max(slowest, stack_slowest);
   }
 
-  const double tck = a.tck_s();
+  op_memo_.emplace(std::move(op_key), slowest);
+  return FinishAttentionCost(slowest, score_busy, softmax_busy, context_busy, cost);
+}
+
+absl::Status AttAccDevice::FinishAttentionCost(double slowest, double score_busy,
+                                               double softmax_busy, double context_busy,
+                                               Cost* cost) const {
+  const double tck = spec_.attacc().tck_s();
   cost->cycles = slowest * refresh_factor_;
   cost->time_s = cost->cycles * tck;
   cost->score_s = score_busy * refresh_factor_ * tck;

@@ -68,10 +68,14 @@
 #define SERVESIM_DEVICES_ATTACC_ATTACC_DEVICE_H_
 
 #include <cstdint>
+#include <array>
 #include <memory>
+#include <mutex>
+#include <string>
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "devices/device.h"
@@ -149,14 +153,35 @@ class AttAccDevice : public Device {
     std::vector<SeqCycles> per_seq;
     std::vector<int64_t> seq_len;
     std::vector<int32_t> order;  // longest first, stable
+    // What L enters the cycle figures through, per sequence: ceil(L / L
+    // split), ceil(L / softmax lanes), ceil(L / (L split x lanes)). Equal
+    // triples give equal cycles: the per-stack memo keys on them.
+    std::vector<std::array<int32_t, 3>> l_key;
+    // kv_head_stack already checked in this call.
+    const int32_t* validated_stacks = nullptr;
+    size_t validated_n = 0;
     double score_busy = 0, softmax_busy = 0, context_busy = 0;
     double cells = 0, rows = 0, bg = 0, tsv = 0, ext = 0, macs = 0, sfm_ops = 0;
   };
   absl::Status AttentionCost(const Op& op, OwnPlacement* own, Cost* cost) const;
+  // Time fields of an attention cost from its slowest stack (cycles) and
+  // the stages' busy cycles.
+  absl::Status FinishAttentionCost(double slowest, double score_busy, double softmax_busy,
+                                   double context_busy, Cost* cost) const;
   Cost GemvCost(const Op& op) const;
   double SoftmaxCycles(int64_t l) const;
 
   servesim::v1::AttAccDeviceSpec spec_;
+  // Memo of attention schedules: the key is an op's exact schedule inputs
+  // (pipelining, d_head, head range, and per sequence the L ceilings its
+  // cycle figures depend on and the stacks of its KV heads), the value its
+  // slowest stack in cycles, so a hit returns what computing would. Cycle
+  // figures change only when L crosses a multiple of the L split (16), so
+  // an op often repeats from one iteration to the next. Bytes and energy
+  // depend on L itself and are always computed. (A per-stack memo was
+  // measured slower: hashing many short keys cost more than it saved.)
+  mutable std::mutex memo_mu_;
+  mutable absl::flat_hash_map<std::string, double> op_memo_;
   // Derived from the spec once (see the .cc for each).
   int64_t elem_bytes_ = 2;       // KV element bytes (fp16 2, int8 1)
   int64_t lanes_ = 16;           // elements per column read
