@@ -53,7 +53,7 @@ class FakeAttentionDevice : public devices::Device {
     return absl::OkStatus();
   }
   absl::StatusOr<devices::AttentionResult> Execute(const devices::AttentionCall&) const override {
-    return absl::UnimplementedError("fake device has no kernel");
+    return absl::FailedPreconditionError("the fake attention device models costs only");
   }
   mutable std::vector<int64_t> attention_calls;
 
