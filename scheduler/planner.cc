@@ -398,11 +398,19 @@ absl::StatusOr<IterationCost> IterationPlanner::PlanWithDevice(const Batch& batc
     xpu_energy += x.proj;
     for (const Cost& c : att) dev_energy += c;
     dev_energy += dev_ff;
-    out.stages[static_cast<int>(Stage::kAttention)] += [&] {
-      Cost a;
-      for (const Cost& c : att) a += c;
-      return a.Scaled(layers);
-    }();
+    // Per-stage breakdown (all layers): the xPU's ops and the device's.
+    auto stage = [&](Stage st, const Cost& c, double times) {
+      out.stages[static_cast<int>(st)] += c.Scaled(layers * times);
+    };
+    stage(Stage::kNorm, x.norm, 2);
+    stage(Stage::kQkv, x.qkv, 1);
+    stage(Stage::kAttention, x.xattn, 1);
+    for (const Cost& c : att) stage(Stage::kAttention, c, 1);
+    stage(Stage::kProjection, x.proj, 1);
+    stage(Stage::kAllReduce, x.allreduce, 2);
+    stage(Stage::kResidual, x.residual, 2);
+    stage(Stage::kFf1, x.ff, 1);  // FF1 + activation + FF2 on the xPUs
+    stage(Stage::kFf2, dev_ff, 1);  // the device's FF share
   } else {
     // Batch-level pipelining: halves A and B, chained across layers.
     const int64_t half = (b_dec + 1) / 2;
@@ -458,11 +466,19 @@ absl::StatusOr<IterationCost> IterationPlanner::PlanWithDevice(const Batch& batc
     }
     dev_energy += att_a[0];
     dev_energy += att_b[0];
-    out.stages[static_cast<int>(Stage::kAttention)] += [&] {
-      Cost a = att_a[0];
-      a += att_b[0];
-      return a.Scaled(layers);
-    }();
+    for (const XpuLayer* x : {&xa, &xb}) {
+      auto stage = [&](Stage st, const Cost& c, double times) {
+        out.stages[static_cast<int>(st)] += c.Scaled(layers * times);
+      };
+      stage(Stage::kNorm, x->norm, 2);
+      stage(Stage::kQkv, x->qkv, 1);
+      stage(Stage::kProjection, x->proj, 1);
+      stage(Stage::kAllReduce, x->allreduce, 2);
+      stage(Stage::kResidual, x->residual, 2);
+      stage(Stage::kFf1, x->ff, 1);
+    }
+    out.stages[static_cast<int>(Stage::kAttention)] += att_a[0].Scaled(layers);
+    out.stages[static_cast<int>(Stage::kAttention)] += att_b[0].Scaled(layers);
   }
 
   // Once per iteration on the xPUs: embedding, final norm, LM head.

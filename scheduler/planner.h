@@ -72,7 +72,10 @@ struct PlannerConfig {
 struct IterationCost {
   double time_s = 0;
   devices::Cost total;          // whole replica (energy summed over xPUs)
-  devices::StageCosts stages;   // per stage, one xPU (or the device), all layers
+  // Per stage, all layers: one xPU's ops, plus the device's attention under
+  // kAttention and (with an attention device) the xPUs' whole FF block under
+  // kFf1 and the device's FF share under kFf2.
+  devices::StageCosts stages;
   // Busy time of each resource over the iteration (all layers).
   double xpu_busy_s = 0, device_busy_s = 0, link_busy_s = 0;
   double ff_device_fraction = 0;  // share of FF run on the device

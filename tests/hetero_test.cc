@@ -200,6 +200,21 @@ TEST_F(HeteroPlannerTest, HeadLevelBetweenBusiestResourceAndSerial) {
   }
 }
 
+TEST_F(HeteroPlannerTest, StagesCoverEveryResourcesWork) {
+  auto cost = Plan(OverlapPolicy::kSerial, Decode(16, 1000));
+  ASSERT_TRUE(cost.ok());
+  double xpu = 0;
+  for (int st = 0; st < devices::kNumStages; ++st) {
+    if (st != static_cast<int>(devices::Stage::kAttention)) xpu += cost->stages[st].time_s;
+  }
+  // Serially, the xPU's stages add up to its busy time, and the device's
+  // attention (16 x 1001 positions x 96 heads x 1 ns / 40 stacks, x 96
+  // layers) is the attention stage.
+  EXPECT_NEAR(xpu, cost->xpu_busy_s, 1e-12);
+  EXPECT_NEAR(cost->stages[static_cast<int>(devices::Stage::kAttention)].time_s,
+              96 * 16.0 * 1001 * 96 * 1e-9 / 40, 1e-12);
+}
+
 TEST_F(HeteroPlannerTest, SerialSendsAllHeadsAtOnceHeadLevelPerGroup) {
   fake_.attention_calls.clear();
   ASSERT_TRUE(Plan(OverlapPolicy::kSerial, Decode(16, 1000)).ok());
