@@ -674,5 +674,40 @@ TEST(AttAccMemoTest, WarmDeviceEqualsColdDeviceStepByStep) {
   }
 }
 
+TEST(AttAccMemoTest, StackAfterABusyStackIsScheduledAlone) {
+  // Sequence 0 (L = 100) puts all 22 KV heads on stack 0: every channel
+  // busy. Sequence 1 (L = 8000) puts heads 20 and 21 on stack 1 and one
+  // head on each of stacks 2..21. Stacks are scheduled in index order in
+  // one call; stack 1 (two long heads) follows the busy stack 0 and must
+  // see nothing of it, so the op takes exactly what those two long heads
+  // take on a stack of their own.
+  auto cost = [](const std::vector<AttentionSeq>& seqs, const std::vector<int32_t>& stacks,
+                 int64_t hb, int64_t he) {
+    auto device = CreateDevice(Spec());  // cold: no memo
+    Op op;
+    op.kind = OpKind::kAttention;
+    op.heads = op.kv_heads = 22;
+    op.d_head = 128;
+    op.seqs = seqs;
+    op.kv_head_stack = stacks;
+    op.head_begin = hb;
+    op.head_end = he;
+    Cost c;
+    EXPECT_TRUE((*device)->Estimate({&op, 1}, {&c, 1}).ok());
+    return c.time_s;
+  };
+  std::vector<int32_t> stacks(2 * 22, 0);
+  for (int h = 0; h < 20; ++h) stacks[22 + h] = 2 + h;
+  stacks[22 + 20] = stacks[22 + 21] = 1;
+  const double both = cost({{1, 99}, {1, 7999}}, stacks, 0, 22);
+  // Heads 20 and 21 of sequence 1 alone, on one stack.
+  std::vector<int32_t> alone(22, 0);
+  const double two_long = cost({{1, 7999}}, alone, 20, 22);
+  // (Two heads on two channels still share the stack's softmax unit, so
+  // the pair takes a little longer than one head.)
+  EXPECT_GT(two_long, cost({{1, 7999}}, alone, 0, 1));
+  EXPECT_EQ(both, two_long);
+}
+
 }  // namespace
 }  // namespace servesim::devices

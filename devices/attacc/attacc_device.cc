@@ -726,7 +726,13 @@ absl::Status AttAccDevice::AttentionCost(const Op& op, OwnPlacement* own, Cost* 
   auto heads_of = [&](int64_t kv) {
     return std::min(he, (kv + 1) * group) - std::max(hb, kv * group);
   };
-  std::vector<int32_t> stack_begin(nstacks + 1, 0), stack_heads(nstacks, 0);
+  // Scratch buffers are per thread and fully rewritten below: Estimate
+  // stays pure and thread-safe without allocating on every call.
+  thread_local std::vector<int32_t> stack_begin, stack_heads, item_seq, item_heads, cursor,
+      item_ch, head_seq, ch_begin, ch_cursor;
+  thread_local std::vector<double> ch_load, blocked;
+  stack_begin.assign(nstacks + 1, 0);
+  stack_heads.assign(nstacks, 0);
   for (int64_t s = 0; s < nseq; ++s) {
     for (int64_t kv = kv_lo; kv < kv_hi; ++kv) {
       const int32_t st = stack_of[s * kvh_n + kv];
@@ -736,9 +742,10 @@ absl::Status AttAccDevice::AttentionCost(const Op& op, OwnPlacement* own, Cost* 
   }
   for (int32_t i = 0; i < nstacks; ++i) stack_begin[i + 1] += stack_begin[i];
   const int64_t nitems = stack_begin[nstacks];
-  std::vector<int32_t> item_seq(nitems), item_heads(nitems);
+  item_seq.resize(nitems);
+  item_heads.resize(nitems);
   {
-    std::vector<int32_t> cursor(stack_begin.begin(), stack_begin.end() - 1);
+    cursor.assign(stack_begin.begin(), stack_begin.end() - 1);
     for (int32_t s : order) {
       for (int64_t kv = kv_lo; kv < kv_hi; ++kv) {
         const int32_t at = cursor[stack_of[s * kvh_n + kv]]++;
@@ -755,11 +762,14 @@ absl::Status AttAccDevice::AttentionCost(const Op& op, OwnPlacement* own, Cost* 
     max_items = std::max(max_items, stack_begin[st + 1] - stack_begin[st]);
     max_heads = std::max(max_heads, stack_heads[st]);
   }
-  std::vector<int32_t> item_ch(max_items), head_seq(max_heads);
+  item_ch.resize(max_items);
+  head_seq.resize(max_heads);
   constexpr double kNotBlocked = std::numeric_limits<double>::infinity();
-  std::vector<double> ch_load(nch + 1, kNotBlocked), blocked(nch + 1, kNotBlocked);
-  MinTree tree;
-  std::vector<int32_t> ch_begin(nch + 1), ch_cursor(nch);
+  ch_load.assign(nch + 1, kNotBlocked);
+  blocked.assign(nch + 1, kNotBlocked);
+  thread_local MinTree tree;
+  ch_begin.assign(nch + 1, 0);
+  ch_cursor.assign(nch, 0);
   // A channel's heads are head_seq[base, base + n); at most two are in
   // flight (between their score and their context), kept in a 2-slot ring.
   struct Chan {
@@ -768,7 +778,8 @@ absl::Status AttAccDevice::AttentionCost(const Op& op, OwnPlacement* own, Cost* 
     double ready[2];    // its context's inputs ready; < 0: not committed
     int32_t base, n, next_s, next_c;
   };
-  std::vector<Chan> chans(nch);
+  thread_local std::vector<Chan> chans;
+  chans.resize(nch);
   // Heads whose score may run before the oldest context: 2 with attention-
   // level pipelining (S0 S1 C0 S2 C1 ...), 1 without (S0 C0 S1 C1 ...):
   // `in_flight`, above.
@@ -784,6 +795,7 @@ absl::Status AttAccDevice::AttentionCost(const Op& op, OwnPlacement* own, Cost* 
     // result, and small batches no longer pay for every channel).
     const int32_t used = std::min<int32_t>(nch, ie - ib);
     std::fill(ch_load.begin(), ch_load.begin() + used, 0.0);
+    ch_load[used] = kNotBlocked;  // the tree's +infinity sentinel
     std::fill(ch_begin.begin(), ch_begin.begin() + used + 1, 0);
     tree.Reset(ch_load.data(), used);
     for (int32_t i = ib; i < ie; ++i) {
@@ -827,6 +839,7 @@ absl::Status AttAccDevice::AttentionCost(const Op& op, OwnPlacement* own, Cost* 
       ch = {0.0, {0, 0}, {0, 0}, ch_begin[c], ch_begin[c + 1] - ch_begin[c], 0, 0};
       blocked[c] = run(ch) ? ch.arrival[ch.next_c & 1] : kNotBlocked;
     }
+    blocked[used] = kNotBlocked;  // the tree's +infinity sentinel
     tree.Reset(blocked.data(), used);
     double softmax_free = 0;
     while (true) {
