@@ -96,19 +96,6 @@ int64_t CapacityBatch(const ResolvedScenario& sc, int64_t tokens) {
   return n;
 }
 
-scheduler::Batch UniformBatch(int64_t b, int64_t new_tokens, int64_t past_tokens) {
-  scheduler::Batch batch;
-  batch.entries.assign(b, scheduler::BatchEntry{0, new_tokens, past_tokens,
-                                                new_tokens > 1, true, {}});
-  if (new_tokens > 1) {
-    batch.prefill_tokens = b * new_tokens;
-  } else {
-    batch.decode_tokens = b;
-  }
-  batch.emitting = b;
-  return batch;
-}
-
 }  // namespace
 
 absl::StatusOr<std::vector<StudyPoint>> RunAttAccStudy(const StudyOptions& options) {
@@ -173,13 +160,13 @@ absl::StatusOr<std::vector<StudyPoint>> RunAttAccStudy(const StudyOptions& optio
           }
           if (p.max_batch >= 1) {
             ASSIGN_OR_RETURN(scheduler::IterationCost d,
-                             planner.Plan(UniformBatch(p.max_batch, 1, l_avg - 1)));
+                             planner.Plan(scheduler::UniformBatch(p.max_batch, 1, l_avg - 1)));
             p.tbt_ms = d.time_s * 1e3;
             p.throughput_tokens_per_s = static_cast<double>(p.max_batch) / d.time_s;
             p.energy_j_per_token =
                 d.total.energy_pj() * 1e-12 / static_cast<double>(p.max_batch);
             ASSIGN_OR_RETURN(scheduler::IterationCost pre,
-                             planner.Plan(UniformBatch(p.max_batch, lin, 0)));
+                             planner.Plan(scheduler::UniformBatch(p.max_batch, lin, 0)));
             p.prefill_s = pre.time_s;
             p.e2e_throughput_tokens_per_s =
                 static_cast<double>(p.max_batch * lout) /

@@ -17,6 +17,15 @@ const char* BatchBoundName(BatchBound b) {
   return "unknown";
 }
 
+Batch UniformBatch(int64_t b, int64_t new_tokens, int64_t past_tokens) {
+  Batch batch;
+  const bool prefill = new_tokens > 1;
+  batch.entries.assign(b, BatchEntry{0, new_tokens, past_tokens, prefill, true, {}});
+  (prefill ? batch.prefill_tokens : batch.decode_tokens) = b * new_tokens;
+  batch.emitting = b;
+  return batch;
+}
+
 ReplicaScheduler::ReplicaScheduler(const BatchingConfig& config)
     : config_(config),
       kv_(config.kv_capacity_blocks),

@@ -93,6 +93,11 @@ struct Batch {
   bool empty() const { return entries.empty(); }
 };
 
+// A batch of `b` identical sequences with `past_tokens` cached tokens each,
+// decoding (new_tokens == 1) or prefilling `new_tokens` tokens; for costing
+// hypothetical iterations (SLO caps, saturated studies).
+Batch UniformBatch(int64_t b, int64_t new_tokens, int64_t past_tokens);
+
 // Per-request state the scheduler keeps; observers read it.
 struct RequestState {
   RequestSpec spec;

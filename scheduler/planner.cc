@@ -522,10 +522,7 @@ absl::StatusOr<IterationCost> IterationPlanner::PlanWithDevice(const Batch& batc
 absl::StatusOr<int64_t> MaxBatchWithinSlo(IterationPlanner& planner, double tbt_s,
                                           int64_t context_tokens, int64_t max_batch) {
   auto time_of = [&](int64_t b) -> absl::StatusOr<double> {
-    Batch batch;
-    batch.entries.assign(b, BatchEntry{0, 1, context_tokens, false, true, {}});
-    batch.decode_tokens = batch.emitting = b;
-    ASSIGN_OR_RETURN(IterationCost c, planner.Plan(batch));
+    ASSIGN_OR_RETURN(IterationCost c, planner.Plan(UniformBatch(b, 1, context_tokens)));
     return c.time_s;
   };
   int64_t lo = 0, hi = max_batch;  // lo meets the SLO (0 trivially)
