@@ -200,29 +200,32 @@ std::string StudyCsv(const std::vector<StudyPoint>& points) {
 std::string StudyTable(const std::vector<StudyPoint>& points) {
   // Baselines per (model, lengths, slo).
   using Key = std::tuple<std::string, int64_t, int64_t, double>;
-  std::map<Key, double> base, large;
+  std::map<Key, const StudyPoint*> base, large;
   for (const StudyPoint& p : points) {
     const auto key = std::make_tuple(p.model, p.lin, p.lout, p.slo_ms);
-    if (p.system == "dgx_base") base[key] = p.throughput_tokens_per_s;
-    if (p.system == "dgx_large") large[key] = p.throughput_tokens_per_s;
+    if (p.system == "dgx_base") base[key] = &p;
+    if (p.system == "dgx_large") large[key] = &p;
   }
   std::string t = absl::StrFormat(
-      "%-12s %-11s %-11s %5s %5s %4s %6s %-8s %10s %8s %8s %7s %7s\n", "model", "system",
+      "%-12s %-11s %-11s %5s %5s %4s %6s %-8s %10s %8s %8s %7s %7s %8s\n", "model", "system",
       "policy", "L_in", "L_out", "SLO", "batch", "bound", "tokens/s", "TBT ms", "J/token",
-      "xBase", "xLarge");
+      "xBase", "xLarge", "e2e xB");
   for (const StudyPoint& p : points) {
     const Key key = std::make_tuple(p.model, p.lin, p.lout, p.slo_ms);
-    auto ratio = [&](const std::map<Key, double>& m) {
+    auto ratio = [&](const std::map<Key, const StudyPoint*>& m,
+                     double StudyPoint::*field) {
       auto it = m.find(key);
-      return it == m.end() || it->second <= 0
+      return it == m.end() || it->second->*field <= 0
                  ? std::string("-")
-                 : absl::StrFormat("%.2f", p.throughput_tokens_per_s / it->second);
+                 : absl::StrFormat("%.2f", p.*field / (it->second->*field));
     };
-    absl::StrAppendFormat(&t, "%-12s %-11s %-11s %5d %5d %4s %6d %-8s %10.1f %8.2f %8.3f %7s %7s\n",
-                          p.model, p.system, p.policy, p.lin, p.lout,
-                          p.slo_ms > 0 ? absl::StrFormat("%g", p.slo_ms) : "-", p.max_batch,
-                          p.batch_bound, p.throughput_tokens_per_s, p.tbt_ms,
-                          p.energy_j_per_token, ratio(base), ratio(large));
+    absl::StrAppendFormat(
+        &t, "%-12s %-11s %-11s %5d %5d %4s %6d %-8s %10.1f %8.2f %8.3f %7s %7s %8s\n", p.model,
+        p.system, p.policy, p.lin, p.lout, p.slo_ms > 0 ? absl::StrFormat("%g", p.slo_ms) : "-",
+        p.max_batch, p.batch_bound, p.throughput_tokens_per_s, p.tbt_ms, p.energy_j_per_token,
+        ratio(base, &StudyPoint::throughput_tokens_per_s),
+        ratio(large, &StudyPoint::throughput_tokens_per_s),
+        ratio(base, &StudyPoint::e2e_throughput_tokens_per_s));
   }
   return t;
 }

@@ -309,7 +309,8 @@ int Study(const Options& o) {
   auto points = servesim::cluster::RunAttAccStudy(options);
   if (!points.ok()) return Fail(points.status());
   std::cout << "AttAcc study, saturated (decode stages; speedups over DGX_Base / DGX_Large "
-               "at the same model, lengths and SLO)\n"
+               "at the same model, lengths and SLO; e2e xB: whole requests, prefill included, "
+               "over DGX_Base)\n"
             << servesim::cluster::StudyTable(*points) << std::flush;
   const std::string out = o.out.empty() ? "out/attacc_study" : o.out;
   std::error_code ec;

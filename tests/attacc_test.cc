@@ -372,6 +372,32 @@ TEST(AttAccScheduleTest, SharedSoftmaxUnitCanBind) {
   EXPECT_GT(cost.cycles, 2 * (s + c) * kRefresh);
 }
 
+TEST(AttAccScheduleTest, OneHeadPerChannelByHand) {
+  // Three sequences of L = 4096, 16 and 2048, one head each, all on stack
+  // 0: one head per channel (the schedule's closed-form path). Scores end
+  // at S(L); the stack's softmax unit serves them in order of arrival
+  // (L = 16, then 2048, then 4096), each context follows its softmax and
+  // MV_GB; the op ends with the last context.
+  auto spec = Spec();
+  spec.mutable_attacc()->mutable_attacc()->set_stacks(1);
+  const auto d = Make(spec);
+  std::vector<AttentionSeq> seqs = {{1, 4095}, {1, 15}, {1, 2047}};
+  double softmax_free = 0, end = 0;
+  for (int64_t l : {16, 2048, 4096}) {
+    const AttAccHeadCycles h = d->HeadCycles(l, 128);
+    const double s = h.wr_gb + h.score + h.mv_sb;
+    softmax_free = std::max(softmax_free, s) + h.softmax;
+    end = std::max(end, softmax_free + h.mv_gb + h.context + h.out);
+  }
+  EXPECT_NEAR(Estimate1(*d, Attention(seqs, 1, 1, 128)).cycles, end * kRefresh, 1e-9);
+  // Two equal heads arrive together: the second waits one softmax.
+  std::vector<AttentionSeq> twins = {{1, 2047}, {1, 2047}};
+  const AttAccHeadCycles h = d->HeadCycles(2048, 128);
+  const double s = h.wr_gb + h.score + h.mv_sb;
+  EXPECT_NEAR(Estimate1(*d, Attention(twins, 1, 1, 128)).cycles,
+              (s + 2 * h.softmax + h.mv_gb + h.context + h.out) * kRefresh, 1e-9);
+}
+
 TEST(AttAccScheduleTest, MtNlgDheadWastesLanes) {
   const auto d = Make();
   // d_head 160 = 40 per bank = 2.5 columns of 16 lanes: 3 columns.

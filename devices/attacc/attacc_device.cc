@@ -185,6 +185,10 @@ class MinTree {
   std::vector<int32_t> node_;
 };
 
+// Stacks with at most this many items (and no more than one per channel)
+// take the schedule's closed-form fast path.
+constexpr int32_t kMaxFastItems = 64;
+
 float RoundHalf(float x) { return HalfToFloat(FloatToHalf(x)); }
 
 // Pairwise (adder-tree) sum of a[0..n), each add rounded by `round`.
@@ -704,23 +708,6 @@ absl::Status AttAccDevice::AttentionCost(const Op& op, OwnPlacement* own, Cost* 
     stack_of = own->stack.data();
   }
 
-  // ---- the op's schedule inputs, exactly: memo hit skips the schedule.
-  const int32_t in_flight = a.attention_level_pipelining() ? 2 : 1;
-  std::string op_key;
-  {
-    const int64_t head[6] = {in_flight, dh, hb, he, op.heads, kvh_n};
-    op_key.append(reinterpret_cast<const char*>(head), sizeof(head));
-    for (int64_t s = 0; s < nseq; ++s) {
-      op_key.append(reinterpret_cast<const char*>(own->l_key[s].data()), 3 * sizeof(int32_t));
-      op_key.append(reinterpret_cast<const char*>(stack_of + s * kvh_n + kv_lo),
-                    static_cast<size_t>(kv_hi - kv_lo) * sizeof(int32_t));
-    }
-  }
-  std::lock_guard<std::mutex> memo_lock(memo_mu_);
-  if (auto hit = op_memo_.find(op_key); hit != op_memo_.end()) {
-    return FinishAttentionCost(hit->second, score_busy, softmax_busy, context_busy, cost);
-  }
-
   // ---- KV-head work items per stack, longest first (CSR).
   const std::vector<int32_t>& order = own->order;
   auto heads_of = [&](int64_t kv) {
@@ -741,6 +728,36 @@ absl::Status AttAccDevice::AttentionCost(const Op& op, OwnPlacement* own, Cost* 
     }
   }
   for (int32_t i = 0; i < nstacks; ++i) stack_begin[i + 1] += stack_begin[i];
+  // ---- the memo. With at most one single-head item per channel on every
+  // stack the schedule below takes its fast path, a few comparisons per
+  // stack, cheaper than building and hashing the key: the memo is for the
+  // rest (large batches, grouped-query heads), keyed on the schedule's exact
+  // inputs.
+  const int32_t nch = a.channels();
+  bool fast = true;
+  for (int64_t kv = kv_lo; kv < kv_hi && fast; ++kv) fast = heads_of(kv) == 1;
+  for (int32_t st = 0; st < nstacks && fast; ++st) {
+    fast = stack_begin[st + 1] - stack_begin[st] <= std::min<int32_t>(nch, kMaxFastItems);
+  }
+  const int32_t in_flight = a.attention_level_pipelining() ? 2 : 1;
+  thread_local std::string op_key;  // reused: no allocation in steady state
+  std::unique_lock<std::mutex> memo_lock(memo_mu_, std::defer_lock);
+  if (!fast) {
+    op_key.clear();
+    const int64_t head[6] = {in_flight, dh, hb, he, op.heads, kvh_n};
+    op_key.append(reinterpret_cast<const char*>(head), sizeof(head));
+    for (int64_t s = 0; s < nseq; ++s) {
+      op_key.append(reinterpret_cast<const char*>(own->l_key[s].data()), 3 * sizeof(int32_t));
+      op_key.append(reinterpret_cast<const char*>(stack_of + s * kvh_n + kv_lo),
+                    static_cast<size_t>(kv_hi - kv_lo) * sizeof(int32_t));
+    }
+    memo_lock.lock();
+    if (auto hit = op_memo_.find(absl::string_view(op_key)); hit != op_memo_.end()) {
+      return FinishAttentionCost(hit->second, score_busy, softmax_busy, context_busy, cost);
+    }
+    if (op_memo_.size() > (1u << 18)) op_memo_.clear();  // bound memory
+  }
+
   const int64_t nitems = stack_begin[nstacks];
   item_seq.resize(nitems);
   item_heads.resize(nitems);
@@ -756,7 +773,6 @@ absl::Status AttAccDevice::AttentionCost(const Op& op, OwnPlacement* own, Cost* 
   }
 
   // ---- per stack: channels, then the two-resource schedule.
-  const int32_t nch = a.channels();
   int32_t max_items = 0, max_heads = 0;
   for (int32_t st = 0; st < nstacks; ++st) {
     max_items = std::max(max_items, stack_begin[st + 1] - stack_begin[st]);
@@ -784,11 +800,43 @@ absl::Status AttAccDevice::AttentionCost(const Op& op, OwnPlacement* own, Cost* 
   // level pipelining (S0 S1 C0 S2 C1 ...), 1 without (S0 C0 S1 C1 ...):
   // `in_flight`, above.
   double slowest = 0;
-  if (op_memo_.size() > (1u << 18)) op_memo_.clear();  // bound memory
   for (int32_t st = 0; st < nstacks; ++st) {
     const int32_t ib = stack_begin[st], ie = stack_begin[st + 1];
     if (ib == ie) continue;
     double stack_slowest = 0;
+    if (ie - ib <= nch) {
+      // At most one item per channel (item i on channel i, see below). When
+      // every item is a single query head the list schedule reduces to: each
+      // channel's score ends at s_i; the shared softmax unit serves them in
+      // order of arrival (ties to the lower channel); the context follows.
+      // This is the general schedule's result exactly, without its queues.
+      bool single = true;
+      for (int32_t i = ib; i < ie && single; ++i) single = item_heads[i] == 1;
+      if (single) {
+        const int32_t n = ie - ib;
+        int32_t by_arrival[kMaxFastItems];
+        if (n <= kMaxFastItems) {
+          for (int32_t i = 0; i < n; ++i) {
+            // Insertion by (arrival, channel): stable for equal arrivals.
+            const double a_i = per_seq[item_seq[ib + i]].s;
+            int32_t j = i;
+            while (j > 0 && per_seq[item_seq[ib + by_arrival[j - 1]]].s > a_i) {
+              by_arrival[j] = by_arrival[j - 1];
+              --j;
+            }
+            by_arrival[j] = i;
+          }
+          double softmax_free = 0;
+          for (int32_t j = 0; j < n; ++j) {
+            const SeqCycles& sc = per_seq[item_seq[ib + by_arrival[j]]];
+            softmax_free = std::max(sc.s, softmax_free) + sc.sfm;
+            stack_slowest = std::max(stack_slowest, softmax_free + sc.mv_gb + sc.c);
+          }
+          slowest = std::max(slowest, stack_slowest);
+          continue;
+        }
+      }
+    }
     // Longest first to the least-loaded channel (GEMV cycles), ties lowest.
     // With n <= channels items, item i lands on channel i, so only the
     // first `used` channels ever get work: skip the idle ones (identical
@@ -856,7 +904,7 @@ absl::Status AttAccDevice::AttentionCost(const Op& op, OwnPlacement* own, Cost* 
     slowest = std::max(slowest, stack_slowest);
   }
 
-  op_memo_.emplace(std::move(op_key), slowest);
+  if (!fast) op_memo_.emplace(op_key, slowest);
   return FinishAttentionCost(slowest, score_busy, softmax_busy, context_busy, cost);
 }
 
