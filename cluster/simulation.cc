@@ -1,7 +1,9 @@
 #include "cluster/simulation.h"
 
+#include <chrono>
 #include <memory>
 #include <simgrid/s4u.hpp>
+#include <thread>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
@@ -33,6 +35,7 @@ struct Shared {
   const ResolvedScenario* sc = nullptr;
   const Workload* workload = nullptr;
   MetricsCollector* metrics = nullptr;
+  LiveSink* live = nullptr;  // may be null
   std::vector<scheduler::ReplicaLoad> loads;
   std::vector<sg4::Mailbox*> engine_boxes;
   std::vector<sg4::Mailbox*> device_boxes;  // per replica, when it has a device
@@ -141,6 +144,29 @@ class Engine {
       it.bound = batch.bound;
       it.batch_cap = batch_cap_;
       sh_->metrics->AddIteration(it);
+      if (sh_->live != nullptr) {
+        LiveIteration li;
+        li.replica = replica_;
+        li.start_s = start;
+        li.duration_s = cost->time_s;
+        li.batch_size = it.batch_size;
+        li.queue_length = scheduler_.num_waiting();
+        li.kv_blocks_used = it.kv_blocks_used;
+        li.kv_blocks_total = scheduler_.kv().capacity();
+        li.preemptions_total = scheduler_.total_preemptions();
+        li.xpu_busy_s = cost->xpu_busy_s;
+        li.device_busy_s = cost->device_busy_s;
+        li.device = cost->device_total;
+        li.xpu = cost->total;
+        for (double devices::Cost::*f :
+             {&devices::Cost::flops, &devices::Cost::dram_bytes, &devices::Cost::link_bytes,
+              &devices::Cost::compute_energy_pj, &devices::Cost::dram_energy_pj,
+              &devices::Cost::link_energy_pj, &devices::Cost::bg_bus_bytes,
+              &devices::Cost::tsv_bytes, &devices::Cost::external_bytes}) {
+          li.xpu.*f -= li.device.*f;
+        }
+        sh_->live->OnIteration(li);
+      }
       // Q/K/V out, attention outputs and prefilled K/V back: a SimGrid
       // communication over the replica's device link alongside the compute,
       // so a busier link than planned delays the iteration.
@@ -165,17 +191,26 @@ class Engine {
     explicit Counting(Engine* e) : e_(e) {}
     void OnToken(const scheduler::RequestState& r, double t, double gap) override {
       e_->observer_->OnToken(r, t, gap);
+      if (LiveSink* live = e_->sh_->live) {
+        if (gap < 0) {
+          live->OnFirstToken(e_->replica_, t - r.spec.arrival_s);
+        } else {
+          live->OnToken(e_->replica_, gap);
+        }
+      }
     }
     void OnFinish(const scheduler::RequestState& r, double t) override {
       ++e_->finished_;
       --e_->sh_->loads[e_->replica_].outstanding;
       e_->observer_->OnFinish(r, t);
+      if (LiveSink* live = e_->sh_->live) live->OnFinish(e_->replica_, t - r.spec.arrival_s);
     }
     void OnReject(const scheduler::RequestSpec& r, scheduler::RejectReason why,
                   double t) override {
       ++e_->finished_;
       --e_->sh_->loads[e_->replica_].outstanding;
       e_->observer_->OnReject(r, why, t);
+      if (LiveSink* live = e_->sh_->live) live->OnReject(e_->replica_, why);
     }
 
    private:
@@ -187,6 +222,7 @@ class Engine {
       expected_ = msg->total_sent;
     } else {
       const int64_t before = finished_;
+      if (sh_->live != nullptr) sh_->live->OnArrival(replica_);
       scheduler_.Add(*msg->request, sg4::Engine::get_clock(), &counting_);
       done_ += finished_ - before;
     }
@@ -286,10 +322,9 @@ void BuildPlatform(const ResolvedScenario& sc, sg4::NetZone** zone_out,
 }  // namespace
 
 absl::StatusOr<RunResult> RunSimulation(const ResolvedScenario& sc,
-                                        const Workload& workload,
-                                        const std::vector<std::string>& simgrid_args) {
+                                        const Workload& workload, const RunOptions& options) {
   std::vector<std::string> args = {"servesim"};
-  args.insert(args.end(), simgrid_args.begin(), simgrid_args.end());
+  args.insert(args.end(), options.simgrid_args.begin(), options.simgrid_args.end());
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   int argc = static_cast<int>(argv.size());
@@ -305,6 +340,7 @@ absl::StatusOr<RunResult> RunSimulation(const ResolvedScenario& sc,
   sh.sc = &sc;
   sh.workload = &workload;
   sh.metrics = result.metrics.get();
+  sh.live = options.live;
   sh.loads.assign(sc.replicas, scheduler::ReplicaLoad{});
   for (auto& l : sh.loads) l.kv_blocks_capacity = sc.kv.blocks;
 
@@ -344,9 +380,27 @@ absl::StatusOr<RunResult> RunSimulation(const ResolvedScenario& sc,
   }
   sg4::Actor::create("source", clients, Source, &sh);
 
+  // Watching the run: the driver, not an actor, reads the wall clock here,
+  // between SimGrid time steps; nothing it does feeds back into the run.
+  const auto wall_start = std::chrono::steady_clock::now();
+  auto wall_s = [&] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start).count();
+  };
+  if (options.pace > 0 || options.live != nullptr) {
+    sg4::Engine::on_time_advance_cb([&options, &wall_s, wall_start](double) {
+      const double now = sg4::Engine::get_clock();
+      if (options.pace > 0) {
+        std::this_thread::sleep_until(
+            wall_start + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                             std::chrono::duration<double>(now / options.pace)));
+      }
+      if (options.live != nullptr) options.live->OnClock(now, wall_s());
+    });
+  }
   engine.run();
   RETURN_IF_ERROR(sh.error);
   result.simulated_s = sg4::Engine::get_clock();
+  if (options.live != nullptr) options.live->OnDone(result.simulated_s, wall_s());
   return result;
 }
 

@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "cluster/live.h"
 #include "cluster/metrics.h"
 #include "cluster/scenario.h"
 #include "cluster/workload.h"
@@ -43,10 +44,17 @@ struct RunResult {
   double simulated_s = 0;  // SimGrid clock at the end
 };
 
-// `simgrid_args`: extra --cfg=... / --log=... arguments for SimGrid.
+// How a run is watched; none of it changes results.
+struct RunOptions {
+  std::vector<std::string> simgrid_args;  // extra --cfg=... / --log=...
+  LiveSink* live = nullptr;               // borrowed; may be null
+  // > 0: at most `pace` simulated seconds per wall second. The driver
+  // (never an actor) sleeps between SimGrid time steps to keep the pace.
+  double pace = 0;
+};
+
 absl::StatusOr<RunResult> RunSimulation(const ResolvedScenario& scenario,
-                                        const Workload& workload,
-                                        const std::vector<std::string>& simgrid_args);
+                                        const Workload& workload, const RunOptions& options);
 
 }  // namespace servesim::cluster
 

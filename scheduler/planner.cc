@@ -510,7 +510,9 @@ absl::StatusOr<IterationCost> IterationPlanner::PlanWithDevice(const Batch& batc
   out.device_busy_s = dev_busy * layers;
   out.link_busy_s = link_busy * layers;
   Cost total = xpu_energy.Scaled(layers * tp);
-  total += dev_energy.Scaled(layers);
+  out.device_total = dev_energy.Scaled(layers);
+  out.device_total.time_s = out.device_busy_s;
+  total += out.device_total;
   total.link_bytes += link_bytes * layers;
   out.device_link_bytes = link_bytes * layers;
   total.link_energy_pj += link_bytes * layers * config_.link_energy_pj_per_byte;

@@ -72,6 +72,9 @@ struct PlannerConfig {
 struct IterationCost {
   double time_s = 0;
   devices::Cost total;          // whole replica (energy summed over xPUs)
+  // The attention device's part of `total` (bytes per level, energy; time_s
+  // is its busy time). Zero without an attention device.
+  devices::Cost device_total;
   // Per stage, all layers: one xPU's ops, plus the device's attention under
   // kAttention and (with an attention device) the xPUs' whole FF block under
   // kFf1 and the device's FF share under kFf2.

@@ -1,11 +1,13 @@
 // servesim: the command-line front end. Parsing flags, calling into
 // cluster/, printing; no model logic lives here.
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/numbers.h"
@@ -24,6 +26,8 @@
 #include "devices/presets.h"
 #include "devices/registry.h"
 #include "google/protobuf/text_format.h"
+#include "services/http_server.h"
+#include "services/live_metrics.h"
 
 namespace {
 
@@ -56,6 +60,14 @@ Options of run (validate takes --set, --seed and --trace too):
                              --set scheduler.batching=CHUNKED_PREFILL
                         (repeatable; applied in order, before defaults)
   --quiet               do not print the summary table
+  --metrics HOST:PORT   serve live Prometheus metrics at /metrics and the
+                        dashboard at / (port 0: any free; the address is
+                        printed on stderr). Loopback unless told otherwise
+  --pace X              run at most X simulated seconds per wall second
+                        (default: as fast as possible); never changes results
+  --linger S            with --metrics: keep serving S wall seconds after the
+                        run ends
+  --web-dir DIR         the dashboard's files (default: dashboards/web)
   --cfg=NAME:VALUE      passed to SimGrid (e.g. --cfg=network/model:CM02)
   --log=SPEC            passed to SimGrid's logging
 
@@ -78,6 +90,10 @@ struct Options {
   bool quiet = false;
   bool no_trace = false;
   std::string study;
+  std::string metrics;  // --metrics HOST:PORT
+  std::string web_dir = SERVESIM_WEB_DIR;
+  double pace = 0;
+  double linger_s = 0;
 };
 
 int UsageError(const std::string& msg) {
@@ -138,6 +154,22 @@ int ParseArgs(int argc, char** argv, Options* o) {
         return UsageError("--seed needs a non-negative integer");
       }
       o->has_seed = true;
+    } else if (flag == "--metrics") {
+      if (!get(&o->metrics) || o->metrics.empty()) {
+        return UsageError("--metrics needs HOST:PORT (e.g. 127.0.0.1:9464; port 0: any free)");
+      }
+    } else if (flag == "--web-dir") {
+      if (!get(&o->web_dir)) return UsageError("--web-dir needs a folder");
+    } else if (flag == "--pace") {
+      if (!get(&v) || !absl::SimpleAtod(v, &o->pace) || !(o->pace > 0) ||
+          !std::isfinite(o->pace)) {
+        return UsageError("--pace needs simulated seconds per wall second, > 0");
+      }
+    } else if (flag == "--linger") {
+      if (!get(&v) || !absl::SimpleAtod(v, &o->linger_s) || !(o->linger_s >= 0) ||
+          !std::isfinite(o->linger_s)) {
+        return UsageError("--linger needs wall seconds, >= 0");
+      }
     } else if (flag == "--quiet") {
       o->quiet = true;
     } else if (flag == "--no-trace") {
@@ -231,7 +263,34 @@ int Run(const Options& o) {
   auto wl = LoadWorkloadOf(*loaded);
   if (!wl.ok()) return Fail(wl.status());
   const servesim::cluster::ResolvedScenario* sc = &loaded->resolved;
-  auto result = servesim::cluster::RunSimulation(*sc, *wl, o.simgrid);
+  servesim::cluster::RunOptions run_options;
+  run_options.simgrid_args = o.simgrid;
+  run_options.pace = o.pace;
+  // Live metrics and the dashboard: started before the run, kept up for
+  // --linger seconds after it.
+  std::unique_ptr<servesim::services::LiveMetrics> live;
+  std::unique_ptr<servesim::services::HttpServer> server;
+  if (!o.metrics.empty()) {
+    servesim::services::LiveMetricsConfig mc;
+    mc.scenario = sc->proto.name().empty() ? o.scenario : sc->proto.name();
+    mc.replicas = static_cast<int>(sc->replicas);
+    mc.xpu_kind = "gpu";
+    if (sc->has_attention_device) mc.device_kind = "attacc";
+    mc.trace_s = wl->requests.empty() ? 0 : wl->requests.back().arrival_s;
+    live = std::make_unique<servesim::services::LiveMetrics>(mc);
+    auto started = servesim::services::HttpServer::Start(
+        o.metrics, o.web_dir, [m = live.get()] { return m->Render(); });
+    if (!started.ok()) return Fail(started.status());
+    server = std::move(*started);
+    const std::string& host = server->host();
+    std::cerr << "metrics: http://" << (host.find(':') != std::string::npos ? "[" + host + "]" : host)
+              << ":" << server->port() << "/" << std::endl;
+    run_options.live = live.get();
+  }
+  auto result = servesim::cluster::RunSimulation(*sc, *wl, run_options);
+  if (server != nullptr && o.linger_s > 0) {
+    std::this_thread::sleep_for(std::chrono::duration<double>(o.linger_s));
+  }
   if (!result.ok()) return Fail(result.status());
   const servesim::cluster::Summary summary = servesim::cluster::ComputeSummary(
       *result->metrics, sc->ttft_slo_s, sc->tpot_slo_s, sc->kv.blocks);

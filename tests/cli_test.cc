@@ -351,6 +351,39 @@ TEST(CliTest, RunsAreDeterministicAndSeeded) {
   EXPECT_EQ(Lines(ReadFile(dir + "/a/requests.csv")).size(), 301u);
 }
 
+TEST(CliTest, PaceAndMetricsLeaveResultsByteIdentical) {
+  const std::string dir = FreshDir();
+  const std::string scenario = dir + "/s.pbtxt";
+  WriteFile(scenario, SmallPoisson());
+  const RunResult a = RunServesim({"run", scenario, "--out", dir + "/a", "--quiet"});
+  ASSERT_EQ(a.code, 0) << a.out;
+  double simulated = 0;
+  ASSERT_TRUE(absl::SimpleAtod(JsonValue(ReadFile(dir + "/a/summary.json"), "simulated_time_s"),
+                               &simulated));
+  // Paced to take 0.5 wall seconds, with the metrics endpoint up.
+  const RunResult b =
+      RunServesim({"run", scenario, "--out", dir + "/b", "--quiet", "--metrics", "127.0.0.1:0",
+                   "--pace", absl::StrCat(simulated / 0.5)});
+  ASSERT_EQ(b.code, 0) << b.out;
+  EXPECT_TRUE(absl::StrContains(b.out, "metrics: http://127.0.0.1:")) << b.out;
+  for (const char* f : {"summary.json", "requests.csv", "iterations.csv"}) {
+    EXPECT_EQ(ReadFile(dir + "/a/" + f), ReadFile(dir + "/b/" + f)) << f;
+  }
+  // The pace is a floor on wall time (never a ceiling on speed).
+  double wall = 0;
+  ASSERT_TRUE(absl::SimpleAtod(JsonValue(ReadFile(dir + "/b/run_info.json"), "wall_time_s"),
+                               &wall));
+  EXPECT_GE(wall, 0.45);
+  // Bad values name the flag and the range.
+  const RunResult bad = RunServesim({"run", scenario, "--pace", "0"});
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_TRUE(absl::StrContains(bad.out, "--pace needs simulated seconds per wall second, > 0"))
+      << bad.out;
+  const RunResult port = RunServesim({"run", scenario, "--metrics", "127.0.0.1:99999"});
+  EXPECT_EQ(port.code, 1);
+  EXPECT_TRUE(absl::StrContains(port.out, "[0, 65535]")) << port.out;
+}
+
 TEST(CliTest, SaturatedBatchMatchesTheAnalyticSchedule) {
   const std::string dir = FreshDir();
   const std::string scenario = dir + "/s.pbtxt";
