@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "scheduler/batching.h"
+#include "scheduler/planner.h"
 
 namespace servesim::cluster {
 
@@ -59,6 +60,22 @@ struct IterationRecord {
   double energy_j = 0;
   scheduler::BatchBound bound = scheduler::BatchBound::kNone;
   int64_t batch_cap = 0;  // SLO cap in force (0: none)
+  double xpu_busy_s = 0, device_busy_s = 0;  // for report.html's utilisation
+};
+
+// Energy of the whole run by where it went, joules.
+struct EnergyParts {
+  double xpu_compute = 0, xpu_memory = 0, device_compute = 0, device_memory = 0, links = 0;
+};
+
+// A sampled iteration's schedule for timeline.json.
+struct TimelineIteration {
+  int32_t replica = 0;
+  int64_t index = 0;  // the replica's iteration number
+  double start_s = 0, duration_s = 0;
+  int32_t batch_size = 0;
+  int64_t prefill_tokens = 0, decode_tokens = 0;
+  std::vector<scheduler::Span> spans;  // times from start_s
 };
 
 class MetricsCollector {
@@ -70,6 +87,18 @@ class MetricsCollector {
   scheduler::RequestObserver* ObserverFor(int replica);
 
   void AddIteration(const IterationRecord& it) { iterations_.push_back(it); }
+  void AddTimeline(TimelineIteration it) { timeline_.push_back(std::move(it)); }
+  // `total`: the iteration's whole cost; `device`: the attention device's
+  // part of it.
+  void AddEnergy(const devices::Cost& total, const devices::Cost& device) {
+    energy_.device_compute += device.compute_energy_pj * 1e-12;
+    energy_.device_memory += device.dram_energy_pj * 1e-12;
+    energy_.xpu_compute += (total.compute_energy_pj - device.compute_energy_pj) * 1e-12;
+    energy_.xpu_memory += (total.dram_energy_pj - device.dram_energy_pj) * 1e-12;
+    energy_.links += total.link_energy_pj * 1e-12;
+  }
+  const EnergyParts& energy() const { return energy_; }
+  const std::vector<TimelineIteration>& timeline() const { return timeline_; }
   void NoteEvent(double t_s) {
     if (t_s > last_event_s_) last_event_s_ = t_s;
   }
@@ -83,6 +112,8 @@ class MetricsCollector {
   class ReplicaObserver;
   std::vector<RequestRecord> requests_;
   std::vector<IterationRecord> iterations_;
+  std::vector<TimelineIteration> timeline_;
+  EnergyParts energy_;
   std::vector<double> gaps_;
   std::vector<std::unique_ptr<ReplicaObserver>> observers_;
   double last_event_s_ = 0;

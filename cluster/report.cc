@@ -8,6 +8,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "cluster/report_html.h"
+#include "cluster/timeline.h"
 
 namespace servesim::cluster {
 namespace {
@@ -16,24 +18,6 @@ namespace {
 // figure meaningful and the text stable.
 std::string Num(double v) { return absl::StrFormat("%.9g", v); }
 
-std::string JsonString(const std::string& s) {
-  std::string out = "\"";
-  for (char c : s) {
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\t': out += "\\t"; break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          out += absl::StrFormat("\\u%04x", c);
-        } else {
-          out += c;
-        }
-    }
-  }
-  return out + "\"";
-}
 
 std::string Dist(const Distribution& d) {
   return absl::StrCat("{\"count\": ", d.count, ", \"mean\": ", Num(d.mean),
@@ -65,6 +49,25 @@ absl::Status WriteFile(const std::filesystem::path& path, const std::string& tex
 std::string Ms(double s) { return absl::StrFormat("%10.2f", s * 1e3); }
 
 }  // namespace
+
+std::string JsonString(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\t': out += "\\t"; break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20) {
+          out += absl::StrFormat("\\u%04x", c);
+        } else {
+          out += c;
+        }
+    }
+  }
+  return out + "\"";
+}
 
 std::string SummaryJson(const ResolvedScenario& sc, const Workload& wl,
                         const Summary& s, double simulated_s) {
@@ -233,6 +236,19 @@ absl::Status WriteOutputs(const std::string& dir, const ResolvedScenario& sc,
                             scheduler::BatchBoundName(it.bound), it.batch_cap);
     }
     if (absl::Status st = WriteFile(base / "iterations.csv", csv); !st.ok()) return st;
+  }
+  if (sc.proto.output().timeline()) {
+    if (absl::Status st = WriteFile(base / "timeline.json", TimelineJson(sc, metrics));
+        !st.ok()) {
+      return st;
+    }
+  }
+  if (sc.proto.output().report_html()) {
+    if (absl::Status st =
+            WriteFile(base / "report.html", ReportHtml(sc, metrics, s, info.simulated_s));
+        !st.ok()) {
+      return st;
+    }
   }
   return absl::OkStatus();
 }

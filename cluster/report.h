@@ -19,6 +19,9 @@ struct RunInfo {
   double simulated_s = 0;
 };
 
+// A JSON string literal for `s` (quotes and control characters escaped).
+std::string JsonString(const std::string& s);
+
 std::string FormatSummaryTable(const ResolvedScenario& sc, const Workload& wl,
                                const Summary& s, const RunInfo& info);
 std::string SummaryJson(const ResolvedScenario& sc, const Workload& wl,

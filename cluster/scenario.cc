@@ -357,6 +357,12 @@ absl::Status Normalize(LoadedScenario* scenario) {
   auto* o = p.mutable_output();
   if (!o->has_requests_csv()) o->set_requests_csv(true);
   if (!o->has_iterations_csv()) o->set_iterations_csv(true);
+  if (!o->has_timeline()) o->set_timeline(true);
+  if (!o->has_timeline_every()) o->set_timeline_every(500);
+  if (!o->has_timeline_max_iterations()) o->set_timeline_max_iterations(100);
+  if (!o->has_timeline_end_s()) o->set_timeline_end_s(1e30);
+  if (!o->has_timeline_layers()) o->set_timeline_layers(2);
+  if (!o->has_report_html()) o->set_report_html(true);
 
   auto* w = p.mutable_workload();
   if (!w->has_rate_scale()) w->set_rate_scale(1.0);
@@ -428,6 +434,18 @@ absl::StatusOr<ResolvedScenario> Resolve(const LoadedScenario& sc) {
   ck.Range<int64_t>("model.num_heads", m.num_heads(), 1, 4096);
   ck.Range<int64_t>("model.num_kv_heads", m.num_kv_heads(), 1, m.num_heads());
   ck.Range<int64_t>("model.d_head", m.d_head(), 1, 4096);
+  {
+    const auto& o = p.output();
+    ck.Range<int32_t>("output.timeline_every", o.timeline_every(), 1, 1 << 30);
+    ck.Range<int32_t>("output.timeline_max_iterations", o.timeline_max_iterations(), 0,
+                      1000000);
+    ck.Range<int32_t>("output.timeline_layers", o.timeline_layers(), 0, 1024);
+    ck.NonNegative("output.timeline_start_s", o.timeline_start_s());
+    if (!(o.timeline_end_s() > o.timeline_start_s())) {
+      ck.Fail("output.timeline_end_s", o.timeline_end_s(),
+              absl::StrCat("expected > output.timeline_start_s (", o.timeline_start_s(), ")"));
+    }
+  }
   ck.Range<int64_t>("model.d_ff", m.d_ff(), 1, 1 << 22);
   ck.Range<int64_t>("model.vocab_size", m.vocab_size(), 1, 1 << 24);
   ck.Range<int64_t>("model.max_context_tokens", m.max_context_tokens(), 2, 1 << 24);

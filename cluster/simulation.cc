@@ -36,6 +36,7 @@ struct Shared {
   const Workload* workload = nullptr;
   MetricsCollector* metrics = nullptr;
   LiveSink* live = nullptr;  // may be null
+  bool record_timeline = false;
   std::vector<scheduler::ReplicaLoad> loads;
   std::vector<sg4::Mailbox*> engine_boxes;
   std::vector<sg4::Mailbox*> device_boxes;  // per replica, when it has a device
@@ -143,7 +144,14 @@ class Engine {
       it.energy_j = cost->total.energy_pj() * 1e-12;
       it.bound = batch.bound;
       it.batch_cap = batch_cap_;
+      it.xpu_busy_s = cost->xpu_busy_s;
+      it.device_busy_s = cost->device_busy_s;
       sh_->metrics->AddIteration(it);
+      sh_->metrics->AddEnergy(cost->total, cost->device_total);
+      if (auto st = SampleTimeline(batch, it); !st.ok()) {
+        sh_->error = st;
+        return;
+      }
       if (sh_->live != nullptr) {
         LiveIteration li;
         li.replica = replica_;
@@ -247,6 +255,30 @@ class Engine {
     return it->second;
   }
 
+  // Every Nth iteration within the window (output.timeline_*): costed
+  // again with its spans recorded (the planner is pure: same cost).
+  absl::Status SampleTimeline(const scheduler::Batch& batch, const IterationRecord& it) {
+    const auto& o = sh_->sc->proto.output();
+    const int64_t index = iteration_index_++;
+    if (!o.timeline() || !sh_->record_timeline || index % o.timeline_every() != 0 ||
+        timeline_samples_ >= o.timeline_max_iterations() || it.start_s < o.timeline_start_s() ||
+        it.start_s >= o.timeline_end_s()) {
+      return absl::OkStatus();
+    }
+    ++timeline_samples_;
+    TimelineIteration t;
+    t.replica = replica_;
+    t.index = index;
+    t.start_s = it.start_s;
+    t.duration_s = it.duration_s;
+    t.batch_size = it.batch_size;
+    t.prefill_tokens = it.prefill_tokens;
+    t.decode_tokens = it.decode_tokens;
+    RETURN_IF_ERROR(planner_.Plan(batch, &t.spans).status());
+    sh_->metrics->AddTimeline(std::move(t));
+    return absl::OkStatus();
+  }
+
   void UpdateLoad() {
     auto& l = sh_->loads[replica_];
     l.kv_blocks_used = scheduler_.kv().used();
@@ -261,6 +293,8 @@ class Engine {
   scheduler::IterationPlanner planner_;
   scheduler::RequestObserver* observer_;
   Counting counting_{this};
+  int64_t iteration_index_ = 0;
+  int64_t timeline_samples_ = 0;
   int64_t expected_ = -1;  // requests the router sent; known at the end
   int64_t finished_ = 0;   // finished or rejected
   int64_t done_ = 0;
@@ -341,6 +375,7 @@ absl::StatusOr<RunResult> RunSimulation(const ResolvedScenario& sc,
   sh.workload = &workload;
   sh.metrics = result.metrics.get();
   sh.live = options.live;
+  sh.record_timeline = options.record_timeline;
   sh.loads.assign(sc.replicas, scheduler::ReplicaLoad{});
   for (auto& l : sh.loads) l.kv_blocks_capacity = sc.kv.blocks;
 

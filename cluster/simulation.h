@@ -51,6 +51,9 @@ struct RunOptions {
   // > 0: at most `pace` simulated seconds per wall second. The driver
   // (never an actor) sleeps between SimGrid time steps to keep the pace.
   double pace = 0;
+  // Sample iterations for timeline.json (output.timeline_*): only when the
+  // outputs will be written.
+  bool record_timeline = false;
 };
 
 absl::StatusOr<RunResult> RunSimulation(const ResolvedScenario& scenario,

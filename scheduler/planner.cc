@@ -154,6 +154,31 @@ void IterationPlanner::BuildLayerOps(const Batch& batch) {
   gemm(Stage::kLmHead, batch.emitting, (model_.vocab_size + tp_ - 1) / tp_, d);
 }
 
+const char* TrackName(Track t) {
+  switch (t) {
+    case Track::kXpu:
+      return "xpu";
+    case Track::kLinkOut:
+      return "link out";
+    case Track::kDevice:
+      return "device";
+    case Track::kLinkBack:
+      return "link back";
+    case Track::kKvCopy:
+      return "link kv copy";
+  }
+  return "?";
+}
+
+absl::StatusOr<IterationCost> IterationPlanner::Plan(const Batch& batch,
+                                                     std::vector<Span>* spans) {
+  spans->clear();
+  spans_ = spans;
+  auto cost = Plan(batch);
+  spans_ = nullptr;
+  return cost;
+}
+
 absl::StatusOr<IterationCost> IterationPlanner::Plan(const Batch& batch) {
   IterationCost out;
   if (batch.empty()) return out;
@@ -162,6 +187,20 @@ absl::StatusOr<IterationCost> IterationPlanner::Plan(const Batch& batch) {
   costs_.assign(ops_.size(), devices::Cost{});
   RETURN_IF_ERROR(device_->Estimate(ops_, absl::MakeSpan(costs_)));
   const double layers = static_cast<double>(model_.num_layers);
+  if (spans_ != nullptr) {
+    // The ops run one after another on each xPU, layer after layer.
+    double at = 0;
+    for (int32_t l = 0; l < model_.num_layers; ++l) {
+      for (size_t i = 0; i < layer_ops_; ++i) {
+        Emit(Track::kXpu, devices::StageName(ops_[i].stage), l, -1, at, at + costs_[i].time_s);
+        at += costs_[i].time_s;
+      }
+    }
+    for (size_t i = layer_ops_; i < ops_.size(); ++i) {
+      Emit(Track::kXpu, devices::StageName(ops_[i].stage), -1, -1, at, at + costs_[i].time_s);
+      at += costs_[i].time_s;
+    }
+  }
   for (size_t i = 0; i < ops_.size(); ++i) {
     const devices::Cost c =
         i < layer_ops_ ? costs_[i].Scaled(layers) : costs_[i];
@@ -240,6 +279,56 @@ absl::StatusOr<IterationPlanner::XpuLayer> IterationPlanner::XpuLayerCost(
   x.ff += c[9];
   x.ff += c[10];
   return x;
+}
+
+void IterationPlanner::EmitPostAndFf(int32_t l, double at, const XpuLayer& x,
+                                     double kv_copy_s, double ff_link_s, double dev_ff_s) {
+  // The prefill's K/V copy to the device overlaps everything after the
+  // attention block.
+  Emit(Track::kKvCopy, "kv copy", l, -1, at, at + kv_copy_s);
+  double xp = at;
+  for (const auto& [name, c] : {std::pair<std::string_view, const devices::Cost*>{
+                                    "all-reduce", &x.allreduce},
+                                {"residual", &x.residual}, {"norm", &x.ff_norm}}) {
+    Emit(Track::kXpu, name, l, -1, xp, xp + c->time_s);
+    xp += c->time_s;
+  }
+  // FF: the xPUs' share, and the device's share beside it (inputs out,
+  // partial sums back, half the FF link time each way).
+  Emit(Track::kXpu, "ff", l, -1, xp, xp + x.ff.time_s);
+  Emit(Track::kLinkOut, "send ff inputs", l, -1, xp, xp + ff_link_s / 2);
+  Emit(Track::kDevice, "ff (device share)", l, -1, xp + ff_link_s / 2,
+       xp + ff_link_s / 2 + dev_ff_s);
+  Emit(Track::kLinkBack, "recv ff partials", l, -1, xp + ff_link_s / 2 + dev_ff_s,
+       xp + ff_link_s + dev_ff_s);
+  xp += std::max(x.ff.time_s, ff_link_s + dev_ff_s);
+  for (const auto& [name, c] : {std::pair<std::string_view, const devices::Cost*>{
+                                    "all-reduce", &x.allreduce},
+                                {"residual", &x.residual}}) {
+    Emit(Track::kXpu, name, l, -1, xp, xp + c->time_s);
+    xp += c->time_s;
+  }
+}
+
+void IterationPlanner::EmitSerialLayer(int32_t l, double at, const XpuLayer& x, double send_s,
+                                       double attention_s, double recv_s, double kv_copy_s,
+                                       double ff_link_s, double dev_ff_s) {
+  double xp = at;
+  for (const auto& [name, c] : {std::pair<std::string_view, const devices::Cost*>{
+                                    "norm", &x.norm},
+                                {"qkv", &x.qkv}, {"attention (prefill)", &x.xattn}}) {
+    Emit(Track::kXpu, name, l, -1, xp, xp + c->time_s);
+    xp += c->time_s;
+  }
+  Emit(Track::kLinkOut, "send q/k/v", l, -1, xp, xp + send_s);
+  Emit(Track::kDevice, "attention", l, -1, xp + send_s, xp + send_s + attention_s);
+  Emit(Track::kLinkBack, "recv outputs", l, -1, xp + send_s + attention_s,
+       xp + send_s + attention_s + recv_s);
+  xp += send_s + attention_s + recv_s;
+  // The K/V copy overlaps everything from the projection on.
+  Emit(Track::kKvCopy, "kv copy", l, -1, xp, xp + kv_copy_s);
+  Emit(Track::kXpu, "projection", l, -1, xp, xp + x.proj.time_s);
+  EmitPostAndFf(l, xp + x.proj.time_s, x, 0, ff_link_s, dev_ff_s);
 }
 
 absl::StatusOr<IterationCost> IterationPlanner::PlanWithDevice(const Batch& batch) {
@@ -351,6 +440,12 @@ absl::StatusOr<IterationCost> IterationPlanner::PlanWithDevice(const Batch& batc
                    ff_block + std::max(0.0, kv_copy_time - (post + ff_block));
       xpu_busy = x.norm.time_s + x.qkv.time_s + x.xattn.time_s + post + x.ff_norm.time_s +
                  x.ff.time_s + x.allreduce.time_s + x.residual.time_s;
+      if (spans_ != nullptr) {
+        for (int32_t l = 0; l < model_.num_layers; ++l) {
+          EmitSerialLayer(l, l * layer_time, x, b_dec > 0 ? LinkTime(send) : 0, att_total,
+                          b_dec > 0 ? LinkTime(recv) : 0, kv_copy_time, ff_link, dev_ff.time_s);
+        }
+      }
     } else {
       // List schedule over head groups (§6.1): the QKV kernel's output tiles
       // complete one head group at a time (the GEMM is tiled anyway, so a
@@ -383,7 +478,45 @@ absl::StatusOr<IterationCost> IterationPlanner::PlanWithDevice(const Batch& batc
       const double serial_time =
           x.norm.time_s + x.qkv.time_s + x.xattn.time_s + attn_path + x.proj.time_s + post +
           ff_block + std::max(0.0, kv_copy_time - (x.proj.time_s + post + ff_block));
+      const bool pipelined = layer_time < serial_time;
       layer_time = std::min(layer_time, serial_time);
+      if (spans_ != nullptr) {
+        for (int32_t l = 0; l < model_.num_layers; ++l) {
+          const double at = l * layer_time;
+          if (!pipelined) {
+            EmitSerialLayer(l, at, x, b_dec > 0 ? LinkTime(send) : 0, att_total,
+                            b_dec > 0 ? LinkTime(recv) : 0, kv_copy_time, ff_link,
+                            dev_ff.time_s);
+            continue;
+          }
+          // The list schedule above, replayed with its start times.
+          double xp = at + x.norm.time_s, lo = at, dv = at, lb = at;
+          Emit(Track::kXpu, "norm", l, -1, at, xp);
+          std::vector<double> back(groups);
+          for (int j = 0; j < groups; ++j) {
+            Emit(Track::kXpu, "qkv", l, j, xp, xp + qkv_tile);
+            xp += qkv_tile;
+            lo = std::max(lo, xp);
+            Emit(Track::kLinkOut, "send q/k/v", l, j, lo, lo + send_g);
+            lo += send_g;
+            dv = std::max(dv, lo);
+            Emit(Track::kDevice, "attention", l, j, dv, dv + att[j].time_s);
+            dv += att[j].time_s;
+            lb = std::max(lb, dv);
+            Emit(Track::kLinkBack, "recv outputs", l, j, lb, lb + recv_g);
+            lb += recv_g;
+            back[j] = lb;
+          }
+          Emit(Track::kXpu, "attention (prefill)", l, -1, xp, xp + x.xattn.time_s);
+          xp += x.xattn.time_s;
+          for (int j = 0; j < groups; ++j) {
+            xp = std::max(xp, back[j]);
+            Emit(Track::kXpu, "projection", l, j, xp, xp + proj_tile);
+            xp += proj_tile;
+          }
+          EmitPostAndFf(l, xp, x, kv_copy_time, ff_link, dev_ff.time_s);
+        }
+      }
       xpu_busy = x.norm.time_s + x.qkv.time_s + x.xattn.time_s + x.proj.time_s + post +
                  x.ff_norm.time_s + x.ff.time_s + x.allreduce.time_s + x.residual.time_s;
     }
@@ -435,20 +568,28 @@ absl::StatusOr<IterationCost> IterationPlanner::PlanWithDevice(const Batch& batc
     auto recvs = [&](int64_t n) { return LinkTime(double(n) * H * dh * elem); };
     double xpu = 0, device = 0, out_link = 0, back_link = 0;
     double post_a = 0, post_b = 0;
-    for (int64_t l = 0; l < model_.num_layers; ++l) {
-      xpu = std::max(xpu, post_a) + pre(xa);
-      out_link = std::max(out_link, xpu) + sends(half);
-      device = std::max(device, out_link) + att_a[0].time_s;
-      back_link = std::max(back_link, device) + recvs(half);
+    // Each step: a resource starts at max(its own free time, the input's
+    // ready time) and runs `d`; recorded as a span when tracing.
+    auto step = [&](double* resource, double ready, double d, Track tr, std::string_view name,
+                    int32_t l, int32_t half_index) {
+      const double start = std::max(*resource, ready);
+      *resource = start + d;
+      Emit(tr, name, l, half_index, start, *resource);
+    };
+    for (int32_t l = 0; l < model_.num_layers; ++l) {
+      step(&xpu, post_a, pre(xa), Track::kXpu, "norm+qkv", l, 0);
+      step(&out_link, xpu, sends(half), Track::kLinkOut, "send q/k/v", l, 0);
+      step(&device, out_link, att_a[0].time_s, Track::kDevice, "attention", l, 0);
+      step(&back_link, device, recvs(half), Track::kLinkBack, "recv outputs", l, 0);
       const double ready_a = back_link;
-      xpu = std::max(xpu, post_b) + pre(xb);
-      out_link = std::max(out_link, xpu) + sends(b_dec - half);
-      device = std::max(device, out_link) + att_b[0].time_s;
-      back_link = std::max(back_link, device) + recvs(b_dec - half);
+      step(&xpu, post_b, pre(xb), Track::kXpu, "norm+qkv", l, 1);
+      step(&out_link, xpu, sends(b_dec - half), Track::kLinkOut, "send q/k/v", l, 1);
+      step(&device, out_link, att_b[0].time_s, Track::kDevice, "attention", l, 1);
+      step(&back_link, device, recvs(b_dec - half), Track::kLinkBack, "recv outputs", l, 1);
       const double ready_b = back_link;
-      xpu = std::max(xpu, ready_a) + post(xa);
+      step(&xpu, ready_a, post(xa), Track::kXpu, "projection..ff", l, 0);
       post_a = xpu;
-      xpu = std::max(xpu, ready_b) + post(xb);
+      step(&xpu, ready_b, post(xb), Track::kXpu, "projection..ff", l, 1);
       post_b = xpu;
     }
     // The chain covers every layer already.
@@ -499,7 +640,10 @@ absl::StatusOr<IterationCost> IterationPlanner::PlanWithDevice(const Batch& batc
   std::vector<Cost> tc(3);
   RETURN_IF_ERROR(device_->Estimate(tail, absl::MakeSpan(tc)));
   double tail_time = 0;
+  const double layers_end = batch_level_time >= 0 ? batch_level_time : layer_time * layers;
   for (size_t i = 0; i < tail.size(); ++i) {
+    Emit(Track::kXpu, devices::StageName(tail[i].stage), -1, -1, layers_end + tail_time,
+         layers_end + tail_time + tc[i].time_s);
     tail_time += tc[i].time_s;
     xpu_energy += tc[i].Scaled(1.0 / layers);  // folded into the per-layer sum
     out.stages[static_cast<int>(tail[i].stage)] += tc[i];

@@ -37,6 +37,7 @@
 #ifndef SERVESIM_SCHEDULER_PLANNER_H_
 #define SERVESIM_SCHEDULER_PLANNER_H_
 
+#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -85,6 +86,20 @@ struct IterationCost {
   double device_link_bytes = 0;   // over the xPU <-> device link, whole iteration
 };
 
+// One span of an iteration's schedule, for the timeline: what ran on which
+// resource of the replica, when (seconds from the iteration's start).
+// kKvCopy: the prefill's K/V copy to the device, which the model lets
+// overlap the link's other transfers.
+enum class Track : uint8_t { kXpu, kLinkOut, kDevice, kLinkBack, kKvCopy };
+const char* TrackName(Track t);
+struct Span {
+  Track track = Track::kXpu;
+  std::string_view name;  // static: a stage name, "send", "recv", ...
+  int32_t layer = -1;     // -1: once per iteration (embedding, LM head)
+  int32_t group = -1;     // head group (head-level pipelining) or batch half
+  double start_s = 0, end_s = 0;
+};
+
 class IterationPlanner {
  public:
   // `device` is borrowed and must outlive the planner.
@@ -94,6 +109,10 @@ class IterationPlanner {
 
   // Costs `batch`. Errors only if the device rejects an op.
   absl::StatusOr<IterationCost> Plan(const Batch& batch);
+  // The same, and the schedule's spans, every layer, into `spans` (cleared
+  // first). Costs exactly what Plan(batch) costs; slower, for sampled
+  // iterations.
+  absl::StatusOr<IterationCost> Plan(const Batch& batch, std::vector<Span>* spans);
 
   // Per-xPU sizes (exposed for tests and for the memory check).
   int64_t heads_per_xpu() const { return heads_; }
@@ -128,6 +147,12 @@ class IterationPlanner {
                                         absl::Span<const devices::AttentionSeq> xpu_seqs,
                                         double ff_xpu_share, int groups);
   double LinkTime(double bytes) const;
+  // Span recording of one layer of the device schedules (see Plan).
+  void EmitSerialLayer(int32_t l, double at, const XpuLayer& x, double send_s,
+                       double attention_s, double recv_s, double kv_copy_s, double ff_link_s,
+                       double dev_ff_s);
+  void EmitPostAndFf(int32_t l, double at, const XpuLayer& x, double kv_copy_s,
+                     double ff_link_s, double dev_ff_s);
 
   devices::ModelDims model_;
   PlannerConfig config_;
@@ -138,6 +163,11 @@ class IterationPlanner {
   std::vector<devices::Op> ops_;
   std::vector<devices::Cost> costs_;
   size_t layer_ops_ = 0;  // ops_[0, layer_ops_) repeat per layer
+  std::vector<Span>* spans_ = nullptr;  // recording, during Plan(batch, spans)
+  void Emit(Track track, std::string_view name, int32_t layer, int32_t group, double start,
+            double end) {
+    if (spans_ != nullptr && end > start) spans_->push_back({track, name, layer, group, start, end});
+  }
 };
 
 // SLO-limited batching (AttAcc §3.2, §7.3): the largest decode batch, in

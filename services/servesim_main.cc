@@ -1,5 +1,7 @@
 // servesim: the command-line front end. Parsing flags, calling into
 // cluster/, printing; no model logic lives here.
+#include <unistd.h>
+
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -28,6 +30,7 @@
 #include "google/protobuf/text_format.h"
 #include "services/http_server.h"
 #include "services/live_metrics.h"
+#include "services/progress.h"
 
 namespace {
 
@@ -266,6 +269,7 @@ int Run(const Options& o) {
   servesim::cluster::RunOptions run_options;
   run_options.simgrid_args = o.simgrid;
   run_options.pace = o.pace;
+  run_options.record_timeline = !o.out.empty() || !sc->proto.output().dir().empty();
   // Live metrics and the dashboard: started before the run, kept up for
   // --linger seconds after it.
   std::unique_ptr<servesim::services::LiveMetrics> live;
@@ -285,8 +289,16 @@ int Run(const Options& o) {
     const std::string& host = server->host();
     std::cerr << "metrics: http://" << (host.find(':') != std::string::npos ? "[" + host + "]" : host)
               << ":" << server->port() << "/" << std::endl;
-    run_options.live = live.get();
   }
+  // The progress line: on a terminal, unless --quiet.
+  servesim::services::ProgressBar progress(
+      !o.quiet && ::isatty(::fileno(stderr)) ? stderr : nullptr,
+      static_cast<int64_t>(wl->requests.size()),
+      wl->requests.empty() ? 0 : wl->requests.back().arrival_s);
+  std::vector<servesim::cluster::LiveSink*> sinks = {&progress};
+  if (live != nullptr) sinks.push_back(live.get());
+  servesim::services::FanoutSink fanout(sinks);
+  run_options.live = &fanout;
   auto result = servesim::cluster::RunSimulation(*sc, *wl, run_options);
   if (server != nullptr && o.linger_s > 0) {
     std::this_thread::sleep_for(std::chrono::duration<double>(o.linger_s));

@@ -3,11 +3,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <initializer_list>
+#include <map>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -382,6 +384,65 @@ TEST(CliTest, PaceAndMetricsLeaveResultsByteIdentical) {
   const RunResult port = RunServesim({"run", scenario, "--metrics", "127.0.0.1:99999"});
   EXPECT_EQ(port.code, 1);
   EXPECT_TRUE(absl::StrContains(port.out, "[0, 65535]")) << port.out;
+}
+
+TEST(CliTest, TimelineAndReportOfTheAttAccExample) {
+  const std::string dir = FreshDir();
+  const RunResult r = RunServesim(
+      {"run", std::string(SERVESIM_SOURCE_DIR) +
+                  "/examples/attacc/gpt3_175b_dgx_attacc_azure_conv.pbtxt",
+       "--out", dir, "--quiet", "--set", "workload.window_end_s=60", "--set",
+       "output.timeline_every=25"});
+  ASSERT_EQ(r.code, 0) << r.out;
+  const std::string timeline = ReadFile(dir + "/timeline.json");
+  ASSERT_TRUE(absl::StartsWith(timeline, "{\"displayTimeUnit\":\"ms\""));
+  ASSERT_TRUE(absl::EndsWith(timeline, "\n]}\n"));
+  // One event per line: complete events carry pid, tid, ts and dur.
+  std::map<std::pair<int, int>, std::vector<std::pair<double, double>>> tracks;
+  int events = 0, groups_seen = 0, aggregated = 0;
+  for (const std::string& line : Lines(timeline)) {
+    if (!absl::StrContains(line, "\"ph\":\"X\"")) continue;
+    ++events;
+    int pid = -1, tid = -1;
+    double ts = -1, dur = -1;
+    const size_t at = line.find("\"pid\":");
+    ASSERT_NE(at, std::string::npos) << line;
+    ASSERT_EQ(std::sscanf(line.c_str() + at, "\"pid\":%d,\"tid\":%d,\"ts\":%lf,\"dur\":%lf",
+                          &pid, &tid, &ts, &dur),
+              4)
+        << line;
+    EXPECT_GE(dur, 0) << line;
+    tracks[{pid, tid}].push_back({ts, ts + dur});
+    if (absl::StrContains(line, "\"name\":\"attention g7\"")) ++groups_seen;
+    if (absl::StrContains(line, "\"name\":\"layers 2-95\"")) ++aggregated;
+  }
+  EXPECT_GT(events, 100);
+  EXPECT_GT(groups_seen, 0) << "head groups of head-level pipelining on the device track";
+  EXPECT_GT(aggregated, 0);
+  for (auto& [track, spans] : tracks) {
+    std::sort(spans.begin(), spans.end());
+    for (size_t i = 1; i < spans.size(); ++i) {
+      // Printed to the nanosecond: allow that rounding, nothing more.
+      EXPECT_LE(spans[i - 1].second, spans[i].first + 1e-3)
+          << "replica " << track.first << " track " << track.second << " span " << i;
+    }
+  }
+  if (std::system("python3 -c 'pass' 2>/dev/null") == 0) {
+    EXPECT_EQ(std::system(("python3 -c 'import json,sys; json.load(open(sys.argv[1]))' " +
+                           ShellQuote(dir + "/timeline.json"))
+                              .c_str()),
+              0)
+        << "timeline.json is not valid JSON";
+  }
+  const std::string html = ReadFile(dir + "/report.html");
+  size_t svgs = 0;
+  for (size_t p = html.find("<svg"); p != std::string::npos; p = html.find("<svg", p + 1)) ++svgs;
+  EXPECT_EQ(svgs, 8u);  // 3 CDFs, throughput, batch, utilisation, energy, schedule
+  EXPECT_FALSE(absl::StrContains(html, "<script"));
+  for (size_t p = html.find("http"); p != std::string::npos; p = html.find("http", p + 1)) {
+    EXPECT_EQ(html.compare(p, 26, "http://www.w3.org/2000/svg"), 0) << "a network reference";
+  }
+  EXPECT_TRUE(absl::StrContains(html, "overlap policy head_level_ff"));
 }
 
 TEST(CliTest, SaturatedBatchMatchesTheAnalyticSchedule) {

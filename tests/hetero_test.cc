@@ -2,6 +2,7 @@
 // attention device: head placement, admission bounds, SLO-limited batching,
 // and the overlap schedules of the iteration planner.
 #include <algorithm>
+#include <map>
 #include <memory>
 #include <vector>
 
@@ -198,6 +199,71 @@ TEST_F(HeteroPlannerTest, HeadLevelBetweenBusiestResourceAndSerial) {
     // the xPU and device busy times added.
     EXPECT_GE(serial->time_s + 1e-12, serial->xpu_busy_s + serial->device_busy_s) << b;
   }
+}
+
+TEST_F(HeteroPlannerTest, SpansReplayTheScheduleOfEveryPolicy) {
+  // The recorded spans are the schedule the cost came from: the same cost,
+  // no two spans of one track overlapping, the last span ending at the
+  // iteration's time, each resource's spans adding up to its busy time, and
+  // under head-level pipelining the device attending group j while the xPU
+  // computes a later group's QKV tile.
+  const Batch batch = Decode(64, 2048);
+  for (OverlapPolicy policy : {OverlapPolicy::kSerial, OverlapPolicy::kHeadLevel,
+                               OverlapPolicy::kHeadLevelFf, OverlapPolicy::kBatchLevel}) {
+    IterationPlanner planner(Gpt3(), Config(gpu_.get(), &fake_, policy));
+    auto plain = planner.Plan(batch);
+    std::vector<Span> spans;
+    auto traced = planner.Plan(batch, &spans);
+    ASSERT_TRUE(plain.ok() && traced.ok());
+    const char* name = OverlapPolicyName(policy);
+    EXPECT_EQ(plain->time_s, traced->time_s) << name;
+    ASSERT_FALSE(spans.empty()) << name;
+    std::map<Track, std::vector<std::pair<double, double>>> by_track;
+    double end = 0, xpu = 0, device = 0;
+    for (const Span& sp : spans) {
+      by_track[sp.track].push_back({sp.start_s, sp.end_s});
+      end = std::max(end, sp.end_s);
+      if (sp.track == Track::kXpu) xpu += sp.end_s - sp.start_s;
+      if (sp.track == Track::kDevice) device += sp.end_s - sp.start_s;
+    }
+    for (auto& [track, v] : by_track) {
+      std::sort(v.begin(), v.end());
+      for (size_t i = 1; i < v.size(); ++i) {
+        EXPECT_LE(v[i - 1].second, v[i].first + 1e-15) << name << " " << TrackName(track);
+      }
+    }
+    EXPECT_NEAR(end, traced->time_s, 1e-12 * traced->time_s) << name;
+    EXPECT_NEAR(xpu, traced->xpu_busy_s, 1e-9 * traced->xpu_busy_s) << name;
+    EXPECT_NEAR(device, traced->device_busy_s, 1e-9 * traced->device_busy_s) << name;
+    if (policy == OverlapPolicy::kHeadLevel) {
+      // Layer 0: group 0's attention overlaps the QKV tile of group 1+.
+      double att0_start = -1, att0_end = -1, last_qkv_start = -1;
+      for (const Span& sp : spans) {
+        if (sp.layer != 0) continue;
+        if (sp.track == Track::kDevice && sp.group == 0) {
+          att0_start = sp.start_s;
+          att0_end = sp.end_s;
+        }
+        if (sp.track == Track::kXpu && sp.name == "qkv") {
+          last_qkv_start = std::max(last_qkv_start, sp.start_s);
+        }
+      }
+      EXPECT_LT(att0_start, last_qkv_start);
+      EXPECT_GT(att0_end, att0_start);
+    }
+  }
+  // Without a device: the xPU's ops back to back.
+  IterationPlanner gpu_only(Gpt3(), 8, gpu_.get());
+  std::vector<Span> spans;
+  auto cost = gpu_only.Plan(batch, &spans);
+  ASSERT_TRUE(cost.ok());
+  double sum = 0;
+  for (const Span& sp : spans) {
+    EXPECT_EQ(sp.track, Track::kXpu);
+    sum += sp.end_s - sp.start_s;
+  }
+  EXPECT_NEAR(sum, cost->time_s, 1e-9 * cost->time_s);
+  EXPECT_NEAR(spans.back().end_s, cost->time_s, 1e-9 * cost->time_s);
 }
 
 TEST_F(HeteroPlannerTest, StagesCoverEveryResourcesWork) {

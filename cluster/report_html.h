@@ -1,0 +1,34 @@
+// report.html: a self-contained page (inline SVG, no scripts, no network)
+// of a finished run: TTFT / TBT / E2E CDFs, throughput and batch size over
+// simulated time, xPU and attention-device utilisation over time, the
+// energy breakdown, and one sampled iteration's schedule per resource (the
+// picture of head-level pipelining). Deterministic like every other output.
+#ifndef SERVESIM_CLUSTER_REPORT_HTML_H_
+#define SERVESIM_CLUSTER_REPORT_HTML_H_
+
+#include <string>
+#include <vector>
+
+#include "cluster/metrics.h"
+#include "cluster/scenario.h"
+
+namespace servesim::cluster {
+
+std::string ReportHtml(const ResolvedScenario& sc, const MetricsCollector& metrics,
+                       const Summary& summary, double simulated_s);
+
+// The SVG building blocks (exposed for tests).
+struct Series {
+  std::string name;
+  std::vector<double> x, y;
+};
+// A line chart; empty series are skipped. Axes span the data.
+std::string LineChartSvg(const std::string& title, const std::string& x_label,
+                         const std::string& y_label, const std::vector<Series>& series);
+// Horizontal bars with their values.
+std::string BarChartSvg(const std::string& title, const std::string& unit,
+                        const std::vector<std::pair<std::string, double>>& bars);
+
+}  // namespace servesim::cluster
+
+#endif  // SERVESIM_CLUSTER_REPORT_HTML_H_
