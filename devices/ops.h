@@ -48,6 +48,10 @@ std::string_view StageName(Stage stage);
 struct AttentionSeq {
   int64_t new_tokens = 0;
   int64_t past_tokens = 0;
+  // The request the sequence belongs to (the scheduler's id), so stateful
+  // devices (SpAtten's cascade pruning, memoised functional kernels) can key
+  // per-request state; -1 when unknown.
+  int64_t request_id = -1;
 };
 
 struct Op {

@@ -1,0 +1,576 @@
+// Token-Picker device: the functional kernel (with its cycle-stepped
+// simulation of the lanes and the memory), the closed-form cycle model and
+// the fidelity modes the header describes.
+#include "devices/topick/topick_device.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <deque>
+#include <limits>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "devices/reference_attention.h"
+#include "devices/registry.h"
+#include "google/protobuf/descriptor.h"
+
+namespace servesim::devices {
+namespace {
+
+using servesim::v1::TopickSpec;
+
+absl::Status Bad(absl::string_view field, double v, absl::string_view expected) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("topick device: ", field, " = ", v, "; expected ", expected));
+}
+
+int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Symmetric fixed point with `bits` bits: integers in [-(2^(bits-1) - 1),
+// 2^(bits-1) - 1], scale = max |x| / that bound (1 for an all-zero tensor).
+double Quantise(const Tensor& t, int64_t begin, int64_t n, int bits, int32_t* out) {
+  const int32_t qmax = (1 << (bits - 1)) - 1;
+  float mx = 0;
+  for (int64_t i = 0; i < n; ++i) mx = std::max(mx, std::fabs(t.At(begin + i)));
+  const double scale = mx > 0 ? static_cast<double>(mx) / qmax : 1.0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double r = std::nearbyint(static_cast<double>(t.At(begin + i)) / scale);
+    out[i] = static_cast<int32_t>(std::clamp<double>(r, -qmax, qmax));
+  }
+  return scale;
+}
+
+struct Request {
+  int32_t token;  // position
+  int8_t chunk;
+};
+
+}  // namespace
+
+TopickCounts& TopickCounts::operator+=(const TopickCounts& o) {
+  heads += o.heads;
+  tokens += o.tokens;
+  for (int b = 0; b < kTopickMaxChunks; ++b) {
+    chunk_fetched[b] += o.chunk_fetched[b];
+    pruned_after[b] += o.pruned_after[b];
+  }
+  v_fetched += o.v_fetched;
+  k_bytes += o.k_bytes;
+  v_bytes += o.v_bytes;
+  sim_cycles += o.sim_cycles;
+  return *this;
+}
+
+// -------------------------------------------------------------- Create ----
+
+absl::StatusOr<std::unique_ptr<Device>> TopickDevice::Create(const servesim::v1::DeviceSpec& spec) {
+  if (!spec.has_topick()) {
+    return absl::InvalidArgumentError("topick device: DeviceSpec.topick is not set");
+  }
+  const TopickSpec& t = spec.topick().topick();
+  const auto* desc = TopickSpec::descriptor();
+  const auto* refl = TopickSpec::GetReflection();
+  for (int i = 0; i < desc->field_count(); ++i) {
+    const auto* f = desc->field(i);
+    if (f->has_presence() && !refl->HasField(t, f)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "topick device: ", f->name(),
+          " is not set; expected a resolved spec (every field set, e.g. from TopickPreset)"));
+    }
+  }
+  for (auto [v, name, lo, hi] :
+       {std::tuple<int64_t, const char*, int64_t, int64_t>{t.pe_lanes(), "pe_lanes", 1, 4096},
+        {t.multipliers_per_lane(), "multipliers_per_lane", 1, 65536},
+        {t.hbm_channels(), "hbm_channels", 1, 1024},
+        {t.scoreboard_entries(), "scoreboard_entries", 1, 1 << 20},
+        {t.chunk_bits(), "chunk_bits", 1, 10}}) {
+    if (v < lo || v > hi) return Bad(name, static_cast<double>(v), absl::StrCat("in [", lo, ", ", hi, "]"));
+  }
+  if (t.operand_bits() != 3 * t.chunk_bits()) {
+    return Bad("operand_bits", t.operand_bits(),
+               absl::StrCat("3 x chunk_bits (", 3 * t.chunk_bits(), "): K is fetched in three chunks"));
+  }
+  for (auto [v, name] : {std::pair<double, const char*>{t.clock_hz(), "clock_hz"},
+                         {t.channel_bandwidth_bytes_per_s(), "channel_bandwidth_bytes_per_s"}}) {
+    if (!(v > 0)) return Bad(name, v, "> 0");
+  }
+  for (auto [v, name] :
+       {std::pair<double, const char*>{t.dram_latency_s(), "dram_latency_s"},
+        {t.lane_datapath_mw(), "lane_datapath_mw"}, {t.lane_pec_mw(), "lane_pec_mw"},
+        {t.lane_scoreboard_mw(), "lane_scoreboard_mw"}, {t.lane_rpdu_mw(), "lane_rpdu_mw"},
+        {t.mux_network_mw(), "mux_network_mw"}, {t.margin_generator_mw(), "margin_generator_mw"},
+        {t.dag_mw(), "dag_mw"}, {t.onchip_buffer_mw(), "onchip_buffer_mw"},
+        {t.other_mw(), "other_mw"}, {t.dram_pj_per_bit(), "dram_pj_per_bit"}}) {
+    if (!(v >= 0) || !std::isfinite(v)) return Bad(name, v, ">= 0");
+  }
+  if (!(t.threshold() >= 0 && t.threshold() < 1)) return Bad("threshold", t.threshold(), "in [0, 1)");
+  if (t.on_demand_k() && !t.estimation()) {
+    return absl::InvalidArgumentError(
+        "topick device: on_demand_k = true needs estimation = true (the RPDU decides which chunk "
+        "to request from the estimate)");
+  }
+  const auto& ds = spec.topick();
+  const auto fidelity = ds.fidelity();
+  if (fidelity < servesim::v1::PRUNE_FIDELITY_UNSPECIFIED || fidelity > servesim::v1::PRUNE_FIDELITY_FULL) {
+    return Bad("fidelity", fidelity, "PRUNE_FIDELITY_ANALYTIC, _CALIBRATED or _FULL");
+  }
+  if (fidelity == servesim::v1::PRUNE_FIDELITY_FULL) {
+    const auto& m = ds.model();
+    if (!m.has_layers() || !m.has_heads() || !m.has_d_head() || m.layers() < 1 ||
+        m.heads() < 1 || m.d_head() < 16) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "topick device: FULL fidelity needs model.layers >= 1, model.heads >= 1 and "
+          "model.d_head >= 16 (got ", m.layers(), ", ", m.heads(), ", ", m.d_head(), ")"));
+    }
+  }
+  if (ds.calibration().has_instances() &&
+      (ds.calibration().instances() < 1 || ds.calibration().instances() > 1024)) {
+    return Bad("calibration.instances", ds.calibration().instances(), "in [1, 1024]");
+  }
+  for (int64_t l : ds.calibration().lengths()) {
+    if (l < 1 || l > (1 << 20)) return Bad("calibration.lengths", static_cast<double>(l), "in [1, 1048576]");
+  }
+  auto dev = std::unique_ptr<TopickDevice>(new TopickDevice(ds));
+  if (fidelity == servesim::v1::PRUNE_FIDELITY_ANALYTIC ||
+      fidelity == servesim::v1::PRUNE_FIDELITY_UNSPECIFIED) {
+    ASSIGN_OR_RETURN(auto row, TopickAnalyticFractions(t.preset()));
+    dev->profile_.lengths = {1.0};
+    dev->profile_.rows = {{row[0], row[1], row[2]}};
+  } else {
+    const int64_t d = ds.model().has_d_head() ? ds.model().d_head() : 64;
+    ASSIGN_OR_RETURN(dev->source_, MakeAttentionSource(ds.data(), d));
+    if (fidelity == servesim::v1::PRUNE_FIDELITY_CALIBRATED) RETURN_IF_ERROR(dev->Calibrate());
+  }
+  return std::unique_ptr<Device>(std::move(dev));
+}
+
+TopickDevice::TopickDevice(const servesim::v1::TopickDeviceSpec& spec) : spec_(spec) {}
+
+absl::Status TopickDevice::Calibrate() {
+  const auto start = std::chrono::steady_clock::now();
+  const int instances = CalibrationInstances(spec_.calibration());
+  constexpr int kHeads = 4;
+  for (int64_t l : CalibrationLengths(spec_.calibration())) {
+    TopickCounts sum;
+    for (int i = 0; i < instances; ++i) {
+      for (int h = 0; h < kHeads; ++h) {
+        // Requests far from the ones a run uses, one layer per instance.
+        const AttentionInstance in{int64_t{1} << 40 | i, i, h};
+        ASSIGN_OR_RETURN(AttentionCall call, source_->DecodeStep(in, l));
+        ASSIGN_OR_RETURN(TopickKernelResult r, RunKernel(call));
+        sum += r.counts;
+      }
+    }
+    const double n = static_cast<double>(sum.tokens);
+    profile_.lengths.push_back(static_cast<double>(l));
+    profile_.rows.push_back({sum.chunk_fetched[1] / n, sum.chunk_fetched[2] / n, sum.v_fetched / n});
+  }
+  calibration_s_ =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return absl::OkStatus();
+}
+
+// ------------------------------------------------------------ geometry ----
+
+double TopickDevice::BytesPerCycle() const {
+  return spec().hbm_channels() * spec().channel_bandwidth_bytes_per_s() / spec().clock_hz();
+}
+
+double TopickDevice::PowerW() const {
+  const TopickSpec& t = spec();
+  double mw = t.pe_lanes() * t.lane_datapath_mw() + t.mux_network_mw() + t.onchip_buffer_mw() +
+              t.other_mw();
+  if (t.estimation()) mw += t.margin_generator_mw() + t.dag_mw() + t.pe_lanes() * t.lane_pec_mw();
+  if (t.on_demand_k()) mw += t.pe_lanes() * (t.lane_scoreboard_mw() + t.lane_rpdu_mw());
+  return mw * 1e-3;
+}
+
+TopickHeadCost TopickDevice::HeadCost(int64_t l, int64_t d, double f2, double f3, double fv) const {
+  const TopickSpec& t = spec();
+  TopickHeadCost h;
+  if (l < 1 || d < 1) return h;
+  const double bpc = BytesPerCycle();
+  const double cpc = static_cast<double>(CeilDiv(d, t.multipliers_per_lane()));
+  const double lanes = t.pe_lanes();
+  const double lat = std::ceil(t.dram_latency_s() * t.clock_hz() - 1e-9);
+  const double L = static_cast<double>(l);
+  const double chunk_bytes = static_cast<double>(d) * t.chunk_bits() / 8.0;
+  const double row_bytes = static_cast<double>(d) * t.operand_bits() / 8.0;
+  double chunk_ops;
+  if (!t.on_demand_k()) {
+    h.k_bytes = L * row_bytes;
+    chunk_ops = L;
+    h.k_cycles = std::max(h.k_bytes / bpc, L * cpc / lanes) + lat;
+  } else {
+    const double n = L * (1.0 + f2 + f3);
+    h.k_bytes = n * chunk_bytes;
+    chunk_ops = n;
+    const double depth = f3 > 0 ? 3 : (f2 > 0 ? 2 : 1);
+    const double scoreboard = (L / lanes) * (n / L) * lat / t.scoreboard_entries();
+    h.k_cycles = std::max({h.k_bytes / bpc, n * cpc / lanes, scoreboard}) + depth * lat;
+  }
+  const double kept = t.estimation() ? fv * L : L;
+  h.v_bytes = kept * row_bytes;
+  h.v_cycles = kept > 0 ? std::max(h.v_bytes / bpc, kept * cpc / lanes) + lat : 0.0;
+  h.macs = (chunk_ops + kept) * static_cast<double>(d);
+  return h;
+}
+
+DeviceDescription TopickDevice::Describe() const {
+  const TopickSpec& t = spec();
+  DeviceDescription d;
+  d.kind = "topick";
+  d.preset = t.preset();
+  d.accepts = {OpKind::kAttention};
+  d.parameters = {
+      {"fidelity", static_cast<double>(spec_.fidelity() == servesim::v1::PRUNE_FIDELITY_UNSPECIFIED
+                                           ? servesim::v1::PRUNE_FIDELITY_ANALYTIC
+                                           : spec_.fidelity())},
+      {"pe_lanes", static_cast<double>(t.pe_lanes())},
+      {"multipliers_per_lane", static_cast<double>(t.multipliers_per_lane())},
+      {"clock_hz", t.clock_hz()},
+      {"dram_bandwidth_bytes_per_s", t.hbm_channels() * t.channel_bandwidth_bytes_per_s()},
+      {"scoreboard_entries", static_cast<double>(t.scoreboard_entries())},
+      {"dram_latency_s", t.dram_latency_s()},
+      {"estimation", t.estimation() ? 1.0 : 0.0},
+      {"on_demand_k", t.on_demand_k() ? 1.0 : 0.0},
+      {"threshold", t.threshold()},
+      {"operand_bits", static_cast<double>(t.operand_bits())},
+      {"chunk_bits", static_cast<double>(t.chunk_bits())},
+      {"power_w", PowerW()},
+      {"dram_pj_per_bit", t.dram_pj_per_bit()},
+      {"calibration_s", calibration_s_},
+  };
+  // Measured (CALIBRATED), tabulated (ANALYTIC) or averaged so far (FULL)
+  // keep ratios at L = 1024.
+  std::array<double, 3> f{0, 0, 0};
+  bool have = false;
+  if (!profile_.rows.empty()) {
+    const auto row = profile_.Eval(1024);
+    f = {row[0], row[1], row[2]};
+    have = true;
+  } else {
+    std::lock_guard<std::mutex> lock(memo_mu_);
+    for (const auto& [key, v] : memo_) {
+      for (int i = 0; i < 3; ++i) f[i] += v[i] / static_cast<double>(memo_.size());
+      have = true;
+    }
+  }
+  if (have) {
+    d.parameters.push_back({"chunk2_fraction", f[0]});
+    d.parameters.push_back({"chunk3_fraction", f[1]});
+    d.parameters.push_back({"kept_fraction", f[2]});
+    d.parameters.push_back({"v_pruning_ratio", f[2] > 0 ? 1.0 / f[2] : 0.0});
+  }
+  return d;
+}
+
+// ------------------------------------------------------------ Estimate ----
+
+absl::StatusOr<std::array<double, 3>> TopickDevice::Fractions(int64_t request_id, int64_t l,
+                                                              int64_t d_head) const {
+  if (spec_.fidelity() == servesim::v1::PRUNE_FIDELITY_FULL) return FullFractions(request_id, l);
+  const auto row = profile_.Eval(static_cast<double>(l));
+  return std::array<double, 3>{row[0], row[1], row[2]};
+}
+
+absl::StatusOr<std::array<double, 3>> TopickDevice::FullFractions(int64_t request_id,
+                                                                  int64_t l) const {
+  if (request_id < 0) {
+    return absl::InvalidArgumentError(
+        "topick device: FULL fidelity needs AttentionSeq.request_id >= 0 (got -1)");
+  }
+  {
+    std::lock_guard<std::mutex> lock(memo_mu_);
+    auto it = memo_.find({request_id, l});
+    if (it != memo_.end()) return it->second;
+  }
+  // Computed outside the lock; two threads racing on one key compute the
+  // same value (the kernel is deterministic), so either insert is right.
+  const auto& m = spec_.model();
+  TopickCounts sum;
+  for (int32_t layer = 0; layer < m.layers(); ++layer) {
+    for (int32_t head = 0; head < m.heads(); ++head) {
+      ASSIGN_OR_RETURN(AttentionCall call, source_->DecodeStep({request_id, layer, head}, l));
+      ASSIGN_OR_RETURN(TopickKernelResult r, RunKernel(call));
+      sum += r.counts;
+    }
+  }
+  const double n = static_cast<double>(sum.tokens);
+  const std::array<double, 3> f{sum.chunk_fetched[1] / n, sum.chunk_fetched[2] / n,
+                                sum.v_fetched / n};
+  std::lock_guard<std::mutex> lock(memo_mu_);
+  memo_.emplace(std::make_pair(request_id, l), f);
+  return f;
+}
+
+Cost TopickDevice::HeadCostToCost(const TopickHeadCost& h, double heads) const {
+  const TopickSpec& t = spec();
+  Cost c;
+  c.cycles = (h.k_cycles + h.v_cycles) * heads;
+  c.time_s = c.cycles / t.clock_hz();
+  c.score_s = h.k_cycles * heads / t.clock_hz();
+  c.context_s = h.v_cycles * heads / t.clock_hz();
+  c.dram_bytes = (h.k_bytes + h.v_bytes) * heads;
+  c.flops = 2.0 * h.macs * heads;
+  c.compute_energy_pj = PowerW() * c.time_s * 1e12;
+  c.dram_energy_pj = c.dram_bytes * 8.0 * t.dram_pj_per_bit();
+  return c;
+}
+
+absl::Status TopickDevice::Estimate(absl::Span<const Op> ops, absl::Span<Cost> costs) const {
+  if (costs.size() != ops.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("topick device: ", ops.size(), " ops but ",
+                                                   costs.size(), " cost slots"));
+  }
+  const TopickSpec& t = spec();
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const Op& op = ops[i];
+    if (op.kind != OpKind::kAttention) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "topick device: op ", i, " is not attention; the device runs attention only"));
+    }
+    if (op.heads < 1 || op.kv_heads < 1 || op.d_head < 1 || op.heads % op.kv_heads != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("topick device: op ", i, " has heads ", op.heads, ", kv_heads ", op.kv_heads,
+                       ", d_head ", op.d_head, "; expected >= 1 and heads a multiple of kv_heads"));
+    }
+    const double heads = static_cast<double>(OpHeadCount(op));
+    Cost total;
+    for (const AttentionSeq& s : op.seqs) {
+      if (s.new_tokens < 1 || s.past_tokens < 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "topick device: sequence with new_tokens ", s.new_tokens, ", past_tokens ",
+            s.past_tokens, "; expected new_tokens >= 1 and past_tokens >= 0"));
+      }
+      const int64_t l = s.past_tokens + s.new_tokens;
+      if (s.new_tokens == 1) {
+        ASSIGN_OR_RETURN(auto f, Fractions(s.request_id, l, op.d_head));
+        total += HeadCostToCost(HeadCost(l, op.d_head, f[0], f[1], f[2]), heads);
+      } else {
+        // Prefill: dense, K and V of the whole context loaded once into the
+        // on-chip buffers and reused by every query (§4).
+        const double bpc = BytesPerCycle();
+        const double row = static_cast<double>(op.d_head) * t.operand_bits() / 8.0;
+        const double n = static_cast<double>(s.new_tokens), p = static_cast<double>(s.past_tokens);
+        const double pairs = n * p + n * (n + 1) / 2;  // causal (query, key) pairs
+        TopickHeadCost h;
+        h.k_bytes = static_cast<double>(l) * row;
+        h.v_bytes = static_cast<double>(l) * row;
+        h.macs = 2 * pairs * static_cast<double>(op.d_head);
+        h.k_cycles = std::max((h.k_bytes + h.v_bytes) / bpc,
+                              h.macs / (static_cast<double>(t.pe_lanes()) * t.multipliers_per_lane())) +
+                     std::ceil(t.dram_latency_s() * t.clock_hz() - 1e-9);
+        total += HeadCostToCost(h, heads);
+      }
+    }
+    costs[i] = total;
+  }
+  return absl::OkStatus();
+}
+
+// ------------------------------------------------------------- Execute ----
+
+absl::StatusOr<AttentionResult> TopickDevice::Execute(const AttentionCall& call) const {
+  ASSIGN_OR_RETURN(TopickKernelResult r, RunKernel(call));
+  AttentionResult out;
+  out.out = std::move(r.out);
+  out.stats = r.stats;
+  return out;
+}
+
+absl::StatusOr<TopickKernelResult> TopickDevice::RunKernel(const AttentionCall& call) const {
+  RETURN_IF_ERROR(CheckAttentionShapes(call));
+  if (call.q.shape[1] != 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "topick kernel runs decode attention (q has ", call.q.shape[1], " tokens; expected 1)"));
+  }
+  const TopickSpec& t = spec();
+  const int64_t heads = call.q.shape[0], d = call.q.shape[2];
+  const int64_t kv_heads = call.k.shape[0], l = call.k.shape[1];
+  const int64_t group = heads / kv_heads;
+  const double scale = call.scale != 0 ? call.scale : 1.0 / std::sqrt(static_cast<double>(d));
+  const int bits = t.operand_bits(), cbits = t.chunk_bits();
+  constexpr int kChunks = 3;
+  const bool on_demand = t.on_demand_k();
+  const bool estimation = t.estimation();
+  const int64_t lanes = t.pe_lanes();
+  const int64_t cpc = CeilDiv(d, t.multipliers_per_lane());
+  const int64_t lat = static_cast<int64_t>(std::ceil(t.dram_latency_s() * t.clock_hz() - 1e-9));
+  const double bpc = BytesPerCycle();
+  const double chunk_bytes = static_cast<double>(d) * cbits / 8.0;
+  const double row_bytes = static_cast<double>(d) * bits / 8.0;
+  const double req_bytes = on_demand ? chunk_bytes : row_bytes;
+  const int64_t entries = on_demand ? t.scoreboard_entries() : l;
+  const double log_thr = estimation && t.threshold() > 0 ? std::log(t.threshold())
+                                                         : -std::numeric_limits<double>::infinity();
+
+  // K and V in fixed point, one scale per KV head.
+  std::vector<int32_t> kq(kv_heads * l * d), vq(kv_heads * l * d);
+  std::vector<double> sk(kv_heads), sv(kv_heads);
+  for (int64_t g = 0; g < kv_heads; ++g) {
+    sk[g] = Quantise(call.k, g * l * d, l * d, bits, kq.data() + g * l * d);
+    sv[g] = Quantise(call.v, g * l * d, l * d, bits, vq.data() + g * l * d);
+  }
+
+  TopickKernelResult result;
+  result.out = Tensor::Zeros(ElementType::kFp32, {heads, 1, d});
+  result.pruned_after_chunk.assign(heads * l, -1);
+  std::vector<int32_t> q(d);
+  std::vector<int64_t> ps(l);
+  std::vector<int8_t> state(l);  // chunks processed
+  std::vector<double> e_old(l);
+  std::vector<int32_t> lane_next(lanes), lane_inflight(lanes);
+  std::vector<int64_t> lane_busy(lanes);
+  std::vector<std::deque<std::pair<int64_t, Request>>> arrivals(lanes);
+  std::deque<Request> memq;
+  std::vector<double> acc(d);
+
+  for (int64_t h = 0; h < heads; ++h) {
+    const int64_t g = h / group;
+    const int32_t* kh = kq.data() + g * l * d;
+    const double sq = Quantise(call.q, h * d, d, bits, q.data());
+    const double f = sq * sk[g] * scale;
+    // Margins per chunk from Q alone (Eq. 4).
+    int64_t pos_sum = 0, neg_sum = 0;
+    for (int64_t c = 0; c < d; ++c) {
+      (q[c] > 0 ? pos_sum : neg_sum) += q[c];
+    }
+    std::array<int64_t, kChunks> mmax{}, mmin{}, shift{};
+    for (int b = 0; b < kChunks; ++b) {
+      shift[b] = bits - (b + 1) * cbits;
+      const int64_t unknown = (int64_t{1} << shift[b]) - 1;
+      mmax[b] = unknown * pos_sum;
+      mmin[b] = unknown * neg_sum;
+    }
+    auto partial = [&](int64_t j, int b) {
+      int64_t s = 0;
+      const int32_t* k = kh + j * d;
+      for (int64_t c = 0; c < d; ++c) s += int64_t{q[c]} * ((k[c] >> shift[b]) * (int64_t{1} << shift[b]));
+      return s;
+    };
+    // Scores are shifted by the largest first-chunk upper bound, so every
+    // exp is <= 1 and the largest true score is within one margin width of
+    // 0 (no underflow); decisions are shift-invariant. The hardware keeps
+    // ln D in fixed point instead.
+    int64_t top = std::numeric_limits<int64_t>::min();
+    for (int64_t j = 0; j < l; ++j) top = std::max(top, partial(j, 0) + mmax[0]);
+    const double offset = static_cast<double>(top) * f;
+    auto token_of = [&](int64_t n) { return n == 0 ? int64_t{0} : l - n; };  // visit order
+
+    std::fill(state.begin(), state.end(), 0);
+    std::fill(e_old.begin(), e_old.end(), 0.0);
+    std::fill(lane_next.begin(), lane_next.end(), 0);
+    std::fill(lane_inflight.begin(), lane_inflight.end(), 0);
+    std::fill(lane_busy.begin(), lane_busy.end(), 0);
+    memq.clear();
+    for (auto& a : arrivals) a.clear();
+    TopickCounts counts;
+    counts.heads = 1;
+    counts.tokens = l;
+    double denom = 0, credit = 0;
+    int64_t done = 0, cycle = 0;
+    int8_t* pruned = result.pruned_after_chunk.data() + h * l;
+    for (;; ++cycle) {
+      // New first-chunk requests, in visit order per lane.
+      for (int64_t ln = 0; ln < lanes; ++ln) {
+        const int64_t n = ln + int64_t{lane_next[ln]} * lanes;
+        if (n < l && lane_inflight[ln] < entries) {
+          memq.push_back({static_cast<int32_t>(token_of(n)), 0});
+          ++lane_next[ln];
+          ++lane_inflight[ln];
+        }
+      }
+      // The memory serves requests FIFO at its bandwidth.
+      credit += bpc;
+      while (!memq.empty() && credit >= req_bytes) {
+        const Request r = memq.front();
+        memq.pop_front();
+        credit -= req_bytes;
+        const int64_t n = r.token == 0 ? 0 : l - r.token;
+        arrivals[n % lanes].push_back({cycle + lat, r});
+        if (on_demand) {
+          ++counts.chunk_fetched[r.chunk];
+        } else {
+          for (int b = 0; b < kChunks; ++b) ++counts.chunk_fetched[b];
+        }
+      }
+      if (memq.empty()) credit = std::min(credit, bpc);
+      // Each lane processes one arrived chunk (out of order across tokens).
+      double delta = 0;
+      // No estimate before the first partial exp reaches the DAG (D = 0).
+      const bool have_d = denom > 0;
+      const double log_d = have_d ? std::log(denom) : 0.0;
+      for (int64_t ln = 0; ln < lanes; ++ln) {
+        auto& a = arrivals[ln];
+        if (lane_busy[ln] > cycle || a.empty() || a.front().first > cycle) continue;
+        const Request r = a.front().second;
+        a.pop_front();
+        lane_busy[ln] = cycle + cpc;
+        const int64_t j = r.token;
+        const int b = on_demand ? r.chunk : kChunks - 1;
+        ps[j] = partial(j, b);
+        const double s_max = static_cast<double>(ps[j] + mmax[b]) * f - offset;
+        const double s_min = static_cast<double>(ps[j] + mmin[b]) * f - offset;
+        const double e_new = std::exp(s_min);
+        delta += e_new - e_old[j];
+        e_old[j] = e_new;
+        state[j] = static_cast<int8_t>(b + 1);
+        if (have_d && s_max - log_d < log_thr) {  // Eq. 5: p'' < thr
+          delta -= e_new;
+          e_old[j] = 0;
+          pruned[j] = static_cast<int8_t>(b);
+          ++counts.pruned_after[b];
+          --lane_inflight[ln];
+          ++done;
+        } else if (b + 1 < kChunks) {
+          memq.push_back({static_cast<int32_t>(j), static_cast<int8_t>(b + 1)});
+        } else {
+          --lane_inflight[ln];
+          ++done;
+        }
+      }
+      denom = std::max(0.0, denom + delta);
+      if (done == l) break;
+    }
+    // Step 1: softmax over the kept tokens and the weighted sum of their V.
+    std::fill(acc.begin(), acc.end(), 0.0);
+    double sum = 0;
+    int64_t kept = 0;
+    const int32_t* vh = vq.data() + g * l * d;
+    for (int64_t j = 0; j < l; ++j) {
+      if (pruned[j] >= 0) continue;
+      ++kept;
+      const double p = std::exp(static_cast<double>(ps[j]) * f - offset);
+      sum += p;
+      for (int64_t c = 0; c < d; ++c) acc[c] += p * vh[j * d + c];
+    }
+    for (int64_t c = 0; c < d; ++c) {
+      // Only a threshold near 1 / (tokens decided in one cycle) can prune
+      // every token; the output is then zero.
+      result.out.Set(h * d + c, sum > 0 ? static_cast<float>(acc[c] * sv[g] / sum) : 0.0f);
+    }
+    counts.v_fetched = kept;
+    counts.k_bytes = on_demand ? (counts.chunk_fetched[0] + counts.chunk_fetched[1] +
+                                  counts.chunk_fetched[2]) * chunk_bytes
+                               : static_cast<double>(l) * row_bytes;
+    counts.v_bytes = static_cast<double>(kept) * row_bytes;
+    const double v_cycles =
+        kept > 0 ? std::max(std::ceil(counts.v_bytes / bpc - 1e-9),
+                            static_cast<double>(CeilDiv(kept, lanes) * cpc)) + lat
+                 : 0.0;
+    counts.sim_cycles = static_cast<double>(cycle + 1) + v_cycles;
+    result.stats.kv_positions += l;
+    result.stats.kv_positions_read += counts.chunk_fetched[0];
+    result.stats.v_rows_read += kept;
+    result.stats.bytes_read += counts.k_bytes + counts.v_bytes;
+    result.counts += counts;
+  }
+  return result;
+}
+
+SERVESIM_REGISTER_DEVICE(kTopick, "topick", &TopickDevice::Create);
+
+}  // namespace servesim::devices
