@@ -153,6 +153,8 @@ Summary ComputeSummary(const MetricsCollector& metrics, double ttft_slo_s,
     s.energy_j += it.energy_j;
   }
   if (s.iterations > 0) s.batch_size_mean = batch_sum / static_cast<double>(s.iterations);
+  s.device_busy_s = metrics.energy().device_busy_s;
+  s.device_dram_bytes = metrics.energy().device_dram_bytes;
   if (busy > 0) s.kv_utilization_mean = kv_weighted / busy;
   if (s.output_tokens > 0) {
     s.energy_per_token_j = s.energy_j / static_cast<double>(s.output_tokens);

@@ -66,6 +66,9 @@ struct IterationRecord {
 // Energy of the whole run by where it went, joules.
 struct EnergyParts {
   double xpu_compute = 0, xpu_memory = 0, device_compute = 0, device_memory = 0, links = 0;
+  // The attention device's work over the run (busy seconds, summed over
+  // replicas; bytes read from its memory).
+  double device_busy_s = 0, device_dram_bytes = 0;
 };
 
 // A sampled iteration's schedule for timeline.json.
@@ -96,6 +99,8 @@ class MetricsCollector {
     energy_.xpu_compute += (total.compute_energy_pj - device.compute_energy_pj) * 1e-12;
     energy_.xpu_memory += (total.dram_energy_pj - device.dram_energy_pj) * 1e-12;
     energy_.links += total.link_energy_pj * 1e-12;
+    energy_.device_busy_s += device.time_s;
+    energy_.device_dram_bytes += device.dram_bytes;
   }
   const EnergyParts& energy() const { return energy_; }
   const std::vector<TimelineIteration>& timeline() const { return timeline_; }
@@ -143,6 +148,11 @@ struct Summary {
   double energy_j = 0, energy_per_token_j = 0;
   // Iterations by what limited admission (BatchBound order).
   int64_t bound_iterations[5] = {0, 0, 0, 0, 0};
+  // The attention device, when there is one: its busy time and memory
+  // reads over the run, and what it reports of itself at the end (e.g. the
+  // pruning ratios it measured; wall-clock figures excluded).
+  double device_busy_s = 0, device_dram_bytes = 0;
+  std::vector<std::pair<std::string, double>> device_parameters;
 };
 
 Summary ComputeSummary(const MetricsCollector& metrics, double ttft_slo_s,

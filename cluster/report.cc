@@ -82,8 +82,7 @@ std::string SummaryJson(const ResolvedScenario& sc, const Workload& wl,
   kv("replicas", absl::StrCat(sc.replicas));
   kv("tensor_parallel", absl::StrCat(sc.tensor_parallel));
   if (sc.has_attention_device) {
-    const auto& a = sc.proto.cluster().attacc();
-    kv("attention_device", JsonString(absl::StrCat(a.preset(), " x ", a.stacks(), " stacks")));
+    kv("attention_device", JsonString(sc.attention_label));
     kv("overlap_policy", JsonString(scheduler::OverlapPolicyName(sc.planner.overlap)));
   }
   if (sc.tbt_slo_s > 0) kv("slo_tbt_s", Num(sc.tbt_slo_s));
@@ -129,6 +128,16 @@ std::string SummaryJson(const ResolvedScenario& sc, const Workload& wl,
     kv("batch_bound_iterations", b + "}");
   }
   kv("energy_j", Num(s.energy_j));
+  if (sc.has_attention_device) {
+    kv("attention_device_busy_s", Num(s.device_busy_s));
+    kv("attention_device_dram_bytes", Num(s.device_dram_bytes));
+    std::string d = "{";
+    for (size_t i = 0; i < s.device_parameters.size(); ++i) {
+      absl::StrAppend(&d, i ? ", " : "", JsonString(s.device_parameters[i].first), ": ",
+                      Num(s.device_parameters[i].second));
+    }
+    kv("attention_device_parameters", d + "}");
+  }
   kv("energy_per_token_j", Num(s.energy_per_token_j), true);
   j += "}\n";
   return j;

@@ -158,8 +158,7 @@ std::string ScheduleSvg(const ResolvedScenario& sc, const TimelineIteration& it)
   for (const scheduler::Span& s : it.spans) {
     if (s.layer >= 0 && s.layer < layers) end = std::max(end, s.end_s);
   }
-  const char* lanes[] = {"xPU", "link out", sc.has_attention_device ? "attacc" : "device",
-                         "link back", "kv copy"};
+  const std::string lanes[] = {"xPU", "link out", sc.attention_kind, "link back", "kv copy"};
   const int nl = sc.has_attention_device ? 5 : 1;
   const double lane = 34, label_w = 80, w = 1100, pw = w - label_w - 20;
   const double h = 40 + lane * nl + 30;
@@ -173,7 +172,7 @@ std::string ScheduleSvg(const ResolvedScenario& sc, const TimelineIteration& it)
   std::map<std::string, const char*> color;
   for (int l = 0; l < nl; ++l) {
     absl::StrAppendFormat(&svg, "<text x=\"%g\" y=\"%g\" text-anchor=\"end\">%s</text>\n",
-                          label_w - 6, 40 + lane * l + lane / 2 + 4, lanes[l]);
+                          label_w - 6, 40 + lane * l + lane / 2 + 4, Esc(lanes[l]));
   }
   for (const scheduler::Span& s : it.spans) {
     if (s.layer < 0 || s.layer >= layers) continue;
@@ -282,7 +281,7 @@ std::string ReportHtml(const ResolvedScenario& sc, const MetricsCollector& m,
   }
   std::vector<Series> util;
   for (int64_t r = 0; r < sc.replicas && r < 4; ++r) {
-    Series x{absl::StrCat("r", r, " xPU"), {}, {}}, d{absl::StrCat("r", r, " attacc"), {}, {}};
+    Series x{absl::StrCat("r", r, " xPU"), {}, {}}, d{absl::StrCat("r", r, " ", sc.attention_kind), {}, {}};
     for (int b = 0; b < bins; ++b) {
       x.x.push_back((b + 0.5) * bw);
       x.y.push_back(std::min(1.0, xpu_busy[r][b] / bw));
@@ -303,8 +302,8 @@ std::string ReportHtml(const ResolvedScenario& sc, const MetricsCollector& m,
   std::vector<std::pair<std::string, double>> bars = {{"xPU compute", e.xpu_compute},
                                                       {"xPU memory", e.xpu_memory}};
   if (sc.has_attention_device) {
-    bars.push_back({"attacc compute", e.device_compute});
-    bars.push_back({"attacc memory", e.device_memory});
+    bars.push_back({sc.attention_kind + " compute", e.device_compute});
+    bars.push_back({sc.attention_kind + " memory", e.device_memory});
   }
   bars.push_back({"links", e.links});
   absl::StrAppend(&html, "<h2>Energy</h2>\n", BarChartSvg("Energy by part", "J", bars));

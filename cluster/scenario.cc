@@ -15,6 +15,9 @@
 #include "absl/strings/strip.h"
 #include "common/status_macros.h"
 #include "devices/attacc/attacc_device.h"
+#include "devices/pool.h"
+#include "devices/spatten/spatten_device.h"
+#include "devices/topick/topick_device.h"
 #include "devices/presets.h"
 #include "devices/registry.h"
 #include "google/protobuf/descriptor.h"
@@ -330,6 +333,48 @@ absl::Status Normalize(LoadedScenario* scenario) {
     if (!c->has_head_groups()) c->set_head_groups(8);
     if (!c->has_ff_min_batch()) c->set_ff_min_batch(1);
   }
+  if (c->has_attention_pool()) {
+    auto* pool = c->mutable_attention_pool();
+    // The device's model shape comes from the model (FULL fidelity runs
+    // every head of every layer).
+    auto shape = [&](servesim::v1::AttentionShape* s) {
+      if (!s->has_layers()) s->set_layers(static_cast<int32_t>(m->num_layers()));
+      if (!s->has_heads()) s->set_heads(static_cast<int32_t>(m->num_heads()));
+      if (!s->has_d_head()) s->set_d_head(static_cast<int32_t>(m->d_head()));
+    };
+    int channels = 8;
+    if (pool->has_spatten()) {
+      auto* sp = pool->mutable_spatten()->mutable_spatten();
+      if (sp->preset().empty()) sp->set_preset("spatten");
+      RETURN_IF_ERROR(FillFromPreset(sp, &devices::SpattenPreset, *scenario,
+                                     "cluster.attention_pool.spatten.spatten"));
+      shape(pool->mutable_spatten()->mutable_model());
+      channels = sp->hbm_channels();
+    } else {
+      auto* tp = pool->mutable_topick()->mutable_topick();  // the default kind
+      if (tp->preset().empty()) tp->set_preset("topick");
+      RETURN_IF_ERROR(FillFromPreset(tp, &devices::TopickPreset, *scenario,
+                                     "cluster.attention_pool.topick.topick"));
+      shape(pool->mutable_topick()->mutable_model());
+      channels = tp->hbm_channels();
+    }
+    if (!pool->has_units()) pool->set_units(8);
+    // One 8 GiB (8-Hi, 8 Gb dies) HBM2 stack per 8 channels.
+    if (!pool->has_memory_bytes_per_unit()) {
+      pool->set_memory_bytes_per_unit(8.0 * (1 << 30) * std::max(1, channels / 8));
+    }
+    if (pool->link().preset().empty() && !pool->link().has_bandwidth_bytes_per_s()) {
+      pool->mutable_link()->set_preset("pcie4");
+    }
+    RETURN_IF_ERROR(FillFromPreset(pool->mutable_link(), &devices::LinkPreset, *scenario,
+                                   "cluster.attention_pool.link"));
+    if (!pool->link().has_latency_s()) pool->mutable_link()->set_latency_s(0);
+    if (!pool->link().has_energy_pj_per_byte()) pool->mutable_link()->set_energy_pj_per_byte(0);
+    if (c->overlap() == servesim::v1::OVERLAP_POLICY_UNSPECIFIED) {
+      c->set_overlap(servesim::v1::OVERLAP_POLICY_SERIAL);
+    }
+    if (!c->has_head_groups()) c->set_head_groups(8);
+  }
   for (auto* link : {c->mutable_interconnect(), c->mutable_frontend()}) {
     if (!link->has_latency_s()) link->set_latency_s(0);
     if (!link->has_energy_pj_per_byte()) link->set_energy_pj_per_byte(0);
@@ -516,10 +561,29 @@ absl::StatusOr<ResolvedScenario> Resolve(const LoadedScenario& sc) {
     if (c.has_ff_max_batch()) {
       ck.Range<int64_t>("cluster.ff_max_batch", c.ff_max_batch(), c.ff_min_batch(), 1 << 16);
     }
+  } else if (c.has_attention_pool()) {
+    const auto& pool = c.attention_pool();
+    ck.Range<int32_t>("cluster.attention_pool.units", pool.units(), 1, 1024);
+    ck.Positive("cluster.attention_pool.memory_bytes_per_unit", pool.memory_bytes_per_unit());
+    ck.Positive("cluster.attention_pool.link.bandwidth_bytes_per_s",
+                pool.link().bandwidth_bytes_per_s());
+    ck.NonNegative("cluster.attention_pool.link.latency_s", pool.link().latency_s());
+    ck.Range<int32_t>("cluster.head_groups", c.head_groups(), 1,
+                      static_cast<int32_t>(std::max<int64_t>(1, m.num_heads())));
+    if (c.overlap() == servesim::v1::OVERLAP_POLICY_HEAD_LEVEL_FF) {
+      ck.Fail("cluster.overlap", "HEAD_LEVEL_FF",
+              "feed-forward co-processing needs cluster.attacc's GEMV units; use SERIAL, "
+              "HEAD_LEVEL or BATCH_LEVEL with cluster.attention_pool");
+    }
   } else if (c.overlap() != servesim::v1::OVERLAP_POLICY_UNSPECIFIED &&
              c.overlap() != servesim::v1::OVERLAP_POLICY_SERIAL) {
     ck.Fail("cluster.overlap", servesim::v1::OverlapPolicy_Name(c.overlap()),
-            "overlap policies other than SERIAL need cluster.attacc (an attention device)");
+            "overlap policies other than SERIAL need cluster.attacc or "
+            "cluster.attention_pool (an attention device)");
+  }
+  if (c.has_attacc() && c.has_attention_pool()) {
+    ck.Fail("cluster.attention_pool", "set",
+            "at most one of cluster.attacc and cluster.attention_pool");
   }
   RETURN_IF_ERROR(ck.status());
 
@@ -558,6 +622,9 @@ absl::StatusOr<ResolvedScenario> Resolve(const LoadedScenario& sc) {
     auto* spec = out.attention_device.mutable_attacc();
     *spec->mutable_attacc() = c.attacc();
     spec->set_dtype(m.dtype());
+    out.attention_kind = "attacc";
+    out.attention_label = absl::StrCat(c.attacc().preset(), " x ", c.attacc().stacks(), " stacks");
+    out.attention_link = c.attacc().link();
     ASSIGN_OR_RETURN(auto device, devices::CreateDevice(out.attention_device));
     const devices::DeviceDescription desc = device->Describe();
     auto param = [&](absl::string_view name) {
@@ -620,6 +687,56 @@ absl::StatusOr<ResolvedScenario> Resolve(const LoadedScenario& sc) {
           tp, " x ", x.preset(), " of a DGX+AttAcc replica: required ", Gb(xpu_required),
           " per xPU vs available ", Gb(xpu_available)));
     }
+  } else if (c.has_attention_pool()) {
+    // xPUs + a pool of token-pruning accelerators: the xPUs hold the
+    // weights, the pool the KV cache; its heads are split among the units.
+    const auto& pool = c.attention_pool();
+    out.has_attention_device = true;
+    if (pool.has_spatten()) {
+      *out.attention_device.mutable_spatten() = pool.spatten();
+      out.attention_kind = "spatten";
+      out.attention_label = absl::StrCat(pool.spatten().spatten().preset(), " x ", pool.units());
+    } else {
+      *out.attention_device.mutable_topick() = pool.topick();
+      out.attention_kind = "topick";
+      out.attention_label = absl::StrCat(pool.topick().topick().preset(), " x ", pool.units());
+    }
+    out.attention_units = pool.units();
+    out.attention_memory_per_unit = pool.memory_bytes_per_unit();
+    out.attention_link = pool.link();
+    out.device_memory_bytes = pool.memory_bytes_per_unit() * pool.units();
+    auto& pc = out.planner;
+    pc.overlap = c.overlap() == servesim::v1::OVERLAP_POLICY_HEAD_LEVEL
+                     ? scheduler::OverlapPolicy::kHeadLevel
+                 : c.overlap() == servesim::v1::OVERLAP_POLICY_BATCH_LEVEL
+                     ? scheduler::OverlapPolicy::kBatchLevel
+                     : scheduler::OverlapPolicy::kSerial;
+    pc.head_groups = c.head_groups();
+    pc.link_bytes_per_s = pool.link().bandwidth_bytes_per_s();
+    pc.link_latency_s = pool.link().latency_s();
+    pc.link_energy_pj_per_byte = pool.link().energy_pj_per_byte();
+    const double kv_per_token = static_cast<double>(out.model.KvBytesPerToken());
+    out.kv.usable_bytes_per_xpu = 0;
+    out.kv.blocks = static_cast<int64_t>(
+        std::floor(out.device_memory_bytes / (kv_per_token * s.kv_block_tokens())));
+    out.kv.tokens = out.kv.blocks * s.kv_block_tokens();
+    const double xpu_available = x.memory_bytes() * c.memory_utilization();
+    const double xpu_required = out.weight_bytes_per_xpu + out.activation_bytes_per_xpu;
+    if (xpu_required > xpu_available) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          sc.Where("cluster.tensor_parallel"), ": ", m.name(), " weights do not fit the ",
+          tp, " x ", x.preset(), " of the replica: required ", Gb(xpu_required),
+          " per xPU vs available ", Gb(xpu_available)));
+    }
+    // The device must accept this scenario's spec (e.g. FULL fidelity's
+    // model shape): fail here, with the field, rather than mid-run.
+    auto dev = CreateAttentionDevice(out);
+    if (!dev.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          sc.Where(absl::StrCat("cluster.attention_pool.", out.attention_kind)), ": ",
+          dev.status().message()));
+    }
+    out.attention_shared = std::move(*dev);
   } else {
     out.kv = scheduler::ComputeKvCapacity(kin);
   }
@@ -656,6 +773,17 @@ absl::StatusOr<ResolvedScenario> Resolve(const LoadedScenario& sc) {
       out.routing = scheduler::RoutingPolicy::kRoundRobin;
   }
   return out;
+}
+
+absl::StatusOr<std::unique_ptr<devices::Device>> CreateAttentionDevice(
+    const ResolvedScenario& sc) {
+  if (sc.attention_shared != nullptr) {
+    return absl::FailedPreconditionError("the attention pool is shared: use attention_shared");
+  }
+  ASSIGN_OR_RETURN(auto device, devices::CreateDevice(sc.attention_device));
+  if (sc.attention_units <= 0) return device;
+  return std::unique_ptr<devices::Device>(std::make_unique<devices::PooledDevice>(
+      std::move(device), sc.attention_units, sc.attention_memory_per_unit));
 }
 
 }  // namespace servesim::cluster

@@ -83,12 +83,25 @@ struct ResolvedScenario {
   // planner settings (device pointers are filled per replica at run time).
   bool has_attention_device = false;
   servesim::v1::DeviceSpec attention_device;
+  std::string attention_kind;       // "attacc", "topick", "spatten"
+  std::string attention_label;      // e.g. "attacc_bank x 40 stacks"
+  int attention_units = 0;          // > 0: a pool of that many accelerators
+  double attention_memory_per_unit = 0;
+  servesim::v1::LinkSpec attention_link;  // xPU <-> device, per xPU
+  // Pools: the device, created (and calibrated) once at resolution and
+  // shared by every replica's engine (devices are immutable, and per-
+  // request state is keyed by request id).
+  std::shared_ptr<devices::Device> attention_shared;
   scheduler::PlannerConfig planner;
   double device_memory_bytes = 0;      // the attention-device pool
   double device_ff_weight_bytes = 0;   // FF slices placed on it (§6.2)
 };
 
 absl::StatusOr<ResolvedScenario> Resolve(const LoadedScenario& scenario);
+
+// The replica's attention device (a pool when attention_units > 0).
+absl::StatusOr<std::unique_ptr<devices::Device>> CreateAttentionDevice(
+    const ResolvedScenario& scenario);
 
 }  // namespace servesim::cluster
 

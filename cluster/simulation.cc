@@ -94,7 +94,7 @@ scheduler::PlannerConfig ReplicaPlannerConfig(const ResolvedScenario& sc,
 class Engine {
  public:
   Engine(Shared* sh, int replica, std::unique_ptr<devices::Device> device,
-         std::unique_ptr<devices::Device> attention)
+         std::shared_ptr<devices::Device> attention)
       : sh_(sh),
         replica_(replica),
         device_(std::move(device)),
@@ -288,7 +288,7 @@ class Engine {
   Shared* sh_;
   int replica_;
   std::unique_ptr<devices::Device> device_;
-  std::unique_ptr<devices::Device> attention_;
+  std::shared_ptr<devices::Device> attention_;
   scheduler::ReplicaScheduler scheduler_;
   scheduler::IterationPlanner planner_;
   scheduler::RequestObserver* observer_;
@@ -337,9 +337,9 @@ void BuildPlatform(const ResolvedScenario& sc, sg4::NetZone** zone_out,
     if (sc.has_attention_device) {
       // One host for the replica's AttAcc pool; its link carries every xPU's
       // traffic (t links' worth of bandwidth).
-      auto* dev = zone->create_host(absl::StrCat("r", r, ".attacc"), 1e9);
-      const auto& al = c.attacc().link();
-      auto* link = zone->create_link(absl::StrCat("r", r, ".attacc.link"),
+      auto* dev = zone->create_host(absl::StrCat("r", r, ".", sc.attention_kind), 1e9);
+      const auto& al = sc.attention_link;
+      auto* link = zone->create_link(absl::StrCat("r", r, ".", sc.attention_kind, ".link"),
                                      al.bandwidth_bytes_per_s() *
                                          static_cast<double>(sc.tensor_parallel))
                        ->set_latency(al.latency_s())
@@ -387,9 +387,9 @@ absl::StatusOr<RunResult> RunSimulation(const ResolvedScenario& sc,
   std::vector<std::unique_ptr<Engine>> engines;
   for (int64_t r = 0; r < sc.replicas; ++r) {
     ASSIGN_OR_RETURN(auto device, devices::CreateDevice(sc.xpu_device));
-    std::unique_ptr<devices::Device> attention;
-    if (sc.has_attention_device) {
-      ASSIGN_OR_RETURN(attention, devices::CreateDevice(sc.attention_device));
+    std::shared_ptr<devices::Device> attention = sc.attention_shared;
+    if (sc.has_attention_device && attention == nullptr) {
+      ASSIGN_OR_RETURN(attention, CreateAttentionDevice(sc));
     }
     engines.push_back(std::make_unique<Engine>(&sh, static_cast<int>(r), std::move(device),
                                                std::move(attention)));

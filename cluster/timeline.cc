@@ -23,8 +23,7 @@ constexpr int kNumTracks = 5;
 std::string TimelineJson(const ResolvedScenario& sc, const MetricsCollector& metrics) {
   const int32_t detail = sc.proto.output().timeline_layers();
   const int64_t layers = sc.model.num_layers;
-  const std::string device =
-      sc.has_attention_device ? std::string("attacc") : std::string("attention device");
+  const std::string device = sc.has_attention_device ? sc.attention_label : std::string();
   std::string out = "{\"displayTimeUnit\":\"ms\",\"otherData\":{\"scenario\":";
   absl::StrAppend(&out, JsonString(sc.proto.name()), ",\"overlap_policy\":\"",
                   scheduler::OverlapPolicyName(sc.planner.overlap), "\"},\n\"traceEvents\":[\n");

@@ -158,7 +158,7 @@ void ReplicaScheduler::ScheduleDecodes() {
   for (int32_t slot : running_) {
     const RequestState& r = table_[slot];
     if (r.prefilled < r.prompt_tokens) continue;
-    batch_.entries.push_back(BatchEntry{slot, 1, r.context_tokens, false, true, Stacks(slot)});
+    batch_.entries.push_back(BatchEntry{slot, 1, r.context_tokens, false, true, Stacks(slot), table_[slot].spec.id});
     ++batch_.decode_tokens;
     ++batch_.emitting;
   }
@@ -177,7 +177,7 @@ const Batch& ReplicaScheduler::Schedule(double now_s) {
       const int64_t p = table_[slot].prompt_tokens;
       if (!TryAdmit(slot, tokens)) break;  // head-of-line blocks: FCFS
       waiting_.pop_front();
-      batch_.entries.push_back(BatchEntry{slot, p, 0, true, true, Stacks(slot)});
+      batch_.entries.push_back(BatchEntry{slot, p, 0, true, true, Stacks(slot), table_[slot].spec.id});
       tokens += p;
       batch_.prefill_tokens += p;
       ++batch_.emitting;
@@ -199,7 +199,7 @@ const Batch& ReplicaScheduler::Schedule(double now_s) {
     if (r.prefilled >= r.prompt_tokens) continue;
     const int64_t chunk = std::min(r.prompt_tokens - r.prefilled, left);
     const bool last = r.prefilled + chunk == r.prompt_tokens;
-    batch_.entries.push_back(BatchEntry{slot, chunk, r.prefilled, true, last, Stacks(slot)});
+    batch_.entries.push_back(BatchEntry{slot, chunk, r.prefilled, true, last, Stacks(slot), table_[slot].spec.id});
     batch_.prefill_tokens += chunk;
     batch_.emitting += last ? 1 : 0;
     left -= chunk;
@@ -215,7 +215,7 @@ const Batch& ReplicaScheduler::Schedule(double now_s) {
     const RequestState& r = table_[slot];
     const int64_t chunk = std::min(r.prompt_tokens, left);
     const bool last = chunk == r.prompt_tokens;
-    batch_.entries.push_back(BatchEntry{slot, chunk, 0, true, last, Stacks(slot)});
+    batch_.entries.push_back(BatchEntry{slot, chunk, 0, true, last, Stacks(slot), table_[slot].spec.id});
     batch_.prefill_tokens += chunk;
     batch_.emitting += last ? 1 : 0;
     left -= chunk;

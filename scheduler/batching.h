@@ -82,6 +82,7 @@ struct BatchEntry {
   bool emits_token = false;  // decode, or the prompt's last chunk
   // Stacks of the request's KV heads when placement is on; else empty.
   absl::Span<const int32_t> kv_stacks;
+  int64_t request_id = -1;   // RequestSpec::id; -1 in hypothetical batches
 };
 
 struct Batch {

@@ -82,7 +82,7 @@ void IterationPlanner::BuildLayerOps(const Batch& batch) {
   ops_.clear();
   seqs_.clear();
   for (const BatchEntry& e : batch.entries) {
-    seqs_.push_back({e.new_tokens, e.past_tokens});
+    seqs_.push_back({e.new_tokens, e.past_tokens, e.request_id});
   }
   const int64_t t = batch.prefill_tokens + batch.decode_tokens;
   const int64_t d = model_.d_model;
@@ -345,10 +345,10 @@ absl::StatusOr<IterationCost> IterationPlanner::PlanWithDevice(const Batch& batc
   int64_t prefill_tokens = 0;
   for (const BatchEntry& e : batch.entries) {
     if (e.prefill) {
-      pre_seqs.push_back({e.new_tokens, e.past_tokens});
+      pre_seqs.push_back({e.new_tokens, e.past_tokens, e.request_id});
       prefill_tokens += e.new_tokens;
     } else {
-      dec_seqs.push_back({e.new_tokens, e.past_tokens});
+      dec_seqs.push_back({e.new_tokens, e.past_tokens, e.request_id});
       dec_stacks.insert(dec_stacks.end(), e.kv_stacks.begin(), e.kv_stacks.end());
     }
   }

@@ -2,11 +2,13 @@
 // the GPU roofline against hand-computed values, and the exact-attention
 // reference against analytic results.
 #include <cmath>
+#include <memory>
 #include <vector>
 
 #include "common/rng.h"
 #include "devices/gpu/gpu_device.h"
 #include "devices/model.h"
+#include "devices/pool.h"
 #include "devices/presets.h"
 #include "devices/reference_attention.h"
 #include "devices/registry.h"
@@ -409,6 +411,61 @@ TEST(RngTest, StreamsAreReproducibleAndIndependent) {
   EXPECT_NEAR(exp_sum / n, 2.0, 0.02);
   EXPECT_NEAR(gamma_sum / n, 2.0, 0.01);
   for (int i = 0; i < 1000; ++i) EXPECT_LT(e.UniformInt(7), 7u);
+}
+
+// A unit whose attention costs 1 us and 100 bytes per (sequence, head),
+// plus 10 us per op; it records the head ranges it is asked for.
+class CountingUnit : public Device {
+ public:
+  DeviceDescription Describe() const override {
+    DeviceDescription d;
+    d.kind = "counting";
+    d.parameters = {{"x", 1}};
+    return d;
+  }
+  absl::Status Estimate(absl::Span<const Op> ops, absl::Span<Cost> costs) const override {
+    for (size_t i = 0; i < ops.size(); ++i) {
+      const int64_t he = ops[i].head_end < 0 ? ops[i].heads : ops[i].head_end;
+      const double n = static_cast<double>((he - ops[i].head_begin) * ops[i].seqs.size());
+      ranges.push_back({ops[i].head_begin, he});
+      costs[i] = Cost{};
+      costs[i].time_s = 10e-6 + n * 1e-6;
+      costs[i].dram_bytes = n * 100;
+    }
+    return absl::OkStatus();
+  }
+  absl::StatusOr<AttentionResult> Execute(const AttentionCall&) const override {
+    return absl::UnimplementedError("not used");
+  }
+  mutable std::vector<std::pair<int64_t, int64_t>> ranges;
+};
+
+TEST(PooledDeviceTest, SplitsHeadsAmongUnitsThatRunInParallel) {
+  auto unit = std::make_unique<CountingUnit>();
+  CountingUnit* u = unit.get();
+  PooledDevice pool(std::move(unit), 3, 8e9);
+  EXPECT_DOUBLE_EQ(pool.Describe().memory_bytes, 24e9);
+  std::vector<AttentionSeq> seqs = {{1, 99, 5}, {1, 199, 6}};
+  Op op;
+  op.kind = OpKind::kAttention;
+  op.heads = op.kv_heads = 16;
+  op.d_head = 64;
+  op.seqs = seqs;
+  Cost c;
+  ASSERT_TRUE(pool.Estimate({&op, 1}, {&c, 1}).ok());
+  // Units hold heads [0,5), [5,10), [10,16): the slowest has 6 heads x 2
+  // sequences; every (sequence, head) is read once.
+  EXPECT_EQ(u->ranges, (std::vector<std::pair<int64_t, int64_t>>{{0, 5}, {5, 10}, {10, 16}}));
+  EXPECT_DOUBLE_EQ(c.time_s, 10e-6 + 12e-6);
+  EXPECT_DOUBLE_EQ(c.dram_bytes, 16 * 2 * 100);
+  // A head group [4, 11) touches all three units' shares.
+  u->ranges.clear();
+  op.head_begin = 4;
+  op.head_end = 11;
+  ASSERT_TRUE(pool.Estimate({&op, 1}, {&c, 1}).ok());
+  EXPECT_EQ(u->ranges, (std::vector<std::pair<int64_t, int64_t>>{{4, 5}, {5, 10}, {10, 11}}));
+  EXPECT_DOUBLE_EQ(c.time_s, 10e-6 + 10e-6);
+  EXPECT_DOUBLE_EQ(c.dram_bytes, 7 * 2 * 100);
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "servesim/v1/scenario.pb.h"
@@ -473,6 +474,66 @@ TEST(ScenarioResolveTest, Gpt3KvCapacityOnEightA100Hbm3) {
   EXPECT_EQ(r->tensor_parallel, 8);
   EXPECT_EQ(r->replicas, 1);
   EXPECT_EQ(r->model.num_layers, 96);
+}
+
+TEST(ScenarioResolveTest, AttentionPoolHoldsTheKvAndTakesTheModelShape) {
+  // GPT-2 medium on one A100 with 2 ToPick units (defaults: 8 GiB each, one
+  // HBM2 stack of 8 channels; pcie4 link). KV per token: 2 x 24 layers x 16
+  // heads x 64 x 2 bytes = 98,304; 2 x 8 GiB / (98,304 x 16) = 10,922.7 ->
+  // 10,922 blocks.
+  const std::string text =
+      "model { preset: \"gpt2-medium\" }\n"
+      "cluster { xpu { preset: \"a100-80gb\" } attention_pool { topick { } units: 2 } }\n";
+  absl::StatusOr<ResolvedScenario> r = ParseAndResolve(text);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->has_attention_device);
+  EXPECT_EQ(r->attention_kind, "topick");
+  EXPECT_EQ(r->attention_label, "topick x 2");
+  EXPECT_EQ(r->attention_units, 2);
+  EXPECT_DOUBLE_EQ(r->device_memory_bytes, 2 * 8.0 * (1 << 30));
+  EXPECT_EQ(r->kv.blocks, 10922);
+  const auto& dev = r->proto.cluster().attention_pool().topick();
+  EXPECT_EQ(dev.topick().preset(), "topick");
+  EXPECT_EQ(dev.model().layers(), 24);
+  EXPECT_EQ(dev.model().heads(), 16);
+  EXPECT_EQ(dev.model().d_head(), 64);
+  EXPECT_EQ(r->attention_link.preset(), "pcie4");
+  ASSERT_NE(r->attention_shared, nullptr);
+  EXPECT_DOUBLE_EQ(r->attention_shared->Describe().memory_bytes, 2 * 8.0 * (1 << 30));
+  // SpAtten: 16 channels, so 16 GiB a unit by default.
+  absl::StatusOr<ResolvedScenario> sp = ParseAndResolve(
+      "model { preset: \"gpt2-medium\" }\n"
+      "cluster { xpu { preset: \"a100-80gb\" } attention_pool { spatten { } units: 1 } }\n");
+  ASSERT_TRUE(sp.ok()) << sp.status();
+  EXPECT_EQ(sp->attention_kind, "spatten");
+  EXPECT_DOUBLE_EQ(sp->device_memory_bytes, 16.0 * (1 << 30));
+}
+
+TEST(ScenarioResolveTest, AttentionPoolBadInputNamesTheField) {
+  auto text = [](const char* pool, const char* cluster) {
+    return absl::StrCat("model { preset: \"gpt2-medium\" }\n",
+                        "cluster { xpu { preset: \"a100-80gb\" } attention_pool { topick { } ",
+                        pool, " } ", cluster, " }\n");
+  };
+  auto run = [&](const char* pool, const char* cluster) {
+    return ParseAndResolve(text(pool, cluster));
+  };
+  auto units = run("units: 0", "");
+  ASSERT_FALSE(units.ok());
+  EXPECT_THAT(units.status().message(), HasSubstr("cluster.attention_pool.units"));
+  EXPECT_THAT(units.status().message(), HasSubstr("[1, 1024]"));
+  auto ff = run("", "overlap: OVERLAP_POLICY_HEAD_LEVEL_FF");
+  ASSERT_FALSE(ff.ok());
+  EXPECT_THAT(ff.status().message(), HasSubstr("cluster.attacc's GEMV units"));
+  auto both = run("", "attacc { }");
+  ASSERT_FALSE(both.ok());
+  EXPECT_THAT(both.status().message(), HasSubstr("at most one of cluster.attacc"));
+  auto preset = run("", "");
+  ASSERT_TRUE(preset.ok()) << preset.status();
+  auto bad = ParseAndResolve(text("", ""),
+                             {"cluster.attention_pool.topick.topick.preset=nope"});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(bad.status().message(), HasSubstr("cluster.attention_pool.topick.topick.preset"));
 }
 
 TEST(ScenarioResolveTest, Llama2_70bTensorParallelAboveKvHeadsResolves) {

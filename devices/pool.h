@@ -1,0 +1,36 @@
+// A pool of identical attention accelerators serving one replica: the query
+// heads of every attention op are split evenly among `units` instances (unit
+// u holds heads [H*u/U, H*(u+1)/U) and their KV), which run in parallel. The
+// op takes as long as its slowest unit; bytes, FLOPs and energy add up.
+// Token-pruning accelerators (ToPick, SpAtten) are single chips with one
+// HBM2 interface each; a replica needs several of them beside its xPUs.
+#ifndef SERVESIM_DEVICES_POOL_H_
+#define SERVESIM_DEVICES_POOL_H_
+
+#include <memory>
+
+#include "devices/device.h"
+
+namespace servesim::devices {
+
+class PooledDevice : public Device {
+ public:
+  // `unit` is one accelerator; `memory_bytes_per_unit` its memory.
+  PooledDevice(std::unique_ptr<Device> unit, int units, double memory_bytes_per_unit);
+
+  DeviceDescription Describe() const override;
+  absl::Status Estimate(absl::Span<const Op> ops, absl::Span<Cost> costs) const override;
+  absl::StatusOr<AttentionResult> Execute(const AttentionCall& call) const override {
+    return unit_->Execute(call);
+  }
+  int units() const { return units_; }
+
+ private:
+  std::unique_ptr<Device> unit_;
+  int units_;
+  double memory_bytes_per_unit_;
+};
+
+}  // namespace servesim::devices
+
+#endif  // SERVESIM_DEVICES_POOL_H_
