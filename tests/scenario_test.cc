@@ -705,7 +705,8 @@ TEST(ScenarioOverrideTest, UnknownFieldListsTheMessagesFields) {
   EXPECT_EQ(std::string(st.message()),
             "--set cluster.nosuch: ClusterSpec has no field \"nosuch\"; its "
             "fields: replicas, xpu, tensor_parallel, interconnect, frontend, "
-            "memory_utilization, attacc, overlap, head_groups, ff_min_batch, ff_max_batch");
+            "memory_utilization, attacc, overlap, head_groups, ff_min_batch, ff_max_batch, "
+            "attention_pool");
 }
 
 TEST(ScenarioOverrideTest, MessageFieldIsNotAssignable) {
