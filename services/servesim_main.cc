@@ -23,6 +23,8 @@
 #include "cluster/simulation.h"
 #include "cluster/study.h"
 #include "devices/attacc/attacc_device.h"
+#include "devices/spatten/spatten_device.h"
+#include "devices/topick/topick_device.h"
 #include "cluster/workload.h"
 #include "common/status_macros.h"
 #include "devices/presets.h"
@@ -43,7 +45,7 @@ Usage:
   servesim validate SCENARIO.pbtxt [--set path=value ...]
                                           parse and check; print the resolved
                                           scenario and the replica memory plan
-  servesim presets [models|xpus|links|attacc]
+  servesim presets [models|xpus|links|attacc|topick|spatten]
                                           list presets with their parameters
   servesim study attacc [--out DIR] [--trace FILE | --no-trace]
                                           the AttAcc paper's evaluation (§7):
@@ -338,8 +340,9 @@ void PrintMessage(const google::protobuf::Message& m) {
 
 int Presets(const Options& o) {
   const std::string& k = o.presets_kind;
-  if (!k.empty() && k != "models" && k != "xpus" && k != "links" && k != "attacc") {
-    return UsageError("presets takes models, xpus, links or attacc");
+  if (!k.empty() && k != "models" && k != "xpus" && k != "links" && k != "attacc" &&
+      k != "topick" && k != "spatten") {
+    return UsageError("presets takes models, xpus, links, attacc, topick or spatten");
   }
   if (k.empty() || k == "models") {
     std::cout << "models (model.preset):\n";
@@ -372,6 +375,20 @@ int Presets(const Options& o) {
     for (const auto& name : servesim::devices::AttAccPresetNames()) {
       std::cout << "  " << name << "\n";
       PrintMessage(*servesim::devices::AttAccPreset(name));
+    }
+  }
+  if (k.empty() || k == "topick") {
+    std::cout << "topick (cluster.attention_pool.topick.topick.preset):\n";
+    for (const auto& name : servesim::devices::TopickPresetNames()) {
+      std::cout << "  " << name << "\n";
+      PrintMessage(*servesim::devices::TopickPreset(name));
+    }
+  }
+  if (k.empty() || k == "spatten") {
+    std::cout << "spatten (cluster.attention_pool.spatten.spatten.preset):\n";
+    for (const auto& name : servesim::devices::SpattenPresetNames()) {
+      std::cout << "  " << name << "\n";
+      PrintMessage(*servesim::devices::SpattenPreset(name));
     }
   }
   if (k.empty()) {

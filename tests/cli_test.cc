@@ -194,7 +194,7 @@ TEST(CliTest, BadCommandLinesExitTwo) {
       {{"run", scenario, "--seed", "abc"}, "--seed needs a non-negative integer"},
       {{"run", scenario, "--out"}, "--out needs a folder"},
       {{"run", scenario, "other.pbtxt"}, "unexpected argument other.pbtxt"},
-      {{"presets", "gadgets"}, "presets takes models, xpus, links or attacc"},
+      {{"presets", "gadgets"}, "presets takes models, xpus, links, attacc, topick or spatten"},
   };
   for (const Case& c : cases) {
     const RunResult r = RunServesim(c.args);
