@@ -12,8 +12,11 @@ namespace {
 
 constexpr double kW = 640, kH = 300;                       // chart size
 constexpr double kLeft = 70, kRight = 150, kTop = 30, kBottom = 45;  // margins
-const char* kColors[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd",
-                         "#8c564b", "#e377c2", "#17becf"};
+// Distinct colours (Tableau 20's strong and light halves).
+const char* kColors[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b",
+                         "#e377c2", "#17becf", "#bcbd22", "#7f7f7f", "#aec7e8", "#ffbb78",
+                         "#98df8a", "#ff9896", "#c5b0d5", "#c49c94"};
+constexpr size_t kNumColors = sizeof(kColors) / sizeof(kColors[0]);
 
 std::string Esc(const std::string& s) {
   std::string o;
@@ -109,7 +112,7 @@ std::string LineChartSvg(const std::string& title, const std::string& x_label,
   int k = 0;
   for (const Series& s : series) {
     if (s.x.empty()) continue;
-    const char* color = kColors[k % 8];
+    const char* color = kColors[k % kNumColors];
     std::string pts;
     for (size_t i = 0; i < s.x.size() && i < s.y.size(); ++i) {
       absl::StrAppendFormat(&pts, "%.1f,%.1f ", px(s.x[i]), py(s.y[i]));
@@ -143,7 +146,7 @@ std::string BarChartSvg(const std::string& title, const std::string& unit,
                           "<rect x=\"%g\" y=\"%g\" width=\"%.1f\" height=\"%g\" fill=\"%s\"/>"
                           "<text x=\"%.1f\" y=\"%g\">%s %s</text>\n",
                           label_w - 6, y + 14, Esc(bars[i].first), label_w, y + 3, w, row - 6,
-                          kColors[i % 8], label_w + w + 6, y + 14, Fmt(bars[i].second),
+                          kColors[i % kNumColors], label_w + w + 6, y + 14, Fmt(bars[i].second),
                           Esc(unit));
   }
   return svg + "</svg>\n";
@@ -179,7 +182,7 @@ std::string ScheduleSvg(const ResolvedScenario& sc, const TimelineIteration& it)
     const int l = static_cast<int>(s.track);
     if (l >= nl) continue;
     const std::string key(s.name);
-    if (!color.count(key)) color[key] = kColors[color.size() % 8];
+    if (!color.count(key)) color[key] = kColors[color.size() % kNumColors];
     const double x = label_w + s.start_s / end * pw, bw = (s.end_s - s.start_s) / end * pw;
     const std::string tip = absl::StrFormat("%s%s layer %d: %.1f us", key,
                                             s.group >= 0 ? absl::StrCat(" g", s.group) : "",
