@@ -74,7 +74,7 @@
         if (!this.series.has(key)) {
           this.series.set(key, {
             label: v.label, scale: v.scale || this.spec.axes[0].scale,
-            color: v.color || PALETTE[this.series.size % PALETTE.length],
+            color: v.color || PALETTE[this.series.size % PALETTE.length], dash: v.dash,
             data: new Array(n - 1).fill(null),
           });
         }
@@ -103,7 +103,7 @@
       }));
       const series = [{ label: 'simulated', value: (u, v) => fmtSimTime(v) }];
       for (const s of this.series.values()) {
-        series.push({ label: s.label, scale: s.scale, stroke: s.color, width: 1.5, spanGaps: false, points: { show: false } });
+        series.push({ label: s.label, scale: s.scale, stroke: s.color, dash: s.dash, width: 1.5, spanGaps: false, points: { show: false } });
       }
       this.plot = new uPlot({ ...this.size(), scales, axes, series, legend: { live: true }, cursor: { drag: { x: false, y: false } } }, data, this.el);
     }
@@ -154,11 +154,17 @@
     const util = {};
     const devKeys = Object.keys(sum.devices).sort((a, b) => {
       const da = sum.devices[a], db = sum.devices[b];
-      return byReplica(da.replica, db.replica) || da.device.localeCompare(db.device);
+      return byReplica(da.replica, db.replica) || (da.device === 'xpu' ? -1 : db.device === 'xpu' ? 1 : da.device.localeCompare(db.device));
     });
     for (const key of devKeys) {
+      // colour: the replica; solid: its xPU, dashed: attention devices
       const d = sum.devices[key];
-      util[key] = { label: `r${d.replica} ${d.device}${d.kind && d.kind !== d.device ? ` (${d.kind})` : ''}`, value: rates ? rates.util[key] : null };
+      util[key] = {
+        label: `r${d.replica} ${d.device}${d.kind && d.kind !== d.device ? ` (${d.kind})` : ''}`,
+        value: rates ? rates.util[key] : null,
+        color: PALETTE[Number(d.replica) % PALETTE.length] || PALETTE[0],
+        dash: d.device === 'xpu' ? undefined : [6, 3],
+      };
     }
     C.util.add(util);
     if (xs.length > MAX_POINTS) {

@@ -14,6 +14,8 @@ const fs = require('node:fs');
 const path = require('node:path');
 
 const SKIP = 77;
+const T0 = Date.now();
+const log = (...a) => console.log(`[${((Date.now() - T0) / 1000).toFixed(1)}s]`, ...a);
 const REPO = path.resolve(__dirname, '..', '..');
 
 function parseArgs(argv) {
@@ -51,7 +53,7 @@ function loadPlaywright(npmDir) {
   if (!npmDir) skip('playwright-core is not installed (run scripts/setup_dashboard_tests.sh)');
   fs.mkdirSync(npmDir, { recursive: true });
   for (const f of ['package.json', 'package-lock.json']) fs.copyFileSync(path.join(__dirname, f), path.join(npmDir, f));
-  console.log(`installing playwright-core into ${npmDir} (npm ci)`);
+  log(`installing playwright-core into ${npmDir} (npm ci)`);
   const r = spawnSync('npm', ['ci', '--prefix', npmDir, '--no-audit', '--no-fund', '--loglevel=error'], { encoding: 'utf8' });
   if (r.status !== 0) {
     skip(`playwright-core could not be installed with npm ci (${r.error ? r.error.message : `exit ${r.status}`}):\n${(r.stderr || '').trim()}`);
@@ -66,7 +68,7 @@ function loadPlaywright(npmDir) {
 function startServesim(o) {
   const args = ['run', o.scenario, '--quiet', '--metrics', '127.0.0.1:0', '--pace', o.pace, '--linger', o.linger, '--web-dir', o.webDir];
   for (const s of o.sets) args.push('--set', s);
-  console.log(`starting: ${o.servesim} ${args.join(' ')}`);
+  log(`starting: ${o.servesim} ${args.join(' ')}`);
   const child = spawn(o.servesim, args, { stdio: ['ignore', 'ignore', 'pipe'] });
   let err = '';
   const exited = new Promise((resolve) => child.on('exit', (code, signal) => resolve({ code, signal })));
@@ -106,7 +108,7 @@ async function main() {
   let browser;
   try {
     const origin = new URL(run.base).origin;
-    console.log(`dashboard at ${run.base}`);
+    log(`dashboard at ${run.base}`);
     browser = await chromium.launch({ executablePath: o.chromium, headless: true, args: ['--no-sandbox', '--disable-gpu'] });
     const page = await browser.newPage({ viewport: { width: 1400, height: 1000 } });
     const offOrigin = [];
@@ -126,7 +128,7 @@ async function main() {
         throw new Error(`the page never plotted more than 3 points (${JSON.stringify(st)}): ${e.message}`);
       });
     const midStatus = await page.evaluate(() => window.servesimDashboard.status);
-    console.log(`charts have data; status ${midStatus}`);
+    log(`charts have data; status ${midStatus}`);
 
     // The run ends; the page says so.
     const runSeconds = 120 + Number(o.linger);
@@ -148,8 +150,8 @@ async function main() {
       const el = document.getElementById(id);
       return [id, el ? { value: el.dataset.value, text: el.textContent } : null];
     })), [...Object.keys(want), 'v-status', 'v-rtf']);
-    console.log('shown:', JSON.stringify(shown));
-    console.log('/metrics:', JSON.stringify(want));
+    log('shown:', JSON.stringify(shown));
+    log('/metrics:', JSON.stringify(want));
     for (const [id, v] of Object.entries(want)) {
       const s = shown[id];
       if (!s) { failures.push(`#${id} missing from the page`); continue; }
@@ -176,15 +178,16 @@ async function main() {
     check(canvases === Object.keys(st.charts).length, `expected ${Object.keys(st.charts).length} chart canvases, found ${canvases}`);
     check(offOrigin.length === 0, `the page reached beyond its origin: ${offOrigin.join(', ')}`);
     check(pageErrors.length === 0, pageErrors.join('\n'));
-    console.log(`${st.samples} points plotted, ${replicas} replicas, ${st.charts.util.length} devices`);
+    log(`${st.samples} points plotted, ${replicas} replicas, ${st.charts.util.length} devices`);
 
     if (o.screenshot) {
       fs.mkdirSync(path.dirname(o.screenshot), { recursive: true });
       await page.screenshot({ path: o.screenshot, fullPage: true });
-      console.log(`screenshot: ${o.screenshot}`);
+      log(`screenshot: ${o.screenshot}`);
     }
     await browser.close();
     browser = null;
+    log('browser closed; waiting for servesim to end its --linger');
 
     // servesim lingers, then exits cleanly by itself.
     const timeout = new Promise((r) => setTimeout(() => r(null), (Number(o.linger) + 20) * 1000));
@@ -199,7 +202,7 @@ async function main() {
     console.error(`FAIL:\n- ${failures.join('\n- ')}`);
     process.exit(1);
   }
-  console.log('PASS');
+  log('PASS');
 }
 
 main().catch((e) => { console.error(`FAIL: ${e.stack || e.message}`); process.exit(1); });
