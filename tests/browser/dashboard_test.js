@@ -190,7 +190,7 @@ async function main() {
     log('browser closed; waiting for servesim to end its --linger');
 
     // servesim lingers, then exits cleanly by itself.
-    const timeout = new Promise((r) => setTimeout(() => r(null), (Number(o.linger) + 20) * 1000));
+    const timeout = new Promise((r) => setTimeout(() => r(null), (Number(o.linger) + 20) * 1000).unref());
     const ex = await Promise.race([run.exited, timeout]);
     check(ex !== null, `servesim still running ${Number(o.linger) + 20} s after the run ended (--linger ${o.linger})`);
     if (ex) check(ex.code === 0, `servesim exited with ${ex.signal || ex.code}; stderr:\n${run.stderr()}`);
@@ -203,6 +203,7 @@ async function main() {
     process.exit(1);
   }
   log('PASS');
+  process.exit(0);
 }
 
 main().catch((e) => { console.error(`FAIL: ${e.stack || e.message}`); process.exit(1); });

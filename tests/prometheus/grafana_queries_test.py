@@ -15,6 +15,7 @@ import re
 import sys
 import os
 
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import servesim_live as live  # noqa: E402
 

@@ -3,15 +3,20 @@
 returns the run's metrics.
 
 prometheus_server_test.py --servesim BIN --scenario FILE --config dashboards/prometheus/prometheus.yml
-                          [--pace X] [--linger S] [--prometheus PATH] [--set path=value ...]
+                          [--dashboard GRAFANA_JSON] [--pace X] [--linger S] [--prometheus PATH]
+                          [--set path=value ...]
 
-Starts servesim with --metrics 127.0.0.1:0, starts `prometheus` on a free
-loopback port with the repository's scrape config pointed at that address
-and a temporary storage dir, waits until Prometheus has scraped the end of
+Starts `prometheus` on a free loopback port with the repository's scrape
+config pointed at another free loopback port and a temporary storage dir,
+then servesim with --metrics on that port (so that Prometheus, which takes
+seconds to start, sees the whole run), waits until Prometheus has scraped the end of
 the run, then checks over /api/v1/query and /api/v1/query_range that the
 finished-request counter arrived (per replica, never above servesim's own
 final count, non-decreasing over time), that the target is up and that the
-TTFT histogram is usable by histogram_quantile. Exit 77 (skip) when the
+TTFT histogram is usable by histogram_quantile. With --dashboard, every
+PromQL query of the Grafana dashboard runs on this Prometheus at a moment
+of the run and must return series with a finite value
+(SERVESIM_TEST_VERBOSE=1 prints them). Exit 77 (skip) when the
 prometheus binary is not installed. Python 3 stdlib only.
 """
 import argparse
@@ -24,9 +29,11 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import servesim_live as live  # noqa: E402
 
@@ -82,14 +89,62 @@ def start_prometheus(binary, config, storage, log):
         live.fail(f"prometheus exited ({proc.returncode}) three times; its log:\n{f.read()}")
 
 
+def series_times(base, t0):
+    """Timestamps at which Prometheus holds a scrape of the running (not yet done) run."""
+    r = api(base, "/api/v1/query_range", query='servesim_run_done{job="servesim"} == 0',
+            start=f"{t0 - 5:.3f}", end=f"{time.time():.3f}", step="0.5")["result"]
+    return [float(t) for t, _ in r[0]["values"]] if r else []
+
+
+def grafana_queries(path, base, instance, running_times):
+    """Runs every query of the Grafana dashboard, Grafana's variables filled in,
+    at the last moment the run was still going; each must return a finite value."""
+    with open(path) as f:
+        dash = json.load(f)
+    exprs = []
+
+    def walk(panels):
+        for p in panels:
+            exprs.extend((p.get("title"), t["expr"]) for t in p.get("targets", []) if t.get("expr"))
+            walk(p.get("panels", []))
+    walk(dash.get("panels", []))
+    if not exprs:
+        return [f"{path} has no queries"]
+    if len(running_times) < 3:
+        return [f"only {len(running_times)} evaluation points while the run was going; cannot run the Grafana queries"]
+    at = running_times[-2]  # a rate window ending here holds several running scrapes
+    problems = []
+    for title, expr in exprs:
+        q = (expr.replace("$__rate_interval", "4s").replace("${instance}", instance).replace("$instance", instance))
+        if "$" in q:
+            problems.append(f"Grafana panel {title!r}: unknown variable in {expr!r}")
+            continue
+        url = f"{base}/api/v1/query?{urllib.parse.urlencode({'query': q, 'time': f'{at:.3f}'})}"
+        try:
+            with urllib.request.urlopen(url, timeout=10) as r:
+                body = json.load(r)
+        except urllib.error.HTTPError as e:
+            problems.append(f"Grafana panel {title!r}: Prometheus rejects {q!r}: {e.read().decode(errors='replace')}")
+            continue
+        if os.environ.get("SERVESIM_TEST_VERBOSE"):
+            print(f"  {title}: {[(r['metric'], r['value'][1]) for r in body['data']['result']][:3]}", flush=True)
+        if body.get("status") != "success" or not body["data"]["result"]:
+            problems.append(f"Grafana panel {title!r}: {q!r} returned no series at {at:.1f}: {body}")
+        elif not any(math.isfinite(float(r["value"][1])) for r in body["data"]["result"]):
+            problems.append(f"Grafana panel {title!r}: {q!r} has no finite value at {at:.1f}: {body['data']['result']}")
+    print(f"prometheus: {len(exprs)} Grafana queries evaluated during the run, {len(problems)} problems", flush=True)
+    return problems
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--servesim", required=True)
     ap.add_argument("--scenario", required=True)
     ap.add_argument("--config", required=True, help="the repository's scrape config (target " + DEFAULT_TARGET + ")")
+    ap.add_argument("--dashboard", help="Grafana JSON whose queries must run on this Prometheus")
     ap.add_argument("--prometheus", default=shutil.which("prometheus") or "/usr/bin/prometheus")
-    ap.add_argument("--pace", default="200")
-    ap.add_argument("--linger", default="30")
+    ap.add_argument("--pace", default="300")
+    ap.add_argument("--linger", default="20")
     ap.add_argument("--set", action="append", default=[], dest="sets")
     a = ap.parse_args()
 
@@ -109,14 +164,25 @@ def main():
     tmp = tempfile.mkdtemp(prefix="servesim-prometheus-")
     run = prom = None
     try:
-        run = live.Servesim(a.servesim, a.scenario, pace=a.pace, linger=a.linger, sets=a.sets)
+        target = f"127.0.0.1:{free_port()}"
         config = os.path.join(tmp, "prometheus.yml")
         with open(config, "w") as f:
-            f.write(config_text.replace(DEFAULT_TARGET, run.address))
+            f.write(config_text.replace(DEFAULT_TARGET, target))
         log = open(os.path.join(tmp, "prometheus.log"), "w")
         prom, base = start_prometheus(a.prometheus, config, os.path.join(tmp, "data"), log)
-        print(f"servesim at {run.base}, prometheus at {base}", flush=True)
+        # Targets reach Prometheus' scrape loop some seconds after it is ready
+        # (discovery updates are throttled): wait for ours before starting.
+        deadline = time.monotonic() + 30
+        while not any(t.get("scrapeUrl", "").startswith(f"http://{target}/")
+                      for t in api(base, "/api/v1/targets").get("activeTargets", [])):
+            if time.monotonic() > deadline:
+                live.fail(f"prometheus did not pick up the scrape target {target} within 30 s")
+            time.sleep(0.2)
         t0 = time.time()
+        run = live.Servesim(a.servesim, a.scenario, pace=a.pace, linger=a.linger, sets=a.sets, metrics=target)
+        if run.address != target:
+            live.fail(f"servesim listens on {run.address}, asked for {target}")
+        print(f"servesim at {run.base}, prometheus at {base}", flush=True)
 
         # servesim's own final values (the run ends; servesim lingers).
         final_text = run.wait_done(timeout=600)
@@ -178,6 +244,9 @@ def main():
         print(f"prometheus: TTFT p50 over the run {p50:.4g} s", flush=True)
         if not (p50 > 0 and math.isfinite(p50)):
             problems.append(f"histogram_quantile over servesim_ttft_seconds_bucket gave {q}")
+
+        if a.dashboard:
+            problems += grafana_queries(a.dashboard, base, run.address, series_times(base, t0))
 
         if problems:
             live.fail("\n- " + "\n- ".join(problems))

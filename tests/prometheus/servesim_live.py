@@ -24,10 +24,10 @@ def fail(msg):
 
 
 class Servesim:
-    """A `servesim run ... --metrics 127.0.0.1:0` child process."""
+    """A `servesim run ... --metrics 127.0.0.1:0` child process (its address: .base, .address)."""
 
-    def __init__(self, binary, scenario, pace=None, linger=10, sets=(), web_dir=None, timeout=30):
-        args = [binary, "run", scenario, "--quiet", "--metrics", "127.0.0.1:0", "--linger", str(linger)]
+    def __init__(self, binary, scenario, pace=None, linger=10, sets=(), web_dir=None, timeout=30, metrics="127.0.0.1:0"):
+        args = [binary, "run", scenario, "--quiet", "--metrics", metrics, "--linger", str(linger)]
         if pace is not None:
             args += ["--pace", str(pace)]
         if web_dir:
