@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Idempotent set-up for the live-dashboard tests (ctest labels browser,
+# dashboards, prometheus): installs the missing Debian packages among chromium,
+# prometheus, nodejs and npm, then `npm ci` in tests/browser (playwright-core,
+# pinned by its package-lock.json) unless that is already in place.
+# Quiet when there is nothing to do. Runs as root, or with sudo available when
+# packages are missing. A package that cannot be installed is reported on
+# stderr and the script goes on (exit 0): the test that needs it then skips
+# with a message, and the rest of the set-up is not held up.
+# Usage: scripts/setup_dashboard_tests.sh
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 1
+
+installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
+
+missing=()
+for p in chromium prometheus; do installed "$p" || missing+=("$p"); done
+command -v node >/dev/null 2>&1 || missing+=(nodejs)
+command -v npm >/dev/null 2>&1 || missing+=(npm)
+
+warned=0
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup_dashboard_tests: installing ${missing[*]}"
+  sudo_cmd=()
+  if [ "$(id -u)" -ne 0 ]; then
+    if command -v sudo >/dev/null 2>&1; then sudo_cmd=(sudo); else
+      echo "setup_dashboard_tests: not root and no sudo: cannot install ${missing[*]}" >&2; warned=1; missing=()
+    fi
+  fi
+  if [ ${#missing[@]} -gt 0 ]; then
+    export DEBIAN_FRONTEND=noninteractive
+    apt_get() { "${sudo_cmd[@]}" apt-get -qq -o DPkg::Lock::Timeout=600 "$@" >/dev/null; }
+    # The package lists may be missing or stale (a fresh container): update once.
+    apt_get update || echo "setup_dashboard_tests: apt-get update failed" >&2
+    # One by one, so that one unavailable package does not block the others.
+    # --no-install-recommends keeps chromium and prometheus lean (the tests
+    # need neither a desktop nor the node exporter).
+    for p in "${missing[@]}"; do
+      if ! apt_get install -y --no-install-recommends "$p"; then
+        echo "setup_dashboard_tests: could not install $p; the tests that need it will skip" >&2
+        warned=1
+      fi
+    done
+    # Debian's prometheus package starts a service where systemd runs; the
+    # tests start their own server on a free loopback port and need neither.
+  fi
+fi
+
+# playwright-core for tests/browser/dashboard_test.js (no browser download:
+# the test drives Debian's /usr/bin/chromium).
+if command -v npm >/dev/null 2>&1; then
+  want=$(node -p "require('./tests/browser/package-lock.json').packages['node_modules/playwright-core'].version" 2>/dev/null)
+  have=$(node -p "require('./tests/browser/node_modules/playwright-core/package.json').version" 2>/dev/null)
+  if [ -z "$want" ] || [ "$want" != "$have" ]; then
+    echo "setup_dashboard_tests: npm ci in tests/browser (playwright-core ${want:-?})"
+    if ! PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 npm ci --prefix tests/browser --no-audit --no-fund --loglevel=error >/dev/null; then
+      echo "setup_dashboard_tests: npm ci failed in tests/browser; the browser test will try again into the build dir or skip" >&2
+      warned=1
+    fi
+  fi
+fi
+[ "$warned" -eq 0 ] || echo "setup_dashboard_tests: incomplete (see above); ctest -L 'browser|prometheus' will skip what is missing" >&2
+exit 0
