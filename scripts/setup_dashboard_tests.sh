@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Idempotent set-up for the live-dashboard tests (ctest labels browser,
 # dashboards, prometheus): installs the missing Debian packages among chromium,
-# prometheus, nodejs and npm, then `npm ci` in tests/browser (playwright-core,
+# prometheus, nodejs, npm and python3, then `npm ci` in tests/browser (playwright-core,
 # pinned by its package-lock.json) unless that is already in place.
 # Quiet when there is nothing to do. Runs as root, or with sudo available when
 # packages are missing. A package that cannot be installed is reported on
@@ -17,6 +17,7 @@ missing=()
 for p in chromium prometheus; do installed "$p" || missing+=("$p"); done
 command -v node >/dev/null 2>&1 || missing+=(nodejs)
 command -v npm >/dev/null 2>&1 || missing+=(npm)
+command -v python3 >/dev/null 2>&1 || missing+=(python3)
 
 warned=0
 if [ ${#missing[@]} -gt 0 ]; then
