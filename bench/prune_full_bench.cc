@@ -6,13 +6,16 @@
 //    sequence (request_id fixed), as the serving loop asks. Figures:
 //    first_step_ms (L = 1024: the request's first call, which builds its
 //    state from nothing), step_ms (mean of the following steps, the steady
-//    state of a decoding request), all_ms (mean over every call).
+//    state of a decoding request), all_ms (mean over every call); the same
+//    in thread CPU time (*_cpu_ms), steadier on a shared machine.
 //  - BM_TopickCalibrate / BM_SpattenCalibrate: CALIBRATED start-up with the
 //    default calibration (the device's own calibration_s()).
 // Timed by hand (steady_clock) with one iteration: each step is a distinct
 // call, memoised afterwards, so repeating a step would time the memo.
 // Run: build/bench/servesim_bench --benchmark_filter='Full|Calibrate'
 #include <benchmark/benchmark.h>
+
+#include <time.h>
 
 #include <chrono>
 #include <cstdio>
@@ -35,6 +38,14 @@ using servesim::devices::OpKind;
 constexpr int kLayers = 24, kHeads = 16, kDHead = 64;
 constexpr int64_t kFirstL = 1024;
 constexpr int64_t kRequest = 7;
+
+// CPU seconds of this thread: the figures on a shared machine (wall time is
+// reported too).
+double ThreadCpuS() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
 
 servesim::v1::DeviceSpec PruneSpec(bool spatten, servesim::v1::PruneFidelity fidelity) {
   servesim::v1::DeviceSpec spec;
@@ -60,7 +71,7 @@ servesim::v1::DeviceSpec PruneSpec(bool spatten, servesim::v1::PruneFidelity fid
 
 void FullDecode(benchmark::State& state, bool spatten) {
   const int64_t steps = state.range(0);
-  double first_s = 0, rest_s = 0, checksum = 0;
+  double first_s = 0, rest_s = 0, first_cpu_s = 0, rest_cpu_s = 0, checksum = 0;
   for (auto _ : state) {
     auto dev = servesim::devices::CreateDevice(PruneSpec(spatten, servesim::v1::PRUNE_FIDELITY_FULL));
     if (!dev.ok()) std::abort();
@@ -72,15 +83,21 @@ void FullDecode(benchmark::State& state, bool spatten) {
       op.seqs = seqs;
       Cost c;
       const auto t0 = std::chrono::steady_clock::now();
+      const double c0 = ThreadCpuS();
       if (!(*dev)->Estimate({&op, 1}, {&c, 1}).ok()) std::abort();
+      const double cpu = ThreadCpuS() - c0;
       const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       (l == kFirstL ? first_s : rest_s) += s;
+      (l == kFirstL ? first_cpu_s : rest_cpu_s) += cpu;
       checksum += c.dram_bytes;
       benchmark::DoNotOptimize(c);
     }
   }
   state.counters["first_step_ms"] = first_s * 1e3;
   state.counters["step_ms"] = steps > 0 ? rest_s * 1e3 / static_cast<double>(steps) : 0.0;
+  state.counters["first_step_cpu_ms"] = first_cpu_s * 1e3;
+  state.counters["step_cpu_ms"] =
+      steps > 0 ? rest_cpu_s * 1e3 / static_cast<double>(steps) : 0.0;
   state.counters["all_ms"] = (first_s + rest_s) * 1e3 / static_cast<double>(steps + 1);
   // The sum of the DRAM bytes of every step: equal before and after a change
   // that must not change results.
