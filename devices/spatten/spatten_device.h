@@ -117,6 +117,14 @@ class SpattenSession {
   // step's.
   absl::StatusOr<AttentionResult> RunLayer(int layer, const AttentionCall& call,
                                            SpattenCounts* counts);
+  // The same on fixed-point K/V (T int16_t or int32_t): q_in holds heads x
+  // d floats, kv[g] KV head g's L rows; out (heads x d, or null when only
+  // the counts and the cascade state are wanted) receives the output.
+  // RunLayer quantises its call and comes here.
+  template <typename T>
+  absl::Status RunLayerFixed(int layer, const float* q_in, int64_t heads, int64_t kv_heads,
+                             int64_t l, int64_t d, double call_scale, const FixedKvHead<T>* kv,
+                             float* out, SpattenCounts* counts);
   const std::vector<double>& token_importance() const { return token_importance_; }
   const std::vector<uint8_t>& token_pruned() const { return token_pruned_; }
   const std::vector<uint8_t>& head_alive() const { return head_alive_; }
@@ -127,6 +135,9 @@ class SpattenSession {
   int64_t last_l_ = 0;
   std::vector<double> token_importance_, head_importance_;
   std::vector<uint8_t> token_pruned_, head_alive_;
+  // Scratch reused across layers.
+  std::vector<int64_t> alive_;
+  std::vector<double> s_, p_;
 };
 
 class SpattenDevice : public Device {
@@ -152,6 +163,8 @@ class SpattenDevice : public Device {
   double BytesPerCycle() const;
   const servesim::v1::SpattenSpec& spec() const { return spec_.spatten(); }
   double calibration_s() const { return calibration_s_; }
+  // FULL mode's K/V cache (null in other modes).
+  const FullKvCache* full_cache() const { return cache_.get(); }
 
  private:
   explicit SpattenDevice(const servesim::v1::SpattenDeviceSpec& spec) : spec_(spec) {}
@@ -169,6 +182,9 @@ class SpattenDevice : public Device {
   };
   mutable std::mutex mu_;
   mutable std::map<int64_t, RequestState> requests_;
+  // FULL: the requests' fixed-point K and V rows between steps (msb + lsb
+  // <= 16 bits; wider operands regenerate each step).
+  std::unique_ptr<FullKvCache> cache_;
 };
 
 // Builds the multi-head call of one layer from a source (q [heads,1,d],

@@ -138,6 +138,8 @@ class TopickDevice : public Device {
   const KeepProfile& profile() const { return profile_; }
   // Seconds Create() spent calibrating (0 unless CALIBRATED).
   double calibration_s() const { return calibration_s_; }
+  // FULL mode's K cache (null in other modes).
+  const FullKvCache* full_cache() const { return cache_.get(); }
 
  private:
   explicit TopickDevice(const servesim::v1::TopickDeviceSpec& spec);
@@ -150,6 +152,9 @@ class TopickDevice : public Device {
   KeepProfile profile_;
   double calibration_s_ = 0;
   std::unique_ptr<AttentionSource> source_;  // CALIBRATED and FULL
+  // FULL: the requests' fixed-point K rows between steps (operand_bits <=
+  // 16; wider operands regenerate each step).
+  std::unique_ptr<FullKvCache> cache_;
   mutable std::mutex memo_mu_;
   mutable absl::flat_hash_map<std::pair<int64_t, int64_t>, std::array<double, 3>> memo_;
 };
