@@ -101,7 +101,8 @@ const float* AsFloats(const Tensor& t, std::vector<float>* storage);
 //
 // MEMORY (bytes per cached position of a request): layers x heads x d_head x
 // 2 for K, as much again for V when kept (keep_v), plus 16 bytes per
-// maximum record (O(log L) per head: a new maximum of L draws is rare). At
+// maximum record (O(log L) per head: a new maximum of L draws is rare);
+// rows grow by 1/8 at a time, so up to 12.5% more is reserved. At
 // GPT-2 medium (24 x 16 heads, d 64): 48 KiB per position with K only
 // (topick: its counts never read V), 96 KiB with K and V (spatten); 52 MB /
 // 104 MB per request at L = 1088. A total cap bounds it: after each call the
