@@ -7,7 +7,9 @@
 //    first_step_ms (L = 1024: the request's first call, which builds its
 //    state from nothing), step_ms (mean of the following steps, the steady
 //    state of a decoding request), all_ms (mean over every call); the same
-//    in thread CPU time (*_cpu_ms), steadier on a shared machine.
+//    in thread CPU time (*_cpu_ms), steadier on a shared machine; the K/V
+//    cache's bytes per position and what it holds for the request at the
+//    end (L = 1024 + steps).
 //  - BM_TopickCalibrate / BM_SpattenCalibrate: CALIBRATED start-up with the
 //    default calibration (the device's own calibration_s()).
 // Timed by hand (steady_clock) with one iteration: each step is a distinct
@@ -72,6 +74,7 @@ servesim::v1::DeviceSpec PruneSpec(bool spatten, servesim::v1::PruneFidelity fid
 void FullDecode(benchmark::State& state, bool spatten) {
   const int64_t steps = state.range(0);
   double first_s = 0, rest_s = 0, first_cpu_s = 0, rest_cpu_s = 0, checksum = 0;
+  double per_position = 0, request_bytes = 0;
   for (auto _ : state) {
     auto dev = servesim::devices::CreateDevice(PruneSpec(spatten, servesim::v1::PRUNE_FIDELITY_FULL));
     if (!dev.ok()) std::abort();
@@ -92,7 +95,17 @@ void FullDecode(benchmark::State& state, bool spatten) {
       checksum += c.dram_bytes;
       benchmark::DoNotOptimize(c);
     }
+    // The memory FULL mode holds for the request (its K/V cache).
+    const servesim::devices::FullKvCache* cache =
+        spatten ? static_cast<const servesim::devices::SpattenDevice*>(dev->get())->full_cache()
+                : static_cast<const servesim::devices::TopickDevice*>(dev->get())->full_cache();
+    if (cache != nullptr) {
+      per_position = static_cast<double>(cache->bytes_per_position());
+      request_bytes = static_cast<double>(cache->bytes_of(kRequest));
+    }
   }
+  state.counters["cache_bytes_per_position"] = per_position;
+  state.counters["cache_bytes_of_request"] = request_bytes;
   state.counters["first_step_ms"] = first_s * 1e3;
   state.counters["step_ms"] = steps > 0 ? rest_s * 1e3 / static_cast<double>(steps) : 0.0;
   state.counters["first_step_cpu_ms"] = first_cpu_s * 1e3;
@@ -100,8 +113,9 @@ void FullDecode(benchmark::State& state, bool spatten) {
       steps > 0 ? rest_cpu_s * 1e3 / static_cast<double>(steps) : 0.0;
   state.counters["all_ms"] = (first_s + rest_s) * 1e3 / static_cast<double>(steps + 1);
   // The sum of the DRAM bytes of every step: equal before and after a change
-  // that must not change results.
+  // that must not change results (printed in full below).
   state.counters["dram_bytes_sum"] = checksum;
+  std::printf("%s FULL: dram_bytes_sum %.17g\n", spatten ? "spatten" : "topick", checksum);
 }
 
 void BM_TopickFullDecode(benchmark::State& state) { FullDecode(state, false); }

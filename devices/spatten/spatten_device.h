@@ -56,13 +56,20 @@
 //
 // FIDELITY: ANALYTIC (preset table from the paper's reported ratios),
 // CALIBRATED (sessions of min(8, layers) layers x min(4, heads) heads, two
-// steps at each calibration length, the second step measured; 0.49 s in
-// Release for the default lengths; with 4 heads head pruning never binds,
-// so the calibrated head fraction is 1), FULL (a
-// session per request over every layer and head of `model`, advanced step
-// by step to each L asked, memoised per (request_id, L); thread-safe). A
-// FULL request's session starts at the first L asked; asking a smaller L
-// later restarts it there.
+// steps at each calibration length, the second step measured; each
+// instance's fixed-point rows are extended from one step and length to the
+// next rather than regenerated (FullKvCache), 0.11 s in Release for the
+// default lengths; with 4 heads head pruning never binds, so the calibrated
+// head fraction is 1), FULL (a session per request over every layer and
+// head of `model`, advanced step by step to each L asked, memoised per
+// (request_id, L); thread-safe). A FULL request's session starts at the
+// first L asked; asking a smaller L later restarts it there. Its
+// fixed-point K and V rows are kept between steps and grown by one row per
+// step (prune_common.h, FullKvCache: exact, LRU under full_cache_bytes,
+// 2 GiB by default; 4 x d_head bytes per position per head, 96 KiB per
+// position at GPT-2 medium); the session state itself (9 bytes per token
+// plus the memo) is kept per request. About 18 ms per decode step at GPT-2
+// medium and L = 1024 in Release on one core (bench/prune_full_bench.cc).
 #ifndef SERVESIM_DEVICES_SPATTEN_SPATTEN_DEVICE_H_
 #define SERVESIM_DEVICES_SPATTEN_SPATTEN_DEVICE_H_
 

@@ -85,6 +85,9 @@ struct TopickWorkspace {
   std::vector<double> e_old, acc;
   std::vector<int32_t> lane_next, lane_inflight;
   std::vector<int64_t> lane_busy;
+  // Per lane: the first cycle it can take its next arrival, max(busy until,
+  // the FIFO front's arrival), or never (empty FIFO).
+  std::vector<int64_t> ready;
   std::vector<std::vector<Arrival>> arrivals;
   std::vector<size_t> arrival_head;
   std::vector<Request> memq;
@@ -189,22 +192,27 @@ TopickCounts RunHead(const KernelConfig& cfg, const float* q_in, const T* kh, co
   w.lane_next.assign(lanes, 0);
   w.lane_inflight.assign(lanes, 0);
   w.lane_busy.assign(lanes, 0);
+  constexpr int64_t kNever = std::numeric_limits<int64_t>::max();
+  w.ready.assign(lanes, kNever);
   w.arrivals.resize(lanes);
   for (auto& a : w.arrivals) a.clear();
   w.arrival_head.assign(lanes, 0);
-  w.memq.clear();
-  size_t mem_head = 0;
+  // Every token enters the memory queue at most once per chunk; one slot
+  // more for the unconditional write below.
+  w.memq.resize(static_cast<size_t>(kChunks * l + 1));
+  size_t mem_head = 0, mem_tail = 0;
   TopickCounts counts;
   counts.heads = 1;
   counts.tokens = l;
   double denom = 0, credit = 0;
+  double log_of = -1, log_d = 0;  // ln D, recomputed when D changes
   int64_t done = 0, cycle = 0, issued = 0;
   for (;; ++cycle) {
     // New first-chunk requests, in visit order per lane.
     for (int64_t ln = 0; issued < l && ln < lanes; ++ln) {
       const int64_t n = ln + int64_t{w.lane_next[ln]} * lanes;
       if (n < l && w.lane_inflight[ln] < entries) {
-        w.memq.push_back({static_cast<int32_t>(token_of(n)), 0, static_cast<int16_t>(ln)});
+        w.memq[mem_tail++] = {static_cast<int32_t>(token_of(n)), 0, static_cast<int16_t>(ln)};
         ++w.lane_next[ln];
         ++w.lane_inflight[ln];
         ++issued;
@@ -212,28 +220,33 @@ TopickCounts RunHead(const KernelConfig& cfg, const float* q_in, const T* kh, co
     }
     // The memory serves requests FIFO at its bandwidth.
     credit += cfg.bpc;
-    while (mem_head < w.memq.size() && credit >= cfg.req_bytes) {
+    while (mem_head < mem_tail && credit >= cfg.req_bytes) {
       const Request r = w.memq[mem_head++];
       credit -= cfg.req_bytes;
-      w.arrivals[r.lane].push_back({cycle + lat, r});
+      auto& a = w.arrivals[r.lane];
+      a.push_back({cycle + lat, r});
+      if (w.arrival_head[r.lane] + 1 == a.size()) {
+        w.ready[r.lane] = std::max(w.lane_busy[r.lane], cycle + lat);
+      }
       if (on_demand) {
         ++counts.chunk_fetched[r.chunk];
       } else {
         for (int b = 0; b < kChunks; ++b) ++counts.chunk_fetched[b];
       }
     }
-    if (mem_head == w.memq.size()) credit = std::min(credit, cfg.bpc);
+    if (mem_head == mem_tail) credit = std::min(credit, cfg.bpc);
     // Each lane processes one arrived chunk (out of order across tokens).
     double delta = 0;
     // No estimate before the first partial exp reaches the DAG (D = 0).
     const bool have_d = denom > 0;
-    const double log_d = have_d ? std::log(denom) : 0.0;
+    if (have_d && denom != log_of) log_of = denom, log_d = std::log(denom);
     for (int64_t ln = 0; ln < lanes; ++ln) {
+      if (w.ready[ln] > cycle) continue;
       auto& a = w.arrivals[ln];
       size_t& ah = w.arrival_head[ln];
-      if (w.lane_busy[ln] > cycle || ah == a.size() || a[ah].cycle > cycle) continue;
       const Request r = a[ah++].r;
       w.lane_busy[ln] = cycle + cpc;
+      w.ready[ln] = ah < a.size() ? std::max(cycle + cpc, a[ah].cycle) : kNever;
       const int64_t j = r.token;
       const int b = on_demand ? r.chunk : kChunks - 1;
       w.ps[j] = b == 0 ? w.ps0[j] : MaskedDot(q, kh + j * d, d, mask[b], cfg.narrow);
@@ -241,23 +254,35 @@ TopickCounts RunHead(const KernelConfig& cfg, const float* q_in, const T* kh, co
       const double s_min = static_cast<double>(w.ps[j] + mmin[b]) * f - offset;
       const double e_new = std::exp(s_min);
       delta += e_new - w.e_old[j];
-      w.e_old[j] = e_new;
-      if (have_d && s_max - log_d < cfg.log_thr) {  // Eq. 5: p'' < thr
-        delta -= e_new;
-        w.e_old[j] = 0;
-        pruned[j] = static_cast<int8_t>(b);
-        ++counts.pruned_after[b];
-        --w.lane_inflight[ln];
-        ++done;
-      } else if (b + 1 < kChunks) {
-        w.memq.push_back({static_cast<int32_t>(j), static_cast<int8_t>(b + 1), r.lane});
-      } else {
-        --w.lane_inflight[ln];
-        ++done;
-      }
+      // Eq. 5: prune when p'' < thr; else request the next chunk, or the
+      // token is done after the last. Written without branches (the
+      // decision is data-dependent, so a branch mispredicts often); the
+      // arithmetic is the same.
+      const bool prune = have_d & (s_max - log_d < cfg.log_thr);
+      const bool more = !prune & (b + 1 < kChunks);
+      const double delta_pruned = delta - e_new;
+      delta = prune ? delta_pruned : delta;
+      w.e_old[j] = prune ? 0.0 : e_new;
+      pruned[j] = prune ? static_cast<int8_t>(b) : pruned[j];
+      counts.pruned_after[b] += prune;
+      w.memq[mem_tail] = {static_cast<int32_t>(j), static_cast<int8_t>(b + 1), r.lane};
+      mem_tail += more;
+      w.lane_inflight[ln] -= !more;
+      done += !more;
     }
     denom = std::max(0.0, denom + delta);
     if (done == l) break;
+    // Idle cycles (every token issued, the memory queue empty, no lane able
+    // to take an arrival) change nothing but the memory credit, which ends
+    // each of them at one cycle's worth: skip to the next arrival a lane
+    // can take, with that credit. The cycles counted are the same.
+    if (issued == l && mem_head == mem_tail) {
+      const int64_t next = *std::min_element(w.ready.begin(), w.ready.end());
+      if (next != kNever && next > cycle + 1) {
+        cycle = next - 1;
+        credit = cfg.bpc;
+      }
+    }
   }
   // Step 1: softmax over the kept tokens and the weighted sum of their V
   // (skipped when only the counts are wanted: they do not depend on V).

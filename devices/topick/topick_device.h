@@ -62,8 +62,16 @@
 //  - CALIBRATED: RunKernel at Create() on the attention data at each
 //    calibration length (instances x 4 heads), fractions of L interpolated
 //    log-linearly;
-//  - FULL: RunKernel on every head of every layer of `model` for each
-//    (request_id, L), mean per head; memoised (thread-safe).
+//  - FULL: the kernel on every head of every layer of `model` for each
+//    (request_id, L), mean per head; memoised (thread-safe). The request's
+//    fixed-point K rows are kept between steps and grown by one row per
+//    step (prune_common.h, FullKvCache: exact, LRU under
+//    full_cache_bytes, 2 GiB by default; 2 x d_head bytes per position per
+//    head, 48 KiB per position at GPT-2 medium); V is not kept or read, as
+//    the counts do not depend on it (the kernel's output is not needed).
+//    About 31 ms per decode step at GPT-2 medium and L = 1024 in Release on
+//    one core (bench/prune_full_bench.cc), 64% of it in the cycle-stepped
+//    simulation and the exp of its running denominator.
 #ifndef SERVESIM_DEVICES_TOPICK_TOPICK_DEVICE_H_
 #define SERVESIM_DEVICES_TOPICK_TOPICK_DEVICE_H_
 
