@@ -1,5 +1,6 @@
 #include "devices/attention_data.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -47,6 +48,29 @@ inline float FastNormal(Rng& rng) {
 double Omega(int f, double recency_tokens) { return std::exp2(0.5 * f) / recency_tokens; }
 
 }  // namespace
+
+absl::Status AttentionSource::StepQuery(const AttentionInstance& instance, int64_t context_len,
+                                       float* q) const {
+  ASSIGN_OR_RETURN(AttentionCall call, DecodeStep(instance, context_len));
+  const auto* src = reinterpret_cast<const float*>(call.q.bytes.data());
+  std::copy(src, src + d_head(), q);
+  return absl::OkStatus();
+}
+
+absl::Status AttentionSource::KeyValueRows(const AttentionInstance& instance, int64_t begin,
+                                          int64_t end, float* k, float* v) const {
+  if (begin < 0 || end <= begin) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("attention rows [", begin, ", ", end, "); expected 0 <= begin < end"));
+  }
+  ASSIGN_OR_RETURN(AttentionCall call, DecodeStep(instance, end));
+  const int64_t d = d_head();
+  const auto* ks = reinterpret_cast<const float*>(call.k.bytes.data());
+  const auto* vs = reinterpret_cast<const float*>(call.v.bytes.data());
+  std::copy(ks + begin * d, ks + end * d, k);
+  if (v != nullptr) std::copy(vs + begin * d, vs + end * d, v);
+  return absl::OkStatus();
+}
 
 absl::Status ValidateAttentionDataParams(const AttentionDataParams& p) {
   auto bad = [](absl::string_view field, double v, absl::string_view range) {
@@ -159,6 +183,30 @@ absl::StatusOr<AttentionCall> AttentionDataGenerator::DecodeStep(const Attention
     Value(in, j, v + j * d);
   }
   return call;
+}
+
+absl::Status AttentionDataGenerator::StepQuery(const AttentionInstance& in, int64_t context_len,
+                                              float* q) const {
+  if (context_len < 1 || context_len > (int64_t{1} << 24)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "attention data: context_len = ", context_len, "; expected in [1, 16777216]"));
+  }
+  Query(in, context_len - 1, q);
+  return absl::OkStatus();
+}
+
+absl::Status AttentionDataGenerator::KeyValueRows(const AttentionInstance& in, int64_t begin,
+                                                 int64_t end, float* k, float* v) const {
+  if (begin < 0 || end <= begin || end > (int64_t{1} << 24)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "attention data: rows [", begin, ", ", end, "); expected 0 <= begin < end <= 16777216"));
+  }
+  const int64_t d = p_.d_head;
+  for (int64_t j = begin; j < end; ++j) {
+    Key(in, j, k + (j - begin) * d);
+    if (v != nullptr) Value(in, j, v + (j - begin) * d);
+  }
+  return absl::OkStatus();
 }
 
 // ----------------------------------------------------------------- .npy --

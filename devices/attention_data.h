@@ -97,6 +97,18 @@ class AttentionSource {
   // k and v [1, context_len, d], fp32.
   virtual absl::StatusOr<AttentionCall> DecodeStep(const AttentionInstance& instance,
                                                    int64_t context_len) const = 0;
+  // The pieces of DecodeStep, for callers that keep K/V between steps (the
+  // devices' FULL mode, prune_common.h): both sources give a position the
+  // same K and V in every step whose context includes it, so rows generated
+  // once stay valid. StepQuery writes q (d floats) of the step with context
+  // length `context_len`; KeyValueRows writes the K (and, if v is not null,
+  // V) rows of positions [begin, end) row-major, (end - begin) x d floats
+  // each, equal to rows begin..end-1 of DecodeStep(instance, end). The
+  // defaults go through DecodeStep.
+  virtual absl::Status StepQuery(const AttentionInstance& instance, int64_t context_len,
+                                 float* q) const;
+  virtual absl::Status KeyValueRows(const AttentionInstance& instance, int64_t begin,
+                                    int64_t end, float* k, float* v) const;
 };
 
 class AttentionDataGenerator : public AttentionSource {
@@ -106,6 +118,11 @@ class AttentionDataGenerator : public AttentionSource {
   int64_t d_head() const override { return p_.d_head; }
   absl::StatusOr<AttentionCall> DecodeStep(const AttentionInstance& instance,
                                            int64_t context_len) const override;
+  // Direct, without building the whole step.
+  absl::Status StepQuery(const AttentionInstance& instance, int64_t context_len,
+                         float* q) const override;
+  absl::Status KeyValueRows(const AttentionInstance& instance, int64_t begin, int64_t end,
+                            float* k, float* v) const override;
 
   // The pieces, each written to out[0..d_head).
   void Query(const AttentionInstance& instance, int64_t position, float* out) const;

@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iterator>
 
+#include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 
 namespace servesim::devices {
@@ -73,5 +75,236 @@ std::vector<int64_t> CalibrationLengths(const servesim::v1::PruneCalibrationSpec
 int CalibrationInstances(const servesim::v1::PruneCalibrationSpec& c) {
   return c.has_instances() ? c.instances() : 4;
 }
+
+
+// ------------------------------------------------------------ fixed point --
+
+double FixedScale(float max_abs, int bits) {
+  const int32_t qmax = (int32_t{1} << (bits - 1)) - 1;
+  return max_abs > 0 ? static_cast<double>(max_abs) / qmax : 1.0;
+}
+
+template <typename T>
+void QuantiseAtScale(const float* x, int64_t n, int bits, double scale, T* out) {
+  const double qmax = static_cast<double>((int32_t{1} << (bits - 1)) - 1);
+  // Round half to even as std::nearbyint in the default rounding mode, by
+  // the add-and-subtract of 1.5 x 2^52 (exact for |r| < 2^51; here |r| <=
+  // qmax x (1 + 2^-52)), which unlike nearbyint compiles to vector code on
+  // baseline x86-64 (no SSE4.1 round instruction).
+  constexpr double kMagic = 0x1.8p52;
+  for (int64_t i = 0; i < n; ++i) {
+    const double r = (static_cast<double>(x[i]) / scale + kMagic) - kMagic;
+    out[i] = static_cast<T>(std::clamp(r, -qmax, qmax));
+  }
+}
+
+template <typename T>
+double QuantiseFixed(const float* x, int64_t n, int bits, T* out) {
+  float mx = 0;
+  for (int64_t i = 0; i < n; ++i) mx = std::max(mx, std::fabs(x[i]));
+  const double scale = FixedScale(mx, bits);
+  QuantiseAtScale(x, n, bits, scale, out);
+  return scale;
+}
+
+template void QuantiseAtScale<int16_t>(const float*, int64_t, int, double, int16_t*);
+template void QuantiseAtScale<int32_t>(const float*, int64_t, int, double, int32_t*);
+template double QuantiseFixed<int16_t>(const float*, int64_t, int, int16_t*);
+template double QuantiseFixed<int32_t>(const float*, int64_t, int, int32_t*);
+
+const float* AsFloats(const Tensor& t, std::vector<float>* storage) {
+  if (t.type == ElementType::kFp32) return reinterpret_cast<const float*>(t.bytes.data());
+  const int64_t n = t.NumElements();
+  storage->resize(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) (*storage)[static_cast<size_t>(i)] = t.At(i);
+  return storage->data();
+}
+
+// ---------------------------------------------------------- FULL K/V cache --
+
+namespace {
+
+// The largest |x| among the first l rows, from the records of its rises.
+float PrefixMax(const std::vector<std::pair<int64_t, float>>& records, int64_t l) {
+  float m = 0;
+  for (const auto& [row, v] : records) {
+    if (row >= l) break;
+    m = v;
+  }
+  return m;
+}
+
+// Scans rows [first, first + n) (row-major floats x) for rises of the
+// running maximum; true if it rose.
+bool ScanMax(const float* x, int64_t first, int64_t n, int64_t d, float* max_abs,
+             std::vector<std::pair<int64_t, float>>* records) {
+  bool rose = false;
+  for (int64_t r = 0; r < n; ++r) {
+    float m = 0;
+    for (int64_t c = 0; c < d; ++c) m = std::max(m, std::fabs(x[r * d + c]));
+    if (m > *max_abs) {
+      *max_abs = m;
+      records->push_back({first + r, m});
+      rose = true;
+    }
+  }
+  return rose;
+}
+
+}  // namespace
+
+int64_t FullCacheCap(int64_t spec_bytes) {
+  return spec_bytes > 0 ? spec_bytes : FullKvCache::kDefaultCapBytes;
+}
+
+FullKvCache::FullKvCache(const AttentionSource* source, int layers, int heads, int bits,
+                         bool keep_v, int64_t cap_bytes)
+    : source_(source), layers_(layers), heads_(heads), bits_(bits), keep_v_(keep_v),
+      d_(source->d_head()), cap_bytes_(cap_bytes) {}
+
+int64_t FullKvCache::bytes_per_position() const {
+  return int64_t{layers_} * heads_ * d_ * static_cast<int64_t>(sizeof(int16_t)) * (keep_v_ ? 2 : 1);
+}
+
+int64_t FullKvCache::BytesOf(const Entry& e) {
+  int64_t b = 0;
+  for (const Head& h : e.heads) {
+    b += static_cast<int64_t>((h.k.capacity() + h.v.capacity()) * sizeof(int16_t) +
+                              (h.k_records.capacity() + h.v_records.capacity()) *
+                                  sizeof(std::pair<int64_t, float>));
+  }
+  return b;
+}
+
+FullKvCache::Lease FullKvCache::Acquire(int64_t request) {
+  std::shared_ptr<Entry> e;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    auto& slot = entries_[request];
+    if (slot == nullptr) {
+      slot = std::make_shared<Entry>();
+      slot->request = request;
+    }
+    e = slot;
+  }
+  return Lease(this, std::move(e));
+}
+
+FullKvCache::Lease::Lease(FullKvCache* cache, std::shared_ptr<Entry> entry)
+    : cache_(cache), entry_(std::move(entry)), lock_(entry_->mu) {
+  if (entry_->heads.empty()) entry_->heads.resize(static_cast<size_t>(cache_->layers_) * cache_->heads_);
+}
+
+FullKvCache::Lease::Lease(Lease&& o) noexcept
+    : cache_(o.cache_), entry_(std::move(o.entry_)), lock_(std::move(o.lock_)),
+      scratch_k_(std::move(o.scratch_k_)), scratch_v_(std::move(o.scratch_v_)) {}
+
+FullKvCache::Lease::~Lease() {
+  if (entry_ == nullptr) return;
+  cache_->Finish(entry_.get());
+  lock_.unlock();
+}
+
+absl::StatusOr<FullKvCache::View> FullKvCache::Lease::Rows(int layer, int head, int64_t l) {
+  FullKvCache& c = *cache_;
+  if (layer < 0 || layer >= c.layers_ || head < 0 || head >= c.heads_ || l < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("K/V cache: layer ", layer, " head ", head,
+                                                   " context ", l, "; expected layer in [0, ",
+                                                   c.layers_, "), head in [0, ", c.heads_,
+                                                   ") and context >= 1"));
+  }
+  Head& h = entry_->heads[static_cast<size_t>(layer) * c.heads_ + head];
+  const int64_t d = c.d_;
+  const bool kv = c.keep_v_;
+  if (l < h.rows && (PrefixMax(h.k_records, l) != h.k_max ||
+                     (kv && PrefixMax(h.v_records, l) != h.v_max))) {
+    h = Head{};  // the prefix has its own scale: rebuild at l
+  }
+  if (l > h.rows) {
+    const AttentionInstance in{entry_->request, layer, head};
+    const int64_t old = h.rows, n = l - old;
+    if (old == 0) c.head_builds_.fetch_add(1, std::memory_order_relaxed);
+    scratch_k_.resize(static_cast<size_t>(n * d));
+    scratch_v_.resize(kv ? static_cast<size_t>(n * d) : 0);
+    RETURN_IF_ERROR(c.source_->KeyValueRows(in, old, l, scratch_k_.data(),
+                                            kv ? scratch_v_.data() : nullptr));
+    const bool k_rose = ScanMax(scratch_k_.data(), old, n, d, &h.k_max, &h.k_records);
+    const bool v_rose = kv && ScanMax(scratch_v_.data(), old, n, d, &h.v_max, &h.v_records);
+    // Growth by 1/8 (at least 64 rows) past the first build: at most 12.5%
+    // slack, and a step rarely reallocates.
+    if (old > 0 && h.k.capacity() < static_cast<size_t>(l * d)) {
+      const size_t want = static_cast<size_t>(std::max(l + 64, l + l / 8) * d);
+      h.k.reserve(want);
+      if (kv) h.v.reserve(want);
+    }
+    h.k.resize(static_cast<size_t>(l * d));
+    if (kv) h.v.resize(static_cast<size_t>(l * d));
+    if (old > 0 && (k_rose || v_rose)) {
+      // The scale changed: the old rows again from the source.
+      std::vector<float> ok(static_cast<size_t>(old * d)), ov(v_rose ? ok.size() : 0);
+      RETURN_IF_ERROR(c.source_->KeyValueRows(in, 0, old, ok.data(), v_rose ? ov.data() : nullptr));
+      if (k_rose) QuantiseAtScale(ok.data(), old * d, c.bits_, FixedScale(h.k_max, c.bits_), h.k.data());
+      if (v_rose) QuantiseAtScale(ov.data(), old * d, c.bits_, FixedScale(h.v_max, c.bits_), h.v.data());
+    }
+    QuantiseAtScale(scratch_k_.data(), n * d, c.bits_, FixedScale(h.k_max, c.bits_),
+                    h.k.data() + old * d);
+    if (kv) {
+      QuantiseAtScale(scratch_v_.data(), n * d, c.bits_, FixedScale(h.v_max, c.bits_),
+                      h.v.data() + old * d);
+    }
+    h.rows = l;
+  }
+  View v;
+  v.k = h.k.data();
+  v.v = kv ? h.v.data() : nullptr;
+  v.k_scale = FixedScale(h.k_max, c.bits_);
+  v.v_scale = FixedScale(h.v_max, c.bits_);
+  return v;
+}
+
+void FullKvCache::Finish(Entry* e) {
+  std::vector<std::shared_ptr<Entry>> dropped;  // destroyed after the lock
+  std::lock_guard<std::mutex> g(mu_);
+  const int64_t now = BytesOf(*e);
+  total_bytes_ += now - e->bytes;
+  e->bytes = now;
+  if (e->listed) lru_.erase(e->lru);
+  lru_.push_back(e);
+  e->lru = std::prev(lru_.end());
+  e->listed = true;
+  auto drop = [&](Entry* v) {
+    total_bytes_ -= v->bytes;
+    v->bytes = 0;
+    v->heads.clear();
+    v->heads.shrink_to_fit();
+    lru_.erase(v->lru);
+    v->listed = false;
+    if (auto it = entries_.find(v->request); it != entries_.end() && it->second.get() == v) {
+      dropped.push_back(std::move(it->second));
+      entries_.erase(it);
+    }
+  };
+  for (auto it = lru_.begin(); total_bytes_ > cap_bytes_ && it != lru_.end();) {
+    Entry* v = *it++;
+    if (v == e) continue;
+    std::unique_lock<std::mutex> vl(v->mu, std::try_to_lock);
+    if (!vl.owns_lock()) continue;  // in use by another thread
+    drop(v);
+  }
+  if (total_bytes_ > cap_bytes_) drop(e);  // alone above the cap
+}
+
+int64_t FullKvCache::bytes() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return total_bytes_;
+}
+
+int64_t FullKvCache::bytes_of(int64_t request) const {
+  std::lock_guard<std::mutex> g(mu_);
+  auto it = entries_.find(request);
+  return it == entries_.end() ? 0 : it->second->bytes;
+}
+
+int64_t FullKvCache::head_builds() const { return head_builds_.load(std::memory_order_relaxed); }
 
 }  // namespace servesim::devices

@@ -4,14 +4,21 @@
 #ifndef SERVESIM_DEVICES_PRUNE_COMMON_H_
 #define SERVESIM_DEVICES_PRUNE_COMMON_H_
 
+#include <atomic>
 #include <cstdint>
+#include <list>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
+
+#include "absl/container/flat_hash_map.h"
 
 #include "absl/status/statusor.h"
 #include "devices/attention_data.h"
 #include "devices/ops.h"
+#include "devices/tensor.h"
 #include "servesim/v1/hardware.pb.h"
 
 namespace servesim::devices {
@@ -44,6 +51,149 @@ int64_t OpHeadCount(const Op& op);
 // Calibration lengths and instances with defaults (128 .. 2048; 4).
 std::vector<int64_t> CalibrationLengths(const servesim::v1::PruneCalibrationSpec& c);
 int CalibrationInstances(const servesim::v1::PruneCalibrationSpec& c);
+
+// Symmetric fixed point with `bits` bits, one scale for the n floats:
+// integers in [-(2^(bits-1) - 1), 2^(bits-1) - 1], scale = max |x| / that
+// bound (1 for all zeros), x rounded to nearest-even of x / scale. The rule
+// both kernels apply to each head's Q and each KV head's K and V. T is
+// int16_t (bits <= 16) or int32_t. Returns the scale.
+template <typename T>
+double QuantiseFixed(const float* x, int64_t n, int bits, T* out);
+// The scale QuantiseFixed picks for a maximum |x| of `max_abs`, and its
+// rounding of n floats at a given scale.
+double FixedScale(float max_abs, int bits);
+template <typename T>
+void QuantiseAtScale(const float* x, int64_t n, int bits, double scale, T* out);
+
+// One KV head's fixed-point rows: k and v point at L x d_head integers (v
+// null where a kernel does not read V), with their QuantiseFixed scales.
+template <typename T>
+struct FixedKvHead {
+  const T* k = nullptr;
+  const T* v = nullptr;
+  double k_scale = 1, v_scale = 1;
+};
+
+// The elements of t as floats: t's own bytes when fp32, else widened (fp16,
+// exactly) into *storage.
+const float* AsFloats(const Tensor& t, std::vector<float>* storage);
+
+// ------------------------------------------------------ FULL-mode K/V cache --
+//
+// WHAT IS CACHED AND WHY
+// FULL fidelity runs a kernel on every head of every layer at each decode
+// step of a request. A position's K and V never change from step to step
+// (AttentionSource::KeyValueRows), so rather than regenerating and
+// re-quantising the L rows of every head at every step, a request's rows are
+// kept in the kernels' own fixed-point form (int16: operand widths up to 16
+// bits) and grown by one row per step.
+//
+// EXACTNESS: the kernels quantise a head's K (and V) with one scale, max |x|
+// over rows 0..L-1 (QuantiseFixed). The cache keeps the running maximum and
+// where it rose (one record per rise); a step whose new row raises it
+// re-quantises the head's rows from the source (the floats are not kept), so
+// the integers and the scale are exactly those QuantiseFixed gives on
+// DecodeStep(instance, L). A call at a smaller L than the cache holds uses
+// the prefix when the prefix's maximum is the same, and otherwise rebuilds
+// the head at that L. So results never depend on what the cache holds or
+// drops (tested: cache hits, rebuilds after eviction and the uncached kernel
+// agree bit for bit).
+//
+// MEMORY (bytes per cached position of a request): layers x heads x d_head x
+// 2 for K, as much again for V when kept (keep_v), plus 16 bytes per
+// maximum record (O(log L) per head: a new maximum of L draws is rare);
+// rows grow by 1/8 at a time, so up to 12.5% more is reserved. At
+// GPT-2 medium (24 x 16 heads, d 64): 48 KiB per position with K only
+// (topick: its counts never read V), 96 KiB with K and V (spatten); 52 MB /
+// 104 MB per request at L = 1088. A total cap bounds it: after each call the
+// least-recently-used requests' rows are dropped (the request just used
+// last) until the total is within the cap, and rebuilt from the source if
+// asked again. So the cap holds between calls; during a call the request in
+// use can exceed it alone. Requests that finish are never asked again and
+// fall to the end of the LRU order, so no per-request release hook is needed.
+//
+// THREADS: each request's rows are used under its own lock (a Lease); the
+// LRU list and byte count under the cache's lock; eviction skips requests
+// whose lease another thread holds.
+class FullKvCache {
+ public:
+  // The fixed-point rows of one KV head for one context length: k (and v, or
+  // null) point at l x d_head integers; the scales as QuantiseFixed's.
+  using View = FixedKvHead<int16_t>;
+  static constexpr int64_t kDefaultCapBytes = int64_t{2} << 30;
+  // Whether operands of `bits` bits fit the cache's int16 form.
+  static bool Fits(int bits) { return bits >= 2 && bits <= 16; }
+
+  // `source` must outlive the cache; layers x heads KV heads per request.
+  FullKvCache(const AttentionSource* source, int layers, int heads, int bits, bool keep_v,
+              int64_t cap_bytes);
+
+ private:
+  struct Head {
+    int64_t rows = 0;
+    std::vector<int16_t> k, v;
+    float k_max = 0, v_max = 0;
+    // (rows after which the maximum rose, the new maximum), ascending.
+    std::vector<std::pair<int64_t, float>> k_records, v_records;
+  };
+  struct Entry {
+    std::mutex mu;
+    int64_t request = 0;
+    std::vector<Head> heads;  // layer * heads + head
+    int64_t bytes = 0;        // as last accounted under the cache's lock
+    bool listed = false;
+    std::list<Entry*>::iterator lru;
+  };
+
+ public:
+  // One request's rows, locked while the lease lives; on destruction the
+  // cache accounts the request's bytes and evicts down to the cap.
+  class Lease {
+   public:
+    Lease(Lease&& o) noexcept;
+    Lease& operator=(Lease&&) = delete;
+    ~Lease();
+    // The rows of (layer, head) for context length l >= 1, extended,
+    // truncated or rebuilt as needed. Valid until the next Rows() of the
+    // same (layer, head) or the end of the lease.
+    absl::StatusOr<View> Rows(int layer, int head, int64_t l);
+
+   private:
+    friend class FullKvCache;
+    Lease(FullKvCache* cache, std::shared_ptr<Entry> entry);
+    FullKvCache* cache_;
+    std::shared_ptr<Entry> entry_;
+    std::unique_lock<std::mutex> lock_;
+    std::vector<float> scratch_k_, scratch_v_;
+  };
+  Lease Acquire(int64_t request);
+
+  // Bytes held by all requests / by one (as of the last lease's end).
+  int64_t bytes() const;
+  int64_t bytes_of(int64_t request) const;
+  // Heads built (or rebuilt) from row 0 so far, over all requests.
+  int64_t head_builds() const;
+  int64_t cap_bytes() const { return cap_bytes_; }
+  // Bytes per cached position of one request.
+  int64_t bytes_per_position() const;
+
+ private:
+  void Finish(Entry* e);
+  static int64_t BytesOf(const Entry& e);
+
+  const AttentionSource* source_;
+  int layers_, heads_, bits_;
+  bool keep_v_;
+  int64_t d_, cap_bytes_;
+  mutable std::mutex mu_;
+  absl::flat_hash_map<int64_t, std::shared_ptr<Entry>> entries_;
+  std::list<Entry*> lru_;  // front: least recently used
+  int64_t total_bytes_ = 0;
+  std::atomic<int64_t> head_builds_{0};
+};
+
+// The cap from a spec's full_cache_bytes (0 or unset: the default).
+int64_t FullCacheCap(int64_t spec_bytes);
 
 }  // namespace servesim::devices
 

@@ -199,7 +199,7 @@ TEST(SpattenFidelityTest, FullMemoIsStableAndCalibratedIsQuick) {
   EXPECT_EQ(c1.dram_bytes, c3.dram_bytes);
   auto cal = Make(Spec("spatten", servesim::v1::PRUNE_FIDELITY_CALIBRATED));
   std::printf("spatten calibration: %.3f s\n", cal->calibration_s());
-  EXPECT_LT(cal->calibration_s(), 5.0);  // 0.49 s in Release
+  EXPECT_LT(cal->calibration_s(), 5.0);  // 0.11 s in Release
   auto row = cal->Fractions(-1, 1024);
   ASSERT_TRUE(row.ok());
   std::printf("spatten calibrated at 1024: heads %.3f K %.3f V %.3f lsb %.3f\n", (*row)[0],

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <tuple>
 #include <utility>
 
@@ -25,22 +26,6 @@ absl::Status Bad(absl::string_view field, double v, absl::string_view expected) 
   return absl::InvalidArgumentError(
       absl::StrCat("spatten device: ", field, " = ", v, "; expected ", expected));
 }
-
-// Symmetric fixed point with `bits` bits, one scale per tensor slice.
-double Quantise(const Tensor& t, int64_t begin, int64_t n, int bits, int32_t* out) {
-  const int32_t qmax = (1 << (bits - 1)) - 1;
-  float mx = 0;
-  for (int64_t i = 0; i < n; ++i) mx = std::max(mx, std::fabs(t.At(begin + i)));
-  const double scale = mx > 0 ? static_cast<double>(mx) / qmax : 1.0;
-  for (int64_t i = 0; i < n; ++i) {
-    const double r = std::nearbyint(static_cast<double>(t.At(begin + i)) / scale);
-    out[i] = static_cast<int32_t>(std::clamp<double>(r, -qmax, qmax));
-  }
-  return scale;
-}
-
-// MSBs only: the low `lsb` bits cleared (arithmetic shift).
-inline int32_t Msb(int32_t x, int lsb) { return (x >> lsb) * (1 << lsb); }
 
 double Interpolate(int layer, int layers, double front, double start, double end) {
   const int n_front = static_cast<int>(std::lround(front * layers));
@@ -138,30 +123,90 @@ SpattenSession::SpattenSession(const SpattenDevice& device, int layers, int head
     : dev_(device), layers_(layers), heads_(heads), head_importance_(heads, 0.0),
       head_alive_(heads, 1) {}
 
+namespace {
+
+// q . k with the low bits of both cleared by `mask` (the MSBs: in two's
+// complement (x >> s) * 2^s == x & ~(2^s - 1)); q is already masked.
+template <typename T>
+inline int64_t MsbDot(const T* q, const T* k, int64_t d, T mask, bool narrow) {
+  if (narrow) {
+    int32_t s = 0;
+    for (int64_t x = 0; x < d; ++x) {
+      s += static_cast<int32_t>(q[x]) * static_cast<int32_t>(static_cast<T>(k[x] & mask));
+    }
+    return s;
+  }
+  int64_t s = 0;
+  for (int64_t x = 0; x < d; ++x) s += int64_t{q[x]} * static_cast<T>(k[x] & mask);
+  return s;
+}
+
+}  // namespace
+
 absl::StatusOr<AttentionResult> SpattenSession::RunLayer(int layer, const AttentionCall& call,
                                                          SpattenCounts* counts) {
   RETURN_IF_ERROR(CheckAttentionShapes(call));
   const SpattenSpec& t = dev_.spec();
   const int64_t heads = call.q.shape[0], d = call.q.shape[2];
-  const int64_t kv_heads = call.k.shape[0], l = call.k.shape[1], group = heads / kv_heads;
+  const int64_t kv_heads = call.k.shape[0], l = call.k.shape[1];
   if (call.q.shape[1] != 1) {
     return absl::InvalidArgumentError(absl::StrCat(
         "spatten session runs decode steps (q has ", call.q.shape[1], " tokens; expected 1)"));
   }
-  if (heads != heads_ || layer < 0 || layer >= layers_) {
+  const int bits = t.msb_bits() + t.lsb_bits();
+  std::vector<float> qs, ks, vs;
+  const float* qf = AsFloats(call.q, &qs);
+  const float* kf = AsFloats(call.k, &ks);
+  const float* vf = AsFloats(call.v, &vs);
+  AttentionResult result;
+  result.out = Tensor::Zeros(ElementType::kFp32, {heads, 1, d});
+  std::vector<float> out(heads * d, 0.0f);
+  SpattenCounts c;
+  // K and V in fixed point, one scale per KV head (the integers are the same
+  // in either width; int16 is faster).
+  auto run = [&](auto zero) -> absl::Status {
+    using T = decltype(zero);
+    std::vector<T> kq(kv_heads * l * d), vq(kv_heads * l * d);
+    std::vector<FixedKvHead<T>> kv(kv_heads);
+    for (int64_t g = 0; g < kv_heads; ++g) {
+      kv[g].k = kq.data() + g * l * d;
+      kv[g].v = vq.data() + g * l * d;
+      kv[g].k_scale = QuantiseFixed(kf + g * l * d, l * d, bits, kq.data() + g * l * d);
+      kv[g].v_scale = QuantiseFixed(vf + g * l * d, l * d, bits, vq.data() + g * l * d);
+    }
+    return RunLayerFixed<T>(layer, qf, heads, kv_heads, l, d, call.scale, kv.data(), out.data(), &c);
+  };
+  RETURN_IF_ERROR(FullKvCache::Fits(bits) ? run(int16_t{0}) : run(int32_t{0}));
+  for (int64_t i = 0; i < heads * d; ++i) result.out.Set(i, out[i]);
+  result.stats.kv_positions = heads * l;
+  result.stats.kv_positions_read = c.k_tokens;
+  result.stats.v_rows_read = c.v_rows;
+  result.stats.bytes_read = c.k_bytes + c.v_bytes;
+  if (counts != nullptr) *counts += c;
+  return result;
+}
+
+template <typename T>
+absl::Status SpattenSession::RunLayerFixed(int layer, const float* q_in, int64_t heads,
+                                           int64_t kv_heads, int64_t l, int64_t d,
+                                           double call_scale, const FixedKvHead<T>* kv,
+                                           float* out, SpattenCounts* counts) {
+  const SpattenSpec& t = dev_.spec();
+  if (heads != heads_ || layer < 0 || layer >= layers_ || kv_heads < 1 || heads % kv_heads != 0) {
     return absl::InvalidArgumentError(absl::StrCat("spatten session of ", layers_, " layers x ",
                                                    heads_, " heads got layer ", layer, " with ",
-                                                   heads, " heads"));
+                                                   heads, " heads, ", kv_heads, " KV heads"));
   }
   if (l < last_l_) {
     return absl::InvalidArgumentError(
         absl::StrCat("spatten session: context ", l, " below the previous step's ", last_l_));
   }
+  const int64_t group = heads / kv_heads;
   last_l_ = l;
   if (layer == 0) std::fill(head_alive_.begin(), head_alive_.end(), 1);
   token_importance_.resize(l, 0.0);
   token_pruned_.resize(l, 0);
-  const double scale = call.scale != 0 ? call.scale : 1.0 / std::sqrt(static_cast<double>(d));
+  const double scale = call_scale != 0 ? call_scale : 1.0 / std::sqrt(static_cast<double>(d));
   const uint64_t seed = (static_cast<uint64_t>(l) << 16) ^ static_cast<uint64_t>(layer);
   SpattenCounts c;
 
@@ -169,7 +214,8 @@ absl::StatusOr<AttentionResult> SpattenSession::RunLayer(int layer, const Attent
   // current one always.
   const double rt = dev_.TokenRatio(layer, layers_);
   const int64_t cap = std::max<int64_t>(1, static_cast<int64_t>(std::ceil(l * (1.0 - rt) - 1e-9)));
-  std::vector<int64_t> alive;
+  std::vector<int64_t>& alive = alive_;
+  alive.clear();
   for (int64_t j = 0; j + 1 < l; ++j) {
     if (!token_pruned_[j]) alive.push_back(j);
   }
@@ -195,15 +241,16 @@ absl::StatusOr<AttentionResult> SpattenSession::RunLayer(int layer, const Attent
   const int64_t n = static_cast<int64_t>(alive.size());
 
   const int msb = t.msb_bits(), lsb = t.lsb_bits(), bits = msb + lsb;
-  std::vector<int32_t> kq(kv_heads * l * d), vq(kv_heads * l * d), q(d);
-  std::vector<double> sk(kv_heads), sv(kv_heads);
-  for (int64_t g = 0; g < kv_heads; ++g) {
-    sk[g] = Quantise(call.k, g * l * d, l * d, bits, kq.data() + g * l * d);
-    sv[g] = Quantise(call.v, g * l * d, l * d, bits, vq.data() + g * l * d);
-  }
-  AttentionResult result;
-  result.out = Tensor::Zeros(ElementType::kFp32, {heads, 1, d});
-  std::vector<double> s(n), p(n), acc(d);
+  const int64_t qmax = (int64_t{1} << (bits - 1)) - 1;
+  // Dot products of d terms fit int32 (MSB-cleared operands are at most
+  // 2^(bits-1) in magnitude).
+  const bool narrow = d * (qmax + 1) * (qmax + 1) < (int64_t{1} << 31);
+  std::vector<T> q(d), qm(d);
+  std::vector<double>& s = s_;
+  std::vector<double>& p = p_;
+  s.resize(n);
+  p.resize(n);
+  std::vector<double> acc(d);
   const double v_keep_frac = 1.0 - t.value_ratio();
   for (int64_t h = 0; h < heads; ++h) {
     ++c.heads;
@@ -211,14 +258,16 @@ absl::StatusOr<AttentionResult> SpattenSession::RunLayer(int layer, const Attent
     if (!head_alive_[h]) continue;
     ++c.heads_run;
     const int64_t g = h / group;
-    const double sq = Quantise(call.q, h * d, d, bits, q.data());
-    const double f = sq * sk[g] * scale;
+    const T* kh = kv[g].k;
+    const T* vh = kv[g].v;
+    const double sq = QuantiseFixed(q_in + h * d, d, bits, q.data());
+    const double f = sq * kv[g].k_scale * scale;
     auto softmax = [&](int drop) {
+      const T mask = static_cast<T>(~((int64_t{1} << drop) - 1));
+      for (int64_t x = 0; x < d; ++x) qm[x] = static_cast<T>(q[x] & mask);
       double mx = -std::numeric_limits<double>::infinity();
       for (int64_t i = 0; i < n; ++i) {
-        const int32_t* k = kq.data() + (g * l + alive[i]) * d;
-        int64_t dot = 0;
-        for (int64_t x = 0; x < d; ++x) dot += int64_t{Msb(q[x], drop)} * Msb(k[x], drop);
+        const int64_t dot = MsbDot(qm.data(), kh + alive[i] * d, d, mask, narrow);
         s[i] = static_cast<double>(dot) * f;
         mx = std::max(mx, s[i]);
       }
@@ -238,26 +287,28 @@ absl::StatusOr<AttentionResult> SpattenSession::RunLayer(int layer, const Attent
       c.k_bytes += static_cast<double>(n) * d * lsb / 8.0;
     }
     // Local value pruning, then prob x V at the width the head ended with.
-    const int64_t kv = std::max<int64_t>(1, static_cast<int64_t>(std::ceil(n * v_keep_frac - 1e-9)));
+    const int64_t kvn = std::max<int64_t>(1, static_cast<int64_t>(std::ceil(n * v_keep_frac - 1e-9)));
     std::vector<int64_t> vsel;
-    if (kv < n) {
+    if (kvn < n) {
       int64_t work = 0;
-      vsel = TopKIndices(p, kv, seed ^ (0x9e37ULL * (h + 1)), &work);
+      vsel = TopKIndices(p, kvn, seed ^ (0x9e37ULL * (h + 1)), &work);
       c.topk_value_work += work;
     } else {
       for (int64_t i = 0; i < n; ++i) vsel.push_back(i);
     }
     std::fill(acc.begin(), acc.end(), 0.0);
+    const T vmask = static_cast<T>(~((int64_t{1} << drop) - 1));
     for (int64_t i : vsel) {
-      const int32_t* v = vq.data() + (g * l + alive[i]) * d;
-      for (int64_t x = 0; x < d; ++x) acc[x] += p[i] * Msb(v[x], drop);
+      const T* v = vh + alive[i] * d;
+      const double pi = p[i];
+      for (int64_t x = 0; x < d; ++x) acc[x] += pi * static_cast<T>(v[x] & vmask);
     }
     c.v_rows += static_cast<int64_t>(vsel.size());
     c.v_bytes += static_cast<double>(vsel.size()) * d * (bits - drop) / 8.0;
     double mag = 0;
     for (int64_t x = 0; x < d; ++x) {
-      const double o = acc[x] * sv[g];
-      result.out.Set(h * d + x, static_cast<float>(o));
+      const double o = acc[x] * kv[g].v_scale;
+      if (out != nullptr) out[h * d + x] = static_cast<float>(o);
       mag += std::fabs(o);
     }
     for (int64_t i = 0; i < n; ++i) token_importance_[alive[i]] += p[i];
@@ -279,12 +330,8 @@ absl::StatusOr<AttentionResult> SpattenSession::RunLayer(int layer, const Attent
       for (int64_t i : keep) head_alive_[live[i]] = 1;
     }
   }
-  result.stats.kv_positions = heads * l;
-  result.stats.kv_positions_read = c.k_tokens;
-  result.stats.v_rows_read = c.v_rows;
-  result.stats.bytes_read = c.k_bytes + c.v_bytes;
   if (counts != nullptr) *counts += c;
-  return result;
+  return absl::OkStatus();
 }
 
 // -------------------------------------------------------------- Create ----
@@ -353,6 +400,12 @@ absl::StatusOr<std::unique_ptr<Device>> SpattenDevice::Create(const servesim::v1
   } else {
     ASSIGN_OR_RETURN(dev->source_, MakeAttentionSource(ds.data(), m.has_d_head() ? m.d_head() : 64));
     if (fidelity == servesim::v1::PRUNE_FIDELITY_CALIBRATED) RETURN_IF_ERROR(dev->Calibrate());
+    const int bits = t.msb_bits() + t.lsb_bits();
+    if (fidelity == servesim::v1::PRUNE_FIDELITY_FULL && FullKvCache::Fits(bits)) {
+      dev->cache_ = std::make_unique<FullKvCache>(dev->source_.get(), m.layers(), m.heads(), bits,
+                                                  /*keep_v=*/true,
+                                                  FullCacheCap(ds.full_cache_bytes()));
+    }
   }
   return std::unique_ptr<Device>(std::move(dev));
 }
@@ -382,6 +435,29 @@ absl::StatusOr<AttentionCall> LayerCall(const AttentionSource& src, int64_t requ
   return call;
 }
 
+namespace {
+
+// One decode step of context l (every layer, in order) of `session` on the
+// cache's rows of `request`, summed into *sum.
+absl::Status CachedStep(const AttentionSource& src, FullKvCache::Lease& lease,
+                        SpattenSession& session, int64_t request, int layers, int heads, int64_t l,
+                        SpattenCounts* sum) {
+  const int64_t d = src.d_head();
+  std::vector<float> q(static_cast<size_t>(heads * d));
+  std::vector<FullKvCache::View> kv(heads);
+  for (int layer = 0; layer < layers; ++layer) {
+    for (int h = 0; h < heads; ++h) {
+      ASSIGN_OR_RETURN(kv[h], lease.Rows(layer, h, l));
+      RETURN_IF_ERROR(src.StepQuery({request, layer, h}, l, q.data() + h * d));
+    }
+    RETURN_IF_ERROR(session.RunLayerFixed<int16_t>(layer, q.data(), heads, heads, l, d, 0.0,
+                                                   kv.data(), nullptr, sum));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 SpattenDevice::Row SpattenDevice::RowOf(const SpattenCounts& c) {
   const double runs = std::max<double>(1, c.heads_run);
   const double l = static_cast<double>(c.context) / std::max<double>(1, c.heads);
@@ -399,17 +475,31 @@ absl::Status SpattenDevice::Calibrate() {
   const int layers = std::min(8, m.has_layers() ? m.layers() : 24);
   const int heads = std::min(4, m.has_heads() ? m.heads() : 16);
   const int instances = spec_.calibration().has_instances() ? spec_.calibration().instances() : 1;
+  // The instances' fixed-point rows are kept across steps and lengths (each
+  // length extends the last), as in FULL mode; uncapped, dropped at the end.
+  const int bits = spec().msb_bits() + spec().lsb_bits();
+  std::unique_ptr<FullKvCache> cache;
+  if (FullKvCache::Fits(bits)) {
+    cache = std::make_unique<FullKvCache>(source_.get(), layers, heads, bits, /*keep_v=*/true,
+                                          std::numeric_limits<int64_t>::max());
+  }
   for (int64_t l : CalibrationLengths(spec_.calibration())) {
     SpattenCounts sum;
     for (int i = 0; i < instances; ++i) {
       SpattenSession session(*this, layers, heads);
+      const int64_t request = int64_t{1} << 40 | i;
       for (int64_t step : {std::max<int64_t>(1, l - 1), l}) {
-        for (int layer = 0; layer < layers; ++layer) {
-          ASSIGN_OR_RETURN(AttentionCall call, LayerCall(*source_, int64_t{1} << 40 | i, layer, heads, step));
-          SpattenCounts c;
-          RETURN_IF_ERROR(session.RunLayer(layer, call, &c).status());
-          if (step == l) sum += c;
+        SpattenCounts c;
+        if (cache != nullptr) {
+          FullKvCache::Lease lease = cache->Acquire(request);
+          RETURN_IF_ERROR(CachedStep(*source_, lease, session, request, layers, heads, step, &c));
+        } else {
+          for (int layer = 0; layer < layers; ++layer) {
+            ASSIGN_OR_RETURN(AttentionCall call, LayerCall(*source_, request, layer, heads, step));
+            RETURN_IF_ERROR(session.RunLayer(layer, call, &c).status());
+          }
         }
+        if (step == l) sum += c;
       }
     }
     const Row row = RowOf(sum);
@@ -443,11 +533,20 @@ absl::StatusOr<SpattenDevice::Row> SpattenDevice::FullFractions(int64_t request_
     st.first_l = l;
     st.last_l = l - 1;
   }
+  std::optional<FullKvCache::Lease> lease;
+  if (cache_ != nullptr) lease.emplace(cache_->Acquire(request_id));
   for (int64_t step = st.last_l + 1; step <= l; ++step) {
     SpattenCounts sum;
-    for (int layer = 0; layer < m.layers(); ++layer) {
-      ASSIGN_OR_RETURN(AttentionCall call, LayerCall(*source_, request_id, layer, m.heads(), step));
-      RETURN_IF_ERROR(st.session->RunLayer(layer, call, &sum).status());
+    if (lease.has_value()) {
+      // The request's fixed-point rows, grown by one row per step: the same
+      // integers RunLayer would quantise from LayerCall.
+      RETURN_IF_ERROR(CachedStep(*source_, *lease, *st.session, request_id, m.layers(), m.heads(),
+                                 step, &sum));
+    } else {
+      for (int layer = 0; layer < m.layers(); ++layer) {
+        ASSIGN_OR_RETURN(AttentionCall call, LayerCall(*source_, request_id, layer, m.heads(), step));
+        RETURN_IF_ERROR(st.session->RunLayer(layer, call, &sum).status());
+      }
     }
     st.memo[step] = RowOf(sum);
     st.last_l = step;

@@ -56,13 +56,20 @@
 //
 // FIDELITY: ANALYTIC (preset table from the paper's reported ratios),
 // CALIBRATED (sessions of min(8, layers) layers x min(4, heads) heads, two
-// steps at each calibration length, the second step measured; 0.49 s in
-// Release for the default lengths; with 4 heads head pruning never binds,
-// so the calibrated head fraction is 1), FULL (a
-// session per request over every layer and head of `model`, advanced step
-// by step to each L asked, memoised per (request_id, L); thread-safe). A
-// FULL request's session starts at the first L asked; asking a smaller L
-// later restarts it there.
+// steps at each calibration length, the second step measured; each
+// instance's fixed-point rows are extended from one step and length to the
+// next rather than regenerated (FullKvCache), 0.11 s in Release for the
+// default lengths; with 4 heads head pruning never binds, so the calibrated
+// head fraction is 1), FULL (a session per request over every layer and
+// head of `model`, advanced step by step to each L asked, memoised per
+// (request_id, L); thread-safe). A FULL request's session starts at the
+// first L asked; asking a smaller L later restarts it there. Its
+// fixed-point K and V rows are kept between steps and grown by one row per
+// step (prune_common.h, FullKvCache: exact, LRU under full_cache_bytes,
+// 2 GiB by default; 4 x d_head bytes per position per head, 96 KiB per
+// position at GPT-2 medium); the session state itself (9 bytes per token
+// plus the memo) is kept per request. About 18 ms per decode step at GPT-2
+// medium and L = 1024 in Release on one core (bench/prune_full_bench.cc).
 #ifndef SERVESIM_DEVICES_SPATTEN_SPATTEN_DEVICE_H_
 #define SERVESIM_DEVICES_SPATTEN_SPATTEN_DEVICE_H_
 
@@ -117,6 +124,14 @@ class SpattenSession {
   // step's.
   absl::StatusOr<AttentionResult> RunLayer(int layer, const AttentionCall& call,
                                            SpattenCounts* counts);
+  // The same on fixed-point K/V (T int16_t or int32_t): q_in holds heads x
+  // d floats, kv[g] KV head g's L rows; out (heads x d, or null when only
+  // the counts and the cascade state are wanted) receives the output.
+  // RunLayer quantises its call and comes here.
+  template <typename T>
+  absl::Status RunLayerFixed(int layer, const float* q_in, int64_t heads, int64_t kv_heads,
+                             int64_t l, int64_t d, double call_scale, const FixedKvHead<T>* kv,
+                             float* out, SpattenCounts* counts);
   const std::vector<double>& token_importance() const { return token_importance_; }
   const std::vector<uint8_t>& token_pruned() const { return token_pruned_; }
   const std::vector<uint8_t>& head_alive() const { return head_alive_; }
@@ -127,6 +142,9 @@ class SpattenSession {
   int64_t last_l_ = 0;
   std::vector<double> token_importance_, head_importance_;
   std::vector<uint8_t> token_pruned_, head_alive_;
+  // Scratch reused across layers.
+  std::vector<int64_t> alive_;
+  std::vector<double> s_, p_;
 };
 
 class SpattenDevice : public Device {
@@ -152,6 +170,8 @@ class SpattenDevice : public Device {
   double BytesPerCycle() const;
   const servesim::v1::SpattenSpec& spec() const { return spec_.spatten(); }
   double calibration_s() const { return calibration_s_; }
+  // FULL mode's K/V cache (null in other modes).
+  const FullKvCache* full_cache() const { return cache_.get(); }
 
  private:
   explicit SpattenDevice(const servesim::v1::SpattenDeviceSpec& spec) : spec_(spec) {}
@@ -169,6 +189,9 @@ class SpattenDevice : public Device {
   };
   mutable std::mutex mu_;
   mutable std::map<int64_t, RequestState> requests_;
+  // FULL: the requests' fixed-point K and V rows between steps (msb + lsb
+  // <= 16 bits; wider operands regenerate each step).
+  std::unique_ptr<FullKvCache> cache_;
 };
 
 // Builds the multi-head call of one layer from a source (q [heads,1,d],

@@ -6,8 +6,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <deque>
 #include <limits>
+#include <type_traits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -28,24 +28,333 @@ absl::Status Bad(absl::string_view field, double v, absl::string_view expected) 
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// Symmetric fixed point with `bits` bits: integers in [-(2^(bits-1) - 1),
-// 2^(bits-1) - 1], scale = max |x| / that bound (1 for an all-zero tensor).
-double Quantise(const Tensor& t, int64_t begin, int64_t n, int bits, int32_t* out) {
-  const int32_t qmax = (1 << (bits - 1)) - 1;
-  float mx = 0;
-  for (int64_t i = 0; i < n; ++i) mx = std::max(mx, std::fabs(t.At(begin + i)));
-  const double scale = mx > 0 ? static_cast<double>(mx) / qmax : 1.0;
-  for (int64_t i = 0; i < n; ++i) {
-    const double r = std::nearbyint(static_cast<double>(t.At(begin + i)) / scale);
-    out[i] = static_cast<int32_t>(std::clamp<double>(r, -qmax, qmax));
-  }
-  return scale;
-}
-
 struct Request {
   int32_t token;  // position
   int8_t chunk;
+  int16_t lane;   // the PE lane of the token: its visit-order index mod lanes
 };
+
+}  // namespace
+
+namespace {
+
+// The kernel's fixed configuration for one d_head (from the spec).
+struct KernelConfig {
+  int bits = 12, cbits = 4;
+  bool on_demand = true, estimation = true;
+  int64_t lanes = 16, cpc = 1, lat = 0, scoreboard = 32;
+  double bpc = 0, chunk_bytes = 0, row_bytes = 0, req_bytes = 0, log_thr = 0;
+  // Dot products of d terms fit int32: d x qmax x 2^(bits-1) < 2^31 (a K
+  // chunk prefix is at most 2^(bits-1) in magnitude).
+  bool narrow = false;
+};
+
+KernelConfig MakeConfig(const TopickDevice& dev, int64_t d) {
+  const TopickSpec& t = dev.spec();
+  KernelConfig k;
+  k.bits = t.operand_bits();
+  k.cbits = t.chunk_bits();
+  k.on_demand = t.on_demand_k();
+  k.estimation = t.estimation();
+  k.lanes = t.pe_lanes();
+  k.cpc = CeilDiv(d, t.multipliers_per_lane());
+  k.lat = static_cast<int64_t>(std::ceil(t.dram_latency_s() * t.clock_hz() - 1e-9));
+  k.scoreboard = t.scoreboard_entries();
+  k.bpc = dev.BytesPerCycle();
+  k.chunk_bytes = static_cast<double>(d) * k.cbits / 8.0;
+  k.row_bytes = static_cast<double>(d) * k.bits / 8.0;
+  k.req_bytes = k.on_demand ? k.chunk_bytes : k.row_bytes;
+  k.log_thr = k.estimation && t.threshold() > 0 ? std::log(t.threshold())
+                                                : -std::numeric_limits<double>::infinity();
+  const int64_t qmax = (int64_t{1} << (k.bits - 1)) - 1;
+  k.narrow = d * qmax * (int64_t{1} << (k.bits - 1)) < (int64_t{1} << 31);
+  return k;
+}
+
+struct Arrival {
+  int64_t cycle;
+  Request r;
+};
+
+// Buffers of one head's run, reused across heads. The FIFOs are vectors
+// read from a head index (every entry is pushed once per head).
+template <typename T>
+struct TopickWorkspace {
+  std::vector<T> q;
+  std::vector<int64_t> ps, ps0;
+  std::vector<double> e_old, acc;
+  std::vector<int32_t> lane_next, lane_inflight;
+  std::vector<int64_t> lane_busy;
+  // Per lane: the first cycle it can take its next arrival, max(busy until,
+  // the FIFO front's arrival), or never (empty FIFO).
+  std::vector<int64_t> ready;
+  std::vector<std::vector<Arrival>> arrivals;
+  std::vector<size_t> arrival_head;
+  std::vector<Request> memq;
+};
+
+// q . (k with its low bits cleared by `mask`): the partial score of a K
+// chunk prefix. In two's complement (k >> s) * 2^s == k & ~(2^s - 1).
+template <typename T>
+inline int64_t MaskedDot(const T* q, const T* k, int64_t d, T mask, bool narrow) {
+  if (narrow) {
+    int32_t s = 0;
+    for (int64_t c = 0; c < d; ++c) {
+      s += static_cast<int32_t>(q[c]) * static_cast<int32_t>(static_cast<T>(k[c] & mask));
+    }
+    return s;
+  }
+  int64_t s = 0;
+  for (int64_t c = 0; c < d; ++c) s += int64_t{q[c]} * static_cast<T>(k[c] & mask);
+  return s;
+}
+
+// The first-chunk partial scores of rows 0..l-1 (int16 rows, int32 sums):
+// every row, every head, so it is the kernel's widest loop. Built twice,
+// for baseline x86-64 and for AVX2 (chosen at run time), from the same
+// source; integer sums, so both give the same bits.
+#define SERVESIM_TOPICK_CHUNK_DOTS(NAME, ATTR)                                              \
+  ATTR void NAME(const int16_t* q, const int16_t* k, int64_t l, int64_t d, int16_t mask,   \
+                 int64_t* out) {                                                          \
+    for (int64_t j = 0; j < l; ++j) {                                                     \
+      const int16_t* row = k + j * d;                                                     \
+      int32_t s = 0;                                                                      \
+      for (int64_t c = 0; c < d; ++c) {                                                   \
+        s += static_cast<int32_t>(q[c]) * static_cast<int32_t>(static_cast<int16_t>(row[c] & mask)); \
+      }                                                                                   \
+      out[j] = s;                                                                         \
+    }                                                                                     \
+  }
+SERVESIM_TOPICK_CHUNK_DOTS(ChunkDotsBase, )
+#if defined(__x86_64__) && defined(__GNUC__)
+SERVESIM_TOPICK_CHUNK_DOTS(ChunkDotsAvx2, __attribute__((target("avx2"))))
+#endif
+#undef SERVESIM_TOPICK_CHUNK_DOTS
+
+template <typename T>
+void ChunkDots(const T* q, const T* k, int64_t l, int64_t d, T mask, bool narrow, int64_t* out) {
+  if constexpr (std::is_same_v<T, int16_t>) {
+    if (narrow) {
+#if defined(__x86_64__) && defined(__GNUC__)
+      static const bool avx2 = __builtin_cpu_supports("avx2");
+      if (avx2) return ChunkDotsAvx2(q, k, l, d, mask, out);
+#endif
+      return ChunkDotsBase(q, k, l, d, mask, out);
+    }
+  }
+  for (int64_t j = 0; j < l; ++j) out[j] = MaskedDot(q, k + j * d, d, mask, narrow);
+}
+
+// One query head on one KV head's fixed-point rows (k, and v unless only
+// the counts are wanted: v null, out not written). pruned[0..l) receives
+// the chunk after which each token was pruned, or -1.
+template <typename T>
+TopickCounts RunHead(const KernelConfig& cfg, const float* q_in, const T* kh, const T* vh,
+                     double k_scale, double v_scale, int64_t l, int64_t d, double scale,
+                     TopickWorkspace<T>& w, float* out, int8_t* pruned) {
+  constexpr int kChunks = 3;
+  const int bits = cfg.bits, cbits = cfg.cbits;
+  const bool on_demand = cfg.on_demand;
+  const int64_t lanes = cfg.lanes, cpc = cfg.cpc, lat = cfg.lat;
+  const int64_t entries = on_demand ? cfg.scoreboard : l;
+  w.q.resize(d);
+  const double sq = QuantiseFixed(q_in, d, bits, w.q.data());
+  const T* q = w.q.data();
+  const double f = sq * k_scale * scale;
+  // Margins per chunk from Q alone (Eq. 4).
+  int64_t pos_sum = 0, neg_sum = 0;
+  for (int64_t c = 0; c < d; ++c) {
+    (q[c] > 0 ? pos_sum : neg_sum) += q[c];
+  }
+  std::array<int64_t, kChunks> mmax{}, mmin{};
+  std::array<T, kChunks> mask{};
+  for (int b = 0; b < kChunks; ++b) {
+    const int shift = bits - (b + 1) * cbits;
+    const int64_t unknown = (int64_t{1} << shift) - 1;
+    mmax[b] = unknown * pos_sum;
+    mmin[b] = unknown * neg_sum;
+    mask[b] = static_cast<T>(~unknown);
+  }
+  // Scores are shifted by the largest first-chunk upper bound, so every
+  // exp is <= 1 and the largest true score is within one margin width of
+  // 0 (no underflow); decisions are shift-invariant. The hardware keeps
+  // ln D in fixed point instead.
+  w.ps0.resize(l);
+  w.ps.resize(l);
+  int64_t top = std::numeric_limits<int64_t>::min();
+  ChunkDots(q, kh, l, d, mask[0], cfg.narrow, w.ps0.data());
+  for (int64_t j = 0; j < l; ++j) top = std::max(top, w.ps0[j] + mmax[0]);
+  const double offset = static_cast<double>(top) * f;
+  auto token_of = [&](int64_t n) { return n == 0 ? int64_t{0} : l - n; };  // visit order
+
+  std::fill(pruned, pruned + l, -1);
+  w.e_old.assign(l, 0.0);
+  w.lane_next.assign(lanes, 0);
+  w.lane_inflight.assign(lanes, 0);
+  w.lane_busy.assign(lanes, 0);
+  constexpr int64_t kNever = std::numeric_limits<int64_t>::max();
+  w.ready.assign(lanes, kNever);
+  w.arrivals.resize(lanes);
+  for (auto& a : w.arrivals) a.clear();
+  w.arrival_head.assign(lanes, 0);
+  // Every token enters the memory queue at most once per chunk; one slot
+  // more for the unconditional write below.
+  w.memq.resize(static_cast<size_t>(kChunks * l + 1));
+  size_t mem_head = 0, mem_tail = 0;
+  TopickCounts counts;
+  counts.heads = 1;
+  counts.tokens = l;
+  double denom = 0, credit = 0;
+  double log_of = -1, log_d = 0;  // ln D, recomputed when D changes
+  int64_t done = 0, cycle = 0, issued = 0;
+  for (;; ++cycle) {
+    // New first-chunk requests, in visit order per lane.
+    for (int64_t ln = 0; issued < l && ln < lanes; ++ln) {
+      const int64_t n = ln + int64_t{w.lane_next[ln]} * lanes;
+      if (n < l && w.lane_inflight[ln] < entries) {
+        w.memq[mem_tail++] = {static_cast<int32_t>(token_of(n)), 0, static_cast<int16_t>(ln)};
+        ++w.lane_next[ln];
+        ++w.lane_inflight[ln];
+        ++issued;
+      }
+    }
+    // The memory serves requests FIFO at its bandwidth.
+    credit += cfg.bpc;
+    while (mem_head < mem_tail && credit >= cfg.req_bytes) {
+      const Request r = w.memq[mem_head++];
+      credit -= cfg.req_bytes;
+      auto& a = w.arrivals[r.lane];
+      a.push_back({cycle + lat, r});
+      if (w.arrival_head[r.lane] + 1 == a.size()) {
+        w.ready[r.lane] = std::max(w.lane_busy[r.lane], cycle + lat);
+      }
+      if (on_demand) {
+        ++counts.chunk_fetched[r.chunk];
+      } else {
+        for (int b = 0; b < kChunks; ++b) ++counts.chunk_fetched[b];
+      }
+    }
+    if (mem_head == mem_tail) credit = std::min(credit, cfg.bpc);
+    // Each lane processes one arrived chunk (out of order across tokens).
+    double delta = 0;
+    // No estimate before the first partial exp reaches the DAG (D = 0).
+    const bool have_d = denom > 0;
+    if (have_d && denom != log_of) log_of = denom, log_d = std::log(denom);
+    for (int64_t ln = 0; ln < lanes; ++ln) {
+      if (w.ready[ln] > cycle) continue;
+      auto& a = w.arrivals[ln];
+      size_t& ah = w.arrival_head[ln];
+      const Request r = a[ah++].r;
+      w.lane_busy[ln] = cycle + cpc;
+      w.ready[ln] = ah < a.size() ? std::max(cycle + cpc, a[ah].cycle) : kNever;
+      const int64_t j = r.token;
+      const int b = on_demand ? r.chunk : kChunks - 1;
+      w.ps[j] = b == 0 ? w.ps0[j] : MaskedDot(q, kh + j * d, d, mask[b], cfg.narrow);
+      const double s_max = static_cast<double>(w.ps[j] + mmax[b]) * f - offset;
+      const double s_min = static_cast<double>(w.ps[j] + mmin[b]) * f - offset;
+      const double e_new = std::exp(s_min);
+      delta += e_new - w.e_old[j];
+      // Eq. 5: prune when p'' < thr; else request the next chunk, or the
+      // token is done after the last. Written without branches (the
+      // decision is data-dependent, so a branch mispredicts often); the
+      // arithmetic is the same.
+      const bool prune = have_d & (s_max - log_d < cfg.log_thr);
+      const bool more = !prune & (b + 1 < kChunks);
+      const double delta_pruned = delta - e_new;
+      delta = prune ? delta_pruned : delta;
+      w.e_old[j] = prune ? 0.0 : e_new;
+      pruned[j] = prune ? static_cast<int8_t>(b) : pruned[j];
+      counts.pruned_after[b] += prune;
+      w.memq[mem_tail] = {static_cast<int32_t>(j), static_cast<int8_t>(b + 1), r.lane};
+      mem_tail += more;
+      w.lane_inflight[ln] -= !more;
+      done += !more;
+    }
+    denom = std::max(0.0, denom + delta);
+    if (done == l) break;
+    // Idle cycles (every token issued, the memory queue empty, no lane able
+    // to take an arrival) change nothing but the memory credit, which ends
+    // each of them at one cycle's worth: skip to the next arrival a lane
+    // can take, with that credit. The cycles counted are the same.
+    if (issued == l && mem_head == mem_tail) {
+      const int64_t next = *std::min_element(w.ready.begin(), w.ready.end());
+      if (next != kNever && next > cycle + 1) {
+        cycle = next - 1;
+        credit = cfg.bpc;
+      }
+    }
+  }
+  // Step 1: softmax over the kept tokens and the weighted sum of their V
+  // (skipped when only the counts are wanted: they do not depend on V).
+  int64_t kept = 0;
+  if (vh == nullptr) {
+    for (int64_t j = 0; j < l; ++j) kept += pruned[j] < 0;
+  } else {
+    w.acc.assign(d, 0.0);
+    double sum = 0;
+    for (int64_t j = 0; j < l; ++j) {
+      if (pruned[j] >= 0) continue;
+      ++kept;
+      const double p = std::exp(static_cast<double>(w.ps[j]) * f - offset);
+      sum += p;
+      for (int64_t c = 0; c < d; ++c) w.acc[c] += p * vh[j * d + c];
+    }
+    for (int64_t c = 0; c < d; ++c) {
+      // Only a threshold near 1 / (tokens decided in one cycle) can prune
+      // every token; the output is then zero.
+      out[c] = sum > 0 ? static_cast<float>(w.acc[c] * v_scale / sum) : 0.0f;
+    }
+  }
+  counts.v_fetched = kept;
+  counts.k_bytes = on_demand ? (counts.chunk_fetched[0] + counts.chunk_fetched[1] +
+                                counts.chunk_fetched[2]) * cfg.chunk_bytes
+                             : static_cast<double>(l) * cfg.row_bytes;
+  counts.v_bytes = static_cast<double>(kept) * cfg.row_bytes;
+  const double v_cycles =
+      kept > 0 ? std::max(std::ceil(counts.v_bytes / cfg.bpc - 1e-9),
+                          static_cast<double>(CeilDiv(kept, lanes) * cpc)) + lat
+               : 0.0;
+  counts.sim_cycles = static_cast<double>(cycle + 1) + v_cycles;
+  return counts;
+}
+
+template <typename T>
+TopickKernelResult RunKernelAs(const TopickDevice& dev, const AttentionCall& call) {
+  const int64_t heads = call.q.shape[0], d = call.q.shape[2];
+  const int64_t kv_heads = call.k.shape[0], l = call.k.shape[1];
+  const int64_t group = heads / kv_heads;
+  const double scale = call.scale != 0 ? call.scale : 1.0 / std::sqrt(static_cast<double>(d));
+  const KernelConfig cfg = MakeConfig(dev, d);
+  std::vector<float> qs, ks, vs;
+  const float* qf = AsFloats(call.q, &qs);
+  const float* kf = AsFloats(call.k, &ks);
+  const float* vf = AsFloats(call.v, &vs);
+  // K and V in fixed point, one scale per KV head.
+  std::vector<T> kq(kv_heads * l * d), vq(kv_heads * l * d);
+  std::vector<double> sk(kv_heads), sv(kv_heads);
+  for (int64_t g = 0; g < kv_heads; ++g) {
+    sk[g] = QuantiseFixed(kf + g * l * d, l * d, cfg.bits, kq.data() + g * l * d);
+    sv[g] = QuantiseFixed(vf + g * l * d, l * d, cfg.bits, vq.data() + g * l * d);
+  }
+  TopickKernelResult result;
+  result.out = Tensor::Zeros(ElementType::kFp32, {heads, 1, d});
+  result.pruned_after_chunk.assign(heads * l, -1);
+  std::vector<float> out(d);
+  TopickWorkspace<T> w;
+  for (int64_t h = 0; h < heads; ++h) {
+    const int64_t g = h / group;
+    const TopickCounts counts =
+        RunHead<T>(cfg, qf + h * d, kq.data() + g * l * d, vq.data() + g * l * d, sk[g], sv[g], l,
+                   d, scale, w, out.data(), result.pruned_after_chunk.data() + h * l);
+    for (int64_t c = 0; c < d; ++c) result.out.Set(h * d + c, out[c]);
+    result.stats.kv_positions += l;
+    result.stats.kv_positions_read += counts.chunk_fetched[0];
+    result.stats.v_rows_read += counts.v_fetched;
+    result.stats.bytes_read += counts.k_bytes + counts.v_bytes;
+    result.counts += counts;
+  }
+  return result;
+}
 
 }  // namespace
 
@@ -142,6 +451,12 @@ absl::StatusOr<std::unique_ptr<Device>> TopickDevice::Create(const servesim::v1:
     const int64_t d = ds.model().has_d_head() ? ds.model().d_head() : 64;
     ASSIGN_OR_RETURN(dev->source_, MakeAttentionSource(ds.data(), d));
     if (fidelity == servesim::v1::PRUNE_FIDELITY_CALIBRATED) RETURN_IF_ERROR(dev->Calibrate());
+    if (fidelity == servesim::v1::PRUNE_FIDELITY_FULL && FullKvCache::Fits(t.operand_bits())) {
+      dev->cache_ = std::make_unique<FullKvCache>(dev->source_.get(), ds.model().layers(),
+                                                  ds.model().heads(), t.operand_bits(),
+                                                  /*keep_v=*/false,
+                                                  FullCacheCap(ds.full_cache_bytes()));
+    }
   }
   return std::unique_ptr<Device>(std::move(dev));
 }
@@ -291,11 +606,31 @@ absl::StatusOr<std::array<double, 3>> TopickDevice::FullFractions(int64_t reques
   // same value (the kernel is deterministic), so either insert is right.
   const auto& m = spec_.model();
   TopickCounts sum;
-  for (int32_t layer = 0; layer < m.layers(); ++layer) {
-    for (int32_t head = 0; head < m.heads(); ++head) {
-      ASSIGN_OR_RETURN(AttentionCall call, source_->DecodeStep({request_id, layer, head}, l));
-      ASSIGN_OR_RETURN(TopickKernelResult r, RunKernel(call));
-      sum += r.counts;
+  if (cache_ != nullptr) {
+    // The request's fixed-point K rows, grown by one row per step (the
+    // counts never read V); the same integers RunKernel would quantise.
+    const int64_t d = source_->d_head();
+    const KernelConfig cfg = MakeConfig(*this, d);
+    const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+    FullKvCache::Lease lease = cache_->Acquire(request_id);
+    TopickWorkspace<int16_t> w;
+    std::vector<float> q(d);
+    std::vector<int8_t> pruned(l);
+    for (int32_t layer = 0; layer < m.layers(); ++layer) {
+      for (int32_t head = 0; head < m.heads(); ++head) {
+        ASSIGN_OR_RETURN(FullKvCache::View kv, lease.Rows(layer, head, l));
+        RETURN_IF_ERROR(source_->StepQuery({request_id, layer, head}, l, q.data()));
+        sum += RunHead<int16_t>(cfg, q.data(), kv.k, nullptr, kv.k_scale, 1.0, l, d, scale, w,
+                                nullptr, pruned.data());
+      }
+    }
+  } else {
+    for (int32_t layer = 0; layer < m.layers(); ++layer) {
+      for (int32_t head = 0; head < m.heads(); ++head) {
+        ASSIGN_OR_RETURN(AttentionCall call, source_->DecodeStep({request_id, layer, head}, l));
+        ASSIGN_OR_RETURN(TopickKernelResult r, RunKernel(call));
+        sum += r.counts;
+      }
     }
   }
   const double n = static_cast<double>(sum.tokens);
@@ -387,188 +722,9 @@ absl::StatusOr<TopickKernelResult> TopickDevice::RunKernel(const AttentionCall& 
     return absl::InvalidArgumentError(absl::StrCat(
         "topick kernel runs decode attention (q has ", call.q.shape[1], " tokens; expected 1)"));
   }
-  const TopickSpec& t = spec();
-  const int64_t heads = call.q.shape[0], d = call.q.shape[2];
-  const int64_t kv_heads = call.k.shape[0], l = call.k.shape[1];
-  const int64_t group = heads / kv_heads;
-  const double scale = call.scale != 0 ? call.scale : 1.0 / std::sqrt(static_cast<double>(d));
-  const int bits = t.operand_bits(), cbits = t.chunk_bits();
-  constexpr int kChunks = 3;
-  const bool on_demand = t.on_demand_k();
-  const bool estimation = t.estimation();
-  const int64_t lanes = t.pe_lanes();
-  const int64_t cpc = CeilDiv(d, t.multipliers_per_lane());
-  const int64_t lat = static_cast<int64_t>(std::ceil(t.dram_latency_s() * t.clock_hz() - 1e-9));
-  const double bpc = BytesPerCycle();
-  const double chunk_bytes = static_cast<double>(d) * cbits / 8.0;
-  const double row_bytes = static_cast<double>(d) * bits / 8.0;
-  const double req_bytes = on_demand ? chunk_bytes : row_bytes;
-  const int64_t entries = on_demand ? t.scoreboard_entries() : l;
-  const double log_thr = estimation && t.threshold() > 0 ? std::log(t.threshold())
-                                                         : -std::numeric_limits<double>::infinity();
-
-  // K and V in fixed point, one scale per KV head.
-  std::vector<int32_t> kq(kv_heads * l * d), vq(kv_heads * l * d);
-  std::vector<double> sk(kv_heads), sv(kv_heads);
-  for (int64_t g = 0; g < kv_heads; ++g) {
-    sk[g] = Quantise(call.k, g * l * d, l * d, bits, kq.data() + g * l * d);
-    sv[g] = Quantise(call.v, g * l * d, l * d, bits, vq.data() + g * l * d);
-  }
-
-  TopickKernelResult result;
-  result.out = Tensor::Zeros(ElementType::kFp32, {heads, 1, d});
-  result.pruned_after_chunk.assign(heads * l, -1);
-  std::vector<int32_t> q(d);
-  std::vector<int64_t> ps(l);
-  std::vector<int8_t> state(l);  // chunks processed
-  std::vector<double> e_old(l);
-  std::vector<int32_t> lane_next(lanes), lane_inflight(lanes);
-  std::vector<int64_t> lane_busy(lanes);
-  std::vector<std::deque<std::pair<int64_t, Request>>> arrivals(lanes);
-  std::deque<Request> memq;
-  std::vector<double> acc(d);
-
-  for (int64_t h = 0; h < heads; ++h) {
-    const int64_t g = h / group;
-    const int32_t* kh = kq.data() + g * l * d;
-    const double sq = Quantise(call.q, h * d, d, bits, q.data());
-    const double f = sq * sk[g] * scale;
-    // Margins per chunk from Q alone (Eq. 4).
-    int64_t pos_sum = 0, neg_sum = 0;
-    for (int64_t c = 0; c < d; ++c) {
-      (q[c] > 0 ? pos_sum : neg_sum) += q[c];
-    }
-    std::array<int64_t, kChunks> mmax{}, mmin{}, shift{};
-    for (int b = 0; b < kChunks; ++b) {
-      shift[b] = bits - (b + 1) * cbits;
-      const int64_t unknown = (int64_t{1} << shift[b]) - 1;
-      mmax[b] = unknown * pos_sum;
-      mmin[b] = unknown * neg_sum;
-    }
-    auto partial = [&](int64_t j, int b) {
-      int64_t s = 0;
-      const int32_t* k = kh + j * d;
-      for (int64_t c = 0; c < d; ++c) s += int64_t{q[c]} * ((k[c] >> shift[b]) * (int64_t{1} << shift[b]));
-      return s;
-    };
-    // Scores are shifted by the largest first-chunk upper bound, so every
-    // exp is <= 1 and the largest true score is within one margin width of
-    // 0 (no underflow); decisions are shift-invariant. The hardware keeps
-    // ln D in fixed point instead.
-    int64_t top = std::numeric_limits<int64_t>::min();
-    for (int64_t j = 0; j < l; ++j) top = std::max(top, partial(j, 0) + mmax[0]);
-    const double offset = static_cast<double>(top) * f;
-    auto token_of = [&](int64_t n) { return n == 0 ? int64_t{0} : l - n; };  // visit order
-
-    std::fill(state.begin(), state.end(), 0);
-    std::fill(e_old.begin(), e_old.end(), 0.0);
-    std::fill(lane_next.begin(), lane_next.end(), 0);
-    std::fill(lane_inflight.begin(), lane_inflight.end(), 0);
-    std::fill(lane_busy.begin(), lane_busy.end(), 0);
-    memq.clear();
-    for (auto& a : arrivals) a.clear();
-    TopickCounts counts;
-    counts.heads = 1;
-    counts.tokens = l;
-    double denom = 0, credit = 0;
-    int64_t done = 0, cycle = 0;
-    int8_t* pruned = result.pruned_after_chunk.data() + h * l;
-    for (;; ++cycle) {
-      // New first-chunk requests, in visit order per lane.
-      for (int64_t ln = 0; ln < lanes; ++ln) {
-        const int64_t n = ln + int64_t{lane_next[ln]} * lanes;
-        if (n < l && lane_inflight[ln] < entries) {
-          memq.push_back({static_cast<int32_t>(token_of(n)), 0});
-          ++lane_next[ln];
-          ++lane_inflight[ln];
-        }
-      }
-      // The memory serves requests FIFO at its bandwidth.
-      credit += bpc;
-      while (!memq.empty() && credit >= req_bytes) {
-        const Request r = memq.front();
-        memq.pop_front();
-        credit -= req_bytes;
-        const int64_t n = r.token == 0 ? 0 : l - r.token;
-        arrivals[n % lanes].push_back({cycle + lat, r});
-        if (on_demand) {
-          ++counts.chunk_fetched[r.chunk];
-        } else {
-          for (int b = 0; b < kChunks; ++b) ++counts.chunk_fetched[b];
-        }
-      }
-      if (memq.empty()) credit = std::min(credit, bpc);
-      // Each lane processes one arrived chunk (out of order across tokens).
-      double delta = 0;
-      // No estimate before the first partial exp reaches the DAG (D = 0).
-      const bool have_d = denom > 0;
-      const double log_d = have_d ? std::log(denom) : 0.0;
-      for (int64_t ln = 0; ln < lanes; ++ln) {
-        auto& a = arrivals[ln];
-        if (lane_busy[ln] > cycle || a.empty() || a.front().first > cycle) continue;
-        const Request r = a.front().second;
-        a.pop_front();
-        lane_busy[ln] = cycle + cpc;
-        const int64_t j = r.token;
-        const int b = on_demand ? r.chunk : kChunks - 1;
-        ps[j] = partial(j, b);
-        const double s_max = static_cast<double>(ps[j] + mmax[b]) * f - offset;
-        const double s_min = static_cast<double>(ps[j] + mmin[b]) * f - offset;
-        const double e_new = std::exp(s_min);
-        delta += e_new - e_old[j];
-        e_old[j] = e_new;
-        state[j] = static_cast<int8_t>(b + 1);
-        if (have_d && s_max - log_d < log_thr) {  // Eq. 5: p'' < thr
-          delta -= e_new;
-          e_old[j] = 0;
-          pruned[j] = static_cast<int8_t>(b);
-          ++counts.pruned_after[b];
-          --lane_inflight[ln];
-          ++done;
-        } else if (b + 1 < kChunks) {
-          memq.push_back({static_cast<int32_t>(j), static_cast<int8_t>(b + 1)});
-        } else {
-          --lane_inflight[ln];
-          ++done;
-        }
-      }
-      denom = std::max(0.0, denom + delta);
-      if (done == l) break;
-    }
-    // Step 1: softmax over the kept tokens and the weighted sum of their V.
-    std::fill(acc.begin(), acc.end(), 0.0);
-    double sum = 0;
-    int64_t kept = 0;
-    const int32_t* vh = vq.data() + g * l * d;
-    for (int64_t j = 0; j < l; ++j) {
-      if (pruned[j] >= 0) continue;
-      ++kept;
-      const double p = std::exp(static_cast<double>(ps[j]) * f - offset);
-      sum += p;
-      for (int64_t c = 0; c < d; ++c) acc[c] += p * vh[j * d + c];
-    }
-    for (int64_t c = 0; c < d; ++c) {
-      // Only a threshold near 1 / (tokens decided in one cycle) can prune
-      // every token; the output is then zero.
-      result.out.Set(h * d + c, sum > 0 ? static_cast<float>(acc[c] * sv[g] / sum) : 0.0f);
-    }
-    counts.v_fetched = kept;
-    counts.k_bytes = on_demand ? (counts.chunk_fetched[0] + counts.chunk_fetched[1] +
-                                  counts.chunk_fetched[2]) * chunk_bytes
-                               : static_cast<double>(l) * row_bytes;
-    counts.v_bytes = static_cast<double>(kept) * row_bytes;
-    const double v_cycles =
-        kept > 0 ? std::max(std::ceil(counts.v_bytes / bpc - 1e-9),
-                            static_cast<double>(CeilDiv(kept, lanes) * cpc)) + lat
-                 : 0.0;
-    counts.sim_cycles = static_cast<double>(cycle + 1) + v_cycles;
-    result.stats.kv_positions += l;
-    result.stats.kv_positions_read += counts.chunk_fetched[0];
-    result.stats.v_rows_read += kept;
-    result.stats.bytes_read += counts.k_bytes + counts.v_bytes;
-    result.counts += counts;
-  }
-  return result;
+  // The integers are the same in either width; int16 is faster.
+  if (FullKvCache::Fits(spec().operand_bits())) return RunKernelAs<int16_t>(*this, call);
+  return RunKernelAs<int32_t>(*this, call);
 }
 
 SERVESIM_REGISTER_DEVICE(kTopick, "topick", &TopickDevice::Create);

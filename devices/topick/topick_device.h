@@ -62,8 +62,16 @@
 //  - CALIBRATED: RunKernel at Create() on the attention data at each
 //    calibration length (instances x 4 heads), fractions of L interpolated
 //    log-linearly;
-//  - FULL: RunKernel on every head of every layer of `model` for each
-//    (request_id, L), mean per head; memoised (thread-safe).
+//  - FULL: the kernel on every head of every layer of `model` for each
+//    (request_id, L), mean per head; memoised (thread-safe). The request's
+//    fixed-point K rows are kept between steps and grown by one row per
+//    step (prune_common.h, FullKvCache: exact, LRU under
+//    full_cache_bytes, 2 GiB by default; 2 x d_head bytes per position per
+//    head, 48 KiB per position at GPT-2 medium); V is not kept or read, as
+//    the counts do not depend on it (the kernel's output is not needed).
+//    About 31 ms per decode step at GPT-2 medium and L = 1024 in Release on
+//    one core (bench/prune_full_bench.cc), 64% of it in the cycle-stepped
+//    simulation and the exp of its running denominator.
 #ifndef SERVESIM_DEVICES_TOPICK_TOPICK_DEVICE_H_
 #define SERVESIM_DEVICES_TOPICK_TOPICK_DEVICE_H_
 
@@ -138,6 +146,8 @@ class TopickDevice : public Device {
   const KeepProfile& profile() const { return profile_; }
   // Seconds Create() spent calibrating (0 unless CALIBRATED).
   double calibration_s() const { return calibration_s_; }
+  // FULL mode's K cache (null in other modes).
+  const FullKvCache* full_cache() const { return cache_.get(); }
 
  private:
   explicit TopickDevice(const servesim::v1::TopickDeviceSpec& spec);
@@ -150,6 +160,9 @@ class TopickDevice : public Device {
   KeepProfile profile_;
   double calibration_s_ = 0;
   std::unique_ptr<AttentionSource> source_;  // CALIBRATED and FULL
+  // FULL: the requests' fixed-point K rows between steps (operand_bits <=
+  // 16; wider operands regenerate each step).
+  std::unique_ptr<FullKvCache> cache_;
   mutable std::mutex memo_mu_;
   mutable absl::flat_hash_map<std::pair<int64_t, int64_t>, std::array<double, 3>> memo_;
 };
