@@ -489,9 +489,15 @@ TEST(TopickFidelityTest, FullModeIsMemoisedAndEqualsTheKernel) {
   const auto h = dev->HeadCost(300, 64, sum.chunk_fetched[1] / n, sum.chunk_fetched[2] / n,
                                sum.v_fetched / n);
   EXPECT_DOUBLE_EQ(c1.dram_bytes, 3 * (h.k_bytes + h.v_bytes));
-  std::vector<AttentionSeq> unknown = {{1, 10, -1}};
+  // A sequence with no request id (a hypothetical batch, e.g. the SLO cap)
+  // is costed from the calibrated profile FULL mode also keeps.
+  std::vector<AttentionSeq> unknown = {{1, 299, -1}};
   op.seqs = unknown;
-  EXPECT_EQ(dev->Estimate({&op, 1}, {&c1, 1}).code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(dev->Estimate({&op, 1}, {&c1, 1}).ok());
+  auto profile = dev->Fractions(-1, 300, 64);
+  ASSERT_TRUE(profile.ok());
+  const auto hp = dev->HeadCost(300, 64, (*profile)[0], (*profile)[1], (*profile)[2]);
+  EXPECT_DOUBLE_EQ(c1.dram_bytes, 3 * (hp.k_bytes + hp.v_bytes));
 }
 
 // ------------------------------------------------------------ bad input --

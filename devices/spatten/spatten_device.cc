@@ -399,7 +399,9 @@ absl::StatusOr<std::unique_ptr<Device>> SpattenDevice::Create(const servesim::v1
     dev->profile_.rows = {std::vector<double>(row.begin(), row.end())};
   } else {
     ASSIGN_OR_RETURN(dev->source_, MakeAttentionSource(ds.data(), m.has_d_head() ? m.d_head() : 64));
-    if (fidelity == servesim::v1::PRUNE_FIDELITY_CALIBRATED) RETURN_IF_ERROR(dev->Calibrate());
+    // FULL calibrates too: sequences with no request id (hypothetical
+    // batches: the SLO cap, studies) are costed from the profile.
+    RETURN_IF_ERROR(dev->Calibrate());
     const int bits = t.msb_bits() + t.lsb_bits();
     if (fidelity == servesim::v1::PRUNE_FIDELITY_FULL && FullKvCache::Fits(bits)) {
       dev->cache_ = std::make_unique<FullKvCache>(dev->source_.get(), m.layers(), m.heads(), bits,
@@ -511,7 +513,9 @@ absl::Status SpattenDevice::Calibrate() {
 }
 
 absl::StatusOr<SpattenDevice::Row> SpattenDevice::Fractions(int64_t request_id, int64_t l) const {
-  if (spec_.fidelity() == servesim::v1::PRUNE_FIDELITY_FULL) return FullFractions(request_id, l);
+  if (spec_.fidelity() == servesim::v1::PRUNE_FIDELITY_FULL && request_id >= 0) {
+    return FullFractions(request_id, l);
+  }
   const auto r = profile_.Eval(static_cast<double>(l));
   Row row{};
   std::copy(r.begin(), r.end(), row.begin());
@@ -605,9 +609,11 @@ DeviceDescription SpattenDevice::Describe() const {
       {"power_w", t.logic_power_w() + t.sram_power_w()},
       {"calibration_s", calibration_s_},
   };
+  // FULL: the mean over every (request, L) step run so far (std::map:
+  // summed in key order); otherwise the profile at L = 1024.
   std::vector<double> row;
-  if (!profile_.rows.empty()) {
-    row = profile_.Eval(1024);
+  if (spec_.fidelity() != servesim::v1::PRUNE_FIDELITY_FULL) {
+    if (!profile_.rows.empty()) row = profile_.Eval(1024);
   } else {
     std::lock_guard<std::mutex> lock(mu_);
     size_t n = 0;

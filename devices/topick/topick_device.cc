@@ -450,7 +450,9 @@ absl::StatusOr<std::unique_ptr<Device>> TopickDevice::Create(const servesim::v1:
   } else {
     const int64_t d = ds.model().has_d_head() ? ds.model().d_head() : 64;
     ASSIGN_OR_RETURN(dev->source_, MakeAttentionSource(ds.data(), d));
-    if (fidelity == servesim::v1::PRUNE_FIDELITY_CALIBRATED) RETURN_IF_ERROR(dev->Calibrate());
+    // FULL calibrates too: sequences with no request id (hypothetical
+    // batches: the SLO cap, studies) are costed from the profile.
+    RETURN_IF_ERROR(dev->Calibrate());
     if (fidelity == servesim::v1::PRUNE_FIDELITY_FULL && FullKvCache::Fits(t.operand_bits())) {
       dev->cache_ = std::make_unique<FullKvCache>(dev->source_.get(), ds.model().layers(),
                                                   ds.model().heads(), t.operand_bits(),
@@ -560,18 +562,23 @@ DeviceDescription TopickDevice::Describe() const {
   };
   // Measured (CALIBRATED), tabulated (ANALYTIC) or averaged so far (FULL)
   // keep ratios at L = 1024.
+  // FULL: the mean over every (request, L) step run so far, summed in key
+  // order so the figure is the same on every host.
   std::array<double, 3> f{0, 0, 0};
   bool have = false;
-  if (!profile_.rows.empty()) {
+  if (spec_.fidelity() == servesim::v1::PRUNE_FIDELITY_FULL) {
+    std::lock_guard<std::mutex> lock(memo_mu_);
+    std::vector<std::pair<std::pair<int64_t, int64_t>, std::array<double, 3>>> steps(
+        memo_.begin(), memo_.end());
+    std::sort(steps.begin(), steps.end());
+    for (const auto& [key, v] : steps) {
+      for (int i = 0; i < 3; ++i) f[i] += v[i] / static_cast<double>(steps.size());
+      have = true;
+    }
+  } else if (!profile_.rows.empty()) {
     const auto row = profile_.Eval(1024);
     f = {row[0], row[1], row[2]};
     have = true;
-  } else {
-    std::lock_guard<std::mutex> lock(memo_mu_);
-    for (const auto& [key, v] : memo_) {
-      for (int i = 0; i < 3; ++i) f[i] += v[i] / static_cast<double>(memo_.size());
-      have = true;
-    }
   }
   if (have) {
     d.parameters.push_back({"chunk2_fraction", f[0]});
@@ -586,7 +593,9 @@ DeviceDescription TopickDevice::Describe() const {
 
 absl::StatusOr<std::array<double, 3>> TopickDevice::Fractions(int64_t request_id, int64_t l,
                                                               int64_t d_head) const {
-  if (spec_.fidelity() == servesim::v1::PRUNE_FIDELITY_FULL) return FullFractions(request_id, l);
+  if (spec_.fidelity() == servesim::v1::PRUNE_FIDELITY_FULL && request_id >= 0) {
+    return FullFractions(request_id, l);
+  }
   const auto row = profile_.Eval(static_cast<double>(l));
   return std::array<double, 3>{row[0], row[1], row[2]};
 }
