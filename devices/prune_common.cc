@@ -23,6 +23,27 @@ std::vector<double> KeepProfile::Eval(double context_len) const {
   return out;
 }
 
+void KeepProfile::Tabulate() {
+  table_.clear();
+  table_len_ = 0;
+  width_ = rows.empty() ? 0 : rows.front().size();
+  if (lengths.empty()) return;
+  // Past the last length every row is the last one: the table stops there.
+  table_len_ = std::clamp<int64_t>(static_cast<int64_t>(std::ceil(lengths.back())), 1, 65536);
+  table_.resize(static_cast<size_t>(table_len_) * width_);
+  for (int64_t l = 1; l <= table_len_; ++l) {
+    const std::vector<double> r = Eval(static_cast<double>(l));
+    std::copy(r.begin(), r.end(), table_.begin() + static_cast<size_t>(l - 1) * width_);
+  }
+}
+
+const double* KeepProfile::Row(int64_t l, std::vector<double>* scratch) const {
+  if (l >= 1 && l <= table_len_) return table_.data() + static_cast<size_t>(l - 1) * width_;
+  if (!rows.empty() && static_cast<double>(l) >= lengths.back()) return rows.back().data();
+  *scratch = Eval(static_cast<double>(l));
+  return scratch->data();
+}
+
 AttentionDataParams DataParamsFromProto(const servesim::v1::AttentionDataSpec& s, int64_t d_head) {
   AttentionDataParams p;
   p.d_head = d_head;

@@ -31,6 +31,16 @@ struct KeepProfile {
   std::vector<double> lengths;
   std::vector<std::vector<double>> rows;
   std::vector<double> Eval(double context_len) const;
+  // The hot path: Eval(l) for an integer length, from a table built once by
+  // Tabulate() (bit-identical to Eval; no allocation). Beyond the table
+  // (lengths past 65,536) it falls back to Eval into `scratch`.
+  const double* Row(int64_t l, std::vector<double>* scratch) const;
+  void Tabulate();  // after lengths/rows are final
+
+ private:
+  std::vector<double> table_;  // row of length l at [(l - 1) * width_]
+  int64_t table_len_ = 0;
+  size_t width_ = 0;
 };
 
 // Generator parameters from the spec's data message (unset fields keep the

@@ -397,6 +397,7 @@ absl::StatusOr<std::unique_ptr<Device>> SpattenDevice::Create(const servesim::v1
     ASSIGN_OR_RETURN(Row row, SpattenAnalyticRow(t.preset()));
     dev->profile_.lengths = {1.0};
     dev->profile_.rows = {std::vector<double>(row.begin(), row.end())};
+    dev->profile_.Tabulate();
   } else {
     ASSIGN_OR_RETURN(dev->source_, MakeAttentionSource(ds.data(), m.has_d_head() ? m.d_head() : 64));
     // FULL calibrates too: sequences with no request id (hypothetical
@@ -508,6 +509,7 @@ absl::Status SpattenDevice::Calibrate() {
     profile_.lengths.push_back(static_cast<double>(l));
     profile_.rows.push_back(std::vector<double>(row.begin(), row.end()));
   }
+  profile_.Tabulate();
   calibration_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return absl::OkStatus();
 }
@@ -516,9 +518,10 @@ absl::StatusOr<SpattenDevice::Row> SpattenDevice::Fractions(int64_t request_id, 
   if (spec_.fidelity() == servesim::v1::PRUNE_FIDELITY_FULL && request_id >= 0) {
     return FullFractions(request_id, l);
   }
-  const auto r = profile_.Eval(static_cast<double>(l));
+  std::vector<double> scratch;
+  const double* r = profile_.Row(l, &scratch);
   Row row{};
-  std::copy(r.begin(), r.end(), row.begin());
+  std::copy(r, r + std::min(row.size(), profile_.rows.front().size()), row.begin());
   return row;
 }
 

@@ -447,6 +447,7 @@ absl::StatusOr<std::unique_ptr<Device>> TopickDevice::Create(const servesim::v1:
     ASSIGN_OR_RETURN(auto row, TopickAnalyticFractions(t.preset()));
     dev->profile_.lengths = {1.0};
     dev->profile_.rows = {{row[0], row[1], row[2]}};
+    dev->profile_.Tabulate();
   } else {
     const int64_t d = ds.model().has_d_head() ? ds.model().d_head() : 64;
     ASSIGN_OR_RETURN(dev->source_, MakeAttentionSource(ds.data(), d));
@@ -484,6 +485,7 @@ absl::Status TopickDevice::Calibrate() {
     profile_.lengths.push_back(static_cast<double>(l));
     profile_.rows.push_back({sum.chunk_fetched[1] / n, sum.chunk_fetched[2] / n, sum.v_fetched / n});
   }
+  profile_.Tabulate();
   calibration_s_ =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return absl::OkStatus();
@@ -596,7 +598,8 @@ absl::StatusOr<std::array<double, 3>> TopickDevice::Fractions(int64_t request_id
   if (spec_.fidelity() == servesim::v1::PRUNE_FIDELITY_FULL && request_id >= 0) {
     return FullFractions(request_id, l);
   }
-  const auto row = profile_.Eval(static_cast<double>(l));
+  std::vector<double> scratch;
+  const double* row = profile_.Row(l, &scratch);
   return std::array<double, 3>{row[0], row[1], row[2]};
 }
 
