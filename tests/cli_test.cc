@@ -445,6 +445,56 @@ TEST(CliTest, TimelineAndReportOfTheAttAccExample) {
   EXPECT_TRUE(absl::StrContains(html, "overlap policy head_level_ff"));
 }
 
+TEST(CliTest, PruningPoolsRunEveryFidelityDeterministically) {
+  // GPT-2 medium with one ToPick or SpAtten unit: 4 requests of (200, 16)
+  // at t = 0. FULL runs the kernel on all 24 x 16 heads at every step; runs
+  // repeat byte for byte, and pruning reads less DRAM than the preset that
+  // does not prune.
+  const std::string dir = FreshDir();
+  const std::string scenario = dir + "/s.pbtxt";
+  WriteFile(scenario,
+            "model { preset: \"gpt2-medium\" }\n"
+            "cluster { xpu { preset: \"a100-80gb\" } attention_pool { units: 1 } }\n"
+            "workload { saturated { num_requests: 4 input_tokens: 200 output_tokens: 16 } }\n");
+  auto run = [&](const std::string& out, std::vector<std::string> sets) {
+    std::vector<std::string> args = {"run", scenario, "--out", dir + "/" + out, "--quiet"};
+    for (const std::string& s : sets) {
+      args.push_back("--set");
+      args.push_back(s);
+    }
+    const RunResult r = RunServesim(args);
+    EXPECT_EQ(r.code, 0) << r.out;
+    return ReadFile(dir + "/" + out + "/summary.json");
+  };
+  auto number = [](const std::string& json, const std::string& key) {
+    double v = -1;
+    EXPECT_TRUE(absl::SimpleAtod(JsonValue(json, key), &v)) << key;
+    return v;
+  };
+  for (const char* kind : {"topick", "spatten"}) {
+    const std::string k = kind;
+    const std::string fidelity = "cluster.attention_pool." + k + ".fidelity=";
+    const std::string full_a = run(k + "_full_a", {fidelity + "FULL"});
+    const std::string full_b = run(k + "_full_b", {fidelity + "FULL"});
+    EXPECT_EQ(full_a, full_b) << k;
+    EXPECT_EQ(ReadFile(dir + "/" + k + "_full_a/requests.csv"),
+              ReadFile(dir + "/" + k + "_full_b/requests.csv"));
+    EXPECT_TRUE(absl::StrContains(full_a, "\"fidelity\": 3")) << full_a;
+    EXPECT_TRUE(absl::StrContains(full_a, "\"attention_device\": \"" + k + " x 1\""));
+    EXPECT_EQ(number(full_a, "requests_completed"), 4);
+    const std::string calibrated = run(k + "_cal", {fidelity + "CALIBRATED"});
+    const std::string dense =
+        run(k + "_dense", {fidelity + "ANALYTIC", "cluster.attention_pool." + k + "." + k +
+                                                      ".preset=" +
+                                                      (k == "topick" ? "baseline" : "dense")});
+    for (const std::string* pruned : {&full_a, &calibrated}) {
+      EXPECT_LT(number(*pruned, "attention_device_dram_bytes"),
+                0.8 * number(dense, "attention_device_dram_bytes"))
+          << k;
+    }
+  }
+}
+
 TEST(CliTest, SaturatedBatchMatchesTheAnalyticSchedule) {
   const std::string dir = FreshDir();
   const std::string scenario = dir + "/s.pbtxt";
