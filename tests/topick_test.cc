@@ -9,6 +9,8 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
+#include <string>
 #include <vector>
 
 #include "common/rng.h"
@@ -498,6 +500,66 @@ TEST(TopickFidelityTest, FullModeIsMemoisedAndEqualsTheKernel) {
   ASSERT_TRUE(profile.ok());
   const auto hp = dev->HeadCost(300, 64, (*profile)[0], (*profile)[1], (*profile)[2]);
   EXPECT_DOUBLE_EQ(c1.dram_bytes, 3 * (hp.k_bytes + hp.v_bytes));
+}
+
+TEST(TopickFidelityTest, FullModeRunsOnCapturedNpyTensors) {
+  // A "capture" of 2 layers x 2 heads, T = 64 positions, written as .npy in
+  // the documented layout (here from the generator, request 5); a FULL
+  // device reading that folder prices request 0's step at L = 40 exactly
+  // as the kernel run on those tensors says.
+  const std::string dir =
+      (std::filesystem::temp_directory_path() / "servesim_topick_npy").string();
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  auto g = AttentionDataGenerator::Create({});
+  ASSERT_TRUE(g.ok());
+  for (int layer = 0; layer < 2; ++layer) {
+    for (int head = 0; head < 2; ++head) {
+      auto step = g->DecodeStep({5, layer, head}, 64);
+      ASSERT_TRUE(step.ok());
+      Tensor q = Tensor::Zeros(ElementType::kFp32, {64, 64});
+      std::vector<float> row(64);
+      for (int t = 0; t < 64; ++t) {
+        g->Query({5, layer, head}, t, row.data());
+        for (int c = 0; c < 64; ++c) q.Set(t * 64 + c, row[c]);
+      }
+      Tensor k = step->k, v = step->v;
+      k.shape = v.shape = {64, 64};
+      const std::string base = dir + "/layer" + std::to_string(layer) + "_head" +
+                               std::to_string(head) + "_";
+      ASSERT_TRUE(WriteNpy(base + "q.npy", q).ok());
+      ASSERT_TRUE(WriteNpy(base + "k.npy", k).ok());
+      ASSERT_TRUE(WriteNpy(base + "v.npy", v).ok());
+    }
+  }
+  auto spec = Spec("topick", PRUNE_FIDELITY_FULL);
+  auto* ds = spec.mutable_topick();
+  ds->mutable_data()->set_npy_dir(dir);
+  ds->mutable_model()->set_layers(2);
+  ds->mutable_model()->set_heads(2);
+  ds->mutable_model()->set_d_head(64);
+  for (int64_t l : {16, 32, 64}) ds->mutable_calibration()->add_lengths(l);
+  const auto dev = Make(spec);
+  ASSERT_NE(dev, nullptr);
+  auto f = dev->Fractions(0, 40, 64);
+  ASSERT_TRUE(f.ok()) << f.status();
+  TopickCounts sum;
+  for (int layer = 0; layer < 2; ++layer) {
+    for (int head = 0; head < 2; ++head) {
+      auto captured = LoadNpyHead(dir, layer, head);
+      ASSERT_TRUE(captured.ok()) << captured.status();
+      auto call = DecodeStepFromHead(*captured, 40);
+      ASSERT_TRUE(call.ok());
+      sum += dev->RunKernel(*call)->counts;
+    }
+  }
+  const double n = static_cast<double>(sum.tokens);
+  EXPECT_DOUBLE_EQ((*f)[0], sum.chunk_fetched[1] / n);
+  EXPECT_DOUBLE_EQ((*f)[1], sum.chunk_fetched[2] / n);
+  EXPECT_DOUBLE_EQ((*f)[2], sum.v_fetched / n);
+  // Past the capture's 64 positions the device says so.
+  EXPECT_EQ(dev->Fractions(0, 65, 64).status().code(), absl::StatusCode::kInvalidArgument);
+  std::filesystem::remove_all(dir);
 }
 
 // ------------------------------------------------------------ bad input --

@@ -470,12 +470,17 @@ absl::Status TopickDevice::Calibrate() {
   const auto start = std::chrono::steady_clock::now();
   const int instances = CalibrationInstances(spec_.calibration());
   constexpr int kHeads = 4;
+  // Layers and heads within the model's shape when it is given (captured
+  // .npy data has only those); the generator only seeds by them.
+  const auto& m = spec_.model();
+  const int layers = m.has_layers() && m.layers() > 0 ? m.layers() : 1 << 20;
+  const int heads = m.has_heads() && m.heads() > 0 ? m.heads() : 1 << 20;
   for (int64_t l : CalibrationLengths(spec_.calibration())) {
     TopickCounts sum;
     for (int i = 0; i < instances; ++i) {
       for (int h = 0; h < kHeads; ++h) {
         // Requests far from the ones a run uses, one layer per instance.
-        const AttentionInstance in{int64_t{1} << 40 | i, i, h};
+        const AttentionInstance in{int64_t{1} << 40 | i, i % layers, h % heads};
         ASSIGN_OR_RETURN(AttentionCall call, source_->DecodeStep(in, l));
         ASSIGN_OR_RETURN(TopickKernelResult r, RunKernel(call));
         sum += r.counts;
