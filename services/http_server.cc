@@ -57,15 +57,19 @@ std::string ContentTypeFor(const std::string& path) {
 absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const std::string& address,
                                                               const std::string& web_dir,
                                                               MetricsFn metrics) {
+  // "PORT" and ":PORT" mean loopback.
   const size_t colon = address.rfind(':');
+  const std::string host =
+      colon == std::string::npos || colon == 0 ? "127.0.0.1" : address.substr(0, colon);
+  const std::string port_text = colon == std::string::npos ? address : address.substr(colon + 1);
   int port = -1;
-  if (colon == std::string::npos || colon == 0 ||
-      !absl::SimpleAtoi(address.substr(colon + 1), &port) || port < 0 || port > 65535) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--metrics: '", address, "' is not HOST:PORT with a port in [0, 65535] (0: any free)"));
+  if (!absl::SimpleAtoi(port_text, &port) || port < 0 || port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--metrics: '", address,
+                     "' is not [HOST:]PORT with a port in [0, 65535] (0: any free)"));
   }
   std::unique_ptr<HttpServer> s(new HttpServer());
-  s->host_ = address.substr(0, colon);
+  s->host_ = host;
   s->web_dir_ = web_dir;
   s->metrics_ = std::move(metrics);
   addrinfo hints{};

@@ -22,7 +22,8 @@ class HttpServer {
  public:
   using MetricsFn = std::function<std::string()>;
 
-  // Listens on `address` ("HOST:PORT"; port 0 picks a free one) and serves
+  // Listens on `address` ("HOST:PORT", or "PORT" / ":PORT" for loopback;
+  // port 0 picks a free one) and serves
   // `metrics` at /metrics and the files of `web_dir` elsewhere ("/" is
   // index.html). INVALID_ARGUMENT for a malformed address, UNAVAILABLE when
   // it cannot listen.

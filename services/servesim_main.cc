@@ -65,9 +65,9 @@ Options of run (validate takes --set, --seed and --trace too):
                              --set scheduler.batching=CHUNKED_PREFILL
                         (repeatable; applied in order, before defaults)
   --quiet               do not print the summary table
-  --metrics HOST:PORT   serve live Prometheus metrics at /metrics and the
+  --metrics [HOST:]PORT serve live Prometheus metrics at /metrics and the
                         dashboard at / (port 0: any free; the address is
-                        printed on stderr). Loopback unless told otherwise
+                        printed on stderr). Loopback unless a HOST is given
   --pace X              run at most X simulated seconds per wall second
                         (default: as fast as possible); never changes results
   --linger S            with --metrics: keep serving S wall seconds after the
@@ -161,7 +161,7 @@ int ParseArgs(int argc, char** argv, Options* o) {
       o->has_seed = true;
     } else if (flag == "--metrics") {
       if (!get(&o->metrics) || o->metrics.empty()) {
-        return UsageError("--metrics needs HOST:PORT (e.g. 127.0.0.1:9464; port 0: any free)");
+        return UsageError("--metrics needs [HOST:]PORT (e.g. 9464 or 127.0.0.1:9464; 0: any free)");
       }
     } else if (flag == "--web-dir") {
       if (!get(&o->web_dir)) return UsageError("--web-dir needs a folder");

@@ -76,11 +76,18 @@ TEST(HttpServerTest, ServesMetricsAndFilesAndNothingElse) {
 }
 
 TEST(HttpServerTest, BadAddressesNameTheFlag) {
-  for (const char* bad : {"9464", "127.0.0.1:", "127.0.0.1:70000", ":80", "host:port"}) {
+  for (const char* bad : {"127.0.0.1:", "127.0.0.1:70000", "-1", "x", "host:port"}) {
     auto s = HttpServer::Start(bad, "", [] { return std::string(); });
     ASSERT_FALSE(s.ok()) << bad;
     EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument) << bad;
     EXPECT_TRUE(absl::StrContains(s.status().message(), "--metrics")) << s.status();
+  }
+  // A bare port (or ":PORT") is loopback.
+  for (const char* port_only : {"0", ":0"}) {
+    auto s = HttpServer::Start(port_only, "", [] { return std::string("x 1\n"); });
+    ASSERT_TRUE(s.ok()) << port_only << ": " << s.status();
+    EXPECT_EQ((*s)->host(), "127.0.0.1");
+    EXPECT_TRUE(absl::EndsWith(Get((*s)->port(), "/metrics"), "x 1\n"));
   }
 }
 
