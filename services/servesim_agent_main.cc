@@ -145,7 +145,13 @@ int main(int argc, char** argv) {
       if (!get()) return UsageError("--config needs a file");
       config = v;
     } else if (flag == "--listen") {
-      if (!get() || v.empty()) return UsageError("--listen needs HOST:PORT");
+      const size_t colon = get() ? v.rfind(':') : std::string::npos;
+      int port = -1;
+      if (colon == std::string::npos || colon == 0 ||
+          !absl::SimpleAtoi(v.substr(colon + 1), &port) || port < 0 || port > 65535) {
+        return UsageError(absl::StrCat("--listen ", v,
+                                       ": expected HOST:PORT with PORT in [0, 65535]"));
+      }
       server.listen = v;
     } else if (flag == "--tls-cert") {
       if (!get()) return UsageError("--tls-cert needs a file");
