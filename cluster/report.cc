@@ -70,9 +70,9 @@ std::string JsonString(const std::string& s) {
 }
 
 std::string SummaryJson(const ResolvedScenario& sc, const Workload& wl,
-                        const Summary& s, double simulated_s) {
+                        const Summary& s, double simulated_s, bool partial) {
   const auto& p = sc.proto;
-  std::string j = "{\n";
+  std::string j = partial ? "{\n  \"partial\": true,\n" : "{\n";
   auto kv = [&](const std::string& k, const std::string& v, bool last = false) {
     absl::StrAppend(&j, "  ", JsonString(k), ": ", v, last ? "\n" : ",\n");
   };
@@ -196,7 +196,7 @@ absl::Status WriteOutputs(const std::string& dir, const ResolvedScenario& sc,
   }
   const fs::path base(dir);
   if (absl::Status st = WriteFile(base / "summary.json",
-                                  SummaryJson(sc, wl, s, info.simulated_s));
+                                  SummaryJson(sc, wl, s, info.simulated_s, info.partial));
       !st.ok()) {
     return st;
   }
@@ -205,6 +205,10 @@ absl::Status WriteOutputs(const std::string& dir, const ResolvedScenario& sc,
           absl::StrCat("{\n  \"wall_time_s\": ", Num(info.wall_s),
                        ",\n  \"realtime_factor\": ",
                        Num(info.wall_s > 0 ? info.simulated_s / info.wall_s : 0),
+                       info.partial ? absl::StrCat(",\n  \"partial\": true,\n  \"error\": ",
+                                                   JsonString(info.error))
+                                    : "",
+                       info.agents_json.empty() ? "" : ",\n  \"agents\": " + info.agents_json,
                        "\n}\n"));
       !st.ok()) {
     return st;

@@ -13,6 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "agents/remote_device.h"
 #include "common/status_macros.h"
 #include "devices/attacc/attacc_device.h"
 #include "devices/pool.h"
@@ -462,6 +463,62 @@ std::string Gb(double bytes) { return absl::StrFormat("%.2f GB", bytes / 1e9); }
 
 }  // namespace
 
+namespace {
+
+// --agent KIND=... replaces the scenario's list for devices of that kind.
+std::vector<std::string> AgentEndpoints(
+    const LoadedScenario& sc, const std::string& kind,
+    const google::protobuf::RepeatedPtrField<std::string>& from_scenario) {
+  auto it = sc.agent_endpoints.find(kind);
+  if (it != sc.agent_endpoints.end()) return it->second;
+  return {from_scenario.begin(), from_scenario.end()};
+}
+
+// Device agents: remote devices behind the same interface (agents/).
+absl::Status ConnectAgents(const LoadedScenario& sc, ResolvedScenario* out) {
+  const auto& c = sc.proto.cluster();
+  for (const auto& [kind, endpoints] : sc.agent_endpoints) {
+    if (kind != "gpu" && kind != out->attention_kind) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--agent ", kind, "=...: the scenario has no ", kind, " device (its devices: gpu",
+          out->has_attention_device ? absl::StrCat(", ", out->attention_kind) : "", ")"));
+    }
+  }
+  if (!out->has_attention_device && c.attention_endpoints_size() > 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        sc.Where("cluster.attention_endpoints"),
+        ": cluster.attention_endpoints is set but the cluster has no attention device "
+        "(cluster.attacc or cluster.attention_pool)"));
+  }
+  out->xpu_endpoints = AgentEndpoints(sc, "gpu", c.xpu_endpoints());
+  if (out->has_attention_device) {
+    out->attention_endpoints = AgentEndpoints(sc, out->attention_kind, c.attention_endpoints());
+  }
+  if (!out->xpu_endpoints.empty()) {
+    auto remote = agents::RemoteDevice::Create(out->xpu_device, out->xpu_endpoints,
+                                               sc.agent_client, "xPU device (gpu)");
+    if (!remote.ok()) return AnnotateFieldError(sc, remote.status());
+    out->remote_devices.push_back(remote->get());
+    out->xpu_agent = std::shared_ptr<devices::Device>(std::move(*remote));
+  }
+  if (!out->attention_endpoints.empty()) {
+    auto remote = agents::RemoteDevice::Create(
+        out->attention_device, out->attention_endpoints, sc.agent_client,
+        absl::StrCat("attention device (", out->attention_kind, ")"));
+    if (!remote.ok()) return AnnotateFieldError(sc, remote.status());
+    out->remote_devices.push_back(remote->get());
+    if (out->attention_units > 0) {
+      out->attention_shared = std::make_shared<devices::PooledDevice>(
+          std::move(*remote), out->attention_units, out->attention_memory_per_unit);
+    } else {
+      out->attention_agent = std::shared_ptr<devices::Device>(std::move(*remote));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<ResolvedScenario> Resolve(const LoadedScenario& sc) {
   const auto& p = sc.proto;
   Checker ck(sc);
@@ -729,14 +786,17 @@ absl::StatusOr<ResolvedScenario> Resolve(const LoadedScenario& sc) {
           " per xPU vs available ", Gb(xpu_available)));
     }
     // The device must accept this scenario's spec (e.g. FULL fidelity's
-    // model shape): fail here, with the field, rather than mid-run.
-    auto dev = CreateAttentionDevice(out);
-    if (!dev.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          sc.Where(absl::StrCat("cluster.attention_pool.", out.attention_kind)), ": ",
-          dev.status().message()));
+    // model shape): fail here, with the field, rather than mid-run. (On
+    // agents, the agent checks it when the spec is bound.)
+    if (AgentEndpoints(sc, out.attention_kind, c.attention_endpoints()).empty()) {
+      auto dev = CreateAttentionDevice(out);
+      if (!dev.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            sc.Where(absl::StrCat("cluster.attention_pool.", out.attention_kind)), ": ",
+            dev.status().message()));
+      }
+      out.attention_shared = std::move(*dev);
     }
-    out.attention_shared = std::move(*dev);
   } else {
     out.kv = scheduler::ComputeKvCapacity(kin);
   }
@@ -772,6 +832,7 @@ absl::StatusOr<ResolvedScenario> Resolve(const LoadedScenario& sc) {
     default:
       out.routing = scheduler::RoutingPolicy::kRoundRobin;
   }
+  RETURN_IF_ERROR(ConnectAgents(sc, &out));
   return out;
 }
 

@@ -17,12 +17,15 @@
 #ifndef SERVESIM_CLUSTER_SCENARIO_H_
 #define SERVESIM_CLUSTER_SCENARIO_H_
 
+#include <map>
 #include <memory>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "agents/client_options.h"
 #include "devices/model.h"
 #include "google/protobuf/text_format.h"
 #include "scheduler/batching.h"
@@ -32,6 +35,10 @@
 #include "servesim/v1/hardware.pb.h"
 #include "servesim/v1/scenario.pb.h"
 
+namespace servesim::agents {
+class RemoteDevice;
+}  // namespace servesim::agents
+
 namespace servesim::cluster {
 
 struct LoadedScenario {
@@ -40,6 +47,11 @@ struct LoadedScenario {
   std::string base_dir;  // folder of `path`, for relative trace paths
   std::shared_ptr<google::protobuf::TextFormat::ParseInfoTree> locations;
   std::set<std::string> overridden;  // paths set by --set
+  // servesim run --agent KIND=HOST:PORT,...: endpoints by device kind; they
+  // replace the scenario's xpu_endpoints / attention_endpoints for devices
+  // of that kind. How to reach the agents (TLS, token, deadline).
+  std::map<std::string, std::vector<std::string>> agent_endpoints;
+  agents::ClientOptions agent_client;
 
   // "file:line" of `field_path` (or of its nearest written ancestor;
   // "file (--set)" for overridden fields; "file" if never written).
@@ -95,6 +107,16 @@ struct ResolvedScenario {
   scheduler::PlannerConfig planner;
   double device_memory_bytes = 0;      // the attention-device pool
   double device_ff_weight_bytes = 0;   // FF slices placed on it (§6.2)
+  // Device agents: where the xPU and attention devices run when not in
+  // process (cluster.xpu_endpoints / attention_endpoints, or --agent).
+  std::vector<std::string> xpu_endpoints, attention_endpoints;
+  // The remote xPU device, shared by every replica's engine (a device is
+  // immutable), and the remote AttAcc device; pools of remote units are
+  // attention_shared. Null: in process.
+  std::shared_ptr<devices::Device> xpu_agent;
+  std::shared_ptr<devices::Device> attention_agent;
+  // Every remote device of the run (owned above), for their call counts.
+  std::vector<const agents::RemoteDevice*> remote_devices;
 };
 
 absl::StatusOr<ResolvedScenario> Resolve(const LoadedScenario& scenario);

@@ -93,7 +93,7 @@ scheduler::PlannerConfig ReplicaPlannerConfig(const ResolvedScenario& sc,
 
 class Engine {
  public:
-  Engine(Shared* sh, int replica, std::unique_ptr<devices::Device> device,
+  Engine(Shared* sh, int replica, std::shared_ptr<devices::Device> device,
          std::shared_ptr<devices::Device> attention)
       : sh_(sh),
         replica_(replica),
@@ -117,20 +117,20 @@ class Engine {
       if (sh_->sc->tbt_slo_s > 0) {
         auto cap = SloCap();
         if (!cap.ok()) {
-          sh_->error = cap.status();
+          Stop(cap.status());
           return;
         }
         scheduler_.SetBatchCap(std::max<int64_t>(1, *cap));
       }
       const scheduler::Batch& batch = scheduler_.Schedule(start);
       if (batch.empty()) {
-        sh_->error = absl::InternalError(absl::StrCat(
-            "replica ", replica_, ": work queued but nothing schedulable at t=", start));
+        Stop(absl::InternalError(absl::StrCat(
+            "replica ", replica_, ": work queued but nothing schedulable at t=", start)));
         return;
       }
       auto cost = planner_.Plan(batch);
       if (!cost.ok()) {
-        sh_->error = cost.status();
+        Stop(cost.status());
         return;
       }
       IterationRecord it;
@@ -149,7 +149,7 @@ class Engine {
       sh_->metrics->AddIteration(it);
       sh_->metrics->AddEnergy(cost->total, cost->device_total);
       if (auto st = SampleTimeline(batch, it); !st.ok()) {
-        sh_->error = st;
+        Stop(st);
         return;
       }
       if (sh_->live != nullptr) {
@@ -279,6 +279,14 @@ class Engine {
     return absl::OkStatus();
   }
 
+  // A failed iteration (e.g. no device agent left) ends the whole run
+  // now: the other actors are killed, and the driver returns the error with
+  // what was measured so far.
+  void Stop(absl::Status status) {
+    sh_->error = std::move(status);
+    sg4::Actor::kill_all();
+  }
+
   void UpdateLoad() {
     auto& l = sh_->loads[replica_];
     l.kv_blocks_used = scheduler_.kv().used();
@@ -287,7 +295,7 @@ class Engine {
 
   Shared* sh_;
   int replica_;
-  std::unique_ptr<devices::Device> device_;
+  std::shared_ptr<devices::Device> device_;
   std::shared_ptr<devices::Device> attention_;
   scheduler::ReplicaScheduler scheduler_;
   scheduler::IterationPlanner planner_;
@@ -386,8 +394,12 @@ absl::StatusOr<RunResult> RunSimulation(const ResolvedScenario& sc,
 
   std::vector<std::unique_ptr<Engine>> engines;
   for (int64_t r = 0; r < sc.replicas; ++r) {
-    ASSIGN_OR_RETURN(auto device, devices::CreateDevice(sc.xpu_device));
-    std::shared_ptr<devices::Device> attention = sc.attention_shared;
+    std::shared_ptr<devices::Device> device = sc.xpu_agent;
+    if (device == nullptr) {
+      ASSIGN_OR_RETURN(device, devices::CreateDevice(sc.xpu_device));
+    }
+    std::shared_ptr<devices::Device> attention =
+        sc.attention_shared != nullptr ? sc.attention_shared : sc.attention_agent;
     if (sc.has_attention_device && attention == nullptr) {
       ASSIGN_OR_RETURN(attention, CreateAttentionDevice(sc));
     }
@@ -433,7 +445,13 @@ absl::StatusOr<RunResult> RunSimulation(const ResolvedScenario& sc,
     });
   }
   engine.run();
-  RETURN_IF_ERROR(sh.error);
+  if (!sh.error.ok()) {
+    if (options.partial != nullptr) {
+      options.partial->metrics = std::move(result.metrics);
+      options.partial->simulated_s = sg4::Engine::get_clock();
+    }
+    return sh.error;
+  }
   result.simulated_s = sg4::Engine::get_clock();
   if (options.live != nullptr) options.live->OnDone(result.simulated_s, wall_s());
   return result;

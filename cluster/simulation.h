@@ -54,6 +54,9 @@ struct RunOptions {
   // Sample iterations for timeline.json (output.timeline_*): only when the
   // outputs will be written.
   bool record_timeline = false;
+  // When the run fails after it started (e.g. no device agent left): the
+  // metrics measured until then, for partial outputs. May be null.
+  struct RunResult* partial = nullptr;
 };
 
 absl::StatusOr<RunResult> RunSimulation(const ResolvedScenario& scenario,

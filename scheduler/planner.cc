@@ -216,9 +216,10 @@ absl::StatusOr<IterationCost> IterationPlanner::Plan(const Batch& batch) {
   return out;
 }
 
-absl::StatusOr<IterationPlanner::XpuLayer> IterationPlanner::XpuLayerCost(
-    int64_t tokens, absl::Span<const devices::AttentionSeq> xpu_seqs,
-    double ff_xpu_share, int groups) {
+void IterationPlanner::XpuLayerOps(int64_t tokens,
+                                   absl::Span<const devices::AttentionSeq> xpu_seqs,
+                                   double ff_xpu_share, int groups,
+                                   std::vector<Op>* out) const {
   const int64_t t = tokens, d = model_.d_model;
   const double elem = model_.bytes_per_element;
   const int64_t qkv_n = (heads_ + 2 * kv_heads_) * model_.d_head;
@@ -227,7 +228,9 @@ absl::StatusOr<IterationPlanner::XpuLayer> IterationPlanner::XpuLayerCost(
       std::llround(static_cast<double>(model_.FfInputMatrices() * ff_) * ff_xpu_share));
   const int64_t ff_k = static_cast<int64_t>(
       std::llround(static_cast<double>(ff_) * ff_xpu_share));
-  std::vector<Op> ops(11);
+  const size_t at = out->size();
+  out->resize(at + kXpuLayerOps);
+  Op* ops = out->data() + at;
   auto set_gemm = [&](Op& op, Stage st, int64_t m, int64_t n, int64_t k) {
     op.kind = OpKind::kGemm;
     op.stage = st;
@@ -263,14 +266,16 @@ absl::StatusOr<IterationPlanner::XpuLayer> IterationPlanner::XpuLayerCost(
     set_elem(ops[9], Stage::kActivation, t * ff_k, 2 * elem, 8);
   }
   set_gemm(ops[10], Stage::kFf2, t, d, ff_k);
-  std::vector<devices::Cost> c(ops.size());
-  RETURN_IF_ERROR(device_->Estimate(ops, absl::MakeSpan(c)));
+}
+
+IterationPlanner::XpuLayer IterationPlanner::XpuLayerFrom(absl::Span<const devices::Cost> c,
+                                                          bool has_xattn) {
   XpuLayer x;
   x.norm = c[0];
   x.ff_norm = c[0];
   x.qkv = c[1];
   x.qkv_tile = c[2];
-  x.xattn = xpu_seqs.empty() ? devices::Cost{} : c[3];
+  x.xattn = has_xattn ? c[3] : devices::Cost{};
   x.proj = c[4];
   x.proj_tile = c[5];
   x.allreduce = c[6];
@@ -279,6 +284,28 @@ absl::StatusOr<IterationPlanner::XpuLayer> IterationPlanner::XpuLayerCost(
   x.ff += c[9];
   x.ff += c[10];
   return x;
+}
+
+void IterationPlanner::TailOps(int64_t tokens, int64_t emitting, std::vector<Op>* out) const {
+  // Once per iteration on the xPUs: embedding, final norm, LM head.
+  const double elem = model_.bytes_per_element;
+  const int64_t d = model_.d_model;
+  const size_t at = out->size();
+  out->resize(at + kTailOps);
+  Op* tail = out->data() + at;
+  tail[0].kind = tail[1].kind = OpKind::kElementwise;
+  tail[0].stage = Stage::kEmbedding;
+  tail[0].elements = tokens * d;
+  tail[0].bytes_per_element = 2 * elem;
+  tail[1].stage = Stage::kNorm;
+  tail[1].elements = emitting * d;
+  tail[1].bytes_per_element = 2 * elem;
+  tail[1].flops_per_element = 5;
+  tail[2].kind = OpKind::kGemm;
+  tail[2].stage = Stage::kLmHead;
+  tail[2].m = emitting;
+  tail[2].n = (model_.vocab_size + tp_ - 1) / tp_;
+  tail[2].k = d;
 }
 
 void IterationPlanner::EmitPostAndFf(int32_t l, double at, const XpuLayer& x,
@@ -375,12 +402,39 @@ absl::StatusOr<IterationCost> IterationPlanner::PlanWithDevice(const Batch& batc
   double layer_time = 0, xpu_busy = 0, dev_busy = 0, link_busy = 0;
   double batch_level_time = -1;  // whole-iteration chain of kBatchLevel
 
+  // One Estimate call per device per iteration: every xPU op (the layer
+  // pieces, both halves under batch-level pipelining, and the tail), then
+  // every device op (the head groups' attention and the FF share). Costs
+  // are per op, so batching them changes no result.
+  const int64_t half = (b_dec + 1) / 2;  // batch-level halves A and B
+  std::vector<devices::AttentionSeq> seqs_a, seqs_b;
+  std::vector<int32_t> st_a, st_b;
+  std::vector<Op> xpu_ops, dev_ops;
+  if (policy != OverlapPolicy::kBatchLevel) {
+    XpuLayerOps(t, pre_seqs, 1.0 - f, groups, &xpu_ops);
+  } else {
+    seqs_a.assign(dec_seqs.begin(), dec_seqs.begin() + half);
+    seqs_b.assign(dec_seqs.begin() + half, dec_seqs.end());
+    if (!dec_stacks.empty()) {
+      st_a.assign(dec_stacks.begin(), dec_stacks.begin() + half * KV);
+      st_b.assign(dec_stacks.begin() + half * KV, dec_stacks.end());
+    }
+    XpuLayerOps(half, {}, 1.0, 1, &xpu_ops);
+    XpuLayerOps(b_dec - half, {}, 1.0, 1, &xpu_ops);
+  }
+  const size_t tail_at = xpu_ops.size();
+  TailOps(t, batch.emitting, &xpu_ops);
+  std::vector<Cost> xpu_costs(xpu_ops.size());
+  RETURN_IF_ERROR(device_->Estimate(xpu_ops, absl::MakeSpan(xpu_costs)));
+
+  // Attention of `seqs` as g head groups; returns where its ops start in
+  // dev_ops (-1: no sequences, zero cost, no call).
   auto device_attention = [&](absl::Span<const devices::AttentionSeq> seqs,
-                              absl::Span<const int32_t> stacks, int g,
-                              std::vector<Cost>* costs) -> absl::Status {
-    std::vector<Op> ops(g);
+                              absl::Span<const int32_t> stacks, int g) -> int {
+    if (seqs.empty()) return -1;
+    const int at = static_cast<int>(dev_ops.size());
     for (int j = 0; j < g; ++j) {
-      Op& op = ops[j];
+      Op op;
       op.kind = OpKind::kAttention;
       op.stage = Stage::kAttention;
       op.heads = H, op.kv_heads = KV, op.d_head = dh;
@@ -388,25 +442,16 @@ absl::StatusOr<IterationCost> IterationPlanner::PlanWithDevice(const Batch& batc
       op.kv_head_stack = stacks;
       op.head_begin = H * j / g;
       op.head_end = H * (j + 1) / g;
+      dev_ops.push_back(op);
     }
-    costs->assign(g, Cost{});
-    if (seqs.empty()) return absl::OkStatus();
-    return dev->Estimate(ops, absl::MakeSpan(*costs));
+    return at;
   };
-
+  int att_at = -1, att_b_at = -1, ff_at = -1;
   if (policy != OverlapPolicy::kBatchLevel) {
-    ASSIGN_OR_RETURN(XpuLayer x, XpuLayerCost(t, pre_seqs, 1.0 - f, groups));
-    std::vector<Cost> att;
-    RETURN_IF_ERROR(device_attention(dec_seqs, dec_stacks, groups, &att));
-    const double send = static_cast<double>(b_dec) * (H + 2 * KV) * dh * elem;
-    const double recv = static_cast<double>(b_dec) * H * dh * elem;
-    const double kv_copy = static_cast<double>(prefill_tokens) * 2 * KV * dh * elem;
-    link_bytes += send + recv + kv_copy;
-    // Feed-forward: the xPUs' share, and the device's in parallel.
-    Cost dev_ff;
-    double ff_link = 0;
+    att_at = device_attention(dec_seqs, dec_stacks, groups);
     if (f > 0) {
-      std::vector<Op> ops(2);
+      ff_at = static_cast<int>(dev_ops.size());
+      Op ops[2];
       ops[0].kind = ops[1].kind = OpKind::kGemm;
       ops[0].stage = Stage::kFf1;
       ops[0].m = t;
@@ -417,10 +462,34 @@ absl::StatusOr<IterationCost> IterationPlanner::PlanWithDevice(const Batch& batc
       ops[1].m = t;
       ops[1].n = d;
       ops[1].k = static_cast<int64_t>(std::llround(static_cast<double>(model_.d_ff) * f));
-      std::vector<Cost> c(2);
-      RETURN_IF_ERROR(dev->Estimate(ops, absl::MakeSpan(c)));
-      dev_ff = c[0];
-      dev_ff += c[1];
+      dev_ops.push_back(ops[0]);
+      dev_ops.push_back(ops[1]);
+    }
+  } else {
+    att_at = device_attention(seqs_a, st_a, 1);
+    att_b_at = device_attention(seqs_b, st_b, 1);
+  }
+  std::vector<Cost> dev_costs(dev_ops.size());
+  if (!dev_ops.empty()) RETURN_IF_ERROR(dev->Estimate(dev_ops, absl::MakeSpan(dev_costs)));
+  auto attention_costs = [&](int at, int g) {
+    std::vector<Cost> c(g);
+    if (at >= 0) std::copy(dev_costs.begin() + at, dev_costs.begin() + at + g, c.begin());
+    return c;
+  };
+
+  if (policy != OverlapPolicy::kBatchLevel) {
+    const XpuLayer x = XpuLayerFrom(xpu_costs, !pre_seqs.empty());
+    const std::vector<Cost> att = attention_costs(att_at, groups);
+    const double send = static_cast<double>(b_dec) * (H + 2 * KV) * dh * elem;
+    const double recv = static_cast<double>(b_dec) * H * dh * elem;
+    const double kv_copy = static_cast<double>(prefill_tokens) * 2 * KV * dh * elem;
+    link_bytes += send + recv + kv_copy;
+    // Feed-forward: the xPUs' share, and the device's in parallel.
+    Cost dev_ff;
+    double ff_link = 0;
+    if (f > 0) {
+      dev_ff = dev_costs[ff_at];
+      dev_ff += dev_costs[ff_at + 1];
       const double ff_bytes = 2.0 * static_cast<double>(t) * d * elem;  // in, partial out
       ff_link = 2 * LinkTime(ff_bytes / 2);
       link_bytes += ff_bytes;
@@ -546,19 +615,12 @@ absl::StatusOr<IterationCost> IterationPlanner::PlanWithDevice(const Batch& batc
     stage(Stage::kFf2, dev_ff, 1);  // the device's FF share
   } else {
     // Batch-level pipelining: halves A and B, chained across layers.
-    const int64_t half = (b_dec + 1) / 2;
-    std::vector<devices::AttentionSeq> seqs_a(dec_seqs.begin(), dec_seqs.begin() + half);
-    std::vector<devices::AttentionSeq> seqs_b(dec_seqs.begin() + half, dec_seqs.end());
-    std::vector<int32_t> st_a, st_b;
-    if (!dec_stacks.empty()) {
-      st_a.assign(dec_stacks.begin(), dec_stacks.begin() + half * KV);
-      st_b.assign(dec_stacks.begin() + half * KV, dec_stacks.end());
-    }
-    ASSIGN_OR_RETURN(XpuLayer xa, XpuLayerCost(half, {}, 1.0, 1));
-    ASSIGN_OR_RETURN(XpuLayer xb, XpuLayerCost(b_dec - half, {}, 1.0, 1));
-    std::vector<Cost> att_a, att_b;
-    RETURN_IF_ERROR(device_attention(seqs_a, st_a, 1, &att_a));
-    RETURN_IF_ERROR(device_attention(seqs_b, st_b, 1, &att_b));
+    const XpuLayer xa = XpuLayerFrom(absl::MakeConstSpan(xpu_costs).subspan(0, kXpuLayerOps),
+                                     false);
+    const XpuLayer xb = XpuLayerFrom(
+        absl::MakeConstSpan(xpu_costs).subspan(kXpuLayerOps, kXpuLayerOps), false);
+    const std::vector<Cost> att_a = attention_costs(att_at, 1);
+    const std::vector<Cost> att_b = attention_costs(att_b_at, 1);
     auto pre = [](const XpuLayer& x) { return x.norm.time_s + x.qkv.time_s; };
     auto post = [](const XpuLayer& x) {
       return x.proj.time_s + 2 * (x.allreduce.time_s + x.residual.time_s) +
@@ -623,22 +685,8 @@ absl::StatusOr<IterationCost> IterationPlanner::PlanWithDevice(const Batch& batc
   }
 
   // Once per iteration on the xPUs: embedding, final norm, LM head.
-  std::vector<Op> tail(3);
-  tail[0].kind = tail[1].kind = OpKind::kElementwise;
-  tail[0].stage = Stage::kEmbedding;
-  tail[0].elements = t * d;
-  tail[0].bytes_per_element = 2 * elem;
-  tail[1].stage = Stage::kNorm;
-  tail[1].elements = batch.emitting * d;
-  tail[1].bytes_per_element = 2 * elem;
-  tail[1].flops_per_element = 5;
-  tail[2].kind = OpKind::kGemm;
-  tail[2].stage = Stage::kLmHead;
-  tail[2].m = batch.emitting;
-  tail[2].n = (model_.vocab_size + tp_ - 1) / tp_;
-  tail[2].k = d;
-  std::vector<Cost> tc(3);
-  RETURN_IF_ERROR(device_->Estimate(tail, absl::MakeSpan(tc)));
+  const absl::Span<const Op> tail = absl::MakeConstSpan(xpu_ops).subspan(tail_at, kTailOps);
+  const absl::Span<const Cost> tc = absl::MakeConstSpan(xpu_costs).subspan(tail_at, kTailOps);
   double tail_time = 0;
   const double layers_end = batch_level_time >= 0 ? batch_level_time : layer_time * layers;
   for (size_t i = 0; i < tail.size(); ++i) {

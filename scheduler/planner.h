@@ -143,9 +143,15 @@ class IterationPlanner {
     devices::Cost norm, qkv, xattn, proj, allreduce, residual, ff, ff_norm;
     devices::Cost qkv_tile, proj_tile;  // one of head_groups tiles
   };
-  absl::StatusOr<XpuLayer> XpuLayerCost(int64_t tokens,
-                                        absl::Span<const devices::AttentionSeq> xpu_seqs,
-                                        double ff_xpu_share, int groups);
+  // Appends the kXpuLayerOps ops of those pieces (xpu_seqs is borrowed),
+  // and reads the pieces back from their costs.
+  static constexpr size_t kXpuLayerOps = 11;
+  void XpuLayerOps(int64_t tokens, absl::Span<const devices::AttentionSeq> xpu_seqs,
+                   double ff_xpu_share, int groups, std::vector<devices::Op>* out) const;
+  static XpuLayer XpuLayerFrom(absl::Span<const devices::Cost> costs, bool has_xattn);
+  // Appends the once-per-iteration xPU ops: embedding, final norm, LM head.
+  static constexpr size_t kTailOps = 3;
+  void TailOps(int64_t tokens, int64_t emitting, std::vector<devices::Op>* out) const;
   double LinkTime(double bytes) const;
   // Span recording of one layer of the device schedules (see Plan).
   void EmitSerialLayer(int32_t l, double at, const XpuLayer& x, double send_s,

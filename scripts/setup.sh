@@ -11,6 +11,7 @@ packages=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libsimgrid-dev prometheus-cpp-dev
   googletest libgtest-dev libgmock-dev libbenchmark-dev
+  openssl iproute2  # device-agent tests: throw-away TLS certificates, network namespaces
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -2,12 +2,15 @@
 // cluster/, printing; no model logic lives here.
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -16,7 +19,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/match.h"
+#include "agents/remote_device.h"
 #include "cluster/metrics.h"
 #include "cluster/report.h"
 #include "cluster/scenario.h"
@@ -76,6 +81,20 @@ Options of run (validate takes --set, --seed and --trace too):
   --cfg=NAME:VALUE      passed to SimGrid (e.g. --cfg=network/model:CM02)
   --log=SPEC            passed to SimGrid's logging
 
+Device agents (servesim-agent; README "Device agents"):
+  --agent KIND=HOST:PORT[,HOST:PORT...]
+                        run every device of KIND (gpu, attacc, topick,
+                        spatten) on these agents instead of in process
+                        (repeatable, one per kind; replaces the scenario's
+                        cluster.xpu_endpoints / attention_endpoints). Results
+                        are byte-identical; call counts go to run_info.json
+  --agent-tls-ca FILE   TLS to the agents: their certificates chain to FILE
+  --agent-tls-cert FILE with --agent-tls-key: a client certificate (PEM)
+  --agent-tls-key FILE
+  --agent-token-file FILE
+                        send 'authorization: Bearer <first line of FILE>'
+  --agent-deadline S    per-call deadline, seconds (default 30)
+
 Scenario files are protobuf text (schema: proto/servesim/v1/scenario.proto;
 examples: examples/*.pbtxt). Relative trace paths are resolved against the
 scenario file's folder. Exit status: 0 success, 1 bad input or failed run,
@@ -99,6 +118,9 @@ struct Options {
   std::string web_dir = SERVESIM_WEB_DIR;
   double pace = 0;
   double linger_s = 0;
+  std::map<std::string, std::vector<std::string>> agents;  // --agent
+  servesim::agents::ClientOptions agent_client;
+  std::string agent_token_file;
 };
 
 int UsageError(const std::string& msg) {
@@ -175,6 +197,46 @@ int ParseArgs(int argc, char** argv, Options* o) {
           !std::isfinite(o->linger_s)) {
         return UsageError("--linger needs wall seconds, >= 0");
       }
+    } else if (flag == "--agent") {
+      if (!get(&v)) return UsageError("--agent needs KIND=HOST:PORT[,HOST:PORT...]");
+      const size_t k = v.find('=');
+      if (k == std::string::npos || k == 0 || k + 1 == v.size()) {
+        return UsageError(absl::StrCat("--agent ", v, ": expected KIND=HOST:PORT[,HOST:PORT...]"));
+      }
+      const std::string kind = v.substr(0, k);
+      const auto kinds = servesim::devices::RegisteredDeviceKinds();
+      if (std::find(kinds.begin(), kinds.end(), kind) == kinds.end()) {
+        return UsageError(absl::StrCat("--agent ", v, ": unknown device kind '", kind,
+                                       "'; registered: ", absl::StrJoin(kinds, ", ")));
+      }
+      if (o->agents.count(kind) != 0) {
+        return UsageError(absl::StrCat("--agent ", kind, "=... given twice; list every endpoint "
+                                       "of a kind in one flag, comma-separated"));
+      }
+      std::vector<std::string> eps = absl::StrSplit(v.substr(k + 1), ',', absl::SkipEmpty());
+      for (const std::string& e : eps) {
+        const size_t colon = e.rfind(':');
+        int port = -1;
+        if (colon == std::string::npos || colon == 0 ||
+            !absl::SimpleAtoi(e.substr(colon + 1), &port) || port < 1 || port > 65535) {
+          return UsageError(absl::StrCat("--agent ", v, ": endpoint '", e,
+                                         "'; expected HOST:PORT with PORT in [1, 65535]"));
+        }
+      }
+      o->agents[kind] = std::move(eps);
+    } else if (flag == "--agent-tls-ca") {
+      if (!get(&o->agent_client.tls_ca_file)) return UsageError("--agent-tls-ca needs a file");
+    } else if (flag == "--agent-tls-cert") {
+      if (!get(&o->agent_client.tls_cert_file)) return UsageError("--agent-tls-cert needs a file");
+    } else if (flag == "--agent-tls-key") {
+      if (!get(&o->agent_client.tls_key_file)) return UsageError("--agent-tls-key needs a file");
+    } else if (flag == "--agent-token-file") {
+      if (!get(&o->agent_token_file)) return UsageError("--agent-token-file needs a file");
+    } else if (flag == "--agent-deadline") {
+      if (!get(&v) || !absl::SimpleAtod(v, &o->agent_client.deadline_s) ||
+          !(o->agent_client.deadline_s > 0) || !std::isfinite(o->agent_client.deadline_s)) {
+        return UsageError("--agent-deadline needs seconds, > 0");
+      }
     } else if (flag == "--quiet") {
       o->quiet = true;
     } else if (flag == "--no-trace") {
@@ -219,6 +281,19 @@ absl::StatusOr<Scenario> LoadAndResolve(const Options& o) {
     t->set_path(std::filesystem::absolute(o.trace).string());
     sc.overridden.insert("workload.trace.path");
   }
+  sc.agent_endpoints = o.agents;
+  sc.agent_client = o.agent_client;
+  if (!o.agent_token_file.empty()) {
+    std::ifstream in(o.agent_token_file);
+    std::stringstream text;
+    text << in.rdbuf();
+    std::string token = text.str().substr(0, text.str().find('\n'));
+    if (!in || token.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--agent-token-file ", o.agent_token_file, ": cannot read a token from its first line"));
+    }
+    sc.agent_client.token = token;
+  }
   RETURN_IF_ERROR(servesim::cluster::Normalize(&sc));
   ASSIGN_OR_RETURN(auto resolved, servesim::cluster::Resolve(sc));
   return Scenario{std::move(sc), std::move(resolved)};
@@ -258,6 +333,29 @@ int Validate(const Options& o) {
       wl->requests.size());
   std::cout << "OK\n";
   return 0;
+}
+
+// Call counts of the run's device agents, for run_info.json.
+std::string AgentsJson(const servesim::cluster::ResolvedScenario& sc) {
+  if (sc.remote_devices.empty()) return "";
+  std::vector<std::string> items;
+  for (const servesim::agents::RemoteDevice* d : sc.remote_devices) {
+    const servesim::agents::RemoteStats s = d->Stats();
+    std::vector<std::string> eps;
+    for (const std::string& e : s.endpoints) eps.push_back(servesim::cluster::JsonString(e));
+    items.push_back(absl::StrFormat(
+        "    {\"device\": %s, \"endpoints\": [%s], \"estimate_calls\": %d, "
+        "\"estimate_rpcs\": %d, \"memo_hits\": %d, \"memo_misses\": %d, "
+        "\"memo_hit_rate\": %.6f, \"other_rpcs\": %d, \"retries\": %d, \"failovers\": %d, "
+        "\"rebinds\": %d, \"session_rebuilds\": %d}",
+        servesim::cluster::JsonString(d->label()), absl::StrJoin(eps, ", "), s.estimate_calls,
+        s.estimate_rpcs, s.ops_memo_hits, s.ops_memo_misses,
+        s.ops_memo_hits + s.ops_memo_misses > 0
+            ? double(s.ops_memo_hits) / double(s.ops_memo_hits + s.ops_memo_misses)
+            : 0.0,
+        s.other_rpcs, s.retries, s.failovers, s.rebinds, s.session_rebuilds));
+  }
+  return absl::StrCat("[\n", absl::StrJoin(items, ",\n"), "\n  ]");
 }
 
 int Run(const Options& o) {
@@ -300,11 +398,34 @@ int Run(const Options& o) {
   if (live != nullptr) sinks.push_back(live.get());
   servesim::services::FanoutSink fanout(sinks);
   run_options.live = &fanout;
+  servesim::cluster::RunResult partial;
+  run_options.partial = &partial;
   auto result = servesim::cluster::RunSimulation(*sc, *wl, run_options);
   if (server != nullptr && o.linger_s > 0) {
     std::this_thread::sleep_for(std::chrono::duration<double>(o.linger_s));
   }
-  if (!result.ok()) return Fail(result.status());
+  servesim::cluster::RunInfo info;
+  info.agents_json = AgentsJson(*sc);
+  const std::string out = !o.out.empty() ? o.out : sc->proto.output().dir();
+  if (!result.ok()) {
+    // A run that started and then failed (e.g. no device agent left):
+    // write what it measured, flagged partial, then report the error.
+    if (partial.metrics != nullptr && !out.empty()) {
+      servesim::cluster::Summary summary = servesim::cluster::ComputeSummary(
+          *partial.metrics, sc->ttft_slo_s, sc->tpot_slo_s, sc->kv.blocks);
+      info.simulated_s = partial.simulated_s;
+      info.wall_s =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start).count();
+      info.partial = true;
+      info.error = std::string(result.status().message());
+      if (absl::Status st = WriteOutputs(out, *sc, *wl, *partial.metrics, summary, info);
+          st.ok()) {
+        std::cerr << "servesim: partial results (up to t = " << partial.simulated_s
+                  << " s simulated) written to " << out << "/\n";
+      }
+    }
+    return Fail(result.status());
+  }
   servesim::cluster::Summary summary = servesim::cluster::ComputeSummary(
       *result->metrics, sc->ttft_slo_s, sc->tpot_slo_s, sc->kv.blocks);
   if (sc->attention_shared != nullptr) {
@@ -314,12 +435,10 @@ int Run(const Options& o) {
       if (!absl::StrContains(k, "calibration_s")) summary.device_parameters.push_back({k, v});
     }
   }
-  servesim::cluster::RunInfo info;
   info.simulated_s = result->simulated_s;
   info.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start).count();
   // The table first: if writing files fails, the results are still shown.
   if (!o.quiet) std::cout << FormatSummaryTable(*sc, *wl, summary, info) << std::flush;
-  const std::string out = !o.out.empty() ? o.out : sc->proto.output().dir();
   if (!out.empty()) {
     if (absl::Status st = WriteOutputs(out, *sc, *wl, *result->metrics, summary, info);
         !st.ok()) {

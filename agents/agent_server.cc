@@ -1,0 +1,76 @@
+#include "agents/agent_server.h"
+
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/security/server_credentials.h"
+#include "grpcpp/server_builder.h"
+
+namespace servesim::agents {
+
+namespace {
+
+absl::StatusOr<std::string> ReadPem(const std::string& path, const char* flag) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat(flag, " ", path, ": cannot read"));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+}  // namespace
+
+absl::StatusOr<RunningAgent> StartAgentServer(AgentService* service,
+                                              const AgentServerOptions& options) {
+  if (options.max_message_bytes < 1024) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max-message-bytes ", options.max_message_bytes, "; expected >= 1024"));
+  }
+  std::shared_ptr<grpc::ServerCredentials> creds;
+  if (!options.tls_cert_file.empty() || !options.tls_key_file.empty()) {
+    if (options.tls_cert_file.empty() || options.tls_key_file.empty()) {
+      return absl::InvalidArgumentError("--tls-cert and --tls-key go together");
+    }
+    grpc::SslServerCredentialsOptions ssl(GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
+    grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
+    ASSIGN_OR_RETURN(pair.cert_chain, ReadPem(options.tls_cert_file, "--tls-cert"));
+    ASSIGN_OR_RETURN(pair.private_key, ReadPem(options.tls_key_file, "--tls-key"));
+    ssl.pem_key_cert_pairs.push_back(pair);
+    if (!options.tls_client_ca_file.empty()) {
+      ASSIGN_OR_RETURN(ssl.pem_root_certs, ReadPem(options.tls_client_ca_file, "--tls-client-ca"));
+      ssl.client_certificate_request = GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
+    }
+    creds = grpc::SslServerCredentials(ssl);
+  } else {
+    if (!options.tls_client_ca_file.empty()) {
+      return absl::InvalidArgumentError("--tls-client-ca needs --tls-cert and --tls-key");
+    }
+    creds = grpc::InsecureServerCredentials();
+  }
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  RunningAgent running;
+  builder.AddListeningPort(options.listen, creds, &running.port);
+  builder.SetMaxReceiveMessageSize(options.max_message_bytes);
+  builder.SetMaxSendMessageSize(options.max_message_bytes);
+  builder.RegisterService(service);
+  running.server = builder.BuildAndStart();
+  if (running.server == nullptr || running.port == 0) {
+    return absl::UnavailableError(absl::StrCat(
+        "--listen ", options.listen, ": cannot listen there (bad HOST:PORT, port in use, or "
+        "port outside [0, 65535])"));
+  }
+  grpc::HealthCheckServiceInterface* health = running.server->GetHealthCheckService();
+  if (health != nullptr) {
+    health->SetServingStatus("", true);
+    health->SetServingStatus("servesim.v1.DeviceAgent", true);
+  }
+  return running;
+}
+
+}  // namespace servesim::agents

@@ -1,0 +1,326 @@
+#include "agents/agent_service.h"
+
+#include <algorithm>
+#include <random>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "agents/convert.h"
+#include "common/status_macros.h"
+#include "devices/registry.h"
+#include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
+
+namespace servesim::agents {
+
+namespace v1 = servesim::v1;
+
+std::string DeviceKey(const v1::DeviceSpec& spec) {
+  std::string bytes;
+  {
+    google::protobuf::io::StringOutputStream stream(&bytes);
+    google::protobuf::io::CodedOutputStream out(&stream);
+    out.SetSerializationDeterministic(true);
+    spec.SerializeToCodedStream(&out);
+  }
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char c : bytes) {
+    h ^= c;
+    h *= 0x100000001b3ull;
+  }
+  return absl::StrFormat("%016x", h);
+}
+
+std::string SpecKindName(const v1::DeviceSpec& spec) {
+  switch (spec.kind_case()) {
+    case v1::DeviceSpec::kGpu:
+      return "gpu";
+    case v1::DeviceSpec::kAttacc:
+      return "attacc";
+    case v1::DeviceSpec::kTopick:
+      return "topick";
+    case v1::DeviceSpec::kSpatten:
+      return "spatten";
+    default:
+      return "";
+  }
+}
+
+AgentService::AgentService(AgentServiceOptions options) : options_(std::move(options)) {
+  kind_ = SpecKindName(options_.spec);
+  std::random_device rd;
+  instance_ = absl::StrFormat("%08x%08x", rd(), rd());
+}
+
+absl::StatusOr<std::unique_ptr<AgentService>> AgentService::Create(AgentServiceOptions options) {
+  if (options.max_tensor_bytes < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_tensor_bytes = ", options.max_tensor_bytes, "; expected >= 1"));
+  }
+  std::unique_ptr<AgentService> s(new AgentService(std::move(options)));
+  if (s->kind_.empty()) {
+    return absl::InvalidArgumentError("the agent's DeviceSpec selects no device kind");
+  }
+  ASSIGN_OR_RETURN(auto device, devices::CreateDevice(s->options_.spec));
+  auto own = std::make_shared<Hosted>();
+  own->spec = s->options_.spec;
+  own->accepts = device->Describe().accepts;
+  own->device = std::move(device);
+  s->own_ = std::move(own);
+  return s;
+}
+
+grpc::Status AgentService::Authorize(grpc::ServerContext* ctx) {
+  calls_.fetch_add(1);
+  if (options_.token.empty()) return grpc::Status::OK;
+  const auto& md = ctx->client_metadata();
+  auto it = md.find("authorization");
+  const std::string want = "Bearer " + options_.token;
+  if (it == md.end()) {
+    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                        "this agent requires 'authorization: Bearer <token>' metadata");
+  }
+  const std::string got(it->second.data(), it->second.size());
+  // Compare every byte, whatever the first difference.
+  unsigned diff = got.size() != want.size();
+  for (size_t i = 0; i < std::min(got.size(), want.size()); ++i) diff |= got[i] ^ want[i];
+  if (diff != 0) {
+    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "wrong bearer token");
+  }
+  return grpc::Status::OK;
+}
+
+absl::StatusOr<std::shared_ptr<const AgentService::Hosted>> AgentService::Find(
+    const std::string& key) {
+  if (key.empty()) return own_;
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& h : devices_) {
+    if (h->key == key) return h;
+  }
+  return absl::NotFoundError(absl::StrCat(
+      "device_key ", key, " is not bound on this agent (restarted?); call Describe with its "
+      "spec"));
+}
+
+absl::StatusOr<std::shared_ptr<const AgentService::Hosted>> AgentService::Bind(
+    const v1::DeviceSpec& spec) {
+  if (spec.kind_case() != options_.spec.kind_case()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "spec: this agent hosts '", kind_, "' devices; the spec is '",
+        SpecKindName(spec).empty() ? "(none)" : SpecKindName(spec), "'"));
+  }
+  const std::string key = DeviceKey(spec);
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& h : devices_) {
+    if (h->key == key) return h;
+  }
+  // Created under the lock: concurrent binds of one spec create it once.
+  auto device = devices::CreateDevice(spec);
+  if (!device.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("spec: ", device.status().message()));
+  }
+  auto h = std::make_shared<Hosted>();
+  h->key = key;
+  h->spec = spec;
+  h->accepts = (*device)->Describe().accepts;
+  h->device = std::move(*device);
+  devices_.push_back(h);
+  while (static_cast<int>(devices_.size()) > options_.max_devices) devices_.pop_front();
+  return std::shared_ptr<const Hosted>(std::move(h));
+}
+
+grpc::Status AgentService::Describe(grpc::ServerContext* ctx, const v1::DescribeRequest* req,
+                                    v1::DescribeResponse* resp) {
+  if (auto st = Authorize(ctx); !st.ok()) return st;
+  absl::StatusOr<std::shared_ptr<const Hosted>> h =
+      req->has_spec() ? Bind(req->spec()) : absl::StatusOr<std::shared_ptr<const Hosted>>(own_);
+  if (!h.ok()) return ToGrpcStatus(h.status());
+  EncodeDescription((*h)->device->Describe(), resp);
+  resp->set_device_key((*h)->key);
+  resp->set_model_version(absl::StrCat("servesim 0.1.0; ", kAgentProtocolVersion));
+  *resp->mutable_spec() = (*h)->spec;
+  return grpc::Status::OK;
+}
+
+grpc::Status AgentService::Estimate(grpc::ServerContext* ctx, const v1::EstimateRequest* req,
+                                    v1::EstimateResponse* resp) {
+  if (auto st = Authorize(ctx); !st.ok()) return st;
+  auto h = Find(req->device_key());
+  if (!h.ok()) return ToGrpcStatus(h.status());
+  DecodedOps ops;
+  if (absl::Status st = DecodeOps(*req, &ops); !st.ok()) return ToGrpcStatus(st);
+  const auto& accepts = (*h)->accepts;
+  for (size_t i = 0; i < ops.ops.size(); ++i) {
+    if (std::find(accepts.begin(), accepts.end(), ops.ops[i].kind) == accepts.end()) {
+      return grpc::Status(
+          grpc::StatusCode::UNIMPLEMENTED,
+          absl::StrCat("ops[", i, "]: device '", kind_, "' does not implement op kind ",
+                       static_cast<int>(EncodeOpKind(ops.ops[i].kind))));
+    }
+  }
+  std::vector<devices::Cost> costs(ops.ops.size());
+  if (absl::Status st = (*h)->device->Estimate(ops.ops, absl::MakeSpan(costs)); !st.ok()) {
+    return ToGrpcStatus(st);
+  }
+  resp->mutable_costs()->Reserve(static_cast<int>(costs.size()));
+  for (const devices::Cost& c : costs) EncodeCost(c, resp->add_costs());
+  return grpc::Status::OK;
+}
+
+grpc::Status AgentService::Execute(grpc::ServerContext* ctx, const v1::ExecuteRequest* req,
+                                   v1::ExecuteResponse* resp) {
+  if (auto st = Authorize(ctx); !st.ok()) return st;
+  auto h = Find(req->device_key());
+  if (!h.ok()) return ToGrpcStatus(h.status());
+  devices::AttentionCall call;
+  for (auto [field, src, dst] : {std::tuple{"q", &req->q(), &call.q},
+                                 std::tuple{"k", &req->k(), &call.k},
+                                 std::tuple{"v", &req->v(), &call.v}}) {
+    auto t = DecodeTensor(*src, options_.max_tensor_bytes, field);
+    if (!t.ok()) return ToGrpcStatus(t.status());
+    *dst = std::move(*t);
+  }
+  call.scale = req->scale();
+  auto r = (*h)->device->Execute(call);
+  if (!r.ok()) return ToGrpcStatus(r.status());
+  EncodeTensor(r->out, resp->mutable_out());
+  EncodeStats(r->stats, resp->mutable_stats());
+  return grpc::Status::OK;
+}
+
+absl::StatusOr<std::shared_ptr<AgentService::Session>> AgentService::FindSession(
+    const std::string& id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = sessions_.find(id);
+  if (it == sessions_.end()) {
+    return absl::NotFoundError(absl::StrCat(
+        "session_id ", id, " is not open on this agent (closed, or the agent restarted); "
+        "open a new session and append the KV history"));
+  }
+  return it->second;
+}
+
+grpc::Status AgentService::OpenSession(grpc::ServerContext* ctx,
+                                       const v1::OpenSessionRequest* req,
+                                       v1::OpenSessionResponse* resp) {
+  if (auto st = Authorize(ctx); !st.ok()) return st;
+  auto h = Find(req->device_key());
+  if (!h.ok()) return ToGrpcStatus(h.status());
+  if (req->kv_heads() < 1 || req->d_head() < 1) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        absl::StrCat("kv_heads = ", req->kv_heads(), ", d_head = ", req->d_head(),
+                                     "; expected both >= 1"));
+  }
+  if (req->type() != v1::ELEMENT_TYPE_FP16 && req->type() != v1::ELEMENT_TYPE_FP32) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "type: expected ELEMENT_TYPE_FP16 (1) or ELEMENT_TYPE_FP32 (2)");
+  }
+  auto s = std::make_shared<Session>();
+  s->device = *h;
+  s->kv_heads = req->kv_heads();
+  s->d_head = req->d_head();
+  s->type = req->type() == v1::ELEMENT_TYPE_FP16 ? devices::ElementType::kFp16
+                                                 : devices::ElementType::kFp32;
+  s->k.resize(s->kv_heads);
+  s->v.resize(s->kv_heads);
+  const std::string id = absl::StrCat(instance_, "-", next_session_.fetch_add(1));
+  std::lock_guard<std::mutex> lock(mu_);
+  if (static_cast<int>(sessions_.size()) >= options_.max_sessions) {
+    return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                        absl::StrCat("this agent holds ", sessions_.size(),
+                                     " sessions, its limit; close some first"));
+  }
+  sessions_.emplace(id, std::move(s));
+  resp->set_session_id(id);
+  return grpc::Status::OK;
+}
+
+grpc::Status AgentService::AppendKv(grpc::ServerContext* ctx, const v1::AppendKvRequest* req,
+                                    v1::AppendKvResponse* resp) {
+  if (auto st = Authorize(ctx); !st.ok()) return st;
+  auto s = FindSession(req->session_id());
+  if (!s.ok()) return ToGrpcStatus(s.status());
+  Session& ss = **s;
+  auto k = DecodeTensor(req->k(), options_.max_tensor_bytes, "k");
+  if (!k.ok()) return ToGrpcStatus(k.status());
+  auto v = DecodeTensor(req->v(), options_.max_tensor_bytes, "v");
+  if (!v.ok()) return ToGrpcStatus(v.status());
+  std::lock_guard<std::mutex> lock(ss.mu);
+  if (k->type != ss.type || v->type != ss.type || k->shape != v->shape ||
+      k->shape.size() != 3 || k->shape[0] != ss.kv_heads || k->shape[2] != ss.d_head) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        absl::StrCat("k and v must both be [kv_heads = ", ss.kv_heads,
+                                     ", n, d_head = ", ss.d_head, "] of the session's type; got [",
+                                     absl::StrJoin(k->shape, ", "), "] and [",
+                                     absl::StrJoin(v->shape, ", "), "]"));
+  }
+  if (req->expected_kv_len() != ss.len) {
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        absl::StrCat("expected_kv_len = ", req->expected_kv_len(),
+                                     " but the session holds ", ss.len, " positions"));
+  }
+  const int64_t n = k->shape[1];
+  const size_t row = static_cast<size_t>(ss.d_head * devices::Tensor::ElementSize(ss.type));
+  if (static_cast<int64_t>((ss.len + n) * row * ss.kv_heads) > options_.max_tensor_bytes) {
+    return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                        absl::StrCat("the session's KV would exceed ", options_.max_tensor_bytes,
+                                     " bytes per tensor (servesim-agent --max-tensor-bytes)"));
+  }
+  for (int64_t h = 0; h < ss.kv_heads; ++h) {
+    const uint8_t* kb = k->bytes.data() + h * n * row;
+    const uint8_t* vb = v->bytes.data() + h * n * row;
+    ss.k[h].insert(ss.k[h].end(), kb, kb + n * row);
+    ss.v[h].insert(ss.v[h].end(), vb, vb + n * row);
+  }
+  ss.len += n;
+  resp->set_kv_len(ss.len);
+  return grpc::Status::OK;
+}
+
+grpc::Status AgentService::Step(grpc::ServerContext* ctx, const v1::StepRequest* req,
+                                v1::StepResponse* resp) {
+  if (auto st = Authorize(ctx); !st.ok()) return st;
+  auto s = FindSession(req->session_id());
+  if (!s.ok()) return ToGrpcStatus(s.status());
+  Session& ss = **s;
+  auto q = DecodeTensor(req->q(), options_.max_tensor_bytes, "q");
+  if (!q.ok()) return ToGrpcStatus(q.status());
+  devices::AttentionCall call;
+  call.q = std::move(*q);
+  call.scale = req->scale();
+  {
+    std::lock_guard<std::mutex> lock(ss.mu);
+    if (req->expected_kv_len() != ss.len) {
+      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                          absl::StrCat("expected_kv_len = ", req->expected_kv_len(),
+                                       " but the session holds ", ss.len, " positions"));
+    }
+    for (auto [src, dst] : {std::pair{&ss.k, &call.k}, std::pair{&ss.v, &call.v}}) {
+      dst->type = ss.type;
+      dst->shape = {ss.kv_heads, ss.len, ss.d_head};
+      dst->bytes.clear();
+      for (const auto& head : *src) dst->bytes.insert(dst->bytes.end(), head.begin(), head.end());
+    }
+  }
+  auto r = ss.device->device->Execute(call);
+  if (!r.ok()) return ToGrpcStatus(r.status());
+  EncodeTensor(r->out, resp->mutable_out());
+  EncodeStats(r->stats, resp->mutable_stats());
+  return grpc::Status::OK;
+}
+
+grpc::Status AgentService::CloseSession(grpc::ServerContext* ctx,
+                                        const v1::CloseSessionRequest* req,
+                                        v1::CloseSessionResponse* resp) {
+  if (auto st = Authorize(ctx); !st.ok()) return st;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (sessions_.erase(req->session_id()) == 0) {
+    return grpc::Status(grpc::StatusCode::NOT_FOUND,
+                        absl::StrCat("session_id ", req->session_id(), " is not open"));
+  }
+  return grpc::Status::OK;
+}
+
+}  // namespace servesim::agents

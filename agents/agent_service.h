@@ -1,0 +1,114 @@
+// The DeviceAgent gRPC service (proto/servesim/v1/agent.proto): an adapter
+// from the protocol to a devices::Device. No model logic lives here: every
+// answer is the device's own Describe / Estimate / Execute.
+//
+// PARAMETERS AND BEHAVIOUR
+//  - spec: the agent's own device (servesim-agent --preset / --config).
+//    Describe with a spec of the same kind creates (once) and keeps a device
+//    of that spec, named by a stable key (FNV-1a of the spec's deterministic
+//    serialisation); at most `max_devices` are kept (the oldest is dropped;
+//    a caller naming it gets NOT_FOUND and binds again).
+//  - token: when set, every call must carry `authorization: Bearer <token>`
+//    (UNAUTHENTICATED otherwise). The standard health service and server
+//    reflection are not ours and stay open, so orchestrators can probe.
+//  - max_tensor_bytes: tensors larger than this (by their shape) are
+//    RESOURCE_EXHAUSTED before anything is copied.
+//  - Sessions hold one request's KV cache ([kv_heads, len, d_head], appended
+//    by AppendKv); Step runs the device's kernel over it. Ids are unique to
+//    this agent instance, so after a restart the caller gets NOT_FOUND and
+//    rebuilds the session from its history (agents::RemoteSession).
+// Thread-safe: gRPC calls handlers from many threads.
+#ifndef SERVESIM_AGENTS_AGENT_SERVICE_H_
+#define SERVESIM_AGENTS_AGENT_SERVICE_H_
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "devices/device.h"
+#include "servesim/v1/agent.grpc.pb.h"
+#include "servesim/v1/hardware.pb.h"
+
+namespace servesim::agents {
+
+inline constexpr char kAgentProtocolVersion[] = "servesim.v1.DeviceAgent/1";
+
+struct AgentServiceOptions {
+  servesim::v1::DeviceSpec spec;
+  std::string token;                             // empty: no token required
+  int64_t max_tensor_bytes = int64_t{64} << 20;  // per tensor
+  int max_devices = 16;
+  int max_sessions = 4096;
+};
+
+// FNV-1a 64 of the spec's deterministic serialisation, as 16 hex digits.
+std::string DeviceKey(const servesim::v1::DeviceSpec& spec);
+// "gpu", "attacc", ... for the spec's oneof case ("" if unset).
+std::string SpecKindName(const servesim::v1::DeviceSpec& spec);
+
+class AgentService final : public servesim::v1::DeviceAgent::Service {
+ public:
+  // Creates the agent's own device; its status if the spec is invalid.
+  static absl::StatusOr<std::unique_ptr<AgentService>> Create(AgentServiceOptions options);
+
+  grpc::Status Describe(grpc::ServerContext* ctx, const servesim::v1::DescribeRequest* req,
+                        servesim::v1::DescribeResponse* resp) override;
+  grpc::Status Estimate(grpc::ServerContext* ctx, const servesim::v1::EstimateRequest* req,
+                        servesim::v1::EstimateResponse* resp) override;
+  grpc::Status Execute(grpc::ServerContext* ctx, const servesim::v1::ExecuteRequest* req,
+                       servesim::v1::ExecuteResponse* resp) override;
+  grpc::Status OpenSession(grpc::ServerContext* ctx,
+                           const servesim::v1::OpenSessionRequest* req,
+                           servesim::v1::OpenSessionResponse* resp) override;
+  grpc::Status AppendKv(grpc::ServerContext* ctx, const servesim::v1::AppendKvRequest* req,
+                        servesim::v1::AppendKvResponse* resp) override;
+  grpc::Status Step(grpc::ServerContext* ctx, const servesim::v1::StepRequest* req,
+                    servesim::v1::StepResponse* resp) override;
+  grpc::Status CloseSession(grpc::ServerContext* ctx,
+                            const servesim::v1::CloseSessionRequest* req,
+                            servesim::v1::CloseSessionResponse* resp) override;
+
+  int64_t calls() const { return calls_.load(); }
+  const std::string& kind() const { return kind_; }
+
+ private:
+  struct Hosted {
+    std::string key;
+    servesim::v1::DeviceSpec spec;
+    std::shared_ptr<const devices::Device> device;
+    std::vector<devices::OpKind> accepts;
+  };
+  struct Session {
+    std::mutex mu;
+    std::shared_ptr<const Hosted> device;
+    int64_t kv_heads = 0, d_head = 0, len = 0;
+    devices::ElementType type = devices::ElementType::kFp16;
+    std::vector<std::vector<uint8_t>> k, v;  // per KV head, [len, d_head]
+  };
+
+  explicit AgentService(AgentServiceOptions options);
+  grpc::Status Authorize(grpc::ServerContext* ctx);
+  absl::StatusOr<std::shared_ptr<const Hosted>> Find(const std::string& key);
+  absl::StatusOr<std::shared_ptr<const Hosted>> Bind(const servesim::v1::DeviceSpec& spec);
+  absl::StatusOr<std::shared_ptr<Session>> FindSession(const std::string& id);
+
+  AgentServiceOptions options_;
+  std::string kind_;
+  std::shared_ptr<const Hosted> own_;
+  std::mutex mu_;  // devices_, sessions_
+  std::deque<std::shared_ptr<const Hosted>> devices_;
+  std::map<std::string, std::shared_ptr<Session>> sessions_;
+  std::string instance_;  // random per process: session ids die with it
+  std::atomic<int64_t> next_session_{1};
+  std::atomic<int64_t> calls_{0};
+};
+
+}  // namespace servesim::agents
+
+#endif  // SERVESIM_AGENTS_AGENT_SERVICE_H_

@@ -1,0 +1,28 @@
+// How the simulator reaches device agents (agents/remote_device.h). Kept
+// free of gRPC headers: cluster/scenario.h carries it.
+#ifndef SERVESIM_AGENTS_CLIENT_OPTIONS_H_
+#define SERVESIM_AGENTS_CLIENT_OPTIONS_H_
+
+#include <cstddef>
+#include <string>
+
+namespace servesim::agents {
+
+struct ClientOptions {
+  double deadline_s = 30;        // per call (servesim run --agent-deadline)
+  double bind_deadline_s = 600;  // Describe with a spec: may calibrate a device
+  int attempts_per_endpoint = 3;
+  double backoff_initial_s = 0.05;  // doubles per retry, up to backoff_max_s
+  double backoff_max_s = 1.0;
+  double down_s = 30;  // an endpoint that failed is skipped this long
+  std::string tls_ca_file;    // set: TLS, the agents' certificates chain to it
+  std::string tls_cert_file;  // client certificate (with tls_key_file)
+  std::string tls_key_file;
+  std::string token;  // bearer token sent on every call
+  int max_message_bytes = 256 << 20;
+  size_t memo_entries = size_t{1} << 20;  // Estimate memo, ops
+};
+
+}  // namespace servesim::agents
+
+#endif  // SERVESIM_AGENTS_CLIENT_OPTIONS_H_

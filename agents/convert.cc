@@ -1,0 +1,336 @@
+#include "agents/convert.h"
+
+#include <limits>
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+
+namespace servesim::agents {
+
+namespace v1 = servesim::v1;
+using devices::Op;
+using devices::OpKind;
+
+grpc::Status ToGrpcStatus(const absl::Status& status) {
+  if (status.ok()) return grpc::Status::OK;
+  // absl and gRPC share the canonical code numbers.
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
+}
+
+absl::Status FromGrpcStatus(const grpc::Status& status) {
+  if (status.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
+}
+
+v1::OpKind EncodeOpKind(OpKind kind) {
+  switch (kind) {
+    case OpKind::kGemm:
+      return v1::OP_KIND_GEMM;
+    case OpKind::kAttention:
+      return v1::OP_KIND_ATTENTION;
+    case OpKind::kElementwise:
+      return v1::OP_KIND_ELEMENTWISE;
+    case OpKind::kAllReduce:
+      return v1::OP_KIND_ALL_REDUCE;
+  }
+  return v1::OP_KIND_UNSPECIFIED;
+}
+
+namespace {
+
+template <typename T>
+struct SpanKey {
+  const T* data;
+  size_t size;
+  bool operator==(const SpanKey& o) const { return data == o.data && size == o.size; }
+  template <typename H>
+  friend H AbslHashValue(H h, const SpanKey& k) {
+    return H::combine(std::move(h), k.data, k.size);
+  }
+};
+
+}  // namespace
+
+void EncodeOps(absl::Span<const Op> ops, v1::EstimateRequest* request) {
+  absl::flat_hash_map<SpanKey<devices::AttentionSeq>, int> seq_index;
+  absl::flat_hash_map<SpanKey<int32_t>, int> stack_index;
+  for (const Op& op : ops) {
+    v1::Op* o = request->add_ops();
+    o->set_kind(EncodeOpKind(op.kind));
+    o->set_stage(static_cast<v1::Stage>(static_cast<int>(op.stage)));
+    o->set_m(op.m);
+    o->set_n(op.n);
+    o->set_k(op.k);
+    o->set_heads(op.heads);
+    o->set_kv_heads(op.kv_heads);
+    o->set_d_head(op.d_head);
+    o->set_head_begin(op.head_begin);
+    o->set_head_end(op.head_end);
+    o->set_elements(op.elements);
+    o->set_bytes_per_element(op.bytes_per_element);
+    o->set_flops_per_element(op.flops_per_element);
+    o->set_bytes(op.bytes);
+    o->set_participants(op.participants);
+    o->set_seq_list(-1);
+    o->set_stack_list(-1);
+    if (!op.seqs.empty()) {
+      auto [it, added] = seq_index.try_emplace(SpanKey<devices::AttentionSeq>{op.seqs.data(), op.seqs.size()},
+                                               request->seq_lists_size());
+      if (added) {
+        v1::SeqList* l = request->add_seq_lists();
+        l->mutable_new_tokens()->Reserve(op.seqs.size());
+        l->mutable_past_tokens()->Reserve(op.seqs.size());
+        l->mutable_request_id()->Reserve(op.seqs.size());
+        for (const devices::AttentionSeq& s : op.seqs) {
+          l->add_new_tokens(s.new_tokens);
+          l->add_past_tokens(s.past_tokens);
+          l->add_request_id(s.request_id);
+        }
+      }
+      o->set_seq_list(it->second);
+    }
+    if (!op.kv_head_stack.empty()) {
+      auto [it, added] = stack_index.try_emplace(
+          SpanKey<int32_t>{op.kv_head_stack.data(), op.kv_head_stack.size()},
+          request->stack_lists_size());
+      if (added) {
+        request->add_stack_lists()->mutable_stack()->Add(op.kv_head_stack.begin(),
+                                                         op.kv_head_stack.end());
+      }
+      o->set_stack_list(it->second);
+    }
+  }
+}
+
+absl::Status DecodeOps(const v1::EstimateRequest& request, DecodedOps* out) {
+  out->ops.clear();
+  out->seq_lists.clear();
+  out->stack_lists.clear();
+  for (int i = 0; i < request.seq_lists_size(); ++i) {
+    const v1::SeqList& l = request.seq_lists(i);
+    const int n = l.new_tokens_size();
+    if (l.past_tokens_size() != n || l.request_id_size() != n) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "seq_lists[", i, "]: new_tokens, past_tokens and request_id must have one entry per "
+          "sequence; got ", n, ", ", l.past_tokens_size(), " and ", l.request_id_size()));
+    }
+    auto& seqs = out->seq_lists.emplace_back(n);
+    for (int s = 0; s < n; ++s) {
+      if (l.new_tokens(s) < 1 || l.past_tokens(s) < 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "seq_lists[", i, "] sequence ", s, ": new_tokens = ", l.new_tokens(s),
+            ", past_tokens = ", l.past_tokens(s), "; expected new_tokens >= 1, past_tokens >= 0"));
+      }
+      seqs[s] = {l.new_tokens(s), l.past_tokens(s), l.request_id(s)};
+    }
+  }
+  for (int i = 0; i < request.stack_lists_size(); ++i) {
+    const auto& st = request.stack_lists(i).stack();
+    out->stack_lists.emplace_back(st.begin(), st.end());
+  }
+  out->ops.resize(request.ops_size());
+  for (int i = 0; i < request.ops_size(); ++i) {
+    const v1::Op& o = request.ops(i);
+    Op& op = out->ops[i];
+    switch (o.kind()) {
+      case v1::OP_KIND_GEMM:
+        op.kind = OpKind::kGemm;
+        break;
+      case v1::OP_KIND_ATTENTION:
+        op.kind = OpKind::kAttention;
+        break;
+      case v1::OP_KIND_ELEMENTWISE:
+        op.kind = OpKind::kElementwise;
+        break;
+      case v1::OP_KIND_ALL_REDUCE:
+        op.kind = OpKind::kAllReduce;
+        break;
+      default:
+        return absl::UnimplementedError(absl::StrCat(
+            "ops[", i, "].kind = ", static_cast<int>(o.kind()),
+            ": unknown op kind; this agent implements GEMM (1), ATTENTION (2), "
+            "ELEMENTWISE (3) and ALL_REDUCE (4)"));
+    }
+    if (o.stage() < 0 || o.stage() >= devices::kNumStages) {
+      return absl::InvalidArgumentError(absl::StrCat("ops[", i, "].stage = ", o.stage(),
+                                                     "; expected 0..", devices::kNumStages - 1));
+    }
+    op.stage = static_cast<devices::Stage>(o.stage());
+    if (o.m() < 0 || o.n() < 0 || o.k() < 0 || o.heads() < 0 || o.kv_heads() < 0 ||
+        o.d_head() < 0 || o.elements() < 0 || o.participants() < 0 || o.bytes() < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "ops[", i, "]: m, n, k, heads, kv_heads, d_head, elements, bytes and participants "
+          "must be >= 0 (got m = ", o.m(), ", n = ", o.n(), ", k = ", o.k(), ", heads = ",
+          o.heads(), ", kv_heads = ", o.kv_heads(), ", d_head = ", o.d_head(),
+          ", elements = ", o.elements(), ", bytes = ", o.bytes(),
+          ", participants = ", o.participants(), ")"));
+    }
+    op.m = o.m();
+    op.n = o.n();
+    op.k = o.k();
+    op.heads = o.heads();
+    op.kv_heads = o.kv_heads();
+    op.d_head = o.d_head();
+    op.head_begin = o.head_begin();
+    op.head_end = o.head_end();
+    op.elements = o.elements();
+    op.bytes_per_element = o.bytes_per_element();
+    op.flops_per_element = o.flops_per_element();
+    op.bytes = o.bytes();
+    op.participants = o.participants();
+    // Lists belong to attention ops; other kinds ignore them (proto3
+    // leaves an unset index at 0).
+    if (op.kind == OpKind::kAttention && o.seq_list() >= 0) {
+      if (o.seq_list() >= static_cast<int>(out->seq_lists.size())) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("ops[", i, "].seq_list = ", o.seq_list(), "; expected -1 or 0..",
+                         static_cast<int64_t>(out->seq_lists.size()) - 1));
+      }
+      op.seqs = out->seq_lists[o.seq_list()];
+    }
+    if (op.kind == OpKind::kAttention && o.stack_list() >= 0) {
+      if (o.stack_list() >= static_cast<int>(out->stack_lists.size())) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("ops[", i, "].stack_list = ", o.stack_list(), "; expected -1 or 0..",
+                         static_cast<int64_t>(out->stack_lists.size()) - 1));
+      }
+      op.kv_head_stack = out->stack_lists[o.stack_list()];
+    }
+  }
+  return absl::OkStatus();
+}
+
+void EncodeCost(const devices::Cost& c, v1::Cost* o) {
+  o->set_time_s(c.time_s);
+  o->set_flops(c.flops);
+  o->set_dram_bytes(c.dram_bytes);
+  o->set_link_bytes(c.link_bytes);
+  o->set_compute_energy_pj(c.compute_energy_pj);
+  o->set_dram_energy_pj(c.dram_energy_pj);
+  o->set_link_energy_pj(c.link_energy_pj);
+  o->set_bg_bus_bytes(c.bg_bus_bytes);
+  o->set_tsv_bytes(c.tsv_bytes);
+  o->set_external_bytes(c.external_bytes);
+  o->set_cycles(c.cycles);
+  o->set_score_s(c.score_s);
+  o->set_softmax_s(c.softmax_s);
+  o->set_context_s(c.context_s);
+}
+
+devices::Cost DecodeCost(const v1::Cost& o) {
+  devices::Cost c;
+  c.time_s = o.time_s();
+  c.flops = o.flops();
+  c.dram_bytes = o.dram_bytes();
+  c.link_bytes = o.link_bytes();
+  c.compute_energy_pj = o.compute_energy_pj();
+  c.dram_energy_pj = o.dram_energy_pj();
+  c.link_energy_pj = o.link_energy_pj();
+  c.bg_bus_bytes = o.bg_bus_bytes();
+  c.tsv_bytes = o.tsv_bytes();
+  c.external_bytes = o.external_bytes();
+  c.cycles = o.cycles();
+  c.score_s = o.score_s();
+  c.softmax_s = o.softmax_s();
+  c.context_s = o.context_s();
+  return c;
+}
+
+void EncodeTensor(const devices::Tensor& t, v1::Tensor* o) {
+  o->set_type(t.type == devices::ElementType::kFp16 ? v1::ELEMENT_TYPE_FP16
+                                                    : v1::ELEMENT_TYPE_FP32);
+  o->mutable_shape()->Assign(t.shape.begin(), t.shape.end());
+  o->set_data(t.bytes.data(), t.bytes.size());
+}
+
+absl::StatusOr<devices::Tensor> DecodeTensor(const v1::Tensor& o, int64_t max_bytes,
+                                             const std::string& field) {
+  devices::Tensor t;
+  switch (o.type()) {
+    case v1::ELEMENT_TYPE_FP16:
+      t.type = devices::ElementType::kFp16;
+      break;
+    case v1::ELEMENT_TYPE_FP32:
+      t.type = devices::ElementType::kFp32;
+      break;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ".type = ", static_cast<int>(o.type()), "; expected ELEMENT_TYPE_FP16 (1) or "
+          "ELEMENT_TYPE_FP32 (2)"));
+  }
+  const int64_t elem = devices::Tensor::ElementSize(t.type);
+  // Size from the shape, saturating, so a huge shape is RESOURCE_EXHAUSTED
+  // rather than an overflow.
+  int64_t bytes = elem;
+  for (int i = 0; i < o.shape_size(); ++i) {
+    const int64_t d = o.shape(i);
+    if (d < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ".shape[", i, "] = ", d, "; expected >= 0"));
+    }
+    if (d > 0 && bytes > std::numeric_limits<int64_t>::max() / d) {
+      bytes = std::numeric_limits<int64_t>::max();
+    } else {
+      bytes *= d;
+    }
+  }
+  if (bytes > max_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        field, ": ", bytes, " bytes by its shape; this agent accepts tensors of at most ",
+        max_bytes, " bytes (servesim-agent --max-tensor-bytes)"));
+  }
+  if (static_cast<int64_t>(o.data().size()) != bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ".data has ", o.data().size(), " bytes; its shape and type give ", bytes));
+  }
+  t.shape.assign(o.shape().begin(), o.shape().end());
+  t.bytes.assign(o.data().begin(), o.data().end());
+  return t;
+}
+
+void EncodeStats(const devices::KernelStats& s, v1::KernelStats* o) {
+  o->set_kv_positions(s.kv_positions);
+  o->set_kv_positions_read(s.kv_positions_read);
+  o->set_v_rows_read(s.v_rows_read);
+  o->set_bytes_read(s.bytes_read);
+}
+
+devices::KernelStats DecodeStats(const v1::KernelStats& o) {
+  devices::KernelStats s;
+  s.kv_positions = o.kv_positions();
+  s.kv_positions_read = o.kv_positions_read();
+  s.v_rows_read = o.v_rows_read();
+  s.bytes_read = o.bytes_read();
+  return s;
+}
+
+void EncodeDescription(const devices::DeviceDescription& d, v1::DescribeResponse* o) {
+  o->set_kind(d.kind);
+  o->set_preset(d.preset);
+  for (const auto& [name, value] : d.parameters) {
+    v1::Parameter* p = o->add_parameters();
+    p->set_name(name);
+    p->set_value(value);
+  }
+  for (OpKind k : d.accepts) o->add_accepts(EncodeOpKind(k));
+  o->set_memory_bytes(d.memory_bytes);
+}
+
+absl::StatusOr<devices::DeviceDescription> DecodeDescription(const v1::DescribeResponse& o) {
+  devices::DeviceDescription d;
+  d.kind = o.kind();
+  d.preset = o.preset();
+  for (const v1::Parameter& p : o.parameters()) d.parameters.emplace_back(p.name(), p.value());
+  for (int k : o.accepts()) {
+    if (k < v1::OP_KIND_GEMM || k > v1::OP_KIND_ALL_REDUCE) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("describe: accepts has unknown op kind ", k));
+    }
+    d.accepts.push_back(static_cast<OpKind>(k - 1));
+  }
+  d.memory_bytes = o.memory_bytes();
+  return d;
+}
+
+}  // namespace servesim::agents

@@ -1,0 +1,72 @@
+// Conversions between the device interface's C++ types (devices/device.h,
+// devices/ops.h, devices/tensor.h) and the agent protocol's messages
+// (proto/servesim/v1/agent.proto), in one place, both directions, and the
+// absl::Status <-> grpc::Status mapping used at the gRPC edge.
+//
+// Doubles are copied, never recomputed, so a cost survives the round trip
+// bit for bit. Ops that share a sequence list (or a stack list) in memory
+// share one list on the wire, and decoding gives them one list again: a
+// device that caches per-sequence figures across the ops of a call (AttAcc)
+// sees the same sharing as in-process.
+#ifndef SERVESIM_AGENTS_CONVERT_H_
+#define SERVESIM_AGENTS_CONVERT_H_
+
+#include <cstdint>
+#include <deque>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "devices/device.h"
+#include "devices/ops.h"
+#include "devices/tensor.h"
+#include "grpcpp/support/status.h"
+#include "servesim/v1/agent.pb.h"
+
+namespace servesim::agents {
+
+// The status at the edge: same code, same message.
+grpc::Status ToGrpcStatus(const absl::Status& status);
+absl::Status FromGrpcStatus(const grpc::Status& status);
+
+// ---- Estimate ----
+// Appends `ops` to `request` (ops, seq_lists, stack_lists).
+void EncodeOps(absl::Span<const devices::Op> ops, servesim::v1::EstimateRequest* request);
+
+// Ops decoded from a request; the spans point into this object.
+struct DecodedOps {
+  std::vector<devices::Op> ops;
+  std::deque<std::vector<devices::AttentionSeq>> seq_lists;
+  std::deque<std::vector<int32_t>> stack_lists;
+};
+// INVALID_ARGUMENT for inconsistent requests (list indices out of range,
+// columns of different lengths, negative sizes), UNIMPLEMENTED for op kinds
+// this protocol version does not know; messages name the field.
+absl::Status DecodeOps(const servesim::v1::EstimateRequest& request, DecodedOps* out);
+
+void EncodeCost(const devices::Cost& cost, servesim::v1::Cost* out);
+devices::Cost DecodeCost(const servesim::v1::Cost& cost);
+
+servesim::v1::OpKind EncodeOpKind(devices::OpKind kind);
+
+// ---- Execute ----
+void EncodeTensor(const devices::Tensor& tensor, servesim::v1::Tensor* out);
+// INVALID_ARGUMENT for an unspecified type, negative dimensions or data of
+// the wrong size; RESOURCE_EXHAUSTED above `max_bytes` (checked from the
+// shape before anything is copied). `field` names the tensor in messages.
+absl::StatusOr<devices::Tensor> DecodeTensor(const servesim::v1::Tensor& tensor,
+                                             int64_t max_bytes, const std::string& field);
+
+void EncodeStats(const devices::KernelStats& stats, servesim::v1::KernelStats* out);
+devices::KernelStats DecodeStats(const servesim::v1::KernelStats& stats);
+
+// ---- Describe ----
+void EncodeDescription(const devices::DeviceDescription& d, servesim::v1::DescribeResponse* out);
+absl::StatusOr<devices::DeviceDescription> DecodeDescription(
+    const servesim::v1::DescribeResponse& d);
+
+}  // namespace servesim::agents
+
+#endif  // SERVESIM_AGENTS_CONVERT_H_

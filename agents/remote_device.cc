@@ -1,0 +1,490 @@
+#include "agents/remote_device.h"
+
+#include <algorithm>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "agents/agent_service.h"
+#include "agents/convert.h"
+#include "common/status_macros.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+#include "grpcpp/support/channel_arguments.h"
+
+namespace servesim::agents {
+
+namespace v1 = servesim::v1;
+using devices::Cost;
+using devices::Op;
+
+namespace {
+
+absl::StatusOr<std::string> ReadPem(const std::string& path, const char* what) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat(what, " ", path, ": cannot read"));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+bool Retryable(const grpc::Status& st) {
+  return st.error_code() == grpc::StatusCode::UNAVAILABLE ||
+         st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
+}
+
+template <typename T>
+void AppendRaw(std::string* key, const T& v) {
+  key->append(reinterpret_cast<const char*>(&v), sizeof v);
+}
+
+// Every input of the op, doubles by their bits: equal keys, equal costs.
+void OpKey(const Op& op, std::string* key) {
+  key->clear();
+  AppendRaw(key, static_cast<uint8_t>(op.kind));
+  AppendRaw(key, static_cast<uint8_t>(op.stage));
+  for (int64_t v : {op.m, op.n, op.k, op.heads, op.kv_heads, op.d_head, op.head_begin,
+                    op.head_end, op.elements}) {
+    AppendRaw(key, v);
+  }
+  for (double v : {op.bytes_per_element, op.flops_per_element, op.bytes}) AppendRaw(key, v);
+  AppendRaw(key, op.participants);
+  AppendRaw(key, static_cast<uint64_t>(op.seqs.size()));
+  for (const devices::AttentionSeq& s : op.seqs) {
+    AppendRaw(key, s.new_tokens);
+    AppendRaw(key, s.past_tokens);
+    AppendRaw(key, s.request_id);
+  }
+  AppendRaw(key, static_cast<uint64_t>(op.kv_head_stack.size()));
+  key->append(reinterpret_cast<const char*>(op.kv_head_stack.data()),
+              op.kv_head_stack.size() * sizeof(int32_t));
+}
+
+}  // namespace
+
+RemoteDevice::RemoteDevice(v1::DeviceSpec spec, ClientOptions options, std::string label)
+    : spec_(std::move(spec)), options_(std::move(options)), label_(std::move(label)) {
+  kind_ = SpecKindName(spec_);
+  last_description_.kind = kind_;
+}
+
+absl::StatusOr<std::unique_ptr<RemoteDevice>> RemoteDevice::Create(
+    v1::DeviceSpec spec, std::vector<std::string> endpoints, ClientOptions options,
+    std::string label) {
+  if (endpoints.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(label, ": no agent endpoints given"));
+  }
+  if (options.deadline_s <= 0 || options.attempts_per_endpoint < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        label, ": agent deadline_s = ", options.deadline_s, ", attempts_per_endpoint = ",
+        options.attempts_per_endpoint, "; expected deadline_s > 0 and attempts >= 1"));
+  }
+  std::shared_ptr<grpc::ChannelCredentials> creds;
+  if (!options.tls_ca_file.empty()) {
+    grpc::SslCredentialsOptions ssl;
+    ASSIGN_OR_RETURN(ssl.pem_root_certs, ReadPem(options.tls_ca_file, "--agent-tls-ca"));
+    if (!options.tls_cert_file.empty() || !options.tls_key_file.empty()) {
+      if (options.tls_cert_file.empty() || options.tls_key_file.empty()) {
+        return absl::InvalidArgumentError(
+            "--agent-tls-cert and --agent-tls-key go together (the client certificate and its "
+            "key)");
+      }
+      ASSIGN_OR_RETURN(ssl.pem_cert_chain, ReadPem(options.tls_cert_file, "--agent-tls-cert"));
+      ASSIGN_OR_RETURN(ssl.pem_private_key, ReadPem(options.tls_key_file, "--agent-tls-key"));
+    }
+    creds = grpc::SslCredentials(ssl);
+  } else {
+    if (!options.tls_cert_file.empty()) {
+      return absl::InvalidArgumentError("--agent-tls-cert needs --agent-tls-ca (TLS)");
+    }
+    creds = grpc::InsecureChannelCredentials();
+  }
+  std::unique_ptr<RemoteDevice> d(new RemoteDevice(std::move(spec), options, std::move(label)));
+  for (const std::string& address : endpoints) {
+    const size_t colon = address.rfind(':');
+    if (address.empty() || colon == std::string::npos || colon + 1 == address.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          d->label_, ": agent endpoint '", address, "'; expected HOST:PORT"));
+    }
+    grpc::ChannelArguments args;
+    args.SetMaxReceiveMessageSize(options.max_message_bytes);
+    args.SetMaxSendMessageSize(options.max_message_bytes);
+    // Reconnect soon after an agent comes back.
+    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+    args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+    auto ep = std::make_unique<Endpoint>();
+    ep->address = address;
+    ep->channel = grpc::CreateCustomChannel(address, creds, args);
+    ep->stub = v1::DeviceAgent::NewStub(ep->channel);
+    d->endpoints_.push_back(std::move(ep));
+    d->stats_.endpoints.push_back(address);
+  }
+  return d;
+}
+
+void RemoteDevice::PrepareContext(grpc::ClientContext* ctx, double deadline_s) const {
+  ctx->set_deadline(std::chrono::system_clock::now() +
+                    std::chrono::duration_cast<std::chrono::system_clock::duration>(
+                        std::chrono::duration<double>(deadline_s)));
+  if (!options_.token.empty()) ctx->AddMetadata("authorization", "Bearer " + options_.token);
+}
+
+absl::Status RemoteDevice::BindLocked(Endpoint* ep) const {
+  // Called without mu_ held (the RPC may take long); the result is stored
+  // under it.
+  v1::DescribeRequest req;
+  *req.mutable_spec() = spec_;
+  v1::DescribeResponse resp;
+  grpc::ClientContext ctx;
+  PrepareContext(&ctx, options_.bind_deadline_s);
+  grpc::Status st = ep->stub->Describe(&ctx, req, &resp);
+  if (!st.ok()) return FromGrpcStatus(st);
+  auto desc = DecodeDescription(resp);
+  std::lock_guard<std::mutex> lock(mu_);
+  ++stats_.other_rpcs;
+  ep->device_key = resp.device_key();
+  ep->bound = true;
+  if (desc.ok()) last_description_ = *desc;
+  return absl::OkStatus();
+}
+
+absl::Status RemoteDevice::Call(const char* method, const Rpc& rpc, int preferred,
+                                int* used) const {
+  const int n = static_cast<int>(endpoints_.size());
+  const auto now = std::chrono::steady_clock::now();
+  // Order: the preferred (or next round-robin) endpoint, the others that
+  // are up, then those marked down (a last chance).
+  std::vector<int> order;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    int start = preferred;
+    if (start < 0) {
+      start = static_cast<int>(next_ % n);
+      for (int i = 0; i < n; ++i) {
+        const int c = static_cast<int>((next_ + i) % n);
+        if (endpoints_[c]->down_until <= now) {
+          start = c;
+          break;
+        }
+      }
+      next_ = start + 1;
+    }
+    std::vector<int> down;
+    for (int i = 0; i < n; ++i) {
+      const int c = (start + i) % n;
+      (i == 0 || endpoints_[c]->down_until <= now ? order : down).push_back(c);
+    }
+    order.insert(order.end(), down.begin(), down.end());
+  }
+  std::vector<std::string> tried;
+  std::string last_error;
+  for (size_t j = 0; j < order.size(); ++j) {
+    Endpoint* ep = endpoints_[order[j]].get();
+    double backoff = options_.backoff_initial_s;
+    for (int attempt = 0; attempt < options_.attempts_per_endpoint; ++attempt) {
+      std::string key;
+      bool bound;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        bound = ep->bound;
+        key = ep->device_key;
+      }
+      grpc::Status st;
+      if (!bound) {
+        absl::Status b = BindLocked(ep);
+        st = ToGrpcStatus(b);
+        if (b.ok()) {
+          std::lock_guard<std::mutex> lock(mu_);
+          key = ep->device_key;
+        }
+      }
+      if (st.ok()) {
+        grpc::ClientContext ctx;
+        PrepareContext(&ctx, options_.deadline_s);
+        st = rpc(ep->stub.get(), key, &ctx);
+      }
+      if (st.ok()) {
+        std::lock_guard<std::mutex> lock(mu_);
+        ep->down_until = {};
+        if (used != nullptr) *used = order[j];
+        return absl::OkStatus();
+      }
+      if (st.error_code() == grpc::StatusCode::NOT_FOUND &&
+          absl::StrContains(st.error_message(), "device_key")) {
+        std::lock_guard<std::mutex> lock(mu_);
+        ep->bound = false;  // the agent restarted: bind again
+        ++stats_.rebinds;
+        continue;
+      }
+      if (!Retryable(st)) {
+        if (used != nullptr) *used = order[j];
+        return absl::Status(static_cast<absl::StatusCode>(st.error_code()),
+                            absl::StrCat(label_, ": agent ", ep->address, ": ", method, ": ",
+                                         st.error_message()));
+      }
+      last_error = absl::StrCat(ep->address, ": ", st.error_code() == grpc::StatusCode::UNAVAILABLE
+                                                       ? "UNAVAILABLE"
+                                                       : "DEADLINE_EXCEEDED",
+                                ": ", st.error_message());
+      if (attempt + 1 < options_.attempts_per_endpoint) {
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          ++stats_.retries;
+        }
+        std::this_thread::sleep_for(std::chrono::duration<double>(backoff));
+        backoff = std::min(2 * backoff, options_.backoff_max_s);
+      }
+    }
+    tried.push_back(ep->address);
+    std::lock_guard<std::mutex> lock(mu_);
+    ep->down_until = std::chrono::steady_clock::now() +
+                     std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                         std::chrono::duration<double>(options_.down_s));
+    ep->bound = false;
+    if (j + 1 < order.size()) ++stats_.failovers;
+  }
+  return absl::UnavailableError(absl::StrCat(
+      label_, ": ", method, ": no agent endpoint left (tried ", absl::StrJoin(tried, ", "),
+      "); last error from ", last_error));
+}
+
+absl::StatusOr<devices::DeviceDescription> RemoteDevice::DescribeOrError() const {
+  v1::DescribeResponse resp;
+  RETURN_IF_ERROR(Call("Describe", [&](v1::DeviceAgent::Stub* stub, const std::string&,
+                                       grpc::ClientContext* ctx) {
+    v1::DescribeRequest req;
+    *req.mutable_spec() = spec_;
+    resp.Clear();
+    return stub->Describe(ctx, req, &resp);
+  }));
+  ASSIGN_OR_RETURN(devices::DeviceDescription d, DecodeDescription(resp));
+  std::lock_guard<std::mutex> lock(mu_);
+  ++stats_.other_rpcs;
+  last_description_ = d;
+  return d;
+}
+
+devices::DeviceDescription RemoteDevice::Describe() const {
+  auto d = DescribeOrError();
+  if (d.ok()) return *d;
+  std::lock_guard<std::mutex> lock(mu_);
+  return last_description_;
+}
+
+absl::Status RemoteDevice::Estimate(absl::Span<const Op> ops, absl::Span<Cost> costs) const {
+  if (ops.size() != costs.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(label_, ": ", ops.size(), " ops but ",
+                                                   costs.size(), " cost slots"));
+  }
+  thread_local std::vector<std::string> keys;
+  thread_local std::vector<size_t> missed;
+  thread_local std::vector<Op> missed_ops;
+  keys.resize(ops.size());
+  missed.clear();
+  missed_ops.clear();
+  for (size_t i = 0; i < ops.size(); ++i) OpKey(ops[i], &keys[i]);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++stats_.estimate_calls;
+    for (size_t i = 0; i < ops.size(); ++i) {
+      auto it = memo_.find(keys[i]);
+      if (it != memo_.end()) {
+        costs[i] = it->second;
+        ++stats_.ops_memo_hits;
+      } else {
+        missed.push_back(i);
+        missed_ops.push_back(ops[i]);  // spans still shared: one list on the wire
+      }
+    }
+  }
+  if (missed.empty()) return absl::OkStatus();
+  v1::EstimateRequest req;
+  EncodeOps(missed_ops, &req);
+  v1::EstimateResponse resp;
+  RETURN_IF_ERROR(Call("Estimate", [&](v1::DeviceAgent::Stub* stub, const std::string& key,
+                                       grpc::ClientContext* ctx) {
+    req.set_device_key(key);
+    resp.Clear();
+    grpc::Status st = stub->Estimate(ctx, req, &resp);
+    if (st.ok() && resp.costs_size() != static_cast<int>(missed.size())) {
+      return grpc::Status(grpc::StatusCode::INTERNAL,
+                          absl::StrCat("answered ", resp.costs_size(), " costs for ",
+                                       missed.size(), " ops"));
+    }
+    return st;
+  }));
+  std::lock_guard<std::mutex> lock(mu_);
+  ++stats_.estimate_rpcs;
+  stats_.ops_memo_misses += static_cast<int64_t>(missed.size());
+  if (memo_.size() + missed.size() > options_.memo_entries) memo_.clear();
+  for (size_t j = 0; j < missed.size(); ++j) {
+    costs[missed[j]] = DecodeCost(resp.costs(static_cast<int>(j)));
+    memo_.emplace(keys[missed[j]], costs[missed[j]]);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<devices::AttentionResult> RemoteDevice::Execute(
+    const devices::AttentionCall& call) const {
+  v1::ExecuteRequest req;
+  EncodeTensor(call.q, req.mutable_q());
+  EncodeTensor(call.k, req.mutable_k());
+  EncodeTensor(call.v, req.mutable_v());
+  req.set_scale(call.scale);
+  v1::ExecuteResponse resp;
+  RETURN_IF_ERROR(Call("Execute", [&](v1::DeviceAgent::Stub* stub, const std::string& key,
+                                      grpc::ClientContext* ctx) {
+    req.set_device_key(key);
+    resp.Clear();
+    return stub->Execute(ctx, req, &resp);
+  }));
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++stats_.other_rpcs;
+  }
+  devices::AttentionResult r;
+  ASSIGN_OR_RETURN(r.out, DecodeTensor(resp.out(), options_.max_message_bytes, "out"));
+  r.stats = DecodeStats(resp.stats());
+  return r;
+}
+
+RemoteStats RemoteDevice::Stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+// ------------------------------------------------------------- sessions ----
+
+absl::StatusOr<std::unique_ptr<RemoteSession>> RemoteDevice::OpenSession(
+    int64_t request_id, int64_t kv_heads, int64_t d_head, devices::ElementType type) const {
+  std::unique_ptr<RemoteSession> s(new RemoteSession(this, request_id, kv_heads, d_head, type));
+  RETURN_IF_ERROR(s->Rebuild(-1));
+  return s;
+}
+
+absl::Status RemoteSession::Rebuild(int endpoint) {
+  session_id_.clear();
+  v1::OpenSessionResponse resp;
+  int used = -1;
+  RETURN_IF_ERROR(device_->Call(
+      "OpenSession",
+      [&](v1::DeviceAgent::Stub* stub, const std::string& key, grpc::ClientContext* ctx) {
+        v1::OpenSessionRequest req;
+        req.set_device_key(key);
+        req.set_request_id(request_id_);
+        req.set_kv_heads(kv_heads_);
+        req.set_d_head(d_head_);
+        req.set_type(type_ == devices::ElementType::kFp16 ? v1::ELEMENT_TYPE_FP16
+                                                          : v1::ELEMENT_TYPE_FP32);
+        return stub->OpenSession(ctx, req, &resp);
+      },
+      endpoint, &used));
+  endpoint_ = used;
+  session_id_ = resp.session_id();
+  // The history, in order, on the same agent.
+  int64_t len = 0;
+  for (const auto& [k, v] : history_) {
+    v1::AppendKvRequest req;
+    req.set_session_id(session_id_);
+    EncodeTensor(k, req.mutable_k());
+    EncodeTensor(v, req.mutable_v());
+    req.set_expected_kv_len(len);
+    v1::AppendKvResponse r;
+    grpc::ClientContext ctx;
+    device_->PrepareContext(&ctx, device_->options_.deadline_s);
+    grpc::Status st = device_->endpoints_[endpoint_]->stub->AppendKv(&ctx, req, &r);
+    if (!st.ok()) {
+      session_id_.clear();
+      return absl::Status(static_cast<absl::StatusCode>(st.error_code()),
+                          absl::StrCat(device_->label_, ": agent ",
+                                       device_->endpoints_[endpoint_]->address,
+                                       ": rebuilding session: ", st.error_message()));
+    }
+    len = r.kv_len();
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RemoteSession::WithSession(
+    const std::function<grpc::Status(v1::DeviceAgent::Stub*, grpc::ClientContext*)>& rpc) {
+  absl::Status last;
+  for (int round = 0; round < 3; ++round) {
+    if (session_id_.empty()) {
+      {
+        std::lock_guard<std::mutex> lock(device_->mu_);
+        ++device_->stats_.session_rebuilds;
+      }
+      RETURN_IF_ERROR(Rebuild(endpoint_));
+    }
+    int used = -1;
+    last = device_->Call(
+        "session",
+        [&](v1::DeviceAgent::Stub* stub, const std::string&, grpc::ClientContext* ctx) {
+          return rpc(stub, ctx);
+        },
+        endpoint_, &used);
+    if (last.ok()) return last;
+    if (last.code() == absl::StatusCode::kNotFound &&
+        absl::StrContains(last.message(), "session_id")) {
+      // Its agent restarted, or the call failed over to another agent.
+      session_id_.clear();
+      endpoint_ = used;
+      continue;
+    }
+    return last;
+  }
+  return last;
+}
+
+absl::Status RemoteSession::AppendKv(const devices::Tensor& k, const devices::Tensor& v) {
+  if (k.shape.size() != 3) {
+    return absl::InvalidArgumentError("AppendKv: k must be [kv_heads, n, d_head]");
+  }
+  v1::AppendKvResponse resp;
+  RETURN_IF_ERROR(WithSession([&](v1::DeviceAgent::Stub* stub, grpc::ClientContext* ctx) {
+    v1::AppendKvRequest req;
+    req.set_session_id(session_id_);
+    EncodeTensor(k, req.mutable_k());
+    EncodeTensor(v, req.mutable_v());
+    req.set_expected_kv_len(kv_len_);
+    return stub->AppendKv(ctx, req, &resp);
+  }));
+  history_.emplace_back(k, v);
+  kv_len_ = resp.kv_len();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<devices::AttentionResult> RemoteSession::Step(const devices::Tensor& q,
+                                                             float scale) {
+  v1::StepResponse resp;
+  RETURN_IF_ERROR(WithSession([&](v1::DeviceAgent::Stub* stub, grpc::ClientContext* ctx) {
+    v1::StepRequest req;
+    req.set_session_id(session_id_);
+    EncodeTensor(q, req.mutable_q());
+    req.set_scale(scale);
+    req.set_expected_kv_len(kv_len_);
+    return stub->Step(ctx, req, &resp);
+  }));
+  devices::AttentionResult r;
+  ASSIGN_OR_RETURN(r.out, DecodeTensor(resp.out(), device_->options_.max_message_bytes, "out"));
+  r.stats = DecodeStats(resp.stats());
+  return r;
+}
+
+RemoteSession::~RemoteSession() {
+  if (session_id_.empty() || endpoint_ < 0) return;
+  v1::CloseSessionRequest req;
+  req.set_session_id(session_id_);
+  v1::CloseSessionResponse resp;
+  grpc::ClientContext ctx;
+  device_->PrepareContext(&ctx, 2.0);
+  (void)device_->endpoints_[endpoint_]->stub->CloseSession(&ctx, req, &resp);
+}
+
+}  // namespace servesim::agents

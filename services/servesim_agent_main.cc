@@ -1,0 +1,242 @@
+// servesim-agent: one registered device kind served over gRPC
+// (proto/servesim/v1/agent.proto). Flag parsing and signal handling only;
+// the service is agents/agent_service.h.
+#include <pthread.h>
+#include <signal.h>
+
+#include <chrono>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "agents/agent_server.h"
+#include "agents/agent_service.h"
+#include "common/status_macros.h"
+#include "devices/attacc/attacc_device.h"
+#include "devices/presets.h"
+#include "devices/registry.h"
+#include "devices/spatten/spatten_device.h"
+#include "devices/topick/topick_device.h"
+#include "google/protobuf/text_format.h"
+
+namespace {
+
+constexpr char kUsage[] = R"(servesim-agent - serve one servesim device over gRPC
+
+Usage:
+  servesim-agent --device KIND [--preset NAME | --config FILE] [options]
+
+  --device KIND          a registered device kind: gpu, attacc, topick, spatten
+  --preset NAME          the kind's hardware preset (servesim presets); default:
+                         gpu a100-80gb, attacc attacc_bank, topick topick,
+                         spatten spatten
+  --config FILE          a servesim.v1.DeviceSpec in protobuf text format
+                         (schema: proto/servesim/v1/hardware.proto)
+  --listen HOST:PORT     default 127.0.0.1:50051 (loopback); port 0: any free
+                         (the address is printed on stderr). Use 0.0.0.0:PORT
+                         or a host address to serve other hosts
+  --tls-cert FILE        server certificate chain (PEM); with --tls-key: TLS
+  --tls-key FILE         its private key (PEM)
+  --tls-client-ca FILE   require client certificates signed by this CA
+  --token-file FILE      require 'authorization: Bearer <token>' on every call;
+                         the token is the file's first line (or set
+                         SERVESIM_AGENT_TOKEN)
+  --max-message-bytes N  largest gRPC message in or out (default 268435456)
+  --max-tensor-bytes N   largest tensor accepted (default 67108864):
+                         RESOURCE_EXHAUSTED above it
+  --grace S              on SIGTERM/SIGINT, let in-flight calls finish for up
+                         to S seconds (default 30)
+
+The simulator binds the scenario's own device spec on the agent (Describe with
+a spec of this kind); --preset/--config is the device served to callers that
+send none. Exit status: 0 after a clean shutdown, 1 bad input, 2 bad command line.
+)";
+
+int UsageError(const std::string& msg) {
+  std::cerr << "servesim-agent: " << msg << "\nRun 'servesim-agent --help' for usage.\n";
+  return 2;
+}
+
+int Fail(const absl::Status& st) {
+  std::cerr << "servesim-agent: error: " << st.message() << "\n";
+  return 1;
+}
+
+absl::StatusOr<std::string> ReadText(const std::string& path, const char* flag) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat(flag, " ", path, ": cannot read"));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+absl::StatusOr<servesim::v1::DeviceSpec> PresetSpec(const std::string& kind,
+                                                    std::string preset) {
+  servesim::v1::DeviceSpec spec;
+  if (kind == "gpu") {
+    if (preset.empty()) preset = "a100-80gb";
+    auto* g = spec.mutable_gpu();
+    ASSIGN_OR_RETURN(*g->mutable_xpu(), servesim::devices::XpuPreset(preset));
+    ASSIGN_OR_RETURN(*g->mutable_interconnect(), servesim::devices::LinkPreset("nvlink3"));
+    g->set_dtype(servesim::v1::DTYPE_FP16);
+  } else if (kind == "attacc") {
+    if (preset.empty()) preset = "attacc_bank";
+    ASSIGN_OR_RETURN(*spec.mutable_attacc()->mutable_attacc(),
+                     servesim::devices::AttAccPreset(preset));
+    spec.mutable_attacc()->set_dtype(servesim::v1::DTYPE_FP16);
+  } else if (kind == "topick") {
+    if (preset.empty()) preset = "topick";
+    ASSIGN_OR_RETURN(*spec.mutable_topick()->mutable_topick(),
+                     servesim::devices::TopickPreset(preset));
+    spec.mutable_topick()->set_fidelity(servesim::v1::PRUNE_FIDELITY_ANALYTIC);
+  } else if (kind == "spatten") {
+    if (preset.empty()) preset = "spatten";
+    ASSIGN_OR_RETURN(*spec.mutable_spatten()->mutable_spatten(),
+                     servesim::devices::SpattenPreset(preset));
+    spec.mutable_spatten()->set_fidelity(servesim::v1::PRUNE_FIDELITY_ANALYTIC);
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--device ", kind, ": unknown kind; registered: ",
+                     absl::StrJoin(servesim::devices::RegisteredDeviceKinds(), ", ")));
+  }
+  return spec;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  std::string kind, preset, config, token_file;
+  servesim::agents::AgentServerOptions server;
+  server.listen = "127.0.0.1:50051";
+  servesim::agents::AgentServiceOptions service;
+  double grace_s = 30;
+  for (size_t i = 0; i < args.size(); ++i) {
+    std::string a = args[i], v;
+    const size_t eq = a.find('=');
+    const bool inline_value = absl::StartsWith(a, "--") && eq != std::string::npos;
+    const std::string flag = inline_value ? a.substr(0, eq) : a;
+    auto get = [&]() -> bool {
+      if (inline_value) {
+        v = a.substr(eq + 1);
+        return true;
+      }
+      if (i + 1 >= args.size()) return false;
+      v = args[++i];
+      return true;
+    };
+    int64_t n = 0;
+    if (flag == "--help" || flag == "-h") {
+      std::cout << kUsage;
+      return 0;
+    } else if (flag == "--device") {
+      if (!get()) return UsageError("--device needs a kind");
+      kind = v;
+    } else if (flag == "--preset") {
+      if (!get()) return UsageError("--preset needs a name");
+      preset = v;
+    } else if (flag == "--config") {
+      if (!get()) return UsageError("--config needs a file");
+      config = v;
+    } else if (flag == "--listen") {
+      const size_t colon = get() ? v.rfind(':') : std::string::npos;
+      int port = -1;
+      if (colon == std::string::npos || colon == 0 ||
+          !absl::SimpleAtoi(v.substr(colon + 1), &port) || port < 0 || port > 65535) {
+        return UsageError(absl::StrCat("--listen ", v,
+                                       ": expected HOST:PORT with PORT in [0, 65535]"));
+      }
+      server.listen = v;
+    } else if (flag == "--tls-cert") {
+      if (!get()) return UsageError("--tls-cert needs a file");
+      server.tls_cert_file = v;
+    } else if (flag == "--tls-key") {
+      if (!get()) return UsageError("--tls-key needs a file");
+      server.tls_key_file = v;
+    } else if (flag == "--tls-client-ca") {
+      if (!get()) return UsageError("--tls-client-ca needs a file");
+      server.tls_client_ca_file = v;
+    } else if (flag == "--token-file") {
+      if (!get()) return UsageError("--token-file needs a file");
+      token_file = v;
+    } else if (flag == "--max-message-bytes") {
+      if (!get() || !absl::SimpleAtoi(v, &n) || n < 1024 || n > (int64_t{1} << 31) - 1) {
+        return UsageError("--max-message-bytes needs an integer in [1024, 2147483647]");
+      }
+      server.max_message_bytes = static_cast<int>(n);
+    } else if (flag == "--max-tensor-bytes") {
+      if (!get() || !absl::SimpleAtoi(v, &n) || n < 1) {
+        return UsageError("--max-tensor-bytes needs an integer >= 1");
+      }
+      service.max_tensor_bytes = n;
+    } else if (flag == "--grace") {
+      if (!get() || !absl::SimpleAtod(v, &grace_s) || !(grace_s >= 0)) {
+        return UsageError("--grace needs seconds >= 0");
+      }
+    } else {
+      return UsageError(absl::StrCat("unknown option ", a));
+    }
+  }
+  if (kind.empty()) return UsageError("--device KIND is required");
+  if (!preset.empty() && !config.empty()) return UsageError("give --preset or --config, not both");
+
+  if (!config.empty()) {
+    auto text = ReadText(config, "--config");
+    if (!text.ok()) return Fail(text.status());
+    if (!google::protobuf::TextFormat::ParseFromString(*text, &service.spec)) {
+      return Fail(absl::InvalidArgumentError(
+          absl::StrCat("--config ", config, ": not a servesim.v1.DeviceSpec in text format")));
+    }
+    if (servesim::agents::SpecKindName(service.spec) != kind) {
+      return Fail(absl::InvalidArgumentError(absl::StrCat(
+          "--config ", config, " describes a '",
+          servesim::agents::SpecKindName(service.spec), "' device; --device is ", kind)));
+    }
+  } else {
+    auto spec = PresetSpec(kind, preset);
+    if (!spec.ok()) return Fail(spec.status());
+    service.spec = std::move(*spec);
+  }
+  if (!token_file.empty()) {
+    auto text = ReadText(token_file, "--token-file");
+    if (!text.ok()) return Fail(text.status());
+    service.token = text->substr(0, text->find('\n'));
+    if (service.token.empty()) {
+      return Fail(absl::InvalidArgumentError(
+          absl::StrCat("--token-file ", token_file, ": the first line is empty")));
+    }
+  } else if (const char* env = std::getenv("SERVESIM_AGENT_TOKEN"); env != nullptr && *env) {
+    service.token = env;
+  }
+
+  // Signals are taken by sigwait below, never by a handler: block them
+  // before gRPC starts its threads so they inherit the mask.
+  sigset_t stop;
+  sigemptyset(&stop);
+  sigaddset(&stop, SIGTERM);
+  sigaddset(&stop, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+
+  auto svc = servesim::agents::AgentService::Create(service);
+  if (!svc.ok()) return Fail(svc.status());
+  auto running = servesim::agents::StartAgentServer(svc->get(), server);
+  if (!running.ok()) return Fail(running.status());
+  const std::string host = server.listen.substr(0, server.listen.rfind(':'));
+  std::cerr << "servesim-agent: serving " << kind << " on " << host << ":" << running->port
+            << (server.tls_cert_file.empty() ? "" : " (TLS)")
+            << (service.token.empty() ? "" : " (token)") << std::endl;
+  int sig = 0;
+  sigwait(&stop, &sig);
+  std::cerr << "servesim-agent: signal " << sig << ", finishing in-flight calls" << std::endl;
+  running->server->Shutdown(std::chrono::system_clock::now() +
+                            std::chrono::duration_cast<std::chrono::system_clock::duration>(
+                                std::chrono::duration<double>(grace_s)));
+  std::cerr << "servesim-agent: stopped after " << (*svc)->calls() << " calls" << std::endl;
+  return 0;
+}
