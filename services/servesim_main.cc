@@ -389,15 +389,17 @@ int Run(const Options& o) {
     std::cerr << "metrics: http://" << (host.find(':') != std::string::npos ? "[" + host + "]" : host)
               << ":" << server->port() << "/" << std::endl;
   }
-  // The progress line: on a terminal, unless --quiet.
+  // The progress line: on a terminal, unless --quiet. Sinks are attached
+  // only when something listens (the hot path then makes no calls at all).
+  const bool show_progress = !o.quiet && ::isatty(::fileno(stderr));
   servesim::services::ProgressBar progress(
-      !o.quiet && ::isatty(::fileno(stderr)) ? stderr : nullptr,
-      static_cast<int64_t>(wl->requests.size()),
+      show_progress ? stderr : nullptr, static_cast<int64_t>(wl->requests.size()),
       wl->requests.empty() ? 0 : wl->requests.back().arrival_s);
-  std::vector<servesim::cluster::LiveSink*> sinks = {&progress};
+  std::vector<servesim::cluster::LiveSink*> sinks;
+  if (show_progress) sinks.push_back(&progress);
   if (live != nullptr) sinks.push_back(live.get());
   servesim::services::FanoutSink fanout(sinks);
-  run_options.live = &fanout;
+  run_options.live = sinks.empty() ? nullptr : sinks.size() == 1 ? sinks[0] : &fanout;
   servesim::cluster::RunResult partial;
   run_options.partial = &partial;
   auto result = servesim::cluster::RunSimulation(*sc, *wl, run_options);
