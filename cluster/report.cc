@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "cluster/report_html.h"
+#include "devices/prune_common.h"
 #include "cluster/timeline.h"
 
 namespace servesim::cluster {
@@ -129,6 +130,12 @@ std::string SummaryJson(const ResolvedScenario& sc, const Workload& wl,
   }
   kv("energy_j", Num(s.energy_j));
   if (sc.has_attention_device) {
+    if (sc.attention_device.has_topick() || sc.attention_device.has_spatten()) {
+      kv("attention_device_fidelity",
+         JsonString(devices::FidelityName(sc.attention_device.has_topick()
+                                              ? sc.attention_device.topick().fidelity()
+                                              : sc.attention_device.spatten().fidelity())));
+    }
     kv("attention_device_busy_s", Num(s.device_busy_s));
     kv("attention_device_dram_bytes", Num(s.device_dram_bytes));
     std::string d = "{";

@@ -480,6 +480,7 @@ TEST(CliTest, PruningPoolsRunEveryFidelityDeterministically) {
     EXPECT_EQ(ReadFile(dir + "/" + k + "_full_a/requests.csv"),
               ReadFile(dir + "/" + k + "_full_b/requests.csv"));
     EXPECT_TRUE(absl::StrContains(full_a, "\"fidelity\": 3")) << full_a;
+    EXPECT_TRUE(absl::StrContains(full_a, "\"attention_device_fidelity\": \"full\""));
     EXPECT_TRUE(absl::StrContains(full_a, "\"attention_device\": \"" + k + " x 1\""));
     EXPECT_EQ(number(full_a, "requests_completed"), 4);
     const std::string calibrated = run(k + "_cal", {fidelity + "CALIBRATED"});
