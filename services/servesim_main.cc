@@ -60,8 +60,9 @@ Usage:
   servesim help | --help                  this text
 
 Options of run (validate takes --set, --seed and --trace too):
-  --out DIR             write summary.json, run_info.json, requests.csv and
-                        iterations.csv into DIR (overrides output.dir)
+  --out DIR             write summary.json, run_info.json, requests.csv,
+                        iterations.csv, timeline.json and report.html into
+                        DIR (overrides output.dir)
   --seed N              master seed (overrides the scenario's seed)
   --trace FILE          replay FILE instead of the scenario's workload source
                         (format inferred from its name and header)
