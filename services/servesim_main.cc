@@ -10,6 +10,7 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -27,6 +28,7 @@
 #include "cluster/scenario.h"
 #include "cluster/simulation.h"
 #include "cluster/study.h"
+#include "cluster/sweep.h"
 #include "devices/attacc/attacc_device.h"
 #include "devices/spatten/spatten_device.h"
 #include "devices/topick/topick_device.h"
@@ -57,6 +59,23 @@ Usage:
                                           DGX_Base, DGX_Large, DGX+AttAccs x
                                           policies x models x lengths x SLOs,
                                           saturated, then the Azure trace
+  servesim sweep SCENARIO --vary field=v1,v2,... [--vary ...] [--set ...]
+                 [-j N] [--out DIR] [--emit-jobs FILE]
+                                          run the cross product of the --vary
+                                          lists, one child run per point into
+                                          DIR/points/ (default out/sweep);
+                                          finished points are not rerun; one
+                                          row per point in DIR/sweep.csv
+  servesim merge DIR... [--out DIR]       sweep.csv from finished points (after
+                                          running --emit-jobs lines elsewhere)
+  servesim search SCENARIO --slo ttft_p99=2s,tbt_p99=50ms
+                 (--vary-rate | --vary-replicas) [--attainment 0.9]
+                 [--tolerance 0.02] [--max-replicas 1024] [-j N] [--out DIR]
+                                          largest arrival rate (trace:
+                                          workload.rate_scale; synthetic:
+                                          its rate_rps) or fewest replicas
+                                          meeting the SLO; DIR/search.csv
+                                          (default out/search)
   servesim help | --help                  this text
 
 Options of run (validate takes --set, --seed and --trace too):
@@ -81,6 +100,23 @@ Options of run (validate takes --set, --seed and --trace too):
   --web-dir DIR         the dashboard's files (default: dashboards/web)
   --cfg=NAME:VALUE      passed to SimGrid (e.g. --cfg=network/model:CM02)
   --log=SPEC            passed to SimGrid's logging
+
+Studies (README "Studies: sweeps and searches"):
+  -j N                  child runs at once, 1 to the cores available (default 1);
+                        results do not depend on it
+  --vary field=v1,...   a field to vary (any --set path) and its values
+  --emit-jobs FILE      sweep: write one `servesim run` command line per point
+                        into FILE instead of running them (Slurm arrays, GNU
+                        parallel); then `servesim merge DIR`
+  --slo LIST            search: METRIC_STAT=LIMIT,... with METRIC ttft, tbt,
+                        tpot or e2e, STAT mean, p50, p90, p99 or max, LIMIT in
+                        s, ms or us. A probe passes when every statistic is
+                        within its limit and slo_attainment (per request: TTFT
+                        <= the ttft limit, TPOT <= the tpot limit, else the
+                        tbt limit) >= --attainment
+  --attainment F        search: required slo_attainment, in (0, 1] (default 0.9)
+  --tolerance F         --vary-rate: stop when (hi - lo) / lo <= F, in (0, 1)
+                        (default 0.02)
 
 Device agents (servesim-agent; README "Device agents"):
   --agent KIND=HOST:PORT[,HOST:PORT...]
@@ -122,6 +158,15 @@ struct Options {
   std::map<std::string, std::vector<std::string>> agents;  // --agent
   servesim::agents::ClientOptions agent_client;
   std::string agent_token_file;
+  // Studies.
+  std::vector<std::string> vary;
+  std::vector<std::string> merge_dirs;
+  std::string emit_jobs;
+  std::string slo;
+  bool vary_rate = false, vary_replicas = false;
+  double attainment = 0.9, tolerance = 0.02;
+  int64_t max_replicas = 1024;
+  int jobs = 1;
 };
 
 int UsageError(const std::string& msg) {
@@ -238,6 +283,43 @@ int ParseArgs(int argc, char** argv, Options* o) {
           !(o->agent_client.deadline_s > 0) || !std::isfinite(o->agent_client.deadline_s)) {
         return UsageError("--agent-deadline needs seconds, > 0");
       }
+    } else if (flag == "--vary") {
+      if (!get(&v)) return UsageError("--vary needs field.path=v1,v2,...");
+      o->vary.push_back(v);
+    } else if (flag == "-j" || flag == "--jobs" || (absl::StartsWith(a, "-j") && a.size() > 2 &&
+                                                     !absl::StartsWith(a, "--"))) {
+      const int cores = servesim::cluster::AvailableCores();
+      if (flag != "-j" && flag != "--jobs") {
+        v = a.substr(2);
+      } else if (!get(&v)) {
+        v.clear();
+      }
+      if (!absl::SimpleAtoi(v, &o->jobs) || o->jobs < 1 || o->jobs > cores) {
+        return UsageError(absl::StrCat("-j ", v, ": expected 1 to ", cores,
+                                       " (the cores available to this process)"));
+      }
+    } else if (flag == "--emit-jobs") {
+      if (!get(&o->emit_jobs) || o->emit_jobs.empty()) return UsageError("--emit-jobs needs a file");
+    } else if (flag == "--slo") {
+      if (!get(&o->slo)) return UsageError("--slo needs e.g. ttft_p99=2s,tbt_p99=50ms");
+    } else if (flag == "--vary-rate") {
+      o->vary_rate = true;
+    } else if (flag == "--vary-replicas") {
+      o->vary_replicas = true;
+    } else if (flag == "--attainment") {
+      if (!get(&v) || !absl::SimpleAtod(v, &o->attainment) || !(o->attainment > 0) ||
+          !(o->attainment <= 1)) {
+        return UsageError(absl::StrCat("--attainment ", v, ": expected a fraction in (0, 1]"));
+      }
+    } else if (flag == "--tolerance") {
+      if (!get(&v) || !absl::SimpleAtod(v, &o->tolerance) || !(o->tolerance > 0) ||
+          !(o->tolerance < 1)) {
+        return UsageError(absl::StrCat("--tolerance ", v, ": expected a relative width in (0, 1)"));
+      }
+    } else if (flag == "--max-replicas") {
+      if (!get(&v) || !absl::SimpleAtoi(v, &o->max_replicas) || o->max_replicas < 1) {
+        return UsageError(absl::StrCat("--max-replicas ", v, ": expected an integer >= 1"));
+      }
     } else if (flag == "--quiet") {
       o->quiet = true;
     } else if (flag == "--no-trace") {
@@ -246,6 +328,8 @@ int ParseArgs(int argc, char** argv, Options* o) {
       return UsageError(absl::StrCat("unknown option ", a));
     } else if (o->command == "presets" && o->presets_kind.empty()) {
       o->presets_kind = a;
+    } else if (o->command == "merge") {
+      o->merge_dirs.push_back(a);
     } else if (o->command == "study" && o->study.empty()) {
       o->study = a;
     } else if (o->scenario.empty() && o->command != "presets" && o->command != "study") {
@@ -253,6 +337,21 @@ int ParseArgs(int argc, char** argv, Options* o) {
     } else {
       return UsageError(absl::StrCat("unexpected argument ", a));
     }
+  }
+  if (o->command == "sweep" || o->command == "search") {
+    if (o->scenario.empty()) return UsageError(o->command + " needs a scenario file");
+  }
+  if (o->command == "sweep" && o->vary.empty()) {
+    return UsageError("sweep needs at least one --vary field.path=v1,v2,...");
+  }
+  if (o->command == "search") {
+    if (o->slo.empty()) return UsageError("search needs --slo, e.g. ttft_p99=2s,tbt_p99=50ms");
+    if (o->vary_rate == o->vary_replicas) {
+      return UsageError("search needs exactly one of --vary-rate and --vary-replicas");
+    }
+  }
+  if (o->command == "merge" && o->merge_dirs.empty()) {
+    return UsageError("merge needs one or more sweep folders (or point folders)");
   }
   if ((o->command == "run" || o->command == "validate") && o->scenario.empty()) {
     return UsageError(o->command + " needs a scenario file");
@@ -560,6 +659,355 @@ int Study(const Options& o) {
   return 0;
 }
 
+// ------------------------------------------------------------ studies ----
+
+namespace sc = servesim::cluster;
+
+std::string SelfBinary() { return std::filesystem::read_symlink("/proc/self/exe").string(); }
+
+// The --set list every point starts from: --set, then --seed and --trace as
+// the fields they set.
+std::vector<std::string> BaseOverrides(const Options& o) {
+  std::vector<std::string> sets = o.sets;
+  if (o.has_seed) sets.push_back(absl::StrCat("seed=", o.seed));
+  if (!o.trace.empty()) {
+    sets.push_back(
+        absl::StrCat("workload.trace.path=", std::filesystem::absolute(o.trace).string()));
+  }
+  return sets;
+}
+
+// Loads, overrides, normalises and resolves one point, and loads its
+// workload: every error a run of it would stop on. Errors of a varied
+// field name "--vary field=value".
+absl::StatusOr<Scenario> CheckPoint(const std::string& scenario,
+                                    const std::vector<std::string>& base,
+                                    const std::vector<std::pair<std::string, std::string>>& vary) {
+  ASSIGN_OR_RETURN(LoadedScenario ls, sc::LoadScenarioFile(scenario));
+  for (const std::string& s : base) RETURN_IF_ERROR(sc::ApplyOverride(&ls, s));
+  for (const auto& [field, value] : vary) {
+    const absl::Status st = sc::ApplyOverride(&ls, absl::StrCat(field, "=", value));
+    if (!st.ok()) {
+      std::string msg(st.message());
+      const std::string prefix = absl::StrCat("--set ", field, ": ");
+      if (absl::StartsWith(msg, prefix)) msg = msg.substr(prefix.size());
+      return absl::InvalidArgumentError(absl::StrCat("--vary ", field, "=", value, ": ", msg));
+    }
+  }
+  auto annotate = [&](const absl::Status& st) {
+    if (vary.empty()) return st;
+    std::vector<std::string> v;
+    for (const auto& [f, x] : vary) v.push_back(absl::StrCat(f, "=", x));
+    return absl::Status(st.code(), absl::StrCat("--vary ", absl::StrJoin(v, " "), ": ",
+                                                st.message()));
+  };
+  if (absl::Status st = sc::Normalize(&ls); !st.ok()) return annotate(st);
+  auto resolved = sc::Resolve(ls);
+  if (!resolved.ok()) return annotate(resolved.status());
+  Scenario out{std::move(ls), std::move(*resolved)};
+  auto wl = LoadWorkloadOf(out);
+  if (!wl.ok()) return annotate(wl.status());
+  return out;
+}
+
+std::string LastLine(const std::string& path) {
+  std::ifstream in(path);
+  std::string line, last;
+  while (std::getline(in, line)) {
+    if (!line.empty()) last = line;
+  }
+  return last;
+}
+
+// Runs the points not already finished in their folders; errors list every
+// failed point with its log.
+absl::Status RunPoints(const std::vector<sc::PointSpec>& specs,
+                       const std::vector<std::string>& dirs, int jobs, int* ran) {
+  std::vector<std::vector<std::string>> args;
+  std::vector<std::string> logs, names;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    if (sc::PointFinished(dirs[i], specs[i])) continue;
+    RETURN_IF_ERROR(sc::PreparePoint(dirs[i], specs[i]));
+    args.push_back(sc::RunArgs(specs[i], dirs[i]));
+    logs.push_back(dirs[i] + "/run.log");
+    names.push_back(dirs[i]);
+  }
+  *ran = static_cast<int>(args.size());
+  if (args.empty()) return absl::OkStatus();
+  size_t finished = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::vector<int> status =
+      sc::RunProcesses(SelfBinary(), args, logs, jobs, [&](size_t i, int st) {
+        ++finished;
+        std::cerr << absl::StrFormat(
+            "[%d/%d] %s %s (%.1f s)\n", finished, args.size(), names[i],
+            st == 0 ? "done" : absl::StrCat("FAILED, exit ", st),
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      });
+  std::vector<std::string> failed;
+  for (size_t i = 0; i < status.size(); ++i) {
+    if (status[i] != 0) {
+      failed.push_back(absl::StrCat(names[i], " (exit ", status[i], "; ", logs[i], ": ",
+                                    LastLine(logs[i]), ")"));
+    }
+  }
+  if (!failed.empty()) {
+    return absl::InternalError(absl::StrCat(failed.size(), " of ", args.size(),
+                                            " runs failed: ", absl::StrJoin(failed, "; ")));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WriteTextFile(const std::string& path, const std::string& text) {
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  f << text;
+  f.close();
+  if (!f) return absl::UnavailableError(absl::StrCat(path, ": cannot write"));
+  return absl::OkStatus();
+}
+
+int Sweep(const Options& o) {
+  const std::string out = std::filesystem::absolute(o.out.empty() ? "out/sweep" : o.out).string();
+  const std::string scenario = std::filesystem::absolute(o.scenario).string();
+  auto hash = sc::ScenarioHash(scenario);
+  if (!hash.ok()) return Fail(hash.status());
+  std::vector<sc::VaryAxis> axes;
+  std::set<std::string> fields;
+  for (const std::string& v : o.vary) {
+    auto axis = sc::ParseVary(v);
+    if (!axis.ok()) return UsageError(std::string(axis.status().message()));
+    if (!fields.insert(axis->field).second) {
+      return UsageError(absl::StrCat("--vary ", axis->field, " given twice; list all its values "
+                                     "in one --vary"));
+    }
+    axes.push_back(*axis);
+  }
+  const std::vector<std::string> base = BaseOverrides(o);
+  const std::vector<sc::SweepPoint> points = sc::ExpandPoints(axes);
+  // Every point is checked before any runs.
+  std::vector<sc::PointSpec> specs;
+  std::vector<std::string> dirs;
+  std::string list;
+  for (const sc::SweepPoint& p : points) {
+    if (auto checked = CheckPoint(scenario, base, p.vary); !checked.ok()) {
+      return Fail(checked.status());
+    }
+    sc::PointSpec spec;
+    spec.scenario = scenario;
+    spec.scenario_hash = *hash;
+    spec.overrides = base;
+    for (const auto& [f, v] : p.vary) spec.overrides.push_back(absl::StrCat(f, "=", v));
+    spec.index = p.index;
+    spec.vary = p.vary;
+    specs.push_back(std::move(spec));
+    dirs.push_back(absl::StrCat(out, "/points/", p.name));
+    absl::StrAppend(&list, p.name, "\n");
+  }
+  std::error_code ec;
+  std::filesystem::create_directories(out + "/points", ec);
+  if (ec) return Fail(absl::UnavailableError(absl::StrCat(out, ": cannot create: ", ec.message())));
+  if (absl::Status st = WriteTextFile(out + "/points.txt", list); !st.ok()) return Fail(st);
+  if (!o.emit_jobs.empty()) {
+    std::string lines;
+    for (size_t i = 0; i < specs.size(); ++i) {
+      if (absl::Status st = sc::PreparePoint(dirs[i], specs[i]); !st.ok()) return Fail(st);
+      std::string cmd = sc::ShellQuote(SelfBinary());
+      for (const std::string& a : sc::RunArgs(specs[i], dirs[i])) {
+        absl::StrAppend(&cmd, " ", sc::ShellQuote(a));
+      }
+      absl::StrAppend(&lines, cmd, " > ", sc::ShellQuote(dirs[i] + "/run.log"), " 2>&1\n");
+    }
+    if (absl::Status st = WriteTextFile(o.emit_jobs, lines); !st.ok()) return Fail(st);
+    std::cout << "wrote " << specs.size() << " command lines to " << o.emit_jobs
+              << "\nrun them (e.g. `parallel < " << o.emit_jobs
+              << "`, or line $SLURM_ARRAY_TASK_ID of it per array task), then:\n  servesim merge "
+              << out << "\n";
+    return 0;
+  }
+  int ran = 0;
+  const absl::Status st = RunPoints(specs, dirs, o.jobs, &ran);
+  if (!st.ok()) return Fail(st);
+  auto table = sc::MergePoints({out});
+  if (!table.ok()) return Fail(table.status());
+  if (absl::Status w = WriteTextFile(out + "/sweep.csv", sc::TableCsv(*table)); !w.ok()) {
+    return Fail(w);
+  }
+  if (!o.quiet) std::cout << sc::TableText(*table);
+  std::cout << absl::StrFormat("wrote %s/sweep.csv: %d points (%d run, %d already finished)\n",
+                               out, specs.size(), ran, specs.size() - ran);
+  return 0;
+}
+
+int Merge(const Options& o) {
+  std::vector<std::string> dirs;
+  for (const std::string& d : o.merge_dirs) dirs.push_back(std::filesystem::absolute(d).string());
+  auto table = sc::MergePoints(dirs);
+  if (!table.ok()) return Fail(table.status());
+  const std::string out = o.out.empty() ? o.merge_dirs[0] : o.out;
+  std::error_code ec;
+  std::filesystem::create_directories(out, ec);
+  if (absl::Status w = WriteTextFile(out + "/sweep.csv", sc::TableCsv(*table)); !w.ok()) {
+    return Fail(w);
+  }
+  if (!o.quiet) std::cout << sc::TableText(*table);
+  std::cout << absl::StrFormat("wrote %s/sweep.csv: %d points\n", out, table->rows.size());
+  return 0;
+}
+
+int Search(const Options& o) {
+  auto slo = sc::ParseSlo(o.slo);
+  if (!slo.ok()) return UsageError(std::string(slo.status().message()));
+  const std::string out = std::filesystem::absolute(o.out.empty() ? "out/search" : o.out).string();
+  const std::string scenario = std::filesystem::absolute(o.scenario).string();
+  auto hash = sc::ScenarioHash(scenario);
+  if (!hash.ok()) return Fail(hash.status());
+  std::vector<std::string> base = BaseOverrides(o);
+  // The per-request SLO that slo_attainment counts (sweep.h).
+  double ttft = 0, tpot = 0, tbt = 0;
+  for (const sc::SloLimit& l : *slo) {
+    double* slot = l.key == "ttft_s" ? &ttft : l.key == "tpot_s" ? &tpot : l.key == "tbt_s" ? &tbt : nullptr;
+    if (slot != nullptr && (*slot == 0 || l.limit_s < *slot)) *slot = l.limit_s;
+  }
+  if (ttft > 0) base.push_back(absl::StrCat("slo.ttft_s=", sc::FormatValue(ttft)));
+  if (tpot > 0 || tbt > 0) {
+    base.push_back(absl::StrCat("slo.tpot_s=", sc::FormatValue(tpot > 0 ? tpot : tbt)));
+  }
+  // Probes need summary.json only.
+  base.push_back("output.iterations_csv=false");
+  base.push_back("output.timeline=false");
+  auto checked = CheckPoint(scenario, base, {});
+  if (!checked.ok()) return Fail(checked.status());
+  const auto& w = checked->resolved.proto.workload();
+  std::string field;
+  double start = 0;
+  if (o.vary_rate) {
+    if (w.has_trace()) {
+      field = "workload.rate_scale";
+      start = w.has_rate_scale() ? w.rate_scale() : 1.0;
+    } else if (w.has_poisson()) {
+      field = "workload.poisson.rate_rps", start = w.poisson().rate_rps();
+    } else if (w.has_gamma()) {
+      field = "workload.gamma.rate_rps", start = w.gamma().rate_rps();
+    } else if (w.has_constant()) {
+      field = "workload.constant.rate_rps", start = w.constant().rate_rps();
+    } else {
+      return Fail(absl::InvalidArgumentError(
+          "--vary-rate: the scenario's workload has no arrival rate (saturated: every request "
+          "at t=0); expected a trace, poisson, gamma or constant workload"));
+    }
+  } else {
+    field = "cluster.replicas";
+    start = static_cast<double>(checked->resolved.replicas);
+    if (o.max_replicas < checked->resolved.replicas) {
+      return UsageError(absl::StrCat("--max-replicas ", o.max_replicas,
+                                     " is below the scenario's cluster.replicas ",
+                                     checked->resolved.replicas));
+    }
+  }
+  const std::string short_field = field.substr(field.rfind('.') + 1);
+  struct Probe {
+    std::map<std::string, std::string> figures;
+    bool pass = false;
+    std::string reason;
+  };
+  std::map<double, Probe> probes;
+  auto spec_of = [&](double v) {
+    sc::PointSpec spec;
+    spec.scenario = scenario;
+    spec.scenario_hash = *hash;
+    spec.overrides = base;
+    spec.overrides.push_back(absl::StrCat(field, "=", sc::FormatValue(v)));
+    spec.vary = {{field, sc::FormatValue(v)}};
+    return spec;
+  };
+  auto dir_of = [&](double v) {
+    return absl::StrCat(out, "/probes/", short_field, "-", sc::FormatValue(v));
+  };
+  sc::Evaluate evaluate =
+      [&](const std::vector<double>& values) -> absl::StatusOr<std::vector<bool>> {
+    std::vector<sc::PointSpec> specs;
+    std::vector<std::string> dirs;
+    for (double v : values) {
+      ASSIGN_OR_RETURN(auto ok, CheckPoint(scenario, base, {{field, sc::FormatValue(v)}}));
+      (void)ok;
+      specs.push_back(spec_of(v));
+      dirs.push_back(dir_of(v));
+    }
+    int ran = 0;
+    RETURN_IF_ERROR(RunPoints(specs, dirs, o.jobs, &ran));
+    std::vector<bool> pass;
+    for (size_t i = 0; i < values.size(); ++i) {
+      ASSIGN_OR_RETURN(auto figures, sc::ReadSummaryFigures(dirs[i]));
+      Probe p;
+      ASSIGN_OR_RETURN(p.pass, sc::ProbePasses(figures, *slo, o.attainment, &p.reason));
+      p.figures = std::move(figures);
+      pass.push_back(p.pass);
+      probes[values[i]] = std::move(p);
+    }
+    return pass;
+  };
+  std::cout << absl::StrFormat("search: %s %s from %s (%s), SLO %s, attainment >= %g\n",
+                               o.vary_rate ? "max" : "min", field, sc::FormatValue(start),
+                               o.scenario, o.slo, o.attainment)
+            << std::flush;
+  auto result = o.vary_rate
+                    ? sc::SearchMaxRate(start, o.tolerance, o.jobs, evaluate)
+                    : sc::SearchMinReplicas(static_cast<int64_t>(start), o.max_replicas, o.jobs,
+                                            evaluate);
+  if (!result.ok()) return Fail(result.status());
+  // The table: the sequential algorithm's probes, then the answer.
+  std::vector<std::string> header = {"step", "phase", field, "pass"};
+  for (const sc::SloLimit& l : *slo) header.push_back(absl::StrCat(l.name, "_s"));
+  for (const char* k : {"slo_attainment", "goodput_requests_per_s", "throughput_tokens_per_s",
+                        "requests", "completed"}) {
+    header.push_back(k);
+  }
+  header.push_back("reason");
+  sc::SweepTable table;
+  table.header = header;
+  auto row = [&](const std::string& step, const std::string& phase, double v) {
+    const Probe& p = probes.at(v);
+    std::vector<std::string> r = {step, phase, sc::FormatValue(v), p.pass ? "pass" : "fail"};
+    for (const sc::SloLimit& l : *slo) r.push_back(p.figures.at(absl::StrCat(l.key, ".", l.field)));
+    for (const char* k : {"slo_attainment", "goodput_requests_per_s", "throughput_tokens_per_s",
+                          "requests", "requests_completed"}) {
+      r.push_back(p.figures.at(k));
+    }
+    r.push_back(p.reason);
+    table.rows.push_back(r);
+  };
+  for (size_t i = 0; i < result->path.size(); ++i) {
+    row(absl::StrCat(i + 1), result->path[i].phase, result->path[i].value);
+  }
+  row("", "answer", result->answer);
+  std::error_code ec;
+  std::filesystem::create_directories(out, ec);
+  if (absl::Status st = WriteTextFile(out + "/search.csv", sc::TableCsv(table)); !st.ok()) {
+    return Fail(st);
+  }
+  std::cout << sc::TableText(table);
+  const Probe& best = probes.at(result->answer);
+  if (o.vary_rate) {
+    std::cout << absl::StrFormat(
+        "answer: max %s = %s (%.4g x the scenario's %s) meets the SLO; the next probe up, %s, "
+        "does not (relative width %.3g <= tolerance %g)\n",
+        field, sc::FormatValue(result->answer), result->answer / start, sc::FormatValue(start),
+        sc::FormatValue(result->hi), (result->hi - result->lo) / result->lo, o.tolerance);
+  } else {
+    std::cout << absl::StrFormat("answer: min %s = %s meets the SLO%s\n", field,
+                                 sc::FormatValue(result->answer),
+                                 result->lo > 0
+                                     ? absl::StrCat("; ", sc::FormatValue(result->lo), " does not")
+                                     : std::string(" (the least possible)"));
+  }
+  std::cout << absl::StrFormat(
+      "  at it: goodput %s requests/s, throughput %s tokens/s, slo_attainment %s\n"
+      "  wrote %s/search.csv (probes in %s/probes/)\n",
+      best.figures.at("goodput_requests_per_s"), best.figures.at("throughput_tokens_per_s"),
+      best.figures.at("slo_attainment"), out, out);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -573,5 +1021,8 @@ int main(int argc, char** argv) {
   if (o.command == "validate") return Validate(o);
   if (o.command == "presets") return Presets(o);
   if (o.command == "study") return Study(o);
+  if (o.command == "sweep") return Sweep(o);
+  if (o.command == "merge") return Merge(o);
+  if (o.command == "search") return Search(o);
   return UsageError(absl::StrCat("unknown command ", o.command));
 }

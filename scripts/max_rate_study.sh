@@ -1,0 +1,60 @@
+#!/bin/sh
+# Max arrival rate under TBT SLOs (issue 8's example study): the Azure
+# conversation and code traces on DGX_Base vs DGX+AttAcc (4 replicas of 8
+# A100-HBM3 GPUs, TP=8; AttAcc: 40 attacc_bank stacks, head-level pipelining
+# + FF co-processing), GPT-3 175B and LLaMA-65B, p99 TBT <= 30/50/70 ms and
+# p99 TTFT <= 2 s, 90% of requests within TTFT <= 2 s and TPOT <= the TBT
+# limit. Each search scales the trace's arrival rate (workload.rate_scale:
+# timestamps divided by it) within the first WINDOW seconds of the scaled
+# trace, bracketing then bisecting to TOLERANCE. The TBT limit also drives
+# SLO-limited batching (slo.tbt_s), as in AttAcc §7.3.
+#
+#   scripts/max_rate_study.sh                 # everything (24 searches; long)
+#   MODELS=gpt3-175b SYSTEMS=attacc TRACES=conv SLOS_MS=50 scripts/max_rate_study.sh
+#
+# Environment: SERVESIM (default build/services/servesim), OUT (default
+# out/max_rate), WINDOW (s, default 600), TOLERANCE (default 0.05), JOBS
+# (default: the cores), and the lists MODELS, SYSTEMS, TRACES, SLOS_MS.
+# Searches resume: finished probes are reused. Results: OUT/max_rate.csv.
+set -eu
+cd "$(dirname "$0")/.."
+SERVESIM=${SERVESIM:-build/services/servesim}
+OUT=${OUT:-out/max_rate}
+WINDOW=${WINDOW:-600}
+TOLERANCE=${TOLERANCE:-0.05}
+JOBS=${JOBS:-$(nproc)}
+MODELS=${MODELS:-"gpt3-175b llama-65b"}
+SYSTEMS=${SYSTEMS:-"dgx_base attacc"}
+TRACES=${TRACES:-"conv code"}
+SLOS_MS=${SLOS_MS:-"30 50 70"}
+
+mkdir -p "$OUT"
+csv="$OUT/max_rate.csv"
+echo "trace,system,model,tbt_slo_ms,max_rate_scale,goodput_requests_per_s,throughput_tokens_per_s,slo_attainment" > "$csv"
+for trace in $TRACES; do
+  for system in $SYSTEMS; do
+    case $system in
+      dgx_base) scenario=examples/gpt3_175b_dgx_azure_conv.pbtxt ;;
+      attacc) scenario=examples/attacc/gpt3_175b_dgx_attacc_azure_conv.pbtxt ;;
+      *) echo "unknown system $system (dgx_base, attacc)" >&2; exit 2 ;;
+    esac
+    for model in $MODELS; do
+      for slo in $SLOS_MS; do
+        name="${trace}_${system}_${model}_tbt${slo}ms"
+        tbt=$(awk "BEGIN { print $slo / 1000 }")
+        echo "== $name" >&2
+        "$SERVESIM" search "$scenario" --vary-rate \
+          --trace "examples/traces/AzureLLMInferenceTrace_${trace}.csv" \
+          --set "model.preset=$model" --set "workload.window_end_s=$WINDOW" \
+          --set "slo.tbt_s=$tbt" \
+          --slo "ttft_p99=2s,tbt_p99=${slo}ms" --tolerance "$TOLERANCE" -j "$JOBS" \
+          --out "$OUT/$name" | tee "$OUT/$name.txt"
+        # The answer row of search.csv: step,phase,value,pass,ttft,tbt,attainment,goodput,throughput,...
+        awk -F, -v p="$trace,$system,$model,$slo" \
+          '$2 == "answer" { print p "," $3 "," $8 "," $9 "," $7 }' "$OUT/$name/search.csv" >> "$csv"
+      done
+    done
+  done
+done
+echo "wrote $csv" >&2
+column -s, -t < "$csv"
