@@ -640,7 +640,9 @@ StepOutcome RateStep(double start, double tolerance, const std::map<double, bool
       if (k == 40) {
         out.status = absl::FailedPreconditionError(absl::StrCat(
             "--vary-rate: the SLO is missed even at ", FormatValue(hi),
-            " (2^-40 x the scenario's rate): the limits are below the unloaded latency"));
+            " (2^-40 x the scenario's rate): the limits are below the unloaded latency, or "
+            "too many requests are rejected (too long or over KV capacity: they count as "
+            "misses) for --attainment; see the probes' summary.json"));
         return out;
       }
       v = Round10(hi / 2);
