@@ -755,7 +755,13 @@ absl::Status AttAccDevice::AttentionCost(const Op& op, OwnPlacement* own, Cost* 
     if (auto hit = op_memo_.find(absl::string_view(op_key)); hit != op_memo_.end()) {
       return FinishAttentionCost(hit->second, score_busy, softmax_busy, context_busy, cost);
     }
-    if (op_memo_.size() > (1u << 18)) op_memo_.clear();  // bound memory
+    // Bound the memo's memory by its keys' bytes (a key lists every
+    // sequence: large batches make large keys); a cleared memo only costs
+    // recomputation, never a different answer.
+    if (memo_key_bytes_ > kMemoKeyBytesLimit) {
+      op_memo_.clear();
+      memo_key_bytes_ = 0;
+    }
   }
 
   const int64_t nitems = stack_begin[nstacks];
@@ -904,7 +910,7 @@ absl::Status AttAccDevice::AttentionCost(const Op& op, OwnPlacement* own, Cost* 
     slowest = std::max(slowest, stack_slowest);
   }
 
-  if (!fast) op_memo_.emplace(op_key, slowest);
+  if (!fast && op_memo_.emplace(op_key, slowest).second) memo_key_bytes_ += op_key.size();
   return FinishAttentionCost(slowest, score_busy, softmax_busy, context_busy, cost);
 }
 

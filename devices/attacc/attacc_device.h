@@ -182,6 +182,8 @@ class AttAccDevice : public Device {
   // measured slower: hashing many short keys cost more than it saved.)
   mutable std::mutex memo_mu_;
   mutable absl::flat_hash_map<std::string, double> op_memo_;
+  mutable size_t memo_key_bytes_ = 0;  // guarded by memo_mu_
+  static constexpr size_t kMemoKeyBytesLimit = size_t{64} << 20;
   // Derived from the spec once (see the .cc for each).
   int64_t elem_bytes_ = 2;       // KV element bytes (fp16 2, int8 1)
   int64_t lanes_ = 16;           // elements per column read
