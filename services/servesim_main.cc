@@ -536,6 +536,15 @@ int Run(const Options& o) {
     for (const auto& [k, v] : sc->attention_shared->Describe().parameters) {
       if (!absl::StrContains(k, "calibration_s")) summary.device_parameters.push_back({k, v});
     }
+  } else if (sc->has_attention_device) {
+    // Per-replica devices (AttAcc) hold nothing measured: their parameters
+    // are the spec's, described by an in-process instance (the same whether
+    // the run used agents or not).
+    if (auto d = servesim::devices::CreateDevice(sc->attention_device); d.ok()) {
+      for (const auto& [k, v] : (*d)->Describe().parameters) {
+        summary.device_parameters.push_back({k, v});
+      }
+    }
   }
   info.simulated_s = result->simulated_s;
   info.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start).count();
