@@ -34,7 +34,9 @@
 #include "grpcpp/create_channel.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/support/byte_buffer.h"
+#include "cluster/sweep.h"
 #include "gtest/gtest.h"
+#include "tests/test_util.h"
 
 #ifndef SERVESIM_BINARY
 #error "SERVESIM_BINARY must name the servesim executable"
@@ -55,25 +57,9 @@ using devices::OpKind;
 
 // ------------------------------------------------------------ helpers ----
 
-std::string FreshDir() {
-  const auto* info = testing::UnitTest::GetInstance()->current_test_info();
-  const fs::path dir = fs::path(testing::TempDir()) /
-                       absl::StrCat("servesim_agent_", info->name(), "_", getpid());
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir.string();
-}
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-void WriteFile(const std::string& path, const std::string& text) {
-  std::ofstream(path, std::ios::binary) << text;
-}
+using test_util::ReadFile;
+using test_util::WriteFile;
+std::string FreshDir() { return test_util::FreshDir("agent"); }
 
 uint64_t Bits(double d) {
   uint64_t b;
@@ -662,11 +648,7 @@ TEST(AgentServiceTest, FailsOverAndNamesTheEndpointsWhenNoneIsLeft) {
 
 // ---------------------------------------------------- real processes ----
 
-std::string ShellQuote(const std::string& s) {
-  std::string q = "'";
-  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
+using servesim::cluster::ShellQuote;
 
 struct Proc {
   pid_t pid = -1;

@@ -20,7 +20,9 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "cluster/sweep.h"
 #include "gtest/gtest.h"
+#include "tests/test_util.h"
 
 #ifndef SERVESIM_BINARY
 #error "SERVESIM_BINARY must name the servesim executable"
@@ -39,72 +41,14 @@ constexpr char kShareGpt[] = SERVESIM_SOURCE_DIR
 constexpr char kAzureConv[] =
     SERVESIM_SOURCE_DIR "/examples/traces/AzureLLMInferenceTrace_conv.csv";
 
-struct RunResult {
-  int code = -1;
-  std::string out;  // stdout and stderr together
-};
+using test_util::FreshDir;
+using test_util::Lines;
+using test_util::ReadFile;
+using test_util::RunServesim;
+using test_util::WriteFile;
+using RunResult = test_util::CommandResult;
 
-std::string ShellQuote(const std::string& s) {
-  std::string q = "'";
-  for (char c : s) {
-    if (c == '\'') {
-      q += "'\\''";
-    } else {
-      q += c;
-    }
-  }
-  return q + "'";
-}
-
-// Runs servesim with `args` (not "Run": that would hide testing::Test::Run); returns its exit status and output.
-RunResult RunServesim(const std::vector<std::string>& args) {
-  std::string cmd = ShellQuote(SERVESIM_BINARY);
-  for (const std::string& a : args) absl::StrAppend(&cmd, " ", ShellQuote(a));
-  absl::StrAppend(&cmd, " 2>&1");
-  RunResult r;
-  FILE* pipe = popen(cmd.c_str(), "r");
-  if (pipe == nullptr) {
-    ADD_FAILURE() << "popen failed: " << cmd;
-    return r;
-  }
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, pipe)) > 0) r.out.append(buf, n);
-  const int status = pclose(pipe);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  EXPECT_TRUE(in.good()) << "cannot read " << path;
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-void WriteFile(const std::string& path, const std::string& text) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << text;
-  out.close();
-  ASSERT_TRUE(out.good()) << "cannot write " << path;
-}
-
-// A fresh, empty folder for the running test.
-std::string FreshDir() {
-  const auto* info = testing::UnitTest::GetInstance()->current_test_info();
-  const fs::path dir = fs::path(testing::TempDir()) /
-                       absl::StrCat("servesim_cli_", info->test_suite_name(),
-                                    "_", info->name(), "_", getpid());
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir.string();
-}
-
-std::vector<std::string> Lines(const std::string& text) {
-  std::vector<std::string> lines = absl::StrSplit(text, '\n', absl::SkipEmpty());
-  return lines;
-}
+std::string FreshDir() { return FreshDir("cli"); }
 
 std::vector<std::string> Fields(const std::string& line) {
   std::vector<std::string> f = absl::StrSplit(line, ',');

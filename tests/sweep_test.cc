@@ -18,6 +18,7 @@
 #include "absl/strings/str_split.h"
 #include "cluster/sweep.h"
 #include "gtest/gtest.h"
+#include "tests/test_util.h"
 
 #ifndef SERVESIM_BINARY
 #error "SERVESIM_BINARY must name the servesim executable"
@@ -28,59 +29,13 @@ namespace {
 
 namespace fs = std::filesystem;
 
-struct Result {
-  int code = -1;
-  std::string out;
-};
-
-Result Sh(const std::string& cmd) {
-  Result r;
-  FILE* pipe = popen((cmd + " 2>&1").c_str(), "r");
-  if (pipe == nullptr) {
-    ADD_FAILURE() << "popen failed: " << cmd;
-    return r;
-  }
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, pipe)) > 0) r.out.append(buf, n);
-  const int status = pclose(pipe);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
-
-Result Servesim(const std::vector<std::string>& args) {
-  std::string cmd = ShellQuote(SERVESIM_BINARY);
-  for (const std::string& a : args) absl::StrAppend(&cmd, " ", ShellQuote(a));
-  return Sh(cmd);
-}
-
-std::string Read(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  EXPECT_TRUE(in.good()) << "cannot read " << path;
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-void Write(const std::string& path, const std::string& text) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << text;
-  out.close();
-  ASSERT_TRUE(out.good()) << path;
-}
-
-std::string FreshDir() {
-  const auto* info = testing::UnitTest::GetInstance()->current_test_info();
-  const fs::path dir = fs::path(testing::TempDir()) /
-                       absl::StrCat("servesim_sweep_", info->name(), "_", getpid());
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir.string();
-}
-
-std::vector<std::string> Lines(const std::string& text) {
-  return absl::StrSplit(text, '\n', absl::SkipEmpty());
-}
+using Result = test_util::CommandResult;
+using test_util::Lines;
+Result Sh(const std::string& cmd) { return test_util::RunCommand(cmd); }
+Result Servesim(const std::vector<std::string>& args) { return test_util::RunServesim(args); }
+std::string Read(const std::string& path) { return test_util::ReadFile(path); }
+void Write(const std::string& path, const std::string& text) { test_util::WriteFile(path, text); }
+std::string FreshDir() { return test_util::FreshDir("sweep"); }
 
 // LLaMA-2 7B on single-A100 replicas, 60 Poisson requests: about 30 ms a run.
 constexpr char kPoisson[] = R"(name: "sweep test"
