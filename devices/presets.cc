@@ -1,5 +1,7 @@
 #include "devices/presets.h"
 
+#include <cstdio>
+#include <cstdlib>
 #include <map>
 
 #include "absl/strings/str_cat.h"
@@ -161,15 +163,7 @@ std::map<std::string, Msg> ParseTable(const absl::string_view (&table)[N][2],
   std::map<std::string, Msg> out;
   for (const auto& [name, text] : table) {
     Msg msg;
-    const std::string all = absl::StrCat(text, " ", common);
-    if (!google::protobuf::TextFormat::ParseFromString(all, &msg)) {
-      // The tables are compiled in; a parse failure is a programming error
-      // that every test run catches.
-      std::fprintf(stderr, "servesim: bad built-in preset '%s'\n",
-                   std::string(name).c_str());
-      std::abort();
-    }
-    msg.set_preset(std::string(name));
+    ParseBuiltInPreset(Msg::descriptor()->name(), name, absl::StrCat(text, " ", common), &msg);
     out.emplace(std::string(name), std::move(msg));
   }
   return out;
@@ -226,6 +220,18 @@ absl::StatusOr<servesim::v1::LinkSpec> LinkPreset(absl::string_view name) {
 std::vector<std::string> ModelPresetNames() { return Names(Models()); }
 std::vector<std::string> XpuPresetNames() { return Names(Xpus()); }
 std::vector<std::string> LinkPresetNames() { return Names(Links()); }
+
+void ParseBuiltInPreset(absl::string_view kind, absl::string_view name,
+                        const std::string& text, Message* out) {
+  const google::protobuf::FieldDescriptor* preset = out->GetDescriptor()->FindFieldByName("preset");
+  if (!google::protobuf::TextFormat::ParseFromString(text, out) || preset == nullptr ||
+      preset->type() != google::protobuf::FieldDescriptor::TYPE_STRING) {
+    std::fprintf(stderr, "servesim: bad built-in %s preset '%s'\n", std::string(kind).c_str(),
+                 std::string(name).c_str());
+    std::abort();
+  }
+  out->GetReflection()->SetString(out, preset, std::string(name));
+}
 
 void FillUnset(const Message& source, Message* target) {
   const Reflection* src = source.GetReflection();

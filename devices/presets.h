@@ -25,6 +25,13 @@ std::vector<std::string> ModelPresetNames();
 std::vector<std::string> XpuPresetNames();
 std::vector<std::string> LinkPresetNames();
 
+// Parses one compiled-in preset of `kind` (protobuf text `text`) into
+// `out` and sets its `preset` field to `name`. The tables are compiled in,
+// so a parse failure is a programming error that every test run catches: it
+// aborts with the kind and name.
+void ParseBuiltInPreset(absl::string_view kind, absl::string_view name,
+                        const std::string& text, google::protobuf::Message* out);
+
 // Copies into `target` every field that `source` sets and `target` does not
 // (scalars with presence, non-zero enums, non-empty strings; sub-messages
 // recursively). Both must be the same message type.

@@ -81,7 +81,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "devices/attacc/attacc_device.h"
-#include "google/protobuf/text_format.h"
 
 namespace servesim::devices {
 namespace {
@@ -137,15 +136,12 @@ const std::map<std::string, servesim::v1::AttAccSpec>& Table() {
     const auto link = LinkPreset("nvlink3");
     for (const auto& [name, text] : kAttAccPresets) {
       servesim::v1::AttAccSpec spec;
-      const std::string all = absl::StrCat(text, " ", kHbm3Common);
-      if (!link.ok() || !google::protobuf::TextFormat::ParseFromString(all, &spec)) {
-        // Compiled-in tables: a failure is a programming error every test
-        // run catches.
-        std::fprintf(stderr, "servesim: bad built-in attacc preset '%s'\n",
+      ParseBuiltInPreset("attacc", name, absl::StrCat(text, " ", kHbm3Common), &spec);
+      if (!link.ok()) {  // compiled in: a programming error every test run catches
+        std::fprintf(stderr, "servesim: attacc preset '%s': no built-in nvlink3 link\n",
                      std::string(name).c_str());
         std::abort();
       }
-      spec.set_preset(std::string(name));
       *spec.mutable_link() = *link;
       t->emplace(std::string(name), std::move(spec));
     }

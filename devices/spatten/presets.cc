@@ -39,16 +39,14 @@
 // need LSBs), token top-k 3 x 0.35 / 16 heads (quick-select ~2n plus the
 // filter pass n, once per layer shared by 16 GPT-2-medium heads;
 // ASSUMPTION), value top-k 3 x 0.35. dense: 1, 1, 1, 0, 0, 0.
-#include <cstdio>
-#include <cstdlib>
 #include <map>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "devices/presets.h"
 #include "devices/spatten/spatten_device.h"
-#include "google/protobuf/text_format.h"
 
 namespace servesim::devices {
 namespace {
@@ -92,11 +90,7 @@ const std::map<std::string, servesim::v1::SpattenSpec>& Table() {
     };
     for (const auto& [name, text] : presets) {
       servesim::v1::SpattenSpec spec;
-      if (!google::protobuf::TextFormat::ParseFromString(absl::StrCat(text, " ", kCommon), &spec)) {
-        std::fprintf(stderr, "servesim: bad built-in spatten preset '%s'\n", name.c_str());
-        std::abort();
-      }
-      spec.set_preset(name);
+      ParseBuiltInPreset("spatten", name, absl::StrCat(text, " ", kCommon), &spec);
       t->emplace(name, std::move(spec));
     }
     return t;

@@ -49,16 +49,14 @@
 //  topick_0.3: V 22.2x -> 0.0450; K 1.51x -> 3 / 1.51 - 1 = 0.987: 0.560,
 //              0.427.
 //  baseline:   1, 1, 1.
-#include <cstdio>
-#include <cstdlib>
 #include <map>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "devices/presets.h"
 #include "devices/topick/topick_device.h"
-#include "google/protobuf/text_format.h"
 
 namespace servesim::devices {
 namespace {
@@ -96,12 +94,7 @@ const std::map<std::string, servesim::v1::TopickSpec>& Table() {
     auto* t = new std::map<std::string, servesim::v1::TopickSpec>();
     for (const auto& [name, text] : kPresets) {
       servesim::v1::TopickSpec spec;
-      if (!google::protobuf::TextFormat::ParseFromString(absl::StrCat(text, " ", kCommon), &spec)) {
-        std::fprintf(stderr, "servesim: bad built-in topick preset '%s'\n",
-                     std::string(name).c_str());
-        std::abort();
-      }
-      spec.set_preset(std::string(name));
+      ParseBuiltInPreset("topick", name, absl::StrCat(text, " ", kCommon), &spec);
       t->emplace(std::string(name), std::move(spec));
     }
     return t;
