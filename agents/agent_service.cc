@@ -1,6 +1,7 @@
 #include "agents/agent_service.h"
 
 #include <algorithm>
+#include <deque>
 #include <random>
 #include <utility>
 
@@ -160,10 +161,33 @@ grpc::Status AgentService::Estimate(grpc::ServerContext* ctx, const v1::Estimate
                        static_cast<int>(EncodeOpKind(ops.ops[i].kind))));
     }
   }
+  const int lookahead = req->lookahead();
+  if (lookahead < 0 || lookahead > kMaxLookahead) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        absl::StrCat("lookahead = ", lookahead, "; expected 0..", kMaxLookahead));
+  }
   std::vector<devices::Cost> costs(ops.ops.size());
   if (absl::Status st = (*h)->device->Estimate(ops.ops, absl::MakeSpan(costs)); !st.ok()) {
     return ToGrpcStatus(st);
   }
+  // The lookahead steps: each predictable op again, its sequences j steps
+  // later. Ops that shared a sequence list share its shifted copy, as they
+  // would in the iteration that sends them. A step the device refuses (a
+  // context past its capacity) ends the lookahead; the ops' own answer
+  // stands.
+  int answered = 0;
+  std::vector<devices::Op> step;
+  std::deque<std::vector<devices::AttentionSeq>> shifted;
+  std::vector<devices::Cost> step_costs;
+  for (int j = 1; j <= lookahead; ++j) {
+    LookaheadStep(ops.ops, j, &step, &shifted);
+    if (step.empty()) break;
+    step_costs.assign(step.size(), devices::Cost{});
+    if (!(*h)->device->Estimate(step, absl::MakeSpan(step_costs)).ok()) break;
+    costs.insert(costs.end(), step_costs.begin(), step_costs.end());
+    answered = j;
+  }
+  resp->set_lookahead_answered(answered);
   resp->mutable_costs()->Reserve(static_cast<int>(costs.size()));
   for (const devices::Cost& c : costs) EncodeCost(c, resp->add_costs());
   return grpc::Status::OK;

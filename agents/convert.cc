@@ -1,5 +1,6 @@
 #include "agents/convert.h"
 
+#include <algorithm>
 #include <limits>
 #include <utility>
 
@@ -199,6 +200,34 @@ absl::Status DecodeOps(const v1::EstimateRequest& request, DecodedOps* out) {
     }
   }
   return absl::OkStatus();
+}
+
+bool Predictable(const devices::Op& op) {
+  if (op.kind != devices::OpKind::kAttention || op.seqs.empty()) return false;
+  for (const devices::AttentionSeq& s : op.seqs) {
+    if (s.new_tokens != 1) return false;
+  }
+  return true;
+}
+
+void LookaheadStep(absl::Span<const devices::Op> ops, int64_t j, std::vector<devices::Op>* step,
+                   std::deque<std::vector<devices::AttentionSeq>>* lists) {
+  step->clear();
+  lists->clear();
+  std::vector<std::pair<const devices::AttentionSeq*, size_t>> made;  // list -> shifted
+  for (const devices::Op& op : ops) {
+    if (!Predictable(op)) continue;
+    auto it = std::find_if(made.begin(), made.end(),
+                           [&](const auto& m) { return m.first == op.seqs.data(); });
+    if (it == made.end()) {
+      lists->emplace_back(op.seqs.begin(), op.seqs.end());
+      for (devices::AttentionSeq& s : lists->back()) s.past_tokens += j;
+      made.emplace_back(op.seqs.data(), lists->size() - 1);
+      it = made.end() - 1;
+    }
+    step->push_back(op);
+    step->back().seqs = (*lists)[it->second];
+  }
 }
 
 void EncodeCost(const devices::Cost& c, v1::Cost* o) {

@@ -46,6 +46,18 @@ struct DecodedOps {
 // this protocol version does not know; messages name the field.
 absl::Status DecodeOps(const servesim::v1::EstimateRequest& request, DecodedOps* out);
 
+// ---- Estimate lookahead (EstimateRequest.lookahead) ----
+inline constexpr int kMaxLookahead = 256;
+// Whether an op's next decode steps are costed ahead: an attention op whose
+// every sequence is a decode step (new_tokens == 1).
+bool Predictable(const devices::Op& op);
+// Lookahead step j of `ops`: each predictable op, in order, with its
+// sequences j decode steps later (past_tokens + j). Ops that share a
+// sequence list share its shifted copy in `*lists`, as they would in the
+// iteration that sends them. Both are replaced.
+void LookaheadStep(absl::Span<const devices::Op> ops, int64_t j, std::vector<devices::Op>* step,
+                   std::deque<std::vector<devices::AttentionSeq>>* lists);
+
 void EncodeCost(const devices::Cost& cost, servesim::v1::Cost* out);
 devices::Cost DecodeCost(const servesim::v1::Cost& cost);
 

@@ -2,11 +2,13 @@
 
 #include <algorithm>
 #include <cstring>
+#include <deque>
 #include <fstream>
 #include <sstream>
 #include <thread>
 #include <utility>
 
+#include "absl/base/casts.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -43,27 +45,25 @@ void AppendRaw(std::string* key, const T& v) {
   key->append(reinterpret_cast<const char*>(&v), sizeof v);
 }
 
-// Every input of the op, doubles by their bits: equal keys, equal costs.
-void OpKey(const Op& op, std::string* key) {
-  key->clear();
-  AppendRaw(key, static_cast<uint8_t>(op.kind));
-  AppendRaw(key, static_cast<uint8_t>(op.stage));
-  for (int64_t v : {op.m, op.n, op.k, op.heads, op.kv_heads, op.d_head, op.head_begin,
-                    op.head_end, op.elements}) {
-    AppendRaw(key, v);
+// A sequence list's content, for interning.
+void SeqListBytes(absl::Span<const devices::AttentionSeq> seqs, std::string* out) {
+  out->clear();
+  out->push_back('s');
+  for (const devices::AttentionSeq& q : seqs) {
+    AppendRaw(out, q.new_tokens);
+    AppendRaw(out, q.past_tokens);
+    AppendRaw(out, q.request_id);
   }
-  for (double v : {op.bytes_per_element, op.flops_per_element, op.bytes}) AppendRaw(key, v);
-  AppendRaw(key, op.participants);
-  AppendRaw(key, static_cast<uint64_t>(op.seqs.size()));
-  for (const devices::AttentionSeq& s : op.seqs) {
-    AppendRaw(key, s.new_tokens);
-    AppendRaw(key, s.past_tokens);
-    AppendRaw(key, s.request_id);
-  }
-  AppendRaw(key, static_cast<uint64_t>(op.kv_head_stack.size()));
-  key->append(reinterpret_cast<const char*>(op.kv_head_stack.data()),
-              op.kv_head_stack.size() * sizeof(int32_t));
 }
+
+void StackListBytes(absl::Span<const int32_t> stacks, std::string* out) {
+  out->assign(1, 'k');
+  out->append(reinterpret_cast<const char*>(stacks.data()), stacks.size() * sizeof(int32_t));
+}
+
+// A memo entry's share of memory, besides its lists: the slot and the cost.
+constexpr size_t kMemoEntryBytes = 200;
+constexpr int kLookaheadStart = 8;
 
 }  // namespace
 
@@ -277,21 +277,70 @@ devices::DeviceDescription RemoteDevice::Describe() const {
   return last_description_;
 }
 
+uint32_t RemoteDevice::InternLocked(const std::string& content) const {
+  auto [it, added] = lists_.try_emplace(content, static_cast<uint32_t>(lists_.size() + 1));
+  if (added) memo_bytes_ += content.size() + 64;
+  return it->second;
+}
+
+void RemoteDevice::KeysLocked(absl::Span<const Op> ops, std::vector<MemoKey>* keys) const {
+  thread_local std::string bytes;
+  // Ops of a call share lists (head groups): intern each list once.
+  thread_local std::vector<std::pair<const void*, uint32_t>> seen;
+  seen.clear();
+  auto id_of = [&](const void* data, size_t n, auto&& fill) -> uint32_t {
+    if (n == 0) return 0;
+    for (const auto& [p, id] : seen) {
+      if (p == data) return id;
+    }
+    fill();
+    const uint32_t id = InternLocked(bytes);
+    seen.emplace_back(data, id);
+    return id;
+  };
+  keys->resize(ops.size());
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const Op& op = ops[i];
+    MemoKey& k = (*keys)[i];
+    k.kind = static_cast<uint8_t>(op.kind);
+    k.stage = static_cast<uint8_t>(op.stage);
+    k.ints = {op.m, op.n, op.k, op.heads, op.kv_heads, op.d_head, op.head_begin, op.head_end,
+              op.elements};
+    k.bits = {absl::bit_cast<uint64_t>(op.bytes_per_element),
+              absl::bit_cast<uint64_t>(op.flops_per_element), absl::bit_cast<uint64_t>(op.bytes)};
+    k.participants = op.participants;
+    // A list's length is part of its content, so lists of different lengths
+    // at one address are told apart by the content, not the address.
+    k.seq_list = id_of(op.seqs.data(), op.seqs.size(), [&] { SeqListBytes(op.seqs, &bytes); });
+    k.stack_list = id_of(op.kv_head_stack.data(), op.kv_head_stack.size(),
+                         [&] { StackListBytes(op.kv_head_stack, &bytes); });
+  }
+}
+
+void RemoteDevice::TrimLocked() const {
+  if (memo_bytes_ + memo_.size() * kMemoEntryBytes <= options_.memo_bytes) return;
+  memo_.clear();
+  lists_.clear();
+  memo_bytes_ = 0;
+  ++memo_epoch_;
+}
+
 absl::Status RemoteDevice::Estimate(absl::Span<const Op> ops, absl::Span<Cost> costs) const {
   if (ops.size() != costs.size()) {
     return absl::InvalidArgumentError(absl::StrCat(label_, ": ", ops.size(), " ops but ",
                                                    costs.size(), " cost slots"));
   }
-  thread_local std::vector<std::string> keys;
+  thread_local std::vector<MemoKey> keys;
   thread_local std::vector<size_t> missed;
   thread_local std::vector<Op> missed_ops;
-  keys.resize(ops.size());
   missed.clear();
   missed_ops.clear();
-  for (size_t i = 0; i < ops.size(); ++i) OpKey(ops[i], &keys[i]);
+  int lookahead = 0;
+  uint64_t epoch = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
     ++stats_.estimate_calls;
+    KeysLocked(ops, &keys);
     for (size_t i = 0; i < ops.size(); ++i) {
       auto it = memo_.find(keys[i]);
       if (it != memo_.end()) {
@@ -302,30 +351,65 @@ absl::Status RemoteDevice::Estimate(absl::Span<const Op> ops, absl::Span<Cost> c
         missed_ops.push_back(ops[i]);  // spans still shared: one list on the wire
       }
     }
+    if (missed.empty()) {
+      ++hit_calls_;
+      return absl::OkStatus();
+    }
+    // A prediction that ran out unbroken earns a deeper one; a broken one
+    // (the batch changed before it ran out) starts again.
+    if (options_.lookahead_max > 0) {
+      lookahead = lookahead_ > 0 && hit_calls_ >= lookahead_
+                      ? std::min(2 * lookahead_, options_.lookahead_max)
+                      : std::min(kLookaheadStart, options_.lookahead_max);
+    }
+    lookahead_ = lookahead;
+    hit_calls_ = 0;
+    epoch = memo_epoch_;
   }
-  if (missed.empty()) return absl::OkStatus();
   v1::EstimateRequest req;
   EncodeOps(missed_ops, &req);
+  req.set_lookahead(lookahead);
   v1::EstimateResponse resp;
   RETURN_IF_ERROR(Call("Estimate", [&](v1::DeviceAgent::Stub* stub, const std::string& key,
                                        grpc::ClientContext* ctx) {
     req.set_device_key(key);
     resp.Clear();
     grpc::Status st = stub->Estimate(ctx, req, &resp);
-    if (st.ok() && resp.costs_size() != static_cast<int>(missed.size())) {
+    if (!st.ok()) return st;
+    size_t predictable = 0;
+    for (const Op& op : missed_ops) predictable += Predictable(op) ? 1 : 0;
+    const int answered = resp.lookahead_answered();
+    if (answered < 0 || answered > lookahead ||
+        static_cast<size_t>(resp.costs_size()) != missed.size() + predictable * answered) {
       return grpc::Status(grpc::StatusCode::INTERNAL,
-                          absl::StrCat("answered ", resp.costs_size(), " costs for ",
-                                       missed.size(), " ops"));
+                          absl::StrCat("answered ", resp.costs_size(), " costs (",
+                                       answered, " lookahead steps) for ", missed.size(),
+                                       " ops, ", predictable, " of them predictable"));
     }
     return st;
   }));
+  for (size_t j = 0; j < missed.size(); ++j) {
+    costs[missed[j]] = DecodeCost(resp.costs(static_cast<int>(j)));
+  }
   std::lock_guard<std::mutex> lock(mu_);
   ++stats_.estimate_rpcs;
   stats_.ops_memo_misses += static_cast<int64_t>(missed.size());
-  if (memo_.size() + missed.size() > options_.memo_entries) memo_.clear();
-  for (size_t j = 0; j < missed.size(); ++j) {
-    costs[missed[j]] = DecodeCost(resp.costs(static_cast<int>(j)));
-    memo_.emplace(keys[missed[j]], costs[missed[j]]);
+  TrimLocked();
+  // The keys name lists by id; ids from before an emptying are void.
+  if (memo_epoch_ != epoch) KeysLocked(ops, &keys);
+  for (size_t j = 0; j < missed.size(); ++j) memo_.emplace(keys[missed[j]], costs[missed[j]]);
+  // The lookahead steps, in the order the agent answered them.
+  thread_local std::vector<Op> step;
+  thread_local std::deque<std::vector<devices::AttentionSeq>> shifted;
+  thread_local std::vector<MemoKey> step_keys;
+  int at = static_cast<int>(missed.size());
+  for (int j = 1; j <= resp.lookahead_answered(); ++j) {
+    LookaheadStep(missed_ops, j, &step, &shifted);
+    KeysLocked(step, &step_keys);
+    for (size_t i = 0; i < step.size(); ++i) {
+      memo_.emplace(step_keys[i], DecodeCost(resp.costs(at++)));
+    }
+    stats_.predicted_ops += static_cast<int64_t>(step.size());
   }
   return absl::OkStatus();
 }

@@ -18,8 +18,19 @@
 //  - Estimate answers are memoised per op, keyed by the op's exact inputs
 //    (every field, the sequences and the stack placement, doubles by their
 //    bits): the cycle model is pure, so a hit is the answer the agent would
-//    give. Only the ops that miss go to the agent, in one call. The memo is
-//    cleared when it holds memo_entries ops. Hits and misses are counted.
+//    give. Only the ops that miss go to the agent, in one call. Sequence and
+//    stack lists are interned (stored once, by content) and an op's key
+//    names them by id, so a call hashes each list once, not once per op.
+//    The memo and the lists are cleared together when they pass memo_bytes.
+//    Hits and misses are counted.
+//  - Lookahead: a call that misses also asks the agent for the next decode
+//    steps of its decode-attention ops (EstimateRequest.lookahead: each
+//    sequence's past_tokens + j), which go into the memo. While the batch
+//    does not change, iteration i + j sends exactly those ops, so it hits
+//    and makes no round trip. The depth starts at 8 after a miss that broke
+//    a prediction (the batch changed) and doubles, up to lookahead_max,
+//    each time a prediction ran out unbroken. It changes how many round
+//    trips a run makes, never a cost. lookahead_max 0 turns it off.
 //  - TLS: with tls_ca_file set the channel is TLS (the agent's certificate
 //    must chain to that CA); tls_cert_file/tls_key_file add a client
 //    certificate. token adds `authorization: Bearer <token>` to every call.
@@ -27,6 +38,7 @@
 #ifndef SERVESIM_AGENTS_REMOTE_DEVICE_H_
 #define SERVESIM_AGENTS_REMOTE_DEVICE_H_
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -54,6 +66,7 @@ struct RemoteStats {
   int64_t estimate_rpcs = 0;   // of them, how many went to an agent
   int64_t ops_memo_hits = 0;
   int64_t ops_memo_misses = 0;
+  int64_t predicted_ops = 0;  // costs received ahead (lookahead) into the memo
   int64_t other_rpcs = 0;  // Describe (binds), Execute, sessions
   int64_t retries = 0;     // re-sent after UNAVAILABLE / DEADLINE_EXCEEDED
   int64_t failovers = 0;   // moved to another endpoint
@@ -118,9 +131,41 @@ class RemoteDevice : public devices::Device {
   std::string label_;
   std::string kind_;
   std::vector<std::unique_ptr<Endpoint>> endpoints_;
+  // An op's inputs with its sequence and stack lists by interned id (0:
+  // none).
+  struct MemoKey {
+    std::array<int64_t, 9> ints{};   // m, n, k, heads, kv_heads, d_head, head range, elements
+    std::array<uint64_t, 3> bits{};  // bytes_per_element, flops_per_element, bytes
+    int32_t participants = 0;
+    uint32_t seq_list = 0, stack_list = 0;
+    uint8_t kind = 0, stage = 0;
+    bool operator==(const MemoKey& o) const {
+      return ints == o.ints && bits == o.bits && participants == o.participants &&
+             seq_list == o.seq_list && stack_list == o.stack_list && kind == o.kind &&
+             stage == o.stage;
+    }
+    template <typename H>
+    friend H AbslHashValue(H h, const MemoKey& k) {
+      return H::combine(std::move(h), k.ints, k.bits, k.participants, k.seq_list,
+                        k.stack_list, k.kind, k.stage);
+    }
+  };
+  // The interned id of a list's content (bytes), adding it if new. mu_ held.
+  uint32_t InternLocked(const std::string& content) const;
+  // Keys of `ops`, interning their lists. mu_ held.
+  void KeysLocked(absl::Span<const devices::Op> ops, std::vector<MemoKey>* keys) const;
+  // Empties the memo and the lists if they hold more than memo_bytes. mu_
+  // held.
+  void TrimLocked() const;
+
   mutable std::mutex mu_;  // endpoint state, memo, stats, last description
   mutable size_t next_ = 0;
-  mutable absl::flat_hash_map<std::string, devices::Cost> memo_;
+  mutable absl::flat_hash_map<MemoKey, devices::Cost> memo_;
+  mutable absl::flat_hash_map<std::string, uint32_t> lists_;  // content -> id
+  mutable size_t memo_bytes_ = 0;       // lists' content plus entries
+  mutable uint64_t memo_epoch_ = 0;     // bumped when the memo is emptied
+  mutable int lookahead_ = 0;           // depth of the last request
+  mutable int hit_calls_ = 0;           // calls answered from the memo since it
   mutable RemoteStats stats_;
   mutable devices::DeviceDescription last_description_;
 };

@@ -131,6 +131,9 @@ Device agents (servesim-agent; README "Device agents"):
   --agent-token-file FILE
                         send 'authorization: Bearer <first line of FILE>'
   --agent-deadline S    per-call deadline, seconds (default 30)
+  --agent-lookahead N   cost up to N decode steps ahead per Estimate call and
+                        memoise them (0..256, default 64; 0: off). Fewer
+                        round trips, same results
 
 Scenario files are protobuf text (schema: proto/servesim/v1/scenario.proto;
 examples: examples/*.pbtxt). Relative trace paths are resolved against the
@@ -282,6 +285,11 @@ int ParseArgs(int argc, char** argv, Options* o) {
       if (!get(&v) || !absl::SimpleAtod(v, &o->agent_client.deadline_s) ||
           !(o->agent_client.deadline_s > 0) || !std::isfinite(o->agent_client.deadline_s)) {
         return UsageError("--agent-deadline needs seconds, > 0");
+      }
+    } else if (flag == "--agent-lookahead") {
+      if (!get(&v) || !absl::SimpleAtoi(v, &o->agent_client.lookahead_max) ||
+          o->agent_client.lookahead_max < 0 || o->agent_client.lookahead_max > 256) {
+        return UsageError("--agent-lookahead needs a number of steps, 0..256");
       }
     } else if (flag == "--vary") {
       if (!get(&v)) return UsageError("--vary needs field.path=v1,v2,...");
@@ -446,14 +454,15 @@ std::string AgentsJson(const servesim::cluster::ResolvedScenario& sc) {
     items.push_back(absl::StrFormat(
         "    {\"device\": %s, \"endpoints\": [%s], \"estimate_calls\": %d, "
         "\"estimate_rpcs\": %d, \"memo_hits\": %d, \"memo_misses\": %d, "
-        "\"memo_hit_rate\": %.6f, \"other_rpcs\": %d, \"retries\": %d, \"failovers\": %d, "
+        "\"memo_hit_rate\": %.6f, \"predicted_ops\": %d, \"other_rpcs\": %d, "
+        "\"retries\": %d, \"failovers\": %d, "
         "\"rebinds\": %d, \"session_rebuilds\": %d}",
         servesim::cluster::JsonString(d->label()), absl::StrJoin(eps, ", "), s.estimate_calls,
         s.estimate_rpcs, s.ops_memo_hits, s.ops_memo_misses,
         s.ops_memo_hits + s.ops_memo_misses > 0
             ? double(s.ops_memo_hits) / double(s.ops_memo_hits + s.ops_memo_misses)
             : 0.0,
-        s.other_rpcs, s.retries, s.failovers, s.rebinds, s.session_rebuilds));
+        s.predicted_ops, s.other_rpcs, s.retries, s.failovers, s.rebinds, s.session_rebuilds));
   }
   return absl::StrCat("[\n", absl::StrJoin(items, ",\n"), "\n  ]");
 }

@@ -332,6 +332,56 @@ TEST(AgentServiceTest, RemoteEstimatesAreBitIdenticalAndMemoised) {
   }
 }
 
+// A run of decode iterations over an unchanged batch: every cost is the
+// in-process one, bit for bit, and the lookahead answers them in a few round
+// trips (8 steps, then 16); a changed batch breaks the prediction and starts
+// again at 8.
+TEST(AgentServiceTest, LookaheadAnswersUnchangedBatchesAhead) {
+  for (const v1::DeviceSpec& spec : {GpuSpec(), AttAccSpec()}) {
+    auto agent = StartLocal(spec);
+    ASSERT_NE(agent, nullptr);
+    auto remote = RemoteDevice::Create(spec, {agent->address()}, FastClient(), "test device");
+    ASSERT_TRUE(remote.ok()) << remote.status();
+    auto local = devices::CreateDevice(spec);
+    ASSERT_TRUE(local.ok());
+    SampleOps s(/*gemm_and_elementwise=*/spec.has_gpu());
+    std::vector<Cost> want(s.ops.size()), got(s.ops.size());
+    auto step = [&] {
+      ASSERT_TRUE((*local)->Estimate(s.ops, absl::MakeSpan(want)).ok());
+      ASSERT_TRUE((*remote)->Estimate(s.ops, absl::MakeSpan(got)).ok());
+      for (size_t i = 0; i < want.size(); ++i) ExpectSameBits(want[i], got[i]);
+      for (AttentionSeq& q : s.seqs) q.past_tokens += 1;
+    };
+    // Calls 1 (8 ahead), 10 (16 ahead: the 8 ran out) and 27 go to the agent.
+    for (int i = 0; i < 30; ++i) step();
+    RemoteStats st = (*remote)->Stats();
+    EXPECT_EQ(st.estimate_calls, 30);
+    EXPECT_EQ(st.estimate_rpcs, 3);
+    // Two attention ops per step are predictable: 8 + 16 + 32 steps ahead.
+    EXPECT_EQ(st.predicted_ops, 2 * (8 + 16 + 32));
+    // A sequence leaves: a miss, and the next prediction is 8 deep again.
+    s.seqs.pop_back();
+    for (Op& op : s.ops) {
+      if (op.kind == OpKind::kAttention) op.seqs = s.seqs;
+    }
+    for (int i = 0; i < 10; ++i) step();
+    st = (*remote)->Stats();
+    EXPECT_EQ(st.estimate_rpcs, 5);  // calls 31 and 40
+    EXPECT_EQ(st.predicted_ops, 2 * (8 + 16 + 32 + 8 + 16));
+    // Off: one round trip per call.
+    ClientOptions off = FastClient();
+    off.lookahead_max = 0;
+    auto plain = RemoteDevice::Create(spec, {agent->address()}, off, "test device");
+    ASSERT_TRUE(plain.ok());
+    for (int i = 0; i < 4; ++i) {
+      ASSERT_TRUE((*plain)->Estimate(s.ops, absl::MakeSpan(got)).ok());
+      for (AttentionSeq& q : s.seqs) q.past_tokens += 1;
+    }
+    EXPECT_EQ((*plain)->Stats().estimate_rpcs, 4);
+    EXPECT_EQ((*plain)->Stats().predicted_ops, 0);
+  }
+}
+
 grpc::Status RawEstimate(const std::string& address, const v1::EstimateRequest& req,
                          const std::string& token = "") {
   auto stub = v1::DeviceAgent::NewStub(
@@ -373,8 +423,43 @@ TEST(AgentServiceTest, BadRequestsGetTheirStatusCodes) {
   req.mutable_ops(0)->set_m(0);
   req.mutable_ops(0)->set_kv_heads(7);
   EXPECT_EQ(RawEstimate(addr, req).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  // Unknown device key.
+  // Lookahead out of range, then in range: the ops' costs, then two steps
+  // of the two attention ops, each the cost of the shifted op.
   req.mutable_ops(0)->set_kv_heads(96);
+  req.set_lookahead(-1);
+  st = RawEstimate(addr, req);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_TRUE(absl::StrContains(st.error_message(), "lookahead = -1; expected 0..256"))
+      << st.error_message();
+  req.set_lookahead(257);
+  EXPECT_EQ(RawEstimate(addr, req).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  {
+    v1::EstimateRequest la;
+    EncodeOps(s.ops, &la);
+    la.set_lookahead(2);
+    v1::EstimateResponse resp;
+    grpc::ClientContext ctx;
+    auto stub = v1::DeviceAgent::NewStub(
+        grpc::CreateChannel(addr, grpc::InsecureChannelCredentials()));
+    ASSERT_TRUE(stub->Estimate(&ctx, la, &resp).ok());
+    EXPECT_EQ(resp.lookahead_answered(), 2);
+    ASSERT_EQ(resp.costs_size(), 3 + 2 * 2);
+    auto dev = devices::CreateDevice(AttAccSpec());
+    ASSERT_TRUE(dev.ok());
+    for (int j = 1; j <= 2; ++j) {
+      std::vector<AttentionSeq> later = s.seqs;
+      for (AttentionSeq& q : later) q.past_tokens += j;
+      std::vector<Op> ops(s.ops.begin(), s.ops.begin() + 2);
+      for (Op& op : ops) op.seqs = later;
+      std::vector<Cost> want(2);
+      ASSERT_TRUE((*dev)->Estimate(ops, absl::MakeSpan(want)).ok());
+      for (int i = 0; i < 2; ++i) {
+        ExpectSameBits(want[i], DecodeCost(resp.costs(3 + 2 * (j - 1) + i)));
+      }
+    }
+  }
+  req.set_lookahead(0);
+  // Unknown device key.
   req.set_device_key("0123456789abcdef");
   EXPECT_EQ(RawEstimate(addr, req).error_code(), grpc::StatusCode::NOT_FOUND);
   // A spec of another kind.
