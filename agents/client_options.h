@@ -20,7 +20,7 @@ struct ClientOptions {
   std::string tls_key_file;
   std::string token;  // bearer token sent on every call
   int max_message_bytes = 256 << 20;
-  size_t memo_bytes = size_t{256} << 20;  // Estimate memo: lists and entries
+  size_t memo_bytes = size_t{64} << 20;  // Estimate memo: lists and entries
   int lookahead_max = 64;  // Estimate lookahead depth, 0..256; 0: off
 };
 

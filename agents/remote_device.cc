@@ -61,8 +61,6 @@ void StackListBytes(absl::Span<const int32_t> stacks, std::string* out) {
   out->append(reinterpret_cast<const char*>(stacks.data()), stacks.size() * sizeof(int32_t));
 }
 
-// A memo entry's share of memory, besides its lists: the slot and the cost.
-constexpr size_t kMemoEntryBytes = 200;
 constexpr int kLookaheadStart = 8;
 
 }  // namespace
@@ -277,13 +275,18 @@ devices::DeviceDescription RemoteDevice::Describe() const {
   return last_description_;
 }
 
-uint32_t RemoteDevice::InternLocked(const std::string& content) const {
+uint32_t RemoteDevice::InternLocked(const std::string& content, bool add) const {
+  if (!add) {
+    auto it = lists_.find(content);
+    return it == lists_.end() ? kNoList : it->second;
+  }
   auto [it, added] = lists_.try_emplace(content, static_cast<uint32_t>(lists_.size() + 1));
   if (added) memo_bytes_ += content.size() + 64;
   return it->second;
 }
 
-void RemoteDevice::KeysLocked(absl::Span<const Op> ops, std::vector<MemoKey>* keys) const {
+void RemoteDevice::KeysLocked(absl::Span<const Op> ops, std::vector<MemoKey>* keys,
+                              bool add) const {
   thread_local std::string bytes;
   // Ops of a call share lists (head groups): intern each list once.
   thread_local std::vector<std::pair<const void*, uint32_t>> seen;
@@ -294,7 +297,7 @@ void RemoteDevice::KeysLocked(absl::Span<const Op> ops, std::vector<MemoKey>* ke
       if (p == data) return id;
     }
     fill();
-    const uint32_t id = InternLocked(bytes);
+    const uint32_t id = InternLocked(bytes, add);
     seen.emplace_back(data, id);
     return id;
   };
@@ -318,11 +321,33 @@ void RemoteDevice::KeysLocked(absl::Span<const Op> ops, std::vector<MemoKey>* ke
 }
 
 void RemoteDevice::TrimLocked() const {
-  if (memo_bytes_ + memo_.size() * kMemoEntryBytes <= options_.memo_bytes) return;
+  // An entry's share: its slot (a flat map keeps ~1/0.875 slots per entry)
+  // and control byte.
+  constexpr size_t kEntryBytes = sizeof(std::pair<const MemoKey, MemoEntry>) * 8 / 7 + 1;
+  if (memo_bytes_ + memo_.size() * kEntryBytes <= options_.memo_bytes) return;
   memo_.clear();
   lists_.clear();
   memo_bytes_ = 0;
   ++memo_epoch_;
+}
+
+int RemoteDevice::LookaheadLocked(absl::Span<const Op> missed) const {
+  if (options_.lookahead_max <= 0) return 0;
+  const int start = std::min(kLookaheadStart, options_.lookahead_max);
+  // The first predictable op one decode step earlier: was it the last step
+  // of a prediction?
+  auto first = std::find_if(missed.begin(), missed.end(), Predictable);
+  if (first == missed.end()) return start;
+  thread_local std::vector<Op> earlier;
+  thread_local std::deque<std::vector<devices::AttentionSeq>> lists;
+  thread_local std::vector<MemoKey> key;
+  LookaheadStep(absl::MakeConstSpan(&*first, 1), -1, &earlier, &lists);
+  KeysLocked(earlier, &key, /*add=*/false);
+  auto it = memo_.find(key[0]);
+  if (it == memo_.end() || it->second.depth == 0 || it->second.step != it->second.depth) {
+    return start;
+  }
+  return std::min(2 * it->second.depth, options_.lookahead_max);
 }
 
 absl::Status RemoteDevice::Estimate(absl::Span<const Op> ops, absl::Span<Cost> costs) const {
@@ -344,26 +369,15 @@ absl::Status RemoteDevice::Estimate(absl::Span<const Op> ops, absl::Span<Cost> c
     for (size_t i = 0; i < ops.size(); ++i) {
       auto it = memo_.find(keys[i]);
       if (it != memo_.end()) {
-        costs[i] = it->second;
+        costs[i] = it->second.cost;
         ++stats_.ops_memo_hits;
       } else {
         missed.push_back(i);
         missed_ops.push_back(ops[i]);  // spans still shared: one list on the wire
       }
     }
-    if (missed.empty()) {
-      ++hit_calls_;
-      return absl::OkStatus();
-    }
-    // A prediction that ran out unbroken earns a deeper one; a broken one
-    // (the batch changed before it ran out) starts again.
-    if (options_.lookahead_max > 0) {
-      lookahead = lookahead_ > 0 && hit_calls_ >= lookahead_
-                      ? std::min(2 * lookahead_, options_.lookahead_max)
-                      : std::min(kLookaheadStart, options_.lookahead_max);
-    }
-    lookahead_ = lookahead;
-    hit_calls_ = 0;
+    if (missed.empty()) return absl::OkStatus();
+    lookahead = LookaheadLocked(missed_ops);
     epoch = memo_epoch_;
   }
   v1::EstimateRequest req;
@@ -397,7 +411,9 @@ absl::Status RemoteDevice::Estimate(absl::Span<const Op> ops, absl::Span<Cost> c
   TrimLocked();
   // The keys name lists by id; ids from before an emptying are void.
   if (memo_epoch_ != epoch) KeysLocked(ops, &keys);
-  for (size_t j = 0; j < missed.size(); ++j) memo_.emplace(keys[missed[j]], costs[missed[j]]);
+  for (size_t j = 0; j < missed.size(); ++j) {
+    memo_.emplace(keys[missed[j]], MemoEntry{costs[missed[j]], 0, lookahead});
+  }
   // The lookahead steps, in the order the agent answered them.
   thread_local std::vector<Op> step;
   thread_local std::deque<std::vector<devices::AttentionSeq>> shifted;
@@ -407,7 +423,7 @@ absl::Status RemoteDevice::Estimate(absl::Span<const Op> ops, absl::Span<Cost> c
     LookaheadStep(missed_ops, j, &step, &shifted);
     KeysLocked(step, &step_keys);
     for (size_t i = 0; i < step.size(); ++i) {
-      memo_.emplace(step_keys[i], DecodeCost(resp.costs(at++)));
+      memo_.emplace(step_keys[i], MemoEntry{DecodeCost(resp.costs(at++)), j, lookahead});
     }
     stats_.predicted_ops += static_cast<int64_t>(step.size());
   }

@@ -27,10 +27,13 @@
 //    steps of its decode-attention ops (EstimateRequest.lookahead: each
 //    sequence's past_tokens + j), which go into the memo. While the batch
 //    does not change, iteration i + j sends exactly those ops, so it hits
-//    and makes no round trip. The depth starts at 8 after a miss that broke
-//    a prediction (the batch changed) and doubles, up to lookahead_max,
-//    each time a prediction ran out unbroken. It changes how many round
-//    trips a run makes, never a cost. lookahead_max 0 turns it off.
+//    and makes no round trip. Each entry remembers its step and its
+//    request's depth. A miss whose previous step (past_tokens - 1) was the
+//    last step of a prediction (it ran out unbroken) asks twice as deep, up
+//    to lookahead_max; any other miss (the batch changed) asks 8 deep. This
+//    holds per batch, however the callers (replicas sharing the device)
+//    interleave. It changes how many round trips a run makes, never a cost.
+//    lookahead_max 0 turns it off.
 //  - TLS: with tls_ca_file set the channel is TLS (the agent's certificate
 //    must chain to that CA); tls_cert_file/tls_key_file add a client
 //    certificate. token adds `authorization: Bearer <token>` to every call.
@@ -150,22 +153,31 @@ class RemoteDevice : public devices::Device {
                         k.stack_list, k.kind, k.stage);
     }
   };
-  // The interned id of a list's content (bytes), adding it if new. mu_ held.
-  uint32_t InternLocked(const std::string& content) const;
-  // Keys of `ops`, interning their lists. mu_ held.
-  void KeysLocked(absl::Span<const devices::Op> ops, std::vector<MemoKey>* keys) const;
+  struct MemoEntry {
+    devices::Cost cost;
+    int32_t step = 0;   // lookahead step it was answered at; 0: asked for
+    int32_t depth = 0;  // the lookahead its request asked for
+  };
+  // The interned id of a list's content (bytes), adding it if new (`add`)
+  // or kNoList if it is not there. mu_ held.
+  static constexpr uint32_t kNoList = ~uint32_t{0};
+  uint32_t InternLocked(const std::string& content, bool add) const;
+  // Keys of `ops`, interning their lists (`add`; else a list not seen gives
+  // a key no entry has). mu_ held.
+  void KeysLocked(absl::Span<const devices::Op> ops, std::vector<MemoKey>* keys,
+                  bool add = true) const;
+  // The lookahead depth for a call whose ops `missed`. mu_ held.
+  int LookaheadLocked(absl::Span<const devices::Op> missed) const;
   // Empties the memo and the lists if they hold more than memo_bytes. mu_
   // held.
   void TrimLocked() const;
 
   mutable std::mutex mu_;  // endpoint state, memo, stats, last description
   mutable size_t next_ = 0;
-  mutable absl::flat_hash_map<MemoKey, devices::Cost> memo_;
+  mutable absl::flat_hash_map<MemoKey, MemoEntry> memo_;
   mutable absl::flat_hash_map<std::string, uint32_t> lists_;  // content -> id
   mutable size_t memo_bytes_ = 0;       // lists' content plus entries
   mutable uint64_t memo_epoch_ = 0;     // bumped when the memo is emptied
-  mutable int lookahead_ = 0;           // depth of the last request
-  mutable int hit_calls_ = 0;           // calls answered from the memo since it
   mutable RemoteStats stats_;
   mutable devices::DeviceDescription last_description_;
 };
