@@ -23,17 +23,18 @@
 //    names them by id, so a call hashes each list once, not once per op.
 //    The memo and the lists are cleared together when they pass memo_bytes.
 //    Hits and misses are counted.
-//  - Lookahead: a call that misses also asks the agent for the next decode
-//    steps of its decode-attention ops (EstimateRequest.lookahead: each
-//    sequence's past_tokens + j), which go into the memo. While the batch
-//    does not change, iteration i + j sends exactly those ops, so it hits
-//    and makes no round trip. Each entry remembers its step and its
-//    request's depth. A miss whose previous step (past_tokens - 1) was the
-//    last step of a prediction (it ran out unbroken) asks twice as deep, up
-//    to lookahead_max; any other miss (the batch changed) asks 8 deep. This
-//    holds per batch, however the callers (replicas sharing the device)
-//    interleave. It changes how many round trips a run makes, never a cost.
-//    lookahead_max 0 turns it off.
+//  - Lookahead: a call that misses also asks the agent for the next 8
+//    decode steps of its decode-attention ops (EstimateRequest.lookahead:
+//    each sequence's past_tokens + j), which go into the memo as a
+//    prediction. While the batch does not change, iteration i + j sends
+//    exactly those ops, so it hits and makes no round trip. When a call hits
+//    within 6 steps of its prediction's end, the client asks for the next 16
+//    steps (at most lookahead_max) asynchronously, so the agent costs them
+//    on its own core while the simulation goes on; a batch that stays
+//    unchanged need not wait. Only a changed batch (a request
+//    joins or leaves) makes a blocking round trip. This changes how many
+//    round trips a run makes and when, never a cost. lookahead_max 0 turns
+//    it off.
 //  - TLS: with tls_ca_file set the channel is TLS (the agent's certificate
 //    must chain to that CA); tls_cert_file/tls_key_file add a client
 //    certificate. token adds `authorization: Bearer <token>` to every call.
@@ -44,7 +45,9 @@
 #include <array>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -70,6 +73,8 @@ struct RemoteStats {
   int64_t ops_memo_hits = 0;
   int64_t ops_memo_misses = 0;
   int64_t predicted_ops = 0;  // costs received ahead (lookahead) into the memo
+  int64_t prefetch_rpcs = 0;  // of estimate_rpcs, asynchronous prediction extensions
+  int64_t prefetch_failures = 0;  // of them, failed (ignored: a later call asks again)
   int64_t other_rpcs = 0;  // Describe (binds), Execute, sessions
   int64_t retries = 0;     // re-sent after UNAVAILABLE / DEADLINE_EXCEEDED
   int64_t failovers = 0;   // moved to another endpoint
@@ -89,6 +94,8 @@ class RemoteDevice : public devices::Device {
 
   // Asks an agent; if none answers, the last description seen (or the kind
   // alone), as the contract says Describe never fails.
+  ~RemoteDevice() override;  // waits for its prefetches
+
   devices::DeviceDescription Describe() const override;
   absl::Status Estimate(absl::Span<const devices::Op> ops,
                         absl::Span<devices::Cost> costs) const override;
@@ -103,6 +110,8 @@ class RemoteDevice : public devices::Device {
                                                              devices::ElementType type) const;
 
   RemoteStats Stats() const;
+  // Returns once no prediction extension is in flight (tests, shutdown).
+  void WaitForPrefetches() const;
   const std::string& label() const { return label_; }
 
  private:
@@ -155,19 +164,37 @@ class RemoteDevice : public devices::Device {
   };
   struct MemoEntry {
     devices::Cost cost;
-    int32_t step = 0;   // lookahead step it was answered at; 0: asked for
-    int32_t depth = 0;  // the lookahead its request asked for
+    int32_t step = 0;     // prediction step it was answered at; 0: asked for
+    uint64_t window = 0;  // the prediction it belongs to; 0: none
   };
-  // The interned id of a list's content (bytes), adding it if new (`add`)
-  // or kNoList if it is not there. mu_ held.
-  static constexpr uint32_t kNoList = ~uint32_t{0};
-  uint32_t InternLocked(const std::string& content, bool add) const;
-  // Keys of `ops`, interning their lists (`add`; else a list not seen gives
-  // a key no entry has). mu_ held.
+  // A prediction: the ops it started from (owning their lists) and how many
+  // steps ahead of them the memo holds.
+  struct Window {
+    std::vector<devices::Op> ops;
+    std::deque<std::vector<devices::AttentionSeq>> seqs;
+    std::deque<std::vector<int32_t>> stacks;
+    int horizon = 0;
+    bool extending = false;
+  };
+  struct Prefetch;
+  // Prepares the asynchronous extension of window `id` (null if its
+  // endpoint is not bound and up); StartPrefetch, without mu_, sends it.
+  // mu_ held.
+  std::shared_ptr<Prefetch> ExtendLocked(uint64_t id, const std::shared_ptr<Window>& window) const;
+  void StartPrefetch(const std::shared_ptr<Prefetch>& p) const;
+  void OnExtended(const std::shared_ptr<Prefetch>& p, const grpc::Status& st) const;
+  // Memo entries for steps [from, from + steps) of `window`, costs from
+  // resp.costs(at). mu_ held.
+  void InsertStepsLocked(uint64_t id, const Window& window, int from, int steps,
+                         const servesim::v1::EstimateResponse& resp, int at) const;
+  // The interned id of a list's content (bytes), adding it if new. mu_
+  // held.
+  uint32_t InternLocked(const std::string& content) const;
+  // Keys of `ops`, interning their lists. `seqs_only`: `keys` hold these
+  // ops' keys but for their sequence lists; only those are recomputed. mu_
+  // held.
   void KeysLocked(absl::Span<const devices::Op> ops, std::vector<MemoKey>* keys,
-                  bool add = true) const;
-  // The lookahead depth for a call whose ops `missed`. mu_ held.
-  int LookaheadLocked(absl::Span<const devices::Op> missed) const;
+                  bool seqs_only = false) const;
   // Empties the memo and the lists if they hold more than memo_bytes. mu_
   // held.
   void TrimLocked() const;
@@ -178,6 +205,11 @@ class RemoteDevice : public devices::Device {
   mutable absl::flat_hash_map<std::string, uint32_t> lists_;  // content -> id
   mutable size_t memo_bytes_ = 0;       // lists' content plus entries
   mutable uint64_t memo_epoch_ = 0;     // bumped when the memo is emptied
+  mutable absl::flat_hash_map<uint64_t, std::shared_ptr<Window>> windows_;
+  mutable uint64_t next_window_ = 1;
+  mutable int last_endpoint_ = 0;  // that answered an Estimate; prefetches go there
+  mutable int inflight_ = 0;       // prefetches not yet answered
+  mutable std::condition_variable idle_;
   mutable RemoteStats stats_;
   mutable devices::DeviceDescription last_description_;
 };

@@ -454,7 +454,8 @@ std::string AgentsJson(const servesim::cluster::ResolvedScenario& sc) {
     items.push_back(absl::StrFormat(
         "    {\"device\": %s, \"endpoints\": [%s], \"estimate_calls\": %d, "
         "\"estimate_rpcs\": %d, \"memo_hits\": %d, \"memo_misses\": %d, "
-        "\"memo_hit_rate\": %.6f, \"predicted_ops\": %d, \"other_rpcs\": %d, "
+        "\"memo_hit_rate\": %.6f, \"predicted_ops\": %d, \"prefetch_rpcs\": %d, "
+        "\"prefetch_failures\": %d, \"other_rpcs\": %d, "
         "\"retries\": %d, \"failovers\": %d, "
         "\"rebinds\": %d, \"session_rebuilds\": %d}",
         servesim::cluster::JsonString(d->label()), absl::StrJoin(eps, ", "), s.estimate_calls,
@@ -462,7 +463,8 @@ std::string AgentsJson(const servesim::cluster::ResolvedScenario& sc) {
         s.ops_memo_hits + s.ops_memo_misses > 0
             ? double(s.ops_memo_hits) / double(s.ops_memo_hits + s.ops_memo_misses)
             : 0.0,
-        s.predicted_ops, s.other_rpcs, s.retries, s.failovers, s.rebinds, s.session_rebuilds));
+        s.predicted_ops, s.prefetch_rpcs, s.prefetch_failures, s.other_rpcs, s.retries,
+        s.failovers, s.rebinds, s.session_rebuilds));
   }
   return absl::StrCat("[\n", absl::StrJoin(items, ",\n"), "\n  ]");
 }

@@ -333,9 +333,11 @@ TEST(AgentServiceTest, RemoteEstimatesAreBitIdenticalAndMemoised) {
 }
 
 // A run of decode iterations over an unchanged batch: every cost is the
-// in-process one, bit for bit, and the lookahead answers them in a few round
-// trips (8 steps, then 16); a changed batch breaks the prediction and starts
-// again at 8.
+// in-process one, bit for bit. The first call asks 8 steps ahead; a call
+// within 6 steps of the prediction's end extends it by 16 asynchronously,
+// so only the first call waits for the agent. A changed batch makes one
+// blocking call and a new prediction. (The test waits for each extension,
+// so the counts do not depend on timing.)
 TEST(AgentServiceTest, LookaheadAnswersUnchangedBatchesAhead) {
   for (const v1::DeviceSpec& spec : {GpuSpec(), AttAccSpec()}) {
     auto agent = StartLocal(spec);
@@ -349,25 +351,29 @@ TEST(AgentServiceTest, LookaheadAnswersUnchangedBatchesAhead) {
     auto step = [&] {
       ASSERT_TRUE((*local)->Estimate(s.ops, absl::MakeSpan(want)).ok());
       ASSERT_TRUE((*remote)->Estimate(s.ops, absl::MakeSpan(got)).ok());
+      (*remote)->WaitForPrefetches();
       for (size_t i = 0; i < want.size(); ++i) ExpectSameBits(want[i], got[i]);
       for (AttentionSeq& q : s.seqs) q.past_tokens += 1;
     };
-    // Calls 1 (8 ahead), 10 (16 ahead: the 8 ran out) and 27 go to the agent.
+    // Calls 3 and 19 (steps 2 and 18) extend the horizon to 24 and 40.
     for (int i = 0; i < 30; ++i) step();
     RemoteStats st = (*remote)->Stats();
     EXPECT_EQ(st.estimate_calls, 30);
     EXPECT_EQ(st.estimate_rpcs, 3);
-    // Two attention ops per step are predictable: 8 + 16 + 32 steps ahead.
-    EXPECT_EQ(st.predicted_ops, 2 * (8 + 16 + 32));
-    // A sequence leaves: a miss, and the next prediction is 8 deep again.
+    EXPECT_EQ(st.prefetch_rpcs, 2);
+    EXPECT_EQ(st.prefetch_failures, 0);
+    // Two attention ops per step are predictable.
+    EXPECT_EQ(st.predicted_ops, 2 * 40);
+    // A sequence leaves: one blocking call, then an extension at step 2.
     s.seqs.pop_back();
     for (Op& op : s.ops) {
       if (op.kind == OpKind::kAttention) op.seqs = s.seqs;
     }
     for (int i = 0; i < 10; ++i) step();
     st = (*remote)->Stats();
-    EXPECT_EQ(st.estimate_rpcs, 5);  // calls 31 and 40
-    EXPECT_EQ(st.predicted_ops, 2 * (8 + 16 + 32 + 8 + 16));
+    EXPECT_EQ(st.estimate_rpcs - st.prefetch_rpcs, 2);
+    EXPECT_EQ(st.prefetch_rpcs, 3);
+    EXPECT_EQ(st.predicted_ops, 2 * (40 + 24));
     // Off: one round trip per call.
     ClientOptions off = FastClient();
     off.lookahead_max = 0;
