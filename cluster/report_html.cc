@@ -67,7 +67,8 @@ Series Cdf(const std::string& name, std::vector<double> v) {
 }  // namespace
 
 std::string LineChartSvg(const std::string& title, const std::string& x_label,
-                         const std::string& y_label, const std::vector<Series>& series) {
+                         const std::string& y_label, const std::vector<Series>& series,
+                         bool markers) {
   double x0 = INFINITY, x1 = -INFINITY, y0 = 0, y1 = -INFINITY;
   for (const Series& s : series) {
     for (double v : s.x) x0 = std::min(x0, v), x1 = std::max(x1, v);
@@ -123,6 +124,10 @@ std::string LineChartSvg(const std::string& title, const std::string& x_label,
                           "fill=\"%s\"/><text x=\"%g\" y=\"%g\">%s</text>\n",
                           color, pts, kLeft + pw + 10, kTop + 16.0 * k, color, kLeft + pw + 24,
                           kTop + 16.0 * k + 9, Esc(s.name));
+    for (size_t i = 0; markers && i < s.x.size() && i < s.y.size(); ++i) {
+      absl::StrAppendFormat(&svg, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"2.5\" fill=\"%s\"/>\n",
+                            px(s.x[i]), py(s.y[i]), color);
+    }
     ++k;
   }
   return svg + "</svg>\n";

@@ -22,9 +22,11 @@ struct Series {
   std::string name;
   std::vector<double> x, y;
 };
-// A line chart; empty series are skipped. Axes span the data.
+// A line chart; empty series are skipped. Axes span the data. `markers`:
+// a dot at each point too.
 std::string LineChartSvg(const std::string& title, const std::string& x_label,
-                         const std::string& y_label, const std::vector<Series>& series);
+                         const std::string& y_label, const std::vector<Series>& series,
+                         bool markers = false);
 // Horizontal bars with their values.
 std::string BarChartSvg(const std::string& title, const std::string& unit,
                         const std::vector<std::pair<std::string, double>>& bars);

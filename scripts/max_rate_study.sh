@@ -15,7 +15,8 @@
 # Environment: SERVESIM (default build/services/servesim), OUT (default
 # out/max_rate), WINDOW (s, default 600), TOLERANCE (default 0.05), JOBS
 # (default: the cores), and the lists MODELS, SYSTEMS, TRACES, SLOS_MS.
-# Searches resume: finished probes are reused. Results: OUT/max_rate.csv.
+# Searches resume: finished probes are reused. Results: OUT/max_rate.csv and
+# a chart per trace, OUT/max_rate_TRACE.svg.
 set -eu
 cd "$(dirname "$0")/.."
 SERVESIM=${SERVESIM:-build/services/servesim}
@@ -69,3 +70,10 @@ for trace in $TRACES; do
 done
 echo "wrote $csv" >&2
 column -s, -t < "$csv"
+# One chart per trace: max rate scale against the TBT limit, a line per
+# system and model (OUT/max_rate_conv.svg, OUT/max_rate_code.svg).
+for trace in $TRACES; do
+  "$SERVESIM" plot "$csv" --x tbt_slo_ms --y max_rate_scale --group system,model \
+    --where "trace=$trace" --out "$OUT/max_rate_$trace.svg" \
+    --title "Max arrival-rate scale under p99 TBT and TTFT <= 2 s: Azure $trace"
+done

@@ -24,6 +24,7 @@
 #include "absl/strings/match.h"
 #include "agents/remote_device.h"
 #include "cluster/metrics.h"
+#include "cluster/plot.h"
 #include "cluster/report.h"
 #include "cluster/scenario.h"
 #include "cluster/simulation.h"
@@ -76,6 +77,12 @@ Usage:
                                           its rate_rps) or fewest replicas
                                           meeting the SLO; DIR/search.csv
                                           (default out/search)
+  servesim plot TABLE.csv --x COL --y COL [--group COL[,COL...]]
+                 [--where COL=VALUE ...] [--title T] [--out FILE.svg]
+                                          a line chart (SVG) of a table
+                                          servesim wrote (sweep.csv,
+                                          search.csv, ...): one line per
+                                          group; default FILE: TABLE.svg
   servesim help | --help                  this text
 
 Options of run (validate takes --set, --seed and --trace too):
@@ -170,6 +177,8 @@ struct Options {
   double attainment = 0.9, tolerance = 0.02;
   int64_t max_replicas = 1024;
   int jobs = 1;
+  // plot.
+  servesim::cluster::PlotSpec plot;
 };
 
 int UsageError(const std::string& msg) {
@@ -291,6 +300,20 @@ int ParseArgs(int argc, char** argv, Options* o) {
           o->agent_client.lookahead_max < 0 || o->agent_client.lookahead_max > 256) {
         return UsageError("--agent-lookahead needs a number of steps, 0..256");
       }
+    } else if (flag == "--x") {
+      if (!get(&o->plot.x)) return UsageError("--x needs a column name");
+    } else if (flag == "--y") {
+      if (!get(&o->plot.y)) return UsageError("--y needs a column name");
+    } else if (flag == "--group") {
+      if (!get(&v)) return UsageError("--group needs column names");
+      o->plot.group = absl::StrSplit(v, ',', absl::SkipEmpty());
+    } else if (flag == "--where") {
+      if (!get(&v) || v.find('=') == std::string::npos) {
+        return UsageError("--where needs COLUMN=VALUE");
+      }
+      o->plot.where.emplace_back(v.substr(0, v.find('=')), v.substr(v.find('=') + 1));
+    } else if (flag == "--title") {
+      if (!get(&o->plot.title)) return UsageError("--title needs a text");
     } else if (flag == "--vary") {
       if (!get(&v)) return UsageError("--vary needs field.path=v1,v2,...");
       o->vary.push_back(v);
@@ -357,6 +380,9 @@ int ParseArgs(int argc, char** argv, Options* o) {
     if (o->vary_rate == o->vary_replicas) {
       return UsageError("search needs exactly one of --vary-rate and --vary-replicas");
     }
+  }
+  if (o->command == "plot" && (o->scenario.empty() || o->plot.x.empty() || o->plot.y.empty())) {
+    return UsageError("plot needs a CSV table, --x COLUMN and --y COLUMN");
   }
   if (o->command == "merge" && o->merge_dirs.empty()) {
     return UsageError("merge needs one or more sweep folders (or point folders)");
@@ -874,6 +900,26 @@ int Merge(const Options& o) {
   return 0;
 }
 
+int Plot(const Options& o) {
+  std::ifstream in(o.scenario, std::ios::binary);
+  if (!in) return Fail(absl::NotFoundError(absl::StrCat(o.scenario, ": cannot read")));
+  std::stringstream text;
+  text << in.rdbuf();
+  auto svg = servesim::cluster::PlotCsv(text.str(), o.scenario, o.plot);
+  if (!svg.ok()) return Fail(svg.status());
+  std::string out = o.out;
+  if (out.empty()) {
+    out = absl::EndsWith(o.scenario, ".csv") ? o.scenario.substr(0, o.scenario.size() - 4)
+                                            : o.scenario;
+    out += ".svg";
+  }
+  std::ofstream f(out, std::ios::binary);
+  f << *svg;
+  if (!f.good()) return Fail(absl::InternalError(absl::StrCat(out, ": cannot write")));
+  std::cerr << "wrote " << out << "\n";
+  return 0;
+}
+
 int Search(const Options& o) {
   auto slo = sc::ParseSlo(o.slo);
   if (!slo.ok()) return UsageError(std::string(slo.status().message()));
@@ -1044,5 +1090,6 @@ int main(int argc, char** argv) {
   if (o.command == "sweep") return Sweep(o);
   if (o.command == "merge") return Merge(o);
   if (o.command == "search") return Search(o);
+  if (o.command == "plot") return Plot(o);
   return UsageError(absl::StrCat("unknown command ", o.command));
 }
