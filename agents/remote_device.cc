@@ -340,7 +340,28 @@ void RemoteDevice::TrimLocked() const {
   ++memo_epoch_;
 }
 
-RemoteDevice::~RemoteDevice() { WaitForPrefetches(); }
+// An asynchronous extension of a prediction in flight.
+struct RemoteDevice::Prefetch {
+  uint64_t id = 0;
+  std::shared_ptr<Window> window;
+  int from = 0;   // the request's ops are the window's at this step
+  int steps = 0;  // asked for
+  uint64_t epoch = 0;
+  std::vector<Op> ops;
+  std::deque<std::vector<devices::AttentionSeq>> lists;
+  v1::DeviceAgent::Stub* stub = nullptr;
+  grpc::ClientContext ctx;
+  v1::EstimateRequest req;
+  v1::EstimateResponse resp;
+};
+
+RemoteDevice::~RemoteDevice() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (Prefetch* p : prefetches_) p->ctx.TryCancel();  // nobody waits for their answers
+  }
+  WaitForPrefetches();
+}
 
 void RemoteDevice::WaitForPrefetches() const {
   std::unique_lock<std::mutex> lock(mu_);
@@ -391,20 +412,6 @@ size_t OwnedBytes(const std::deque<std::vector<devices::AttentionSeq>>& seqs,
 
 }  // namespace
 
-// An asynchronous extension of a prediction in flight.
-struct RemoteDevice::Prefetch {
-  uint64_t id = 0;
-  std::shared_ptr<Window> window;
-  int from = 0;   // the request's ops are the window's at this step
-  int steps = 0;  // asked for
-  uint64_t epoch = 0;
-  std::vector<Op> ops;
-  std::deque<std::vector<devices::AttentionSeq>> lists;
-  v1::DeviceAgent::Stub* stub = nullptr;
-  grpc::ClientContext ctx;
-  v1::EstimateRequest req;
-  v1::EstimateResponse resp;
-};
 
 void RemoteDevice::InsertStepsLocked(uint64_t id, const Window& window, int from, int steps,
                                      const v1::EstimateResponse& resp, int at) const {
@@ -443,6 +450,7 @@ std::shared_ptr<RemoteDevice::Prefetch> RemoteDevice::ExtendLocked(
   ++stats_.estimate_rpcs;
   ++stats_.prefetch_rpcs;
   p->stub = ep->stub.get();
+  prefetches_.insert(p.get());
   return p;
 }
 
@@ -464,6 +472,7 @@ void RemoteDevice::OnExtended(const std::shared_ptr<Prefetch>& p, const grpc::St
     InsertStepsLocked(p->id, *p->window, p->from + 1, answered, p->resp, n);
     p->window->horizon += answered;
   }
+  prefetches_.erase(p.get());
   --inflight_;
   idle_.notify_all();
 }

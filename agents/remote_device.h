@@ -55,6 +55,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "agents/client_options.h"
 #include "devices/device.h"
@@ -209,6 +210,7 @@ class RemoteDevice : public devices::Device {
   mutable uint64_t next_window_ = 1;
   mutable int last_endpoint_ = 0;  // that answered an Estimate; prefetches go there
   mutable int inflight_ = 0;       // prefetches not yet answered
+  mutable absl::flat_hash_set<Prefetch*> prefetches_;  // those, to cancel
   mutable std::condition_variable idle_;
   mutable RemoteStats stats_;
   mutable devices::DeviceDescription last_description_;
