@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <tuple>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
@@ -214,19 +215,21 @@ void LookaheadStep(absl::Span<const devices::Op> ops, int64_t j, std::vector<dev
                    std::deque<std::vector<devices::AttentionSeq>>* lists) {
   step->clear();
   lists->clear();
-  std::vector<std::pair<const devices::AttentionSeq*, size_t>> made;  // list -> shifted
+  // (list address, length) -> its shifted copy.
+  std::vector<std::tuple<const devices::AttentionSeq*, size_t, size_t>> made;
   for (const devices::Op& op : ops) {
     if (!Predictable(op)) continue;
-    auto it = std::find_if(made.begin(), made.end(),
-                           [&](const auto& m) { return m.first == op.seqs.data(); });
+    auto it = std::find_if(made.begin(), made.end(), [&](const auto& m) {
+      return std::get<0>(m) == op.seqs.data() && std::get<1>(m) == op.seqs.size();
+    });
     if (it == made.end()) {
       lists->emplace_back(op.seqs.begin(), op.seqs.end());
       for (devices::AttentionSeq& s : lists->back()) s.past_tokens += j;
-      made.emplace_back(op.seqs.data(), lists->size() - 1);
+      made.emplace_back(op.seqs.data(), op.seqs.size(), lists->size() - 1);
       it = made.end() - 1;
     }
     step->push_back(op);
-    step->back().seqs = (*lists)[it->second];
+    step->back().seqs = (*lists)[std::get<2>(*it)];
   }
 }
 

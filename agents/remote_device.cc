@@ -375,28 +375,33 @@ namespace {
 void CopyOwned(absl::Span<const Op> ops, std::vector<Op>* out,
                std::deque<std::vector<devices::AttentionSeq>>* seqs,
                std::deque<std::vector<int32_t>>* stacks) {
-  std::vector<std::pair<const void*, size_t>> seen_seqs, seen_stacks;
+  // (list address, length) -> index of its copy.
+  std::vector<std::tuple<const void*, size_t, size_t>> seen_seqs, seen_stacks;
   for (const Op& op : ops) {
     Op o = op;
     if (!op.seqs.empty()) {
-      auto it = std::find_if(seen_seqs.begin(), seen_seqs.end(),
-                             [&](const auto& e) { return e.first == op.seqs.data(); });
+      auto it = std::find_if(seen_seqs.begin(), seen_seqs.end(), [&](const auto& e) {
+        return std::get<0>(e) == op.seqs.data() && std::get<1>(e) == op.seqs.size();
+      });
       if (it == seen_seqs.end()) {
         seqs->emplace_back(op.seqs.begin(), op.seqs.end());
-        seen_seqs.emplace_back(op.seqs.data(), seqs->size() - 1);
+        seen_seqs.emplace_back(op.seqs.data(), op.seqs.size(), seqs->size() - 1);
         it = seen_seqs.end() - 1;
       }
-      o.seqs = (*seqs)[it->second];
+      o.seqs = (*seqs)[std::get<2>(*it)];
     }
     if (!op.kv_head_stack.empty()) {
-      auto it = std::find_if(seen_stacks.begin(), seen_stacks.end(),
-                             [&](const auto& e) { return e.first == op.kv_head_stack.data(); });
+      auto it = std::find_if(seen_stacks.begin(), seen_stacks.end(), [&](const auto& e) {
+        return std::get<0>(e) == op.kv_head_stack.data() &&
+               std::get<1>(e) == op.kv_head_stack.size();
+      });
       if (it == seen_stacks.end()) {
         stacks->emplace_back(op.kv_head_stack.begin(), op.kv_head_stack.end());
-        seen_stacks.emplace_back(op.kv_head_stack.data(), stacks->size() - 1);
+        seen_stacks.emplace_back(op.kv_head_stack.data(), op.kv_head_stack.size(),
+                                 stacks->size() - 1);
         it = seen_stacks.end() - 1;
       }
-      o.kv_head_stack = (*stacks)[it->second];
+      o.kv_head_stack = (*stacks)[std::get<2>(*it)];
     }
     out->push_back(o);
   }
@@ -411,7 +416,6 @@ size_t OwnedBytes(const std::deque<std::vector<devices::AttentionSeq>>& seqs,
 }
 
 }  // namespace
-
 
 void RemoteDevice::InsertStepsLocked(uint64_t id, const Window& window, int from, int steps,
                                      const v1::EstimateResponse& resp, int at) const {
@@ -471,6 +475,7 @@ void RemoteDevice::OnExtended(const std::shared_ptr<Prefetch>& p, const grpc::St
     // The request's own ops (step `from`) are in the memo already.
     InsertStepsLocked(p->id, *p->window, p->from + 1, answered, p->resp, n);
     p->window->horizon += answered;
+    TrimLocked();
   }
   prefetches_.erase(p.get());
   --inflight_;
