@@ -333,8 +333,10 @@ void RemoteDevice::TrimLocked() const {
   // and control byte.
   constexpr size_t kEntryBytes = sizeof(std::pair<const MemoKey, MemoEntry>) * 8 / 7 + 1;
   if (memo_bytes_ + memo_.size() * kEntryBytes <= options_.memo_bytes) return;
-  memo_.clear();
-  lists_.clear();
+  // Emptied in place: the tables keep their capacity, so refilling them
+  // does not grow and fault their pages in again.
+  memo_.erase(memo_.begin(), memo_.end());
+  lists_.erase(lists_.begin(), lists_.end());
   windows_.clear();  // prefetches in flight keep theirs; their answers are dropped
   memo_bytes_ = 0;
   ++memo_epoch_;
