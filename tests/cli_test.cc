@@ -138,7 +138,7 @@ TEST(CliTest, BadCommandLinesExitTwo) {
       {{"run", scenario, "--seed", "abc"}, "--seed needs a non-negative integer"},
       {{"run", scenario, "--out"}, "--out needs a folder"},
       {{"run", scenario, "other.pbtxt"}, "unexpected argument other.pbtxt"},
-      {{"presets", "gadgets"}, "presets takes models, xpus, links, attacc, topick or spatten"},
+      {{"presets", "gadgets"}, "presets takes models, xpus, links, attacc, topick, spatten or cta"},
   };
   for (const Case& c : cases) {
     const RunResult r = RunServesim(c.args);
