@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/rng.h"
 #include "common/status_macros.h"
+#include "devices/attention_data.h"
 #include "devices/reference_attention.h"
 #include "devices/registry.h"
 #include "google/protobuf/descriptor.h"
@@ -430,7 +431,7 @@ void CtaTokenGenerator::Token(int64_t request, int64_t layer, int64_t position, 
         "cta.context");
   double mean = 0;
   for (int64_t c = 0; c < d_model_; ++c) {
-    out[c] = class_weight_ * u.Normal() + own * e.Normal() + noise_ * g.Normal();
+    out[c] = class_weight_ * FastNormal(u) + own * FastNormal(e) + noise_ * FastNormal(g);
     mean += out[c];
   }
   mean /= static_cast<double>(d_model_);
