@@ -371,9 +371,9 @@ TEST(CtaTest, PresetsMeasuredReductionsAndError) {
     const char* preset;
     double rl, ra, err;
   };
-  const Want wants[] = {{"cta_0", 0.5728, 0.3269, 0.0341},
-                        {"cta_0.5", 0.5278, 0.2782, 0.0669},
-                        {"cta_1", 0.4481, 0.1792, 0.3383},
+  const Want wants[] = {{"cta_0", 0.5734, 0.3269, 0.0353},
+                        {"cta_0.5", 0.5251, 0.2744, 0.0387},
+                        {"cta_1", 0.4541, 0.1848, 0.2740},
                         // dense: k0 = k1 = n, k2 = 1 (the zero residual):
                         // RL = (1 + 2 (1 + 1/1024)) / 3, RA = 1 + 1/1024.
                         {"dense", 1 + 2.0 / 3072, 1 + 1.0 / 1024, 0.0}};
@@ -398,6 +398,9 @@ TEST(CtaTest, PresetsMeasuredReductionsAndError) {
       wv.insert(wv.end(), c.begin(), c.end());
     }
     const CtaLayerResult r = CtaLayer(dev->hashes(), x, n, D, wq, wk, wv, H, dh, false);
+    // The README's table comes from this line.
+    std::printf("%s: RL %.4f RA %.4f kv_fraction %.4f error %.4f\n", w.preset, Param(d, "rl"),
+                Param(d, "ra"), Param(d, "kv_fraction"), r.relative_error);
     EXPECT_NEAR(r.relative_error, w.err, 5e-4) << w.preset;
     if (std::string(w.preset) != "dense") {
       EXPECT_GT(r.relative_error, last_err) << w.preset;  // more compression, more error
