@@ -411,6 +411,54 @@ TEST(CtaTest, PresetsMeasuredReductionsAndError) {
   }
 }
 
+TEST(CtaTest, PrefillAndDecodeSpeedupsOverDense) {
+  // The device's two roles on GPT-2 medium (16 heads of 64, d_model 1024),
+  // CALIBRATED at n = 512: a 512-token prefill (compressed QKV projection +
+  // compressed causal attention) and a decode step at L = 512 (reads k1 + k2
+  // rows per head), each against `dense` on the same hardware.
+  struct Want {
+    const char* preset;
+    double prefill, decode;
+  };
+  const Want wants[] = {{"cta_0", 1.550, 1.332}, {"cta_0.5", 1.702, 1.437}, {"cta_1", 1.906, 1.450}};
+  auto cost = [](const CtaDevice& dev, int64_t new_tokens, int64_t past) {
+    std::vector<AttentionSeq> seqs = {{new_tokens, past, -1}};
+    Op op;
+    op.kind = OpKind::kAttention;
+    op.heads = 16;
+    op.kv_heads = 16;
+    op.d_head = 64;
+    op.seqs = seqs;
+    std::vector<Cost> c(1);
+    EXPECT_TRUE(dev.Estimate({&op, 1}, absl::MakeSpan(c)).ok());
+    return c[0];
+  };
+  auto make = [](const char* preset) {
+    auto spec = Spec(preset, PRUNE_FIDELITY_CALIBRATED);
+    spec.mutable_cta()->mutable_calibration()->add_lengths(512);
+    return Make(spec);
+  };
+  auto dense = make("dense");
+  const Cost dp = cost(*dense, 512, 0), dd = cost(*dense, 1, 511);
+  double last_p = 0, last_d = 0;
+  for (const Want& w : wants) {
+    auto dev = make(w.preset);
+    const Cost p = cost(*dev, 512, 0), d = cost(*dev, 1, 511);
+    std::printf("%s: prefill %.3fx (%.1f vs %.1f us, energy %.2fx), decode %.3fx (DRAM %.2fx)\n",
+                w.preset, dp.time_s / p.time_s, p.time_s * 1e6, dp.time_s * 1e6,
+                dp.energy_pj() / p.energy_pj(), dd.time_s / d.time_s,
+                dd.dram_bytes / d.dram_bytes);
+    EXPECT_NEAR(dp.time_s / p.time_s, w.prefill, 0.005) << w.preset;
+    EXPECT_NEAR(dd.time_s / d.time_s, w.decode, 0.005) << w.preset;
+    EXPECT_GT(dp.time_s / p.time_s, last_p) << w.preset;
+    EXPECT_GT(dd.time_s / d.time_s, last_d) << w.preset;
+    last_p = dp.time_s / p.time_s;
+    last_d = dd.time_s / d.time_s;
+  }
+  EXPECT_GT(last_p, 1.5);
+  EXPECT_GT(last_d, 1.2);
+}
+
 TEST(CtaTest, FidelityModes) {
   // A small model: 2 layers, d_model 64.
   auto spec = Spec("cta_0.5", PRUNE_FIDELITY_FULL);
