@@ -500,6 +500,19 @@ TEST(CtaTest, FidelityModes) {
     EXPECT_DOUBLE_EQ(costs[0].cycles,
                      full->SeqCycles(1, l - 1, 2, 32, 1, std::max(1.0, (*f)[1] * l)).total);
   }
+  // A cap of 1 byte keeps only the request just used: the others are
+  // rebuilt when asked again, with the same fractions.
+  auto capped_spec = spec;
+  capped_spec.mutable_cta()->set_full_cache_bytes(1);
+  auto capped = Make(capped_spec);
+  for (auto [r, l] : {std::pair<int64_t, int64_t>{7, 30}, {7, 31}, {8, 30}, {7, 32}}) {
+    EXPECT_EQ(*capped->Fractions(r, l), *full->Fractions(r, l)) << r << " " << l;
+  }
+  EXPECT_EQ(capped->full_builds(), 3);  // 7, 8, 7 again
+  // Request 7 alone, rebuilt to 32 tokens in one step: 2 layers x 32 tokens
+  // x 8 hashes x (8-byte key + 8-byte projection).
+  EXPECT_EQ(capped->full_bytes(), 2 * 32 * 8 * (8 + 8));
+  EXPECT_EQ(full->full_builds(), 2);  // requests 7 and 8, never dropped
   // Different requests have different tokens.
   EXPECT_NE((*full->Fractions(8, 90))[1], (*full->Fractions(7, 90))[1]);
   // FULL's Describe reports the mean over the steps run.

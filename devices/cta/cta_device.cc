@@ -519,6 +519,9 @@ absl::StatusOr<std::unique_ptr<Device>> CtaDevice::Create(const servesim::v1::De
     return absl::InvalidArgumentError(absl::StrCat(
         "cta device: FULL fidelity needs model.layers >= 1 (got ", m.layers(), ")"));
   }
+  if (ds.has_full_cache_bytes() && ds.full_cache_bytes() < 0) {
+    return Bad("full_cache_bytes", static_cast<double>(ds.full_cache_bytes()), ">= 0");
+  }
   if (ds.has_d_model() && (ds.d_model() < 1 || ds.d_model() > 65536)) {
     return Bad("d_model", ds.d_model(), "in [1, 65536]");
   }
@@ -629,7 +632,11 @@ absl::StatusOr<CtaFractions> CtaDevice::FullFractions(int64_t request_id, int64_
   double k1_sum = 0, k2_sum = 0;
   {
     std::lock_guard<std::mutex> lock(req->mu);
-    if (req->layers.empty()) req->layers.resize(static_cast<size_t>(layers));
+    if (req->layers.empty()) {
+      req->layers.resize(static_cast<size_t>(layers));
+      std::lock_guard<std::mutex> lock(memo_mu_);
+      ++full_builds_;
+    }
     if (req->tokens < n) {
       // Grow every layer's projections to n tokens (positions never change).
       std::vector<double> x(static_cast<size_t>(d_model_));
@@ -663,9 +670,47 @@ absl::StatusOr<CtaFractions> CtaDevice::FullFractions(int64_t request_id, int64_
   const double tot = static_cast<double>(n) * layers;
   // Decode has one query: k0 = 1 (reported as 1 / n).
   const CtaFractions f{1.0 / static_cast<double>(n), (k1_sum + k2_sum) / tot, k2_sum / tot};
+  int64_t bytes = 0;
+  {
+    std::lock_guard<std::mutex> lock(req->mu);
+    for (const FullLayer& fl : req->layers) {
+      bytes += static_cast<int64_t>(fl.keys1.capacity() * sizeof(int64_t) +
+                                    fl.p2.capacity() * sizeof(double));
+    }
+  }
   std::lock_guard<std::mutex> lock(memo_mu_);
   memo_.emplace(std::make_pair(request_id, n), f);
+  auto it = requests_.find(request_id);
+  if (it != requests_.end() && it->second == req) {
+    full_bytes_ += bytes - req->bytes;
+    req->bytes = bytes;
+    req->last_use = ++use_clock_;
+    // Least recently used first, never the request just used.
+    const int64_t cap = FullCacheCap(spec_.full_cache_bytes());
+    while (full_bytes_ > cap && requests_.size() > 1) {
+      auto victim = requests_.end();
+      for (auto r = requests_.begin(); r != requests_.end(); ++r) {
+        if (r->second != req &&
+            (victim == requests_.end() || r->second->last_use < victim->second->last_use)) {
+          victim = r;
+        }
+      }
+      if (victim == requests_.end()) break;
+      full_bytes_ -= victim->second->bytes;
+      requests_.erase(victim);
+    }
+  }
   return f;
+}
+
+int64_t CtaDevice::full_bytes() const {
+  std::lock_guard<std::mutex> lock(memo_mu_);
+  return full_bytes_;
+}
+
+int64_t CtaDevice::full_builds() const {
+  std::lock_guard<std::mutex> lock(memo_mu_);
+  return full_builds_;
 }
 
 // ------------------------------------------------------------ geometry ----

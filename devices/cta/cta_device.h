@@ -123,8 +123,12 @@
 //    bytes per token per layer); the step's k1, k2 come from re-hashing
 //    the L tokens' residuals (CtaLevel2Keys: O(L (kv1 + kv2)) per layer);
 //    mean over layers; memoised per (request, L). Requests' projections
-//    are kept until the device is destroyed (about 3 MB per request of
-//    1,024 tokens at GPT-2 medium with 8 + 8 hashes).
+//    (about 3 MB per request of 1,024 tokens at GPT-2 medium with 8 + 8
+//    hashes) are kept under full_cache_bytes (2 GiB by default): above it
+//    the least-recently-used requests' projections are dropped and rebuilt
+//    if asked again, so results never depend on the cap (tested).
+// IN A POOL every unit hashes the new token and reads the CT tables (they
+// are per layer, shared by all heads); Kbar/Vbar are split with the heads.
 #ifndef SERVESIM_DEVICES_CTA_CTA_DEVICE_H_
 #define SERVESIM_DEVICES_CTA_CTA_DEVICE_H_
 
@@ -315,9 +319,20 @@ class CtaDevice : public Device {
     std::mutex mu;
     int64_t tokens = 0;
     std::vector<FullLayer> layers;
+    int64_t bytes = 0;     // as last accounted under memo_mu_
+    uint64_t last_use = 0;
   };
   mutable std::mutex memo_mu_;
   mutable std::map<int64_t, std::shared_ptr<FullRequest>> requests_;
+  mutable int64_t full_bytes_ = 0;
+  mutable uint64_t use_clock_ = 0;
+  mutable int64_t full_builds_ = 0;  // requests (re)built from token 0
+
+ public:
+  // FULL: bytes of projections held, and requests built from token 0 so
+  // far (rebuilds after eviction included).
+  int64_t full_bytes() const;
+  int64_t full_builds() const;
   mutable std::map<std::pair<int64_t, int64_t>, CtaFractions> memo_;
 };
 
