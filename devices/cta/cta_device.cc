@@ -643,8 +643,14 @@ absl::StatusOr<CtaFractions> CtaDevice::FullFractions(int64_t request_id, int64_
       std::vector<double> p(static_cast<size_t>(std::max(m1, m2)));
       for (int l = 0; l < layers; ++l) {
         FullLayer& fl = req->layers[l];
-        fl.keys1.resize(static_cast<size_t>(n * m1));
-        fl.p2.resize(static_cast<size_t>(n * m2));
+        // Grow by at least 1/8 (not the default doubling): one token a step.
+        auto grow = [n](auto& v, int m) {
+          const size_t want = static_cast<size_t>(n * m);
+          if (v.capacity() < want) v.reserve(std::max(want, v.capacity() + v.capacity() / 8));
+          v.resize(want);
+        };
+        grow(fl.keys1, m1);
+        grow(fl.p2, m2);
         for (int64_t j = req->tokens; j < n; ++j) {
           tokens_->Token(request_id, l, j, x.data());
           hashes_.kv1.Project(x.data(), 1.0, p.data());
