@@ -17,6 +17,7 @@
 #include "common/status_macros.h"
 #include "devices/attacc/attacc_device.h"
 #include "devices/pool.h"
+#include "devices/cta/cta_device.h"
 #include "devices/spatten/spatten_device.h"
 #include "devices/topick/topick_device.h"
 #include "devices/presets.h"
@@ -351,6 +352,13 @@ absl::Status Normalize(LoadedScenario* scenario) {
                                      "cluster.attention_pool.spatten.spatten"));
       shape(pool->mutable_spatten()->mutable_model());
       channels = sp->hbm_channels();
+    } else if (pool->has_cta()) {
+      auto* ct = pool->mutable_cta()->mutable_cta();
+      if (ct->preset().empty()) ct->set_preset("cta_0");
+      RETURN_IF_ERROR(FillFromPreset(ct, &devices::CtaPreset, *scenario,
+                                     "cluster.attention_pool.cta.cta"));
+      shape(pool->mutable_cta()->mutable_model());
+      channels = ct->hbm_channels();
     } else {
       auto* tp = pool->mutable_topick()->mutable_topick();  // the default kind
       if (tp->preset().empty()) tp->set_preset("topick");
@@ -753,6 +761,10 @@ absl::StatusOr<ResolvedScenario> Resolve(const LoadedScenario& sc) {
       *out.attention_device.mutable_spatten() = pool.spatten();
       out.attention_kind = "spatten";
       out.attention_label = absl::StrCat(pool.spatten().spatten().preset(), " x ", pool.units());
+    } else if (pool.has_cta()) {
+      *out.attention_device.mutable_cta() = pool.cta();
+      out.attention_kind = "cta";
+      out.attention_label = absl::StrCat(pool.cta().cta().preset(), " x ", pool.units());
     } else {
       *out.attention_device.mutable_topick() = pool.topick();
       out.attention_kind = "topick";

@@ -36,15 +36,6 @@ uint64_t Mix(uint64_t seed, const AttentionInstance& in, int64_t position, Tag t
   return h;
 }
 
-// Approximately standard normal from one 64-bit draw: the Irwin-Hall sum
-// of four 16-bit uniforms, centred and scaled to unit variance.
-inline float FastNormal(Rng& rng) {
-  const uint64_t x = rng.NextU64();
-  double sum = 0;
-  for (int i = 0; i < 4; ++i) sum += (static_cast<double>((x >> (16 * i)) & 0xffff) + 0.5);
-  return static_cast<float>((sum / 65536.0 - 2.0) * 1.7320508075688772);
-}
-
 double Omega(int f, double recency_tokens) { return std::exp2(0.5 * f) / recency_tokens; }
 
 }  // namespace

@@ -61,10 +61,21 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/rng.h"
 #include "devices/device.h"
 #include "devices/tensor.h"
 
 namespace servesim::devices {
+
+// Approximately standard normal from one 64-bit draw: the Irwin-Hall sum
+// of four 16-bit uniforms, centred and scaled to unit variance (the
+// generators' fast normal: the generator here and CTA's token generator).
+inline float FastNormal(Rng& rng) {
+  const uint64_t x = rng.NextU64();
+  double sum = 0;
+  for (int i = 0; i < 4; ++i) sum += (static_cast<double>((x >> (16 * i)) & 0xffff) + 0.5);
+  return static_cast<float>((sum / 65536.0 - 2.0) * 1.7320508075688772);
+}
 
 struct AttentionDataParams {
   uint64_t seed = 1;

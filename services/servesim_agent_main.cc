@@ -21,6 +21,7 @@
 #include "devices/attacc/attacc_device.h"
 #include "devices/presets.h"
 #include "devices/registry.h"
+#include "devices/cta/cta_device.h"
 #include "devices/spatten/spatten_device.h"
 #include "devices/topick/topick_device.h"
 #include "google/protobuf/text_format.h"
@@ -32,10 +33,11 @@ constexpr char kUsage[] = R"(servesim-agent - serve one servesim device over gRP
 Usage:
   servesim-agent --device KIND [--preset NAME | --config FILE] [options]
 
-  --device KIND          a registered device kind: gpu, attacc, topick, spatten
+  --device KIND          a registered device kind: gpu, attacc, topick, spatten,
+                         cta
   --preset NAME          the kind's hardware preset (servesim presets); default:
                          gpu a100-80gb, attacc attacc_bank, topick topick,
-                         spatten spatten
+                         spatten spatten, cta cta_0
   --config FILE          a servesim.v1.DeviceSpec in protobuf text format
                          (schema: proto/servesim/v1/hardware.proto)
   --listen HOST:PORT     default 127.0.0.1:50051 (loopback); port 0: any free
@@ -100,6 +102,10 @@ absl::StatusOr<servesim::v1::DeviceSpec> PresetSpec(const std::string& kind,
     ASSIGN_OR_RETURN(*spec.mutable_spatten()->mutable_spatten(),
                      servesim::devices::SpattenPreset(preset));
     spec.mutable_spatten()->set_fidelity(servesim::v1::PRUNE_FIDELITY_ANALYTIC);
+  } else if (kind == "cta") {
+    if (preset.empty()) preset = "cta_0";
+    ASSIGN_OR_RETURN(*spec.mutable_cta()->mutable_cta(), servesim::devices::CtaPreset(preset));
+    spec.mutable_cta()->set_fidelity(servesim::v1::PRUNE_FIDELITY_ANALYTIC);
   } else {
     return absl::InvalidArgumentError(
         absl::StrCat("--device ", kind, ": unknown kind; registered: ",

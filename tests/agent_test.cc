@@ -909,6 +909,28 @@ TEST(AgentEndToEndTest, AttAccOutputsAreByteIdenticalWithOneAndTwoAgentsPerKind)
   EXPECT_TRUE(absl::StrContains(info, "attention device (attacc)")) << info;
 }
 
+TEST(AgentEndToEndTest, CtaPoolOutputsAreByteIdenticalOnAnAgent) {
+  // GPT-2 medium + one CTA unit in FULL fidelity: the agent binds the
+  // scenario's spec and re-hashes each request's tokens itself.
+  const std::string dir = FreshDir();
+  Agents ag;
+  ag.procs.push_back(StartAgent(dir, "cta"));
+  const std::string scenario = dir + "/s.pbtxt";
+  WriteFile(scenario,
+            "model { preset: \"gpt2-medium\" }\n"
+            "cluster { xpu { preset: \"a100-80gb\" } attention_pool {\n"
+            "  cta { fidelity: PRUNE_FIDELITY_FULL calibration { lengths: 256 } } units: 1 } }\n"
+            "workload { saturated { num_requests: 3 input_tokens: 120 output_tokens: 8 } }\n");
+  const Result in = RunServesim({"run", scenario, "--quiet", "--out", dir + "/in"});
+  ASSERT_EQ(in.code, 0) << in.out;
+  const Result one = RunServesim(
+      {"run", scenario, "--quiet", "--out", dir + "/one", "--agent", "cta=" + ag.List(0, 1)});
+  ASSERT_EQ(one.code, 0) << one.out;
+  ExpectSameOutputs(dir + "/in", dir + "/one");
+  const std::string info = ReadFile(dir + "/one/run_info.json");
+  EXPECT_TRUE(absl::StrContains(info, "attention device (cta)")) << info;
+}
+
 double SimulatedSeconds(const std::string& summary) {
   const std::string key = "\"simulated_time_s\": ";
   const size_t at = summary.find(key);

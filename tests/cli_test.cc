@@ -138,7 +138,7 @@ TEST(CliTest, BadCommandLinesExitTwo) {
       {{"run", scenario, "--seed", "abc"}, "--seed needs a non-negative integer"},
       {{"run", scenario, "--out"}, "--out needs a folder"},
       {{"run", scenario, "other.pbtxt"}, "unexpected argument other.pbtxt"},
-      {{"presets", "gadgets"}, "presets takes models, xpus, links, attacc, topick or spatten"},
+      {{"presets", "gadgets"}, "presets takes models, xpus, links, attacc, topick, spatten or cta"},
   };
   for (const Case& c : cases) {
     const RunResult r = RunServesim(c.args);
@@ -157,11 +157,11 @@ TEST(CliTest, PresetsListsEveryPreset) {
         "llama2-70b", "opt-6.7b", "opt-13b", "opt-66b", "gpt2-medium",
         "gpt2-large", "gpt2-xl", "a100-40gb", "a100-80gb", "a100-hbm3",
         "h100-sxm-80gb", "nvlink3", "nvlink4", "pcie4", "pcie5",
-        "ethernet-100g", "ethernet-400g"}) {
+        "ethernet-100g", "ethernet-400g", "cta_0", "cta_0.5", "cta_1"}) {
     EXPECT_TRUE(absl::StrContains(r.out, absl::StrCat("\n  ", name, "\n")))
         << name << " not listed";
   }
-  EXPECT_TRUE(absl::StrContains(r.out, "device kinds: attacc, gpu")) << r.out;
+  EXPECT_TRUE(absl::StrContains(r.out, "device kinds: attacc, cta, gpu")) << r.out;
   // The parameter count follows gpt3-175b's own entry.
   const size_t gpt3 = r.out.find("\n  gpt3-175b\n");
   ASSERT_NE(gpt3, std::string::npos);
@@ -437,6 +437,58 @@ TEST(CliTest, PruningPoolsRunEveryFidelityDeterministically) {
                 0.8 * number(dense, "attention_device_dram_bytes"))
           << k;
     }
+  }
+}
+
+TEST(CliTest, CtaPoolRunsEveryFidelityDeterministically) {
+  // GPT-2 medium with one CTA unit: 4 requests of (200, 16) at t = 0. FULL
+  // hashes every layer's tokens of each request at every decode step; runs
+  // repeat byte for byte; the compressed KV (k1 + k2 rows per head instead
+  // of L) reads less DRAM than `dense`, and summary.json carries the
+  // compression ratios.
+  const std::string dir = FreshDir();
+  const std::string scenario = dir + "/s.pbtxt";
+  WriteFile(scenario,
+            "model { preset: \"gpt2-medium\" }\n"
+            "cluster { xpu { preset: \"a100-80gb\" } attention_pool { cta {} units: 1 } }\n"
+            "workload { saturated { num_requests: 4 input_tokens: 200 output_tokens: 16 } }\n");
+  auto run = [&](const std::string& out, std::vector<std::string> sets) {
+    std::vector<std::string> args = {"run", scenario, "--out", dir + "/" + out, "--quiet"};
+    for (const std::string& s : sets) {
+      args.push_back("--set");
+      args.push_back(s);
+    }
+    const RunResult r = RunServesim(args);
+    EXPECT_EQ(r.code, 0) << r.out;
+    return ReadFile(dir + "/" + out + "/summary.json");
+  };
+  auto number = [](const std::string& json, const std::string& key) {
+    double v = -1;
+    EXPECT_TRUE(absl::SimpleAtod(JsonValue(json, key), &v)) << key;
+    return v;
+  };
+  const std::string fidelity = "cluster.attention_pool.cta.fidelity=";
+  const std::string full_a = run("full_a", {fidelity + "FULL"});
+  const std::string full_b = run("full_b", {fidelity + "FULL"});
+  EXPECT_EQ(full_a, full_b);
+  EXPECT_EQ(ReadFile(dir + "/full_a/requests.csv"), ReadFile(dir + "/full_b/requests.csv"));
+  EXPECT_TRUE(absl::StrContains(full_a, "\"fidelity\": 3")) << full_a;
+  EXPECT_TRUE(absl::StrContains(full_a, "\"attention_device_fidelity\": \"full\""));
+  EXPECT_TRUE(absl::StrContains(full_a, "\"attention_device\": \"cta_0 x 1\""));
+  EXPECT_TRUE(absl::StrContains(full_a, "\"kv_compression_ratio\": ")) << full_a;
+  EXPECT_EQ(number(full_a, "requests_completed"), 4);
+  const std::string calibrated = run("cal", {fidelity + "CALIBRATED"});
+  EXPECT_TRUE(absl::StrContains(calibrated, "\"rl\": ")) << calibrated;
+  const std::string analytic = run("analytic", {fidelity + "ANALYTIC"});
+  // The slides' CTA-0 reductions, as the ANALYTIC table holds them.
+  EXPECT_TRUE(absl::StrContains(analytic, "\"rl\": 0.583, \"ra\": 0.352")) << analytic;
+  const std::string dense =
+      run("dense", {fidelity + "ANALYTIC", "cluster.attention_pool.cta.cta.preset=dense"});
+  for (const std::string* compressed : {&full_a, &calibrated, &analytic}) {
+    EXPECT_LT(number(*compressed, "attention_device_dram_bytes"),
+              0.8 * number(dense, "attention_device_dram_bytes"));
+    EXPECT_LT(number(*compressed, "attention_device_busy_s"),
+              number(dense, "attention_device_busy_s"));
   }
 }
 

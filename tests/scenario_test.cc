@@ -507,6 +507,26 @@ TEST(ScenarioResolveTest, AttentionPoolHoldsTheKvAndTakesTheModelShape) {
   ASSERT_TRUE(sp.ok()) << sp.status();
   EXPECT_EQ(sp->attention_kind, "spatten");
   EXPECT_DOUBLE_EQ(sp->device_memory_bytes, 16.0 * (1 << 30));
+  // CTA: preset cta_0 by default, the model's shape, 8 channels: 8 GiB; a
+  // bad width names the field (at the scenario's line).
+  absl::StatusOr<ResolvedScenario> ct = ParseAndResolve(
+      "model { preset: \"gpt2-medium\" }\n"
+      "cluster { xpu { preset: \"a100-80gb\" } attention_pool { cta { } units: 2 } }\n");
+  ASSERT_TRUE(ct.ok()) << ct.status();
+  EXPECT_EQ(ct->attention_kind, "cta");
+  EXPECT_EQ(ct->attention_label, "cta_0 x 2");
+  const auto& cd = ct->proto.cluster().attention_pool().cta();
+  EXPECT_EQ(cd.cta().preset(), "cta_0");
+  EXPECT_DOUBLE_EQ(cd.cta().kv1_width(), 0.6);
+  EXPECT_EQ(cd.model().layers(), 24);
+  EXPECT_EQ(cd.model().heads(), 16);
+  EXPECT_EQ(cd.model().d_head(), 64);
+  EXPECT_DOUBLE_EQ(ct->device_memory_bytes, 2 * 8.0 * (1 << 30));
+  absl::StatusOr<ResolvedScenario> bad = ParseAndResolve(
+      "model { preset: \"gpt2-medium\" }\n"
+      "cluster { xpu { preset: \"a100-80gb\" } attention_pool { cta { cta { kv2_width: -1 } } } }\n");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(bad.status().message(), HasSubstr("cta device: kv2_width = -1"));
 }
 
 TEST(ScenarioResolveTest, AttentionPoolBadInputNamesTheField) {
