@@ -69,7 +69,9 @@ absl::StatusOr<std::unique_ptr<AgentService>> AgentService::Create(AgentServiceO
   ASSIGN_OR_RETURN(auto device, devices::CreateDevice(s->options_.spec));
   auto own = std::make_shared<Hosted>();
   own->spec = s->options_.spec;
-  own->accepts = device->Describe().accepts;
+  const devices::DeviceDescription d = device->Describe();
+  own->accepts = d.accepts;
+  own->lookahead_ok = d.lookahead_ok;
   own->device = std::move(device);
   s->own_ = std::move(own);
   return s;
@@ -127,7 +129,9 @@ absl::StatusOr<std::shared_ptr<const AgentService::Hosted>> AgentService::Bind(
   auto h = std::make_shared<Hosted>();
   h->key = key;
   h->spec = spec;
-  h->accepts = (*device)->Describe().accepts;
+  const devices::DeviceDescription d = (*device)->Describe();
+  h->accepts = d.accepts;
+  h->lookahead_ok = d.lookahead_ok;
   h->device = std::move(*device);
   devices_.push_back(h);
   while (static_cast<int>(devices_.size()) > options_.max_devices) devices_.pop_front();
@@ -181,7 +185,7 @@ grpc::Status AgentService::Estimate(grpc::ServerContext* ctx, const v1::Estimate
   std::vector<devices::Op> step;
   std::deque<std::vector<devices::AttentionSeq>> shifted;
   std::vector<devices::Cost> step_costs;
-  for (int j = 1; j <= lookahead; ++j) {
+  for (int j = 1; j <= lookahead && (*h)->lookahead_ok; ++j) {
     LookaheadStep(ops.ops, j, &step, &shifted);
     if (step.empty()) break;
     step_costs.assign(step.size(), devices::Cost{});

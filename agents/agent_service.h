@@ -83,6 +83,7 @@ class AgentService final : public servesim::v1::DeviceAgent::Service {
     servesim::v1::DeviceSpec spec;
     std::shared_ptr<const devices::Device> device;
     std::vector<devices::OpKind> accepts;
+    bool lookahead_ok = false;
   };
   struct Session {
     std::mutex mu;

@@ -347,6 +347,7 @@ void EncodeDescription(const devices::DeviceDescription& d, v1::DescribeResponse
   }
   for (OpKind k : d.accepts) o->add_accepts(EncodeOpKind(k));
   o->set_memory_bytes(d.memory_bytes);
+  o->set_lookahead_ok(d.lookahead_ok);
 }
 
 absl::StatusOr<devices::DeviceDescription> DecodeDescription(const v1::DescribeResponse& o) {
@@ -362,6 +363,7 @@ absl::StatusOr<devices::DeviceDescription> DecodeDescription(const v1::DescribeR
     d.accepts.push_back(static_cast<OpKind>(k - 1));
   }
   d.memory_bytes = o.memory_bytes();
+  d.lookahead_ok = o.lookahead_ok();
   return d;
 }
 

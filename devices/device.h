@@ -37,6 +37,12 @@ struct DeviceDescription {
   std::vector<std::pair<std::string, double>> parameters;  // name_unit -> value
   std::vector<OpKind> accepts;
   double memory_bytes = 0;
+  // Estimate may be asked ahead of time, for ops the simulation may never
+  // send (the agents' lookahead, agents/remote_device.h): answering has no
+  // effect on later answers or on Describe, and is cheap. Devices that keep
+  // statistics of what they were asked, or run a functional kernel per op
+  // (FULL fidelity), say false.
+  bool lookahead_ok = false;
 };
 
 struct AttentionCall {

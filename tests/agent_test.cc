@@ -31,6 +31,7 @@
 #include "devices/attacc/attacc_device.h"
 #include "devices/presets.h"
 #include "devices/registry.h"
+#include "devices/topick/topick_device.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/support/byte_buffer.h"
@@ -385,6 +386,41 @@ TEST(AgentServiceTest, LookaheadAnswersUnchangedBatchesAhead) {
     }
     EXPECT_EQ((*plain)->Stats().estimate_rpcs, 4);
     EXPECT_EQ((*plain)->Stats().predicted_ops, 0);
+  }
+}
+
+// A FULL-fidelity device reports the mean of what it was asked, so asking
+// it ahead would change its outputs: it says so (lookahead_ok false) and the
+// agent answers no lookahead steps; ANALYTIC answers them.
+TEST(AgentServiceTest, LookaheadOnlyWhereAnsweringAheadChangesNothing) {
+  for (auto fidelity : {v1::PRUNE_FIDELITY_FULL, v1::PRUNE_FIDELITY_ANALYTIC}) {
+    v1::DeviceSpec spec;
+    *spec.mutable_topick()->mutable_topick() = *devices::TopickPreset("topick");
+    spec.mutable_topick()->set_fidelity(fidelity);
+    auto* m = spec.mutable_topick()->mutable_model();
+    m->set_layers(1), m->set_heads(2), m->set_d_head(64);
+    auto agent = StartLocal(spec);
+    ASSERT_NE(agent, nullptr);
+    std::vector<AttentionSeq> seqs{{1, 100, 7}};
+    Op op;
+    op.kind = OpKind::kAttention;
+    op.stage = devices::Stage::kAttention;
+    op.heads = 2, op.kv_heads = 2, op.d_head = 64;
+    op.seqs = seqs;
+    v1::EstimateRequest req;
+    EncodeOps({&op, 1}, &req);
+    req.set_lookahead(4);
+    v1::EstimateResponse resp;
+    grpc::ClientContext ctx;
+    auto stub = v1::DeviceAgent::NewStub(
+        grpc::CreateChannel(agent->address(), grpc::InsecureChannelCredentials()));
+    ASSERT_TRUE(stub->Estimate(&ctx, req, &resp).ok());
+    const bool full = fidelity == v1::PRUNE_FIDELITY_FULL;
+    EXPECT_EQ(resp.lookahead_answered(), full ? 0 : 4);
+    EXPECT_EQ(resp.costs_size(), full ? 1 : 5);
+    auto local = devices::CreateDevice(spec);
+    ASSERT_TRUE(local.ok());
+    EXPECT_EQ((*local)->Describe().lookahead_ok, !full);
   }
 }
 

@@ -436,6 +436,7 @@ DeviceDescription AttAccDevice::Describe() const {
   d.preset = a.preset();
   d.memory_bytes = a.stacks() * StackBytes();
   d.accepts = {OpKind::kAttention, OpKind::kGemm};
+  d.lookahead_ok = true;  // pure; the memo only caches
   d.parameters = {
       {"placement", static_cast<double>(a.placement())},
       {"stacks", static_cast<double>(a.stacks())},

@@ -78,6 +78,7 @@ DeviceDescription GpuDevice::Describe() const {
   d.kind = "gpu";
   d.preset = x.preset();
   d.memory_bytes = x.memory_bytes();
+  d.lookahead_ok = true;  // pure
   d.accepts = {OpKind::kGemm, OpKind::kAttention, OpKind::kElementwise,
                OpKind::kAllReduce};
   d.parameters = {

@@ -548,6 +548,9 @@ DeviceDescription TopickDevice::Describe() const {
   d.kind = "topick";
   d.preset = t.preset();
   d.accepts = {OpKind::kAttention};
+  // FULL runs the kernel per (request, L) and reports the mean of what it
+  // was asked.
+  d.lookahead_ok = spec_.fidelity() != servesim::v1::PRUNE_FIDELITY_FULL;
   d.parameters = {
       {"fidelity", static_cast<double>(spec_.fidelity() == servesim::v1::PRUNE_FIDELITY_UNSPECIFIED
                                            ? servesim::v1::PRUNE_FIDELITY_ANALYTIC
