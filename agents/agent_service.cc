@@ -43,6 +43,8 @@ std::string SpecKindName(const v1::DeviceSpec& spec) {
       return "topick";
     case v1::DeviceSpec::kSpatten:
       return "spatten";
+    case v1::DeviceSpec::kLad:
+      return "lad";
     default:
       return "";
   }

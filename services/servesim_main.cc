@@ -30,6 +30,7 @@
 #include "cluster/study.h"
 #include "cluster/sweep.h"
 #include "devices/attacc/attacc_device.h"
+#include "devices/lad/lad_device.h"
 #include "devices/spatten/spatten_device.h"
 #include "devices/topick/topick_device.h"
 #include "cluster/workload.h"
@@ -52,7 +53,7 @@ Usage:
   servesim validate SCENARIO.pbtxt [--set path=value ...]
                                           parse and check; print the resolved
                                           scenario and the replica memory plan
-  servesim presets [models|xpus|links|attacc|topick|spatten]
+  servesim presets [models|xpus|links|attacc|topick|spatten|lad]
                                           list presets with their parameters
   servesim study attacc [--out DIR] [--trace FILE | --no-trace]
                                           the AttAcc paper's evaluation (§7):
@@ -121,7 +122,7 @@ Studies (README "Studies: sweeps and searches"):
 Device agents (servesim-agent; README "Device agents"):
   --agent KIND=HOST:PORT[,HOST:PORT...]
                         run every device of KIND (gpu, attacc, topick,
-                        spatten) on these agents instead of in process
+                        spatten, lad) on these agents instead of in process
                         (repeatable, one per kind; replaces the scenario's
                         cluster.xpu_endpoints / attention_endpoints). Results
                         are byte-identical; call counts go to run_info.json
@@ -571,8 +572,8 @@ void PrintMessage(const google::protobuf::Message& m) {
 int Presets(const Options& o) {
   const std::string& k = o.presets_kind;
   if (!k.empty() && k != "models" && k != "xpus" && k != "links" && k != "attacc" &&
-      k != "topick" && k != "spatten") {
-    return UsageError("presets takes models, xpus, links, attacc, topick or spatten");
+      k != "topick" && k != "spatten" && k != "lad") {
+    return UsageError("presets takes models, xpus, links, attacc, topick, spatten or lad");
   }
   if (k.empty() || k == "models") {
     std::cout << "models (model.preset):\n";
@@ -619,6 +620,13 @@ int Presets(const Options& o) {
     for (const auto& name : servesim::devices::SpattenPresetNames()) {
       std::cout << "  " << name << "\n";
       PrintMessage(*servesim::devices::SpattenPreset(name));
+    }
+  }
+  if (k.empty() || k == "lad") {
+    std::cout << "lad (cluster.attention_pool.lad.lad.preset):\n";
+    for (const auto& name : servesim::devices::LadPresetNames()) {
+      std::cout << "  " << name << "\n";
+      PrintMessage(*servesim::devices::LadPreset(name));
     }
   }
   if (k.empty()) {
