@@ -561,17 +561,18 @@ TEST(LadFidelityTest, AttentionSpeedupOverA100) {
   gspec.mutable_gpu()->set_dtype(servesim::v1::DTYPE_FP16);
   auto gpu = CreateDevice(gspec);
   ASSERT_TRUE(gpu.ok()) << gpu.status();
-  auto cspec = Spec("lad_1.5", PRUNE_FIDELITY_CALIBRATED);
-  cspec.mutable_lad()->mutable_model()->set_d_head(128);
-  cspec.mutable_lad()->mutable_calibration()->add_lengths(512);
-  cspec.mutable_lad()->mutable_calibration()->add_lengths(1024);
-  cspec.mutable_lad()->mutable_calibration()->add_lengths(2048);
-  cspec.mutable_lad()->mutable_calibration()->set_instances(2);
-  auto cal = Make(cspec);
-  ASSERT_NE(cal, nullptr);
   auto ideal = Make(Spec("ideal"));
+  std::unique_ptr<LadDevice> cal;
   for (const char* preset : {"lad_1.5", "lad_3.5"}) {
     auto lad = Make(Spec(preset));
+    auto cspec = Spec(preset, PRUNE_FIDELITY_CALIBRATED);
+    cspec.mutable_lad()->mutable_model()->set_d_head(128);
+    cspec.mutable_lad()->mutable_calibration()->add_lengths(512);
+    cspec.mutable_lad()->mutable_calibration()->add_lengths(1024);
+    cspec.mutable_lad()->mutable_calibration()->add_lengths(2048);
+    cspec.mutable_lad()->mutable_calibration()->set_instances(2);
+    cal = Make(cspec);
+    ASSERT_NE(cal, nullptr);
     for (int64_t n : {512, 1024, 2048, 4096}) {
       std::vector<AttentionSeq> seqs(16, AttentionSeq{1, n - 1, -1});
       Op op;
@@ -603,6 +604,11 @@ TEST(LadFidelityTest, AttentionSpeedupOverA100) {
         EXPECT_GT(c.time_s, i.time_s / 1.6) << n;
       }
     }
+  }
+  for (size_t k = 0; k < cal->profile().lengths.size(); ++k) {
+    const auto& r = cal->profile().rows[k];
+    std::printf("calibrated L %.0f: centres %.4f large %.4f active %.4f updates %.4f hits %.4f\n",
+                cal->profile().lengths[k], r[0], r[1], r[2], r[3], r[4]);
   }
   const auto row = cal->profile().Eval(2048);
   EXPECT_GT(row[0], 0.99);  // centres: no two Gaussian-content keys within |cos| 0.98

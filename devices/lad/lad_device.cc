@@ -95,11 +95,26 @@ int64_t LadHeadState::bytes() const {
          cap(in_prev_) + static_cast<int64_t>(sizeof(*this));
 }
 
-double LadHeadState::Dot(const double* qs, int64_t i) const {
-  const float* k = k_.data() + i * p_.d;
+namespace {
+// a . b in fp32 with 8 independent partial sums (so the compiler can keep
+// them in vector registers), added in double: the scores the kernel
+// compares with interval bounds. Every score of a step comes from here, so
+// the exact-score identity (Eq. 4) is exercised with one rounding rule.
+inline double DotF(const float* a, const float* b, int64_t d) {
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t c = 0;
+  for (; c + 8 <= d; c += 8) {
+    for (int u = 0; u < 8; ++u) acc[u] += a[c + u] * b[c + u];
+  }
   double s = 0;
-  for (int64_t c = 0; c < p_.d; ++c) s += qs[c] * k[c];
+  for (int u = 0; u < 8; ++u) s += acc[u];
+  for (; c < d; ++c) s += static_cast<double>(a[c]) * b[c];
   return s;
+}
+}  // namespace
+
+double LadHeadState::Dot(const float* qs, int64_t i) const {
+  return DotF(qs, k_.data() + i * p_.d, p_.d);
 }
 
 // Alg. 1 for the key at position n_, then the row is kept.
@@ -118,9 +133,7 @@ void LadHeadState::Append(const float* k, const float* v) {
   if (norm > 0) {
     for (int32_t pos : centres_) {
       if (norm_[pos] == 0) continue;
-      const float* kc = k_.data() + static_cast<int64_t>(pos) * d;
-      double dot = 0;
-      for (int64_t c = 0; c < d; ++c) dot += static_cast<double>(k[c]) * kc[c];
+      const double dot = DotF(k, k_.data() + static_cast<int64_t>(pos) * d, d);
       const double cs = dot / (static_cast<double>(norm) * norm_[pos]);
       if (std::abs(cs) > std::abs(max_cos)) {
         max_cos = cs;
@@ -149,8 +162,9 @@ void LadHeadState::AppendPrompt(const float* k, const float* v, int64_t n) {
 
 void LadHeadState::Warmup(const float* q, int64_t context, double scale) {
   const int64_t d = p_.d;
-  std::vector<double> qs(d), s(context);
-  for (int64_t c = 0; c < d; ++c) qs[c] = q[c] * scale;
+  std::vector<float> qs(d);
+  std::vector<double> s(context);
+  for (int64_t c = 0; c < d; ++c) qs[c] = static_cast<float>(q[c] * scale);
   double m = -std::numeric_limits<double>::infinity();
   for (int64_t i = 0; i < context; ++i) m = std::max(m, s[i] = Dot(qs.data(), i));
   for (int64_t i = 0; i < context; ++i) {
@@ -202,15 +216,21 @@ LadStepResult LadHeadState::Step(const float* q, const float* k_new, const float
     Insert(cached_++);
     ++cn.updates;
   }
+  // The scaled query: fp32 for the dot products, and its exact double
+  // value for q A and q D (so a score and the caches see the same q).
+  std::vector<float> qf(d);
   std::vector<double> qs(d);
-  for (int64_t c = 0; c < d; ++c) qs[c] = q[c] * scale;
+  for (int64_t c = 0; c < d; ++c) {
+    qf[c] = static_cast<float>(q[c] * scale);
+    qs[c] = qf[c];
+  }
   // EAS: centre scores, rescaled; exact for large modes.
   std::vector<double> s(n), centre_score(n, 0.0);
   cn.centres = static_cast<int64_t>(centres_.size());
   if (p_.exact_scores) {
-    for (int64_t i = 0; i < n; ++i) s[i] = Dot(qs.data(), i);
+    for (int64_t i = 0; i < n; ++i) s[i] = Dot(qf.data(), i);
   } else {
-    for (int32_t c : centres_) centre_score[c] = Dot(qs.data(), c);
+    for (int32_t c : centres_) centre_score[c] = Dot(qf.data(), c);
     for (int64_t i = 0; i < n; ++i) s[i] = centre_score[cid_[i]] * dnorm_[i];
   }
   std::vector<uint8_t> exact(n, p_.exact_scores ? 1 : 0);
@@ -218,7 +238,7 @@ LadStepResult LadHeadState::Step(const float* q, const float* k_new, const float
     if (mode_[i] >= p_.large_mode_min) {
       ++cn.large_mode;
       if (!exact[i]) {
-        s[i] = Dot(qs.data(), i);
+        s[i] = Dot(qf.data(), i);
         exact[i] = 1;
       }
     }
@@ -242,7 +262,7 @@ LadStepResult LadHeadState::Step(const float* q, const float* k_new, const float
   if (p_.measure) {
     std::vector<double> se(n);
     double me = -std::numeric_limits<double>::infinity();
-    for (int64_t i = 0; i < n; ++i) me = std::max(me, se[i] = Dot(qs.data(), i));
+    for (int64_t i = 0; i < n; ++i) me = std::max(me, se[i] = Dot(qf.data(), i));
     std::vector<uint8_t> in_j(n, 0);
     for (int32_t j : J) in_j[j] = 1;
     for (int64_t i = 0; i < cached_; ++i) {
@@ -288,7 +308,7 @@ LadStepResult LadHeadState::Step(const float* q, const float* k_new, const float
   };
   std::vector<Update> U;
   for (int32_t j : J) {
-    const double sj = exact[j] ? s[j] : Dot(qs.data(), j);
+    const double sj = exact[j] ? s[j] : Dot(qf.data(), j);
     const int id = pwl_->Interval(sj - m);
     const int mj = j < cached_ ? mode_[j] : 0;
     const double alpha = pwl_->a[id] - pwl_->a[mj], beta = pwl_->b[id] - pwl_->b[mj];
@@ -487,7 +507,12 @@ absl::Status LadDevice::Calibrate() {
   const int heads = m.has_heads() && m.heads() > 0 ? m.heads() : 1 << 20;
   const int64_t d = source_->d_head();
   const double scale = 1.0 / std::sqrt(static_cast<double>(d));
-  const int64_t l0 = std::max<int64_t>(2, lengths.front() - kAverageSteps + 1);
+  // Decoding starts at half the shortest length, so every length is
+  // measured with at least that much decode history behind it (DECISION: a
+  // request decodes from its prompt length, and LAD's modes need history;
+  // the profile is indexed by L alone).
+  const int64_t l0 = std::max<int64_t>(2, std::min(lengths.front() / 2,
+                                                   lengths.front() - kAverageSteps + 1));
   std::vector<LadCounts> sums(lengths.size());
   LadCounts all;
   LadParams params = KernelParams(d);

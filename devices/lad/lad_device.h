@@ -80,7 +80,7 @@
 //  - ANALYTIC: the preset's table (presets.cc; ASSUMPTIONS from the paper's
 //    reported figures), constant in L;
 //  - CALIBRATED: at Create(), `instances` heads of the attention data each
-//    decode step by step from min(lengths) to max(lengths); the fractions
+//    decode step by step from min(lengths) / 2 to max(lengths); the fractions
 //    are averaged over the 8 steps ending at each calibration length and
 //    interpolated log-linearly (KeepProfile). The same run measures false
 //    negatives (Describe: false_negative_fraction).
@@ -173,7 +173,7 @@ class LadHeadState {
  private:
   void Append(const float* k, const float* v);
   void Insert(int64_t i);
-  double Dot(const double* qs, int64_t i) const;
+  double Dot(const float* qs, int64_t i) const;
 
   LadParams p_;
   const LadPwl* pwl_;
