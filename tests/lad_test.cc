@@ -60,11 +60,12 @@ AttentionDataGenerator Generator(int64_t d, uint64_t seed = 7, double drift = -1
 // the counters), then one step per call.
 struct Decoder {
   Decoder(const AttentionDataGenerator& g, const LadParams& p, const LadPwl* pwl,
-          AttentionInstance in, int64_t prompt)
-      : gen(g), st(p, pwl), inst(in), d(p.d), l(prompt) {
+          AttentionInstance in, int64_t prompt, bool collinear = false)
+      : gen(g), st(p, pwl), inst(in), d(p.d), l(prompt), collinear(collinear) {
     scale = 1.0 / std::sqrt(static_cast<double>(d));
     std::vector<float> k(prompt * d), v(prompt * d), q(d);
     EXPECT_TRUE(gen.KeyValueRows(inst, 0, prompt, k.data(), v.data()).ok());
+    for (int64_t j = 0; j < prompt; ++j) Collinear(j, k.data() + j * d);
     st.AppendPrompt(k.data(), v.data(), prompt);
     for (int64_t t = std::max<int64_t>(0, prompt - 16); t < prompt; ++t) {
       gen.Query(inst, t, q.data());
@@ -76,13 +77,36 @@ struct Decoder {
     std::vector<float> q(d), k(d), v(d);
     gen.Query(inst, l - 1, q.data());
     gen.Key(inst, l - 1, k.data());
+    Collinear(l - 1, k.data());
     gen.Value(inst, l - 1, v.data());
     return st.Step(q.data(), k.data(), v.data(), scale);
+  }
+  // With `collinear`, keys from position 8 on are made nearly collinear
+  // with one of the first 8 (the directional structure Alg. 1 exploits in
+  // real models, absent from the generator's Gaussian content):
+  // k_j = a s k_{j mod 8} + noise, a in {0.5 .. 1.7}, s = -1 for every
+  // third position, and noise of 0.12 a |k_{j mod 8}| along the generator's
+  // own k_j, so |cos| = 0.993 > 0.98 and the centre approximation misses
+  // q . noise.
+  void Collinear(int64_t j, float* k) const {
+    if (!collinear || j < 8) return;
+    std::vector<float> kc(d);
+    gen.Key(inst, j % 8, kc.data());
+    double nc = 0, ng = 0;
+    for (int64_t c = 0; c < d; ++c) {
+      nc += static_cast<double>(kc[c]) * kc[c];
+      ng += static_cast<double>(k[c]) * k[c];
+    }
+    const double a = 0.5 + 0.3 * static_cast<double>(j % 5);
+    const double sign = j % 3 == 0 ? -1.0 : 1.0;
+    const double eps = 0.12 * a * std::sqrt(nc / ng);
+    for (int64_t c = 0; c < d; ++c) k[c] = static_cast<float>(a * sign * kc[c] + eps * k[c]);
   }
   const AttentionDataGenerator& gen;
   LadHeadState st;
   AttentionInstance inst;
   int64_t d, l;
+  bool collinear;
   double scale;
 };
 
@@ -236,20 +260,24 @@ TEST(LadKernelTest, Eq4IsAnIdentityWithExactScoresAtEveryStep) {
 }
 
 TEST(LadKernelTest, FalseNegativesAreCountedAndTheirErrorBounded) {
-  // Centre approximations (Alg. 1) misjudge some positions. Those judged
-  // active wrongly cost nothing (cf = 0); those judged in-mode wrongly
-  // (false negatives) keep their mode's coefficients. Counted against the
-  // exact intervals; the output stays within 2% (L2, relative) of
-  // piecewise-linear-exp attention and of exact softmax attention.
+  // Keys nearly collinear with 8 directions (Decoder::Collinear), so most
+  // scores are centre approximations (Alg. 1), which misjudge some
+  // positions. Those judged active wrongly cost nothing (cf = 0); those
+  // judged in-mode wrongly (false negatives) keep their mode's
+  // coefficients. Counted against the exact intervals. At every step the
+  // output error against piecewise-linear-exp attention is within the bound
+  // the false negatives' misassigned weight gives (LadStepResult::fn_mass),
+  // and within 5% (L2, relative) of it and of exact softmax attention.
   const LadPwl pwl = PresetPwl();
   const AttentionDataGenerator g = Generator(128, 5);
   LadParams p;
   p.d = 128;
   p.measure = true;
   LadCounts total;
-  double worst_pwl = 0, worst_exact = 0;
+  double worst_pwl = 0, worst_exact = 0, worst_mass = 0;
+  int exact_steps = 0;
   for (int head = 0; head < 2; ++head) {
-    Decoder dec(g, p, &pwl, {9, 0, head}, 200);
+    Decoder dec(g, p, &pwl, {9, 0, head}, 200, /*collinear=*/true);
     for (int step = 0; step < 400; ++step) {
       const LadStepResult r = dec.Next();
       double e2 = 0, p2 = 0, x2 = 0;
@@ -259,55 +287,75 @@ TEST(LadKernelTest, FalseNegativesAreCountedAndTheirErrorBounded) {
         p2 += r.pwl_out[c] * r.pwl_out[c];
       }
       worst_pwl = std::max(worst_pwl, std::sqrt(e2 / p2));
+      const double bound =
+          (r.fn_vmax + MaxAbs(r.pwl_out)) * r.fn_mass / (1 - r.fn_mass) + 1e-5 * MaxAbs(r.pwl_out);
+      ASSERT_LE(MaxAbsDiff(r.out, r.pwl_out), bound) << step;
+      worst_mass = std::max(worst_mass, r.fn_mass);
       worst_exact = std::max(worst_exact, std::sqrt(x2 / p2));
       if (r.counts.false_negatives == 0) {
-        // No misjudged position: the identity holds.
-        ASSERT_LT(MaxAbsDiff(r.out, r.pwl_out) / MaxAbs(r.pwl_out), 2e-6) << step;
+        // No misjudged position: the identity holds (to the rounding of
+        // fp32 scores against the double caches).
+        ASSERT_LT(MaxAbsDiff(r.out, r.pwl_out) / MaxAbs(r.pwl_out), 1e-5) << step;
+        ++exact_steps;
       }
       total += r.counts;
     }
   }
   const double fn = static_cast<double>(total.false_negatives) / total.checked;
-  std::printf("FN %.4f FP %.4f worst pwl %.3g exact %.3g centres %.3f\n", fn,
+  std::printf("FN %.4f FP %.4f worst pwl %.3g exact %.3g mass %.3g centres %.3f\n", fn,
               static_cast<double>(total.false_positives) / total.checked, worst_pwl,
-              worst_exact, static_cast<double>(total.centres) / total.positions);
+              worst_exact, worst_mass, static_cast<double>(total.centres) / total.positions);
   EXPECT_GT(total.checked, 0);
+  // Few centres (8 directions, plus keys whose noise breaks collinearity).
+  EXPECT_LT(static_cast<double>(total.centres) / total.positions, 0.1);
+  EXPECT_GT(total.false_negatives, 0);
+  EXPECT_GT(total.false_positives, 0);
+  EXPECT_GT(exact_steps, 0);
   EXPECT_LT(fn, 0.05);
-  EXPECT_LT(worst_pwl, 0.02);
-  EXPECT_LT(worst_exact, 0.02);
+  EXPECT_LT(worst_pwl, 0.05);
+  EXPECT_LT(worst_exact, 0.05);
+  EXPECT_GT(worst_mass, 0);
 }
 
 TEST(LadKernelTest, TwoThousandStepDecodeDoesNotDrift) {
-  // 2,000 steps of one head with the hardware's approximate scores: the
-  // caches are updated incrementally at every step (Eq. 6), so any drift
-  // would grow with the step. The error against piecewise-linear-exp
-  // attention in the last 200 steps stays within the bound of the first
-  // 200, and steps without false negatives stay exact.
+  // 2,000 steps of one head with the hardware's approximate scores (keys
+  // nearly collinear, so false negatives happen). The caches are updated
+  // incrementally at every step (Eq. 5 insertions, Eq. 6 mode changes):
+  // recomputed from scratch at steps 500, 1000, 1500 and 2000 they agree to
+  // 1e-12 (no drift), and the output stays within 5% (L2, relative) of
+  // piecewise-linear-exp attention at every step, the error of the last
+  // 500 steps no larger than 2x that of the first 500.
   const LadPwl pwl = PresetPwl();
   const AttentionDataGenerator g = Generator(128, 3);
   LadParams p;
   p.d = 128;
   p.measure = true;
-  Decoder dec(g, p, &pwl, {1, 2, 3}, 16);
-  double first = 0, last = 0, exact_last = 0;
-  int exact_steps = 0;
-  for (int step = 0; step < 2000; ++step) {
+  Decoder dec(g, p, &pwl, {1, 2, 3}, 16, /*collinear=*/true);
+  double first = 0, last = 0, worst = 0;
+  LadCounts total;
+  for (int step = 1; step <= 2000; ++step) {
     const LadStepResult r = dec.Next();
-    const double rel = MaxAbsDiff(r.out, r.pwl_out) / MaxAbs(r.pwl_out);
-    if (step < 200) first = std::max(first, rel);
-    if (step >= 1800) {
-      last = std::max(last, rel);
-      if (r.counts.false_negatives == 0) {
-        exact_last = std::max(exact_last, rel);
-        ++exact_steps;
-      }
+    total += r.counts;
+    double e2 = 0, p2 = 0;
+    for (int64_t c = 0; c < 128; ++c) {
+      e2 += std::pow(r.out[c] - r.pwl_out[c], 2);
+      p2 += r.pwl_out[c] * r.pwl_out[c];
+    }
+    const double rel = std::sqrt(e2 / p2);
+    worst = std::max(worst, rel);
+    if (step <= 500) first = std::max(first, rel);
+    if (step > 1500) last = std::max(last, rel);
+    if (step % 500 == 0) {
+      const double drift = dec.st.CacheDrift();
+      EXPECT_LT(drift, 1e-12) << step;
+      std::printf("step %d: cache drift %.3g\n", step, drift);
     }
   }
-  std::printf("first %.3g last %.3g exact_last %.3g (%d steps)\n", first, last, exact_last,
-              exact_steps);
-  EXPECT_LT(last, 0.02);
-  EXPECT_LT(exact_last, 2e-6);
-  EXPECT_GT(exact_steps, 0);
+  std::printf("worst %.3g first %.3g last %.3g, FN %.4f\n", worst, first, last,
+              static_cast<double>(total.false_negatives) / total.checked);
+  EXPECT_GT(total.false_negatives, 0);
+  EXPECT_LT(worst, 0.05);
+  EXPECT_LT(last, 2 * first);
 }
 
 TEST(LadKernelTest, ActiveFractionFallsWithTheQueryDrift) {

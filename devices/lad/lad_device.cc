@@ -173,6 +173,37 @@ void LadHeadState::Warmup(const float* q, int64_t context, double scale) {
   }
 }
 
+double LadHeadState::CacheDrift() const {
+  const int64_t d = p_.d;
+  std::vector<double> A(d * d, 0.0), B(d, 0.0), C(d, 0.0), D(d, 0.0);
+  double E = 0, F = 0;
+  for (int64_t i = 0; i < cached_; ++i) {
+    const double a = pwl_->a[mode_[i]], b = pwl_->b[mode_[i]];
+    const float* k = k_.data() + i * d;
+    const float* v = v_.data() + i * d;
+    for (int64_t r = 0; r < d; ++r) {
+      for (int64_t c = 0; c < d; ++c) A[r * d + c] += a * k[r] * v[c];
+    }
+    for (int64_t c = 0; c < d; ++c) {
+      B[c] += a * v[c];
+      C[c] += b * v[c];
+      D[c] += a * k[c];
+    }
+    E += a;
+    F += b;
+  }
+  const auto rel = [](const std::vector<double>& want, const std::vector<double>& got) {
+    double diff = 0, mag = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+      diff = std::max(diff, std::abs(want[i] - got[i]));
+      mag = std::max(mag, std::abs(want[i]));
+    }
+    return mag > 0 ? diff / mag : diff;
+  };
+  return std::max({rel(A, A_), rel(B, B_), rel(C, C_), rel(D, D_), rel({E}, {E_}),
+                   rel({F}, {F_})});
+}
+
 // Eq. 5: position i joins the caches with its mode (argmax of its counters,
 // ties to the larger interval).
 void LadHeadState::Insert(int64_t i) {
@@ -234,8 +265,12 @@ LadStepResult LadHeadState::Step(const float* q, const float* k_new, const float
     for (int64_t i = 0; i < n; ++i) s[i] = centre_score[cid_[i]] * dnorm_[i];
   }
   std::vector<uint8_t> exact(n, p_.exact_scores ? 1 : 0);
-  for (int64_t i = 0; i < cached_; ++i) {
-    if (mode_[i] >= p_.large_mode_min) {
+  // EAS.3: exact scores for M, the large modes (§III-F) and the latest
+  // positions (DECISION: they are computed exactly anyway, §III-E, and the
+  // newest positions often hold the maximum m that every interval is
+  // relative to; an approximate m shifts every position's interval).
+  for (int64_t i = 0; i < n; ++i) {
+    if (i >= cached_ || mode_[i] >= p_.large_mode_min) {
       ++cn.large_mode;
       if (!exact[i]) {
         s[i] = Dot(qf.data(), i);
@@ -265,10 +300,18 @@ LadStepResult LadHeadState::Step(const float* q, const float* k_new, const float
     for (int64_t i = 0; i < n; ++i) me = std::max(me, se[i] = Dot(qf.data(), i));
     std::vector<uint8_t> in_j(n, 0);
     for (int32_t j : J) in_j[j] = 1;
+    double fn_weight = 0;
     for (int64_t i = 0; i < cached_; ++i) {
       const int id = pwl_->Interval(se[i] - m);
       ++cn.checked;
-      if (!in_j[i] && id != mode_[i]) ++cn.false_negatives;
+      if (!in_j[i] && id != mode_[i]) {
+        ++cn.false_negatives;
+        const double x = se[i] - m;
+        fn_weight += std::abs(pwl_->a[id] * x + pwl_->b[id] -
+                              (pwl_->a[mode_[i]] * x + pwl_->b[mode_[i]]));
+        const float* v = v_.data() + i * d;
+        for (int64_t c = 0; c < d; ++c) r.fn_vmax = std::max(r.fn_vmax, std::abs(double{v[c]}));
+      }
       if (in_j[i] && id == mode_[i]) ++cn.false_positives;
     }
     r.pwl_out.assign(d, 0.0);
@@ -288,6 +331,7 @@ LadStepResult LadHeadState::Step(const float* q, const float* k_new, const float
       r.pwl_out[c] /= pden;
       r.exact_out[c] /= eden;
     }
+    r.fn_mass = fn_weight / pden;
   }
   // AC.1-2: the mode-based numerator and denominator.
   std::vector<double> num(d, 0.0);

@@ -26,8 +26,9 @@
 //       with their mode (argmax of their counters; ties to the larger
 //       interval): Eq. 5 terms, counted in |U| (the AC's update FIFO).
 //    3. approximate scores s~_i = (q . k_cid[i]) dnorm[i] / sqrt(d) (EAS.1-2),
-//       exact for M, the cached positions with mode >= large_mode_min_interval
-//       (§III-F, EAS.3); m = max s~.
+//       exact for M: the cached positions with mode >=
+//       large_mode_min_interval (§III-F, EAS.3) and the latest recent_exact
+//       positions (DECISION: they often hold the maximum); m = max s~.
 //    4. J: cached positions with interval(s~_i - m) != mode[i] (APID) plus
 //       the latest recent_exact positions (mode 0, always in J); the others'
 //       cnt[i, mode[i]] += 1.
@@ -151,6 +152,12 @@ struct LadStepResult {
   // measure: piecewise-linear-exp attention with every interval exact and
   // the same m (what LAD gives without false negatives), and exact softmax.
   std::vector<double> pwl_out, exact_out;
+  // measure: the false negatives' misassigned weight sum_FN |cf_i| (cf_i =
+  // pwl(s_i - m) - a*(s_i - m) - b*, exact s_i) over pwl_out's denominator,
+  // and their largest |v_i| element. Then (Eq. 4 with the missed
+  // corrections) |out - pwl_out|_inf <= (fn_vmax + |pwl_out|_inf) fn_mass /
+  // (1 - fn_mass).
+  double fn_mass = 0, fn_vmax = 0;
 };
 
 // The state of one (request, layer, head).
@@ -168,6 +175,11 @@ class LadHeadState {
   int64_t cached() const { return cached_; }
   int64_t centres() const { return static_cast<int64_t>(centres_.size()); }
   int mode(int64_t i) const { return mode_[i]; }
+  // The caches A-F recomputed from scratch (Eq. 5 over the cached
+  // positions and their current modes) against the incrementally updated
+  // ones: the largest difference relative to the largest recomputed
+  // magnitude of that cache. 0 means no drift.
+  double CacheDrift() const;
   int64_t bytes() const;
 
  private:
