@@ -245,7 +245,7 @@ TEST(LadKernelTest, Eq4IsAnIdentityWithExactScoresAtEveryStep) {
       const LadStepResult r = dec.Next();
       const double rel = MaxAbsDiff(r.out, r.pwl_out) / MaxAbs(r.pwl_out);
       worst = std::max(worst, rel);
-      ASSERT_LT(rel, 2e-6) << "step " << step;
+      ASSERT_LT(rel, 4e-6) << "step " << step;  // fp32 scores (DotF), double caches
       ASSERT_EQ(r.counts.false_negatives, 0) << step;
       total += r.counts;
     }

@@ -49,7 +49,7 @@
 // (§III-F), and centre and active-position accesses as "small" and
 // shrinking with n (Fig. 8, lost in the text). ASSUMPTIONS, stated so:
 // centres 0.05, large-mode 0.02, active 0.06, updated 0.005, hits 0.80.
-// At n = 2048, d = 128 these give stage-1 + 4 traffic of 0.16 of dense
+// At n = 2048, d = 128 these give stage-1 + 4 traffic of 0.14 of dense
 // K/V, in line with the paper's 5.8-10.7x attention speedups over an A100
 // at equal bandwidth (README, LAD). CALIBRATED and FULL measure them.
 #include <map>
