@@ -221,8 +221,11 @@ class LadDevice : public Device {
 
   DeviceDescription Describe() const override;
   absl::Status Estimate(absl::Span<const Op> ops, absl::Span<Cost> costs) const override;
-  // Decode attention of a call with no history: the prompt is the call's
-  // first L - 1 positions (warm-up as above), then one LAD step per head.
+  // Decode attention of a call with no history (DECISION: an
+  // AttentionCall carries no request): the call's first L - 1 positions
+  // are the prompt (Alg. 1 on each key), the call's own query seeds their
+  // counters once, then one LAD step per head. Stats: positions whose K
+  // (centres, M, J) and V (J) were read.
   absl::StatusOr<AttentionResult> Execute(const AttentionCall& call) const override;
 
   // The cycle model from counts (absolute, one head-sample).
