@@ -818,6 +818,32 @@ TEST(AgentEndToEndTest, AttAccOutputsAreByteIdenticalWithOneAndTwoAgentsPerKind)
   EXPECT_TRUE(absl::StrContains(info, "attention device (attacc)")) << info;
 }
 
+TEST(AgentEndToEndTest, LadFullPoolKeepsItsStateInTheAgent) {
+  // A FULL-fidelity LAD pool of 2 units on one agent: the per-request LAD
+  // state (counters, modes, centres, caches A-F of every head) lives in the
+  // agent's bound device between decode steps, and the outputs are the
+  // in-process run's byte for byte.
+  const std::string dir = FreshDir();
+  const std::string sc = dir + "/lad.pbtxt";
+  WriteFile(sc,
+            "model { preset: \"gpt2-medium\" }\n"
+            "cluster { xpu { preset: \"a100-80gb\" } attention_pool { units: 2 lad {\n"
+            "  fidelity: PRUNE_FIDELITY_FULL calibration { lengths: 128 lengths: 256 instances: 2 }\n"
+            "} } }\n"
+            "workload { saturated { num_requests: 3 input_tokens: 150 output_tokens: 12 } }\n");
+  Agents ag;
+  ag.procs.push_back(StartAgent(dir, "lad"));
+  const Result in = RunServesim({"run", sc, "--quiet", "--out", dir + "/in"});
+  ASSERT_EQ(in.code, 0) << in.out;
+  const Result one =
+      RunServesim({"run", sc, "--quiet", "--out", dir + "/one", "--agent", "lad=" + ag.List(0, 1)});
+  ASSERT_EQ(one.code, 0) << one.out;
+  ExpectSameOutputs(dir + "/in", dir + "/one");
+  const std::string info = ReadFile(dir + "/one/run_info.json");
+  EXPECT_TRUE(absl::StrContains(info, "attention device (lad)")) << info;
+  EXPECT_TRUE(absl::StrContains(ReadFile(dir + "/one/summary.json"), "\"active_fraction\": "));
+}
+
 double SimulatedSeconds(const std::string& summary) {
   const std::string key = "\"simulated_time_s\": ";
   const size_t at = summary.find(key);
