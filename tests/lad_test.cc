@@ -466,6 +466,13 @@ TEST(LadCycleModelTest, EstimateSchedulesHeadSamplesOverTilesSharingHbm) {
   ASSERT_TRUE(ideal->Estimate({&op, 1}, {&ci, 1}).ok());
   EXPECT_DOUBLE_EQ(ci.dram_bytes, 12 * 2 * 2048 * 256.0);
   EXPECT_GT(ci.time_s, 4 * c.time_s);
+  // At n = 100 the fractions give |J| 6, |M| 2, |U| 0.5: the 16 latest
+  // positions and the one insertion a step are the floor. EAS (2 x 5 +
+  // 100/128 + 16)/2, APID 8.33, MD 8, AC (128 + 16 + 128 + 3)/3 = 91.67.
+  const LadHeadCost small = dev->HeadCost(100, 128, {0.05, 0.02, 0.06, 0.005, 0.8}, 1e9);
+  EXPECT_NEAR(small.compute_cycles, 275.0 / 3, 1e-9);
+  EXPECT_NEAR(small.eq7_terms[2], 8.0, 1e-12);
+  EXPECT_NEAR(small.stage4_bytes, 33540 + (16 - 12.8) * 512, 1e-9);
   // Prefill is dense: 100 new tokens, K and V of 100 positions.
   seqs = {AttentionSeq{100, 0, -1}};
   op.seqs = seqs;

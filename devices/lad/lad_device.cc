@@ -659,9 +659,13 @@ LadHeadCost LadDevice::HeadCostCounts(int64_t n, int64_t d, double C, double M, 
 
 LadHeadCost LadDevice::HeadCost(int64_t n, int64_t d, const LadFractions& f, double cap) const {
   const double N = static_cast<double>(n);
-  const double J = std::min(N, f[2] * N);
-  return HeadCostCounts(n, d, std::min(N, f[0] * N), std::min(N, f[1] * N), J, f[3] * N,
-                        f[4] * J, cap);
+  // Whatever the fractions say, the latest recent_exact positions are in M
+  // and J, and past them one position a step enters the caches (|U| >= 1).
+  const double window = std::min(N, static_cast<double>(spec().recent_exact()));
+  const double J = std::min(N, std::max(f[2] * N, window));
+  const double M = std::min(N, std::max(f[1] * N, window));
+  const double U = std::max(f[3] * N, N > window ? 1.0 : 0.0);
+  return HeadCostCounts(n, d, std::min(N, f[0] * N), M, J, U, f[4] * J, cap);
 }
 
 DeviceDescription LadDevice::Describe() const {

@@ -66,7 +66,11 @@
 //                   prefetch_sram_fraction x sram / (ceil(b / tiles) 2 d e)
 //                   rows per head-sample, b the op's decode sequences (a
 //                   period prefetches its b head-samples, Fig. 6).
-// with e = element_bytes (fp16). An op's head-samples go round-robin over
+// with e = element_bytes (fp16). |M| includes the latest recent_exact
+// positions (read in stage 1 for EAS.3 and again with J in stage 4;
+// DECISION: counted twice, 16 rows), so from fractions |M| and |J| are at
+// least min(n, recent_exact) and |U| at least 1 once n > recent_exact.
+// An op's head-samples go round-robin over
 // the tiles (Fig. 6), which share the HBM: cycles = max(sum of stage-1 + 4
 // bytes / (bandwidth / clock), sum of compute stages / tiles) + 5 x the
 // largest head-sample stage (filling the 6-stage pipeline). Energy: Table
