@@ -29,6 +29,8 @@
 #include "agents/convert.h"
 #include "agents/remote_device.h"
 #include "devices/attacc/attacc_device.h"
+#include "devices/attention_data.h"
+#include "devices/lad/lad_device.h"
 #include "devices/presets.h"
 #include "devices/registry.h"
 #include "grpcpp/create_channel.h"
@@ -609,6 +611,55 @@ TEST(AgentServiceTest, SessionsMatchExecuteAndSurviveAnAgentRestart) {
   EXPECT_EQ(got->out.bytes, want->out.bytes);
   EXPECT_EQ((*remote)->Stats().session_rebuilds, 1);
   EXPECT_GE((*remote)->Stats().rebinds + (*remote)->Stats().retries, 1);
+}
+
+TEST(AgentServiceTest, LadSessionsKeepTheirStateAcrossSteps) {
+  // LAD's kernel keeps its per-head state (counters, modes, centres,
+  // caches A-F) in the agent between a session's steps: a session that
+  // appends one K/V row and steps, 20 times, answers what an in-process LAD
+  // device gives for the same session, bit for bit; the history matters (a
+  // stateless call answers differently at some step).
+  v1::DeviceSpec spec;
+  *spec.mutable_lad()->mutable_lad() = *devices::LadPreset("lad_1.5");
+  spec.mutable_lad()->set_fidelity(v1::PRUNE_FIDELITY_ANALYTIC);
+  auto agent = StartLocal(spec);
+  ASSERT_NE(agent, nullptr);
+  auto remote = RemoteDevice::Create(spec, {agent->address()}, FastClient(), "lad");
+  ASSERT_TRUE(remote.ok()) << remote.status();
+  auto local = devices::CreateDevice(spec);
+  ASSERT_TRUE(local.ok());
+  devices::AttentionDataParams p;
+  p.d_head = 32;
+  auto gen = devices::AttentionDataGenerator::Create(p);
+  ASSERT_TRUE(gen.ok());
+  using devices::ElementType;
+  auto session = (*remote)->OpenSession(3, 1, 32, ElementType::kFp32);
+  ASSERT_TRUE(session.ok()) << session.status();
+  const int64_t l0 = 60;
+  int differs = 0;
+  for (int64_t l = l0; l < l0 + 20; ++l) {
+    auto call = gen->DecodeStep({0, 0, 0}, l);
+    ASSERT_TRUE(call.ok());
+    // The rows the session does not hold yet.
+    const int64_t from = l == l0 ? 0 : l - 1;
+    devices::Tensor k = devices::Tensor::Zeros(ElementType::kFp32, {1, l - from, 32});
+    devices::Tensor v = devices::Tensor::Zeros(ElementType::kFp32, {1, l - from, 32});
+    for (int64_t i = 0; i < (l - from) * 32; ++i) {
+      k.Set(i, call->k.At(from * 32 + i));
+      v.Set(i, call->v.At(from * 32 + i));
+    }
+    ASSERT_TRUE((*session)->AppendKv(k, v).ok());
+    auto got = (*session)->Step(call->q);
+    ASSERT_TRUE(got.ok()) << got.status();
+    auto stateless = (*local)->Execute(*call);
+    call->session = 1;
+    auto want = (*local)->Execute(*call);
+    ASSERT_TRUE(want.ok());
+    ASSERT_TRUE(stateless.ok());
+    EXPECT_EQ(got->out.bytes, want->out.bytes) << l;
+    differs += stateless->out.bytes != want->out.bytes ? 1 : 0;
+  }
+  EXPECT_GT(differs, 0);
 }
 
 TEST(AgentServiceTest, FailsOverAndNamesTheEndpointsWhenNoneIsLeft) {

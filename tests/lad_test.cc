@@ -601,6 +601,43 @@ TEST(LadFidelityTest, ExecuteIsCloseToExactAttention) {
   EXPECT_EQ(got->stats.kv_positions, 300);
 }
 
+TEST(LadFidelityTest, ExecuteKeepsAgentSessionStateAcrossSteps) {
+  // An agent session's Step passes its session number: LAD keeps the head's
+  // state between calls, so 40 consecutive calls equal one LadHeadState
+  // decoding step by step (bit for bit); a call that skips a length starts
+  // afresh and equals the stateless call.
+  auto dev = Make(Spec());
+  const AttentionDataGenerator g = Generator(64, 4);
+  const int64_t l0 = 100;
+  LadHeadState replay(dev->KernelParams(64), &dev->pwl());
+  const double scale = 1.0 / 8.0;
+  for (int64_t l = l0; l < l0 + 40; ++l) {
+    auto call = g.DecodeStep({0, 0, 0}, l);
+    ASSERT_TRUE(call.ok());
+    call->session = 5;
+    auto got = dev->Execute(*call);
+    ASSERT_TRUE(got.ok()) << got.status();
+    const float* k = reinterpret_cast<const float*>(call->k.bytes.data());
+    const float* v = reinterpret_cast<const float*>(call->v.bytes.data());
+    const float* q = reinterpret_cast<const float*>(call->q.bytes.data());
+    if (l == l0) {
+      replay.AppendPrompt(k, v, l - 1);
+      replay.Warmup(q, l - 1, scale);
+    }
+    const LadStepResult want = replay.Step(q, k + (l - 1) * 64, v + (l - 1) * 64, scale);
+    for (int64_t c = 0; c < 64; ++c) ASSERT_EQ(got->out.At(c), want.out[c]) << l << " " << c;
+    EXPECT_EQ(got->stats.v_rows_read, want.counts.active);
+  }
+  auto skip = g.DecodeStep({0, 0, 0}, l0 + 45);
+  ASSERT_TRUE(skip.ok());
+  auto stateless = dev->Execute(*skip);
+  skip->session = 5;
+  auto restarted = dev->Execute(*skip);
+  ASSERT_TRUE(stateless.ok());
+  ASSERT_TRUE(restarted.ok());
+  EXPECT_EQ(stateless->out.bytes, restarted->out.bytes);
+}
+
 TEST(LadFidelityTest, AttentionSpeedupOverA100) {
   // The paper's comparison (§V-C): decode attention of LLaMA-2-7B (32 heads,
   // d 128) on one LAD (6 tiles, 1.536 TB/s) against an A100-40GB (1555 GB/s,

@@ -909,16 +909,37 @@ absl::StatusOr<AttentionResult> LadDevice::Execute(const AttentionCall& call) co
   AttentionResult res;
   res.out = Tensor::Zeros(ElementType::kFp32, {heads, 1, d});
   const LadParams params = KernelParams(d);
+  std::unique_lock<std::mutex> lock(sess_mu_, std::defer_lock);
+  SessionState* ss = nullptr;
+  bool fresh = true;
+  std::vector<LadHeadState> local;
+  if (call.session >= 0) {
+    lock.lock();
+    auto& slot = sessions_[call.session];
+    if (slot == nullptr) {
+      slot = std::make_unique<SessionState>();
+      slot->lru = sess_lru_.insert(sess_lru_.end(), call.session);
+    } else {
+      sess_lru_.splice(sess_lru_.end(), sess_lru_, slot->lru);
+    }
+    ss = slot.get();
+    fresh = !(ss->l == l - 1 && ss->heads == heads && ss->d == d &&
+              ss->state.size() == static_cast<size_t>(heads));
+    if (fresh) ss->state.clear();
+  }
+  std::vector<LadHeadState>& states = ss != nullptr ? ss->state : local;
   for (int64_t h = 0; h < heads; ++h) {
     const int64_t g = h / (heads / kvh);
     const float* kh = k + g * l * d;
     const float* vh = v + g * l * d;
     const float* qh = q + h * d;
-    LadHeadState st(params, &pwl_);
-    st.AppendPrompt(kh, vh, l - 1);
-    // No history: the call's own query seeds the counters (DECISION).
-    if (l > 1) st.Warmup(qh, l - 1, scale);
-    LadStepResult r = st.Step(qh, kh + (l - 1) * d, vh + (l - 1) * d, scale);
+    if (fresh) {
+      states.emplace_back(params, &pwl_);
+      states.back().AppendPrompt(kh, vh, l - 1);
+      // No history: the call's own query seeds the counters (DECISION).
+      if (l > 1) states.back().Warmup(qh, l - 1, scale);
+    }
+    LadStepResult r = states[h].Step(qh, kh + (l - 1) * d, vh + (l - 1) * d, scale);
     for (int64_t c = 0; c < d; ++c) res.out.Set(h * d + c, r.out[c]);
     res.stats.kv_positions += l;
     res.stats.kv_positions_read += r.counts.active + r.counts.centres + r.counts.large_mode;
@@ -926,6 +947,15 @@ absl::StatusOr<AttentionResult> LadDevice::Execute(const AttentionCall& call) co
     res.stats.bytes_read +=
         static_cast<double>((r.counts.active * 2 + r.counts.centres + r.counts.large_mode) * d) *
         spec().element_bytes();
+  }
+  if (ss != nullptr) {
+    ss->l = l;
+    ss->heads = heads;
+    ss->d = d;
+    while (sessions_.size() > kLadMaxSessions) {
+      sessions_.erase(sess_lru_.front());
+      sess_lru_.pop_front();
+    }
   }
   return res;
 }

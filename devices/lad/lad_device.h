@@ -225,11 +225,15 @@ class LadDevice : public Device {
 
   DeviceDescription Describe() const override;
   absl::Status Estimate(absl::Span<const Op> ops, absl::Span<Cost> costs) const override;
-  // Decode attention of a call with no history (DECISION: an
-  // AttentionCall carries no request): the call's first L - 1 positions
-  // are the prompt (Alg. 1 on each key), the call's own query seeds their
-  // counters once, then one LAD step per head. Stats: positions whose K
-  // (centres, M, J) and V (J) were read.
+  // Decode attention. Without a session (call.session < 0) the call has no
+  // history: its first L - 1 positions are the prompt (Alg. 1 on each key),
+  // its own query seeds their counters once, then one LAD step per head.
+  // With a session (an agent session's Step) the per-head state is kept
+  // between calls: a call whose context is one longer than the last steps
+  // the kept state with the new row; any other length starts the session's
+  // state afresh as above. At most kLadMaxSessions sessions are kept (least
+  // recently used dropped). Stats: positions whose K (centres, M, J) and V
+  // (J) were read.
   absl::StatusOr<AttentionResult> Execute(const AttentionCall& call) const override;
 
   // The cycle model from counts (absolute, one head-sample).
@@ -250,6 +254,7 @@ class LadDevice : public Device {
   // Calibration's measured false-negative fraction of checked positions.
   double false_negative_fraction() const { return fn_fraction_; }
   int64_t full_state_bytes() const;
+  static constexpr size_t kLadMaxSessions = 64;
 
  private:
   explicit LadDevice(const servesim::v1::LadDeviceSpec& spec);
@@ -268,8 +273,19 @@ class LadDevice : public Device {
   };
   absl::Status Advance(int64_t request_id, RequestState* st, int64_t l) const;
 
+  struct SessionState {
+    int64_t l = 0, heads = 0, d = 0;
+    std::vector<LadHeadState> state;  // per query head
+    std::list<int64_t>::iterator lru;
+  };
+
   servesim::v1::LadDeviceSpec spec_;
   LadPwl pwl_;
+  // Agent sessions' state (Execute with call.session >= 0), under sess_mu_
+  // for the whole call.
+  mutable std::mutex sess_mu_;
+  mutable absl::flat_hash_map<int64_t, std::unique_ptr<SessionState>> sessions_;
+  mutable std::list<int64_t> sess_lru_;
   KeepProfile profile_;
   double calibration_s_ = 0, fn_fraction_ = 0;
   std::unique_ptr<AttentionSource> source_;  // CALIBRATED and FULL
