@@ -46,6 +46,8 @@ std::string SpecKindName(const v1::DeviceSpec& spec) {
       return "spatten";
     case v1::DeviceSpec::kCta:
       return "cta";
+    case v1::DeviceSpec::kLad:
+      return "lad";
     default:
       return "";
   }
@@ -255,7 +257,8 @@ grpc::Status AgentService::OpenSession(grpc::ServerContext* ctx,
                                                  : devices::ElementType::kFp32;
   s->k.resize(s->kv_heads);
   s->v.resize(s->kv_heads);
-  const std::string id = absl::StrCat(instance_, "-", next_session_.fetch_add(1));
+  s->number = next_session_.fetch_add(1);
+  const std::string id = absl::StrCat(instance_, "-", s->number);
   std::lock_guard<std::mutex> lock(mu_);
   if (static_cast<int>(sessions_.size()) >= options_.max_sessions) {
     return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
@@ -320,6 +323,7 @@ grpc::Status AgentService::Step(grpc::ServerContext* ctx, const v1::StepRequest*
   devices::AttentionCall call;
   call.q = std::move(*q);
   call.scale = req->scale();
+  call.session = ss.number;
   {
     std::lock_guard<std::mutex> lock(ss.mu);
     if (req->expected_kv_len() != ss.len) {

@@ -14,7 +14,9 @@
 //  - max_tensor_bytes: tensors larger than this (by their shape) are
 //    RESOURCE_EXHAUSTED before anything is copied.
 //  - Sessions hold one request's KV cache ([kv_heads, len, d_head], appended
-//    by AppendKv); Step runs the device's kernel over it. Ids are unique to
+//    by AppendKv); Step runs the device's kernel over it, naming the session
+//    (AttentionCall::session) so a stateful kernel (LAD) keeps its state
+//    per session. Ids are unique to
 //    this agent instance, so after a restart the caller gets NOT_FOUND and
 //    rebuilds the session from its history (agents::RemoteSession).
 // Thread-safe: gRPC calls handlers from many threads.
@@ -89,6 +91,7 @@ class AgentService final : public servesim::v1::DeviceAgent::Service {
     std::mutex mu;
     std::shared_ptr<const Hosted> device;
     int64_t kv_heads = 0, d_head = 0, len = 0;
+    int64_t number = 0;  // unique in this process: AttentionCall::session
     devices::ElementType type = devices::ElementType::kFp16;
     std::vector<std::vector<uint8_t>> k, v;  // per KV head, [len, d_head]
   };

@@ -12,6 +12,11 @@
 //    end (L = 1024 + steps).
 //  - BM_TopickCalibrate / BM_SpattenCalibrate: CALIBRATED start-up with the
 //    default calibration (the device's own calibration_s()).
+//  - BM_LadFullDecode/{64,128}: the same for LAD (lad_1.5) at GPT-2-medium
+//    size (d_head 64) and at LLaMA-2-7B size (32 x 32 heads, d_head 128),
+//    its per-request state (counters, modes, centres, caches A-F) kept
+//    between steps; state_bytes is what the device holds at the end.
+//    BM_LadCalibrate: CALIBRATED start-up at d_head 128 (LLaMA-2).
 // Timed by hand (steady_clock) with one iteration: each step is a distinct
 // call, memoised afterwards, so repeating a step would time the memo.
 // Run: build/bench/servesim_bench --benchmark_filter='Full|Calibrate'
@@ -25,6 +30,7 @@
 #include <memory>
 #include <vector>
 
+#include "devices/lad/lad_device.h"
 #include "devices/registry.h"
 #include "devices/spatten/spatten_device.h"
 #include "devices/topick/topick_device.h"
@@ -145,5 +151,64 @@ void BM_SpattenCalibrate(benchmark::State& state) {
 }
 BENCHMARK(BM_TopickCalibrate)->Iterations(3)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_SpattenCalibrate)->Iterations(3)->Unit(benchmark::kMillisecond);
+
+void BM_LadFullDecode(benchmark::State& state) {
+  const int64_t d = state.range(0);
+  const int layers = d == 64 ? kLayers : 32, heads = d == 64 ? kHeads : 32;
+  const int64_t steps = 16;
+  servesim::v1::DeviceSpec spec;
+  auto p = servesim::devices::LadPreset("lad_1.5");
+  if (!p.ok()) std::abort();
+  *spec.mutable_lad()->mutable_lad() = *p;
+  spec.mutable_lad()->set_fidelity(servesim::v1::PRUNE_FIDELITY_FULL);
+  spec.mutable_lad()->mutable_model()->set_layers(layers);
+  spec.mutable_lad()->mutable_model()->set_heads(heads);
+  spec.mutable_lad()->mutable_model()->set_d_head(static_cast<int32_t>(d));
+  double first_s = 0, rest_s = 0, rest_cpu_s = 0, bytes = 0;
+  for (auto _ : state) {
+    auto dev = servesim::devices::LadDevice::Create(spec);
+    if (!dev.ok()) std::abort();
+    Op op;
+    op.kind = OpKind::kAttention;
+    op.heads = heads, op.kv_heads = heads, op.d_head = d;
+    for (int64_t l = kFirstL; l <= kFirstL + steps; ++l) {
+      const std::vector<AttentionSeq> seqs = {{1, l - 1, kRequest}};
+      op.seqs = seqs;
+      Cost c;
+      const auto t0 = std::chrono::steady_clock::now();
+      const double c0 = ThreadCpuS();
+      if (!(*dev)->Estimate({&op, 1}, {&c, 1}).ok()) std::abort();
+      const double cpu = ThreadCpuS() - c0;
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      (l == kFirstL ? first_s : rest_s) += s;
+      if (l != kFirstL) rest_cpu_s += cpu;
+      benchmark::DoNotOptimize(c);
+    }
+    bytes = static_cast<double>(
+        static_cast<const servesim::devices::LadDevice*>(dev->get())->full_state_bytes());
+  }
+  state.counters["first_step_ms"] = first_s * 1e3;
+  state.counters["step_ms"] = rest_s * 1e3 / static_cast<double>(steps);
+  state.counters["step_cpu_ms"] = rest_cpu_s * 1e3 / static_cast<double>(steps);
+  state.counters["state_bytes"] = bytes;
+}
+BENCHMARK(BM_LadFullDecode)->Arg(64)->Arg(128)->Iterations(1)->Unit(benchmark::kMillisecond);
+
+void BM_LadCalibrate(benchmark::State& state) {
+  servesim::v1::DeviceSpec spec;
+  auto p = servesim::devices::LadPreset("lad_1.5");
+  if (!p.ok()) std::abort();
+  *spec.mutable_lad()->mutable_lad() = *p;
+  spec.mutable_lad()->set_fidelity(servesim::v1::PRUNE_FIDELITY_CALIBRATED);
+  spec.mutable_lad()->mutable_model()->set_d_head(128);
+  double s = 0;
+  for (auto _ : state) {
+    auto d = servesim::devices::LadDevice::Create(spec);
+    if (!d.ok()) std::abort();
+    s += static_cast<servesim::devices::LadDevice*>(d->get())->calibration_s();
+  }
+  state.counters["calibration_s"] = s / static_cast<double>(state.iterations());
+}
+BENCHMARK(BM_LadCalibrate)->Iterations(3)->Unit(benchmark::kMillisecond);
 
 }  // namespace

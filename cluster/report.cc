@@ -131,13 +131,13 @@ std::string SummaryJson(const ResolvedScenario& sc, const Workload& wl,
   kv("energy_j", Num(s.energy_j));
   if (sc.has_attention_device) {
     if (sc.attention_device.has_topick() || sc.attention_device.has_spatten() ||
-        sc.attention_device.has_cta()) {
+        sc.attention_device.has_cta() || sc.attention_device.has_lad()) {
+      const v1::DeviceSpec& d = sc.attention_device;
       kv("attention_device_fidelity",
-         JsonString(devices::FidelityName(sc.attention_device.has_topick()
-                                              ? sc.attention_device.topick().fidelity()
-                                          : sc.attention_device.has_spatten()
-                                              ? sc.attention_device.spatten().fidelity()
-                                              : sc.attention_device.cta().fidelity())));
+         JsonString(devices::FidelityName(d.has_topick()    ? d.topick().fidelity()
+                                          : d.has_spatten() ? d.spatten().fidelity()
+                                          : d.has_cta()     ? d.cta().fidelity()
+                                                            : d.lad().fidelity())));
     }
     kv("attention_device_busy_s", Num(s.device_busy_s));
     kv("attention_device_dram_bytes", Num(s.device_dram_bytes));

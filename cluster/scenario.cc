@@ -18,6 +18,7 @@
 #include "devices/attacc/attacc_device.h"
 #include "devices/pool.h"
 #include "devices/cta/cta_device.h"
+#include "devices/lad/lad_device.h"
 #include "devices/spatten/spatten_device.h"
 #include "devices/topick/topick_device.h"
 #include "devices/presets.h"
@@ -359,6 +360,14 @@ absl::Status Normalize(LoadedScenario* scenario) {
                                      "cluster.attention_pool.cta.cta"));
       shape(pool->mutable_cta()->mutable_model());
       channels = ct->hbm_channels();
+    } else if (pool->has_lad()) {
+      auto* ld = pool->mutable_lad()->mutable_lad();
+      if (ld->preset().empty()) ld->set_preset("lad_1.5");
+      RETURN_IF_ERROR(FillFromPreset(ld, &devices::LadPreset, *scenario,
+                                     "cluster.attention_pool.lad.lad"));
+      shape(pool->mutable_lad()->mutable_model());
+      // 5 HBM2 cubes of 8 GiB: 40 channels' worth (the A100-40GB's 40 GiB).
+      channels = 40;
     } else {
       auto* tp = pool->mutable_topick()->mutable_topick();  // the default kind
       if (tp->preset().empty()) tp->set_preset("topick");
@@ -765,6 +774,10 @@ absl::StatusOr<ResolvedScenario> Resolve(const LoadedScenario& sc) {
       *out.attention_device.mutable_cta() = pool.cta();
       out.attention_kind = "cta";
       out.attention_label = absl::StrCat(pool.cta().cta().preset(), " x ", pool.units());
+    } else if (pool.has_lad()) {
+      *out.attention_device.mutable_lad() = pool.lad();
+      out.attention_kind = "lad";
+      out.attention_label = absl::StrCat(pool.lad().lad().preset(), " x ", pool.units());
     } else {
       *out.attention_device.mutable_topick() = pool.topick();
       out.attention_kind = "topick";

@@ -95,7 +95,7 @@ struct ResolvedScenario {
   // planner settings (device pointers are filled per replica at run time).
   bool has_attention_device = false;
   servesim::v1::DeviceSpec attention_device;
-  std::string attention_kind;       // "attacc", "topick", "spatten", "cta"
+  std::string attention_kind;       // "attacc", "topick", "spatten", "cta", "lad"
   std::string attention_label;      // e.g. "attacc_bank x 40 stacks"
   int attention_units = 0;          // > 0: a pool of that many accelerators
   double attention_memory_per_unit = 0;

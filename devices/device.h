@@ -48,6 +48,9 @@ struct DeviceDescription {
 struct AttentionCall {
   Tensor q, k, v;
   float scale = 0;  // 0: use 1/sqrt(d_head)
+  // The agent session the call steps (agents/agent_service.h), so a kernel
+  // with state across decode steps (LAD) can keep it per session; -1: none.
+  int64_t session = -1;
 };
 
 // What the kernel did; the cycle model's inputs, measured.

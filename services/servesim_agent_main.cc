@@ -19,6 +19,7 @@
 #include "agents/agent_service.h"
 #include "common/status_macros.h"
 #include "devices/attacc/attacc_device.h"
+#include "devices/lad/lad_device.h"
 #include "devices/presets.h"
 #include "devices/registry.h"
 #include "devices/cta/cta_device.h"
@@ -34,10 +35,10 @@ Usage:
   servesim-agent --device KIND [--preset NAME | --config FILE] [options]
 
   --device KIND          a registered device kind: gpu, attacc, topick, spatten,
-                         cta
+                         cta, lad
   --preset NAME          the kind's hardware preset (servesim presets); default:
                          gpu a100-80gb, attacc attacc_bank, topick topick,
-                         spatten spatten, cta cta_0
+                         spatten spatten, cta cta_0, lad lad_1.5
   --config FILE          a servesim.v1.DeviceSpec in protobuf text format
                          (schema: proto/servesim/v1/hardware.proto)
   --listen HOST:PORT     default 127.0.0.1:50051 (loopback); port 0: any free
@@ -106,6 +107,10 @@ absl::StatusOr<servesim::v1::DeviceSpec> PresetSpec(const std::string& kind,
     if (preset.empty()) preset = "cta_0";
     ASSIGN_OR_RETURN(*spec.mutable_cta()->mutable_cta(), servesim::devices::CtaPreset(preset));
     spec.mutable_cta()->set_fidelity(servesim::v1::PRUNE_FIDELITY_ANALYTIC);
+  } else if (kind == "lad") {
+    if (preset.empty()) preset = "lad_1.5";
+    ASSIGN_OR_RETURN(*spec.mutable_lad()->mutable_lad(), servesim::devices::LadPreset(preset));
+    spec.mutable_lad()->set_fidelity(servesim::v1::PRUNE_FIDELITY_ANALYTIC);
   } else {
     return absl::InvalidArgumentError(
         absl::StrCat("--device ", kind, ": unknown kind; registered: ",

@@ -32,6 +32,7 @@
 #include "cluster/sweep.h"
 #include "devices/attacc/attacc_device.h"
 #include "devices/cta/cta_device.h"
+#include "devices/lad/lad_device.h"
 #include "devices/spatten/spatten_device.h"
 #include "devices/topick/topick_device.h"
 #include "cluster/workload.h"
@@ -54,7 +55,7 @@ Usage:
   servesim validate SCENARIO.pbtxt [--set path=value ...]
                                           parse and check; print the resolved
                                           scenario and the replica memory plan
-  servesim presets [models|xpus|links|attacc|topick|spatten|cta]
+  servesim presets [models|xpus|links|attacc|topick|spatten|cta|lad]
                                           list presets with their parameters
   servesim study attacc [--out DIR] [--trace FILE | --no-trace]
                                           the AttAcc paper's evaluation (§7):
@@ -129,7 +130,7 @@ Studies (README "Studies: sweeps and searches"):
 Device agents (servesim-agent; README "Device agents"):
   --agent KIND=HOST:PORT[,HOST:PORT...]
                         run every device of KIND (gpu, attacc, topick,
-                        spatten, cta) on these agents instead of in process
+                        spatten, cta, lad) on these agents instead of in process
                         (repeatable, one per kind; replaces the scenario's
                         cluster.xpu_endpoints / attention_endpoints). Results
                         are byte-identical; call counts go to run_info.json
@@ -609,8 +610,8 @@ void PrintMessage(const google::protobuf::Message& m) {
 int Presets(const Options& o) {
   const std::string& k = o.presets_kind;
   if (!k.empty() && k != "models" && k != "xpus" && k != "links" && k != "attacc" &&
-      k != "topick" && k != "spatten" && k != "cta") {
-    return UsageError("presets takes models, xpus, links, attacc, topick, spatten or cta");
+      k != "topick" && k != "spatten" && k != "cta" && k != "lad") {
+    return UsageError("presets takes models, xpus, links, attacc, topick, spatten, cta or lad");
   }
   if (k.empty() || k == "models") {
     std::cout << "models (model.preset):\n";
@@ -664,6 +665,13 @@ int Presets(const Options& o) {
     for (const auto& name : servesim::devices::CtaPresetNames()) {
       std::cout << "  " << name << "\n";
       PrintMessage(*servesim::devices::CtaPreset(name));
+    }
+  }
+  if (k.empty() || k == "lad") {
+    std::cout << "lad (cluster.attention_pool.lad.lad.preset):\n";
+    for (const auto& name : servesim::devices::LadPresetNames()) {
+      std::cout << "  " << name << "\n";
+      PrintMessage(*servesim::devices::LadPreset(name));
     }
   }
   if (k.empty()) {

@@ -29,6 +29,8 @@
 #include "agents/convert.h"
 #include "agents/remote_device.h"
 #include "devices/attacc/attacc_device.h"
+#include "devices/attention_data.h"
+#include "devices/lad/lad_device.h"
 #include "devices/presets.h"
 #include "devices/registry.h"
 #include "devices/topick/topick_device.h"
@@ -738,6 +740,55 @@ TEST(AgentServiceTest, SessionsMatchExecuteAndSurviveAnAgentRestart) {
   EXPECT_GE((*remote)->Stats().rebinds + (*remote)->Stats().retries, 1);
 }
 
+TEST(AgentServiceTest, LadSessionsKeepTheirStateAcrossSteps) {
+  // LAD's kernel keeps its per-head state (counters, modes, centres,
+  // caches A-F) in the agent between a session's steps: a session that
+  // appends one K/V row and steps, 20 times, answers what an in-process LAD
+  // device gives for the same session, bit for bit; the history matters (a
+  // stateless call answers differently at some step).
+  v1::DeviceSpec spec;
+  *spec.mutable_lad()->mutable_lad() = *devices::LadPreset("lad_1.5");
+  spec.mutable_lad()->set_fidelity(v1::PRUNE_FIDELITY_ANALYTIC);
+  auto agent = StartLocal(spec);
+  ASSERT_NE(agent, nullptr);
+  auto remote = RemoteDevice::Create(spec, {agent->address()}, FastClient(), "lad");
+  ASSERT_TRUE(remote.ok()) << remote.status();
+  auto local = devices::CreateDevice(spec);
+  ASSERT_TRUE(local.ok());
+  devices::AttentionDataParams p;
+  p.d_head = 32;
+  auto gen = devices::AttentionDataGenerator::Create(p);
+  ASSERT_TRUE(gen.ok());
+  using devices::ElementType;
+  auto session = (*remote)->OpenSession(3, 1, 32, ElementType::kFp32);
+  ASSERT_TRUE(session.ok()) << session.status();
+  const int64_t l0 = 60;
+  int differs = 0;
+  for (int64_t l = l0; l < l0 + 20; ++l) {
+    auto call = gen->DecodeStep({0, 0, 0}, l);
+    ASSERT_TRUE(call.ok());
+    // The rows the session does not hold yet.
+    const int64_t from = l == l0 ? 0 : l - 1;
+    devices::Tensor k = devices::Tensor::Zeros(ElementType::kFp32, {1, l - from, 32});
+    devices::Tensor v = devices::Tensor::Zeros(ElementType::kFp32, {1, l - from, 32});
+    for (int64_t i = 0; i < (l - from) * 32; ++i) {
+      k.Set(i, call->k.At(from * 32 + i));
+      v.Set(i, call->v.At(from * 32 + i));
+    }
+    ASSERT_TRUE((*session)->AppendKv(k, v).ok());
+    auto got = (*session)->Step(call->q);
+    ASSERT_TRUE(got.ok()) << got.status();
+    auto stateless = (*local)->Execute(*call);
+    call->session = 1;
+    auto want = (*local)->Execute(*call);
+    ASSERT_TRUE(want.ok());
+    ASSERT_TRUE(stateless.ok());
+    EXPECT_EQ(got->out.bytes, want->out.bytes) << l;
+    differs += stateless->out.bytes != want->out.bytes ? 1 : 0;
+  }
+  EXPECT_GT(differs, 0);
+}
+
 TEST(AgentServiceTest, FailsOverAndNamesTheEndpointsWhenNoneIsLeft) {
   auto a = StartLocal(GpuSpec());
   auto b = StartLocal(GpuSpec());
@@ -965,6 +1016,32 @@ TEST(AgentEndToEndTest, CtaPoolOutputsAreByteIdenticalOnAnAgent) {
   ExpectSameOutputs(dir + "/in", dir + "/one");
   const std::string info = ReadFile(dir + "/one/run_info.json");
   EXPECT_TRUE(absl::StrContains(info, "attention device (cta)")) << info;
+}
+
+TEST(AgentEndToEndTest, LadFullPoolKeepsItsStateInTheAgent) {
+  // A FULL-fidelity LAD pool of 2 units on one agent: the per-request LAD
+  // state (counters, modes, centres, caches A-F of every head) lives in the
+  // agent's bound device between decode steps, and the outputs are the
+  // in-process run's byte for byte.
+  const std::string dir = FreshDir();
+  const std::string sc = dir + "/lad.pbtxt";
+  WriteFile(sc,
+            "model { preset: \"gpt2-medium\" }\n"
+            "cluster { xpu { preset: \"a100-80gb\" } attention_pool { units: 2 lad {\n"
+            "  fidelity: PRUNE_FIDELITY_FULL calibration { lengths: 128 lengths: 256 instances: 2 }\n"
+            "} } }\n"
+            "workload { saturated { num_requests: 3 input_tokens: 150 output_tokens: 12 } }\n");
+  Agents ag;
+  ag.procs.push_back(StartAgent(dir, "lad"));
+  const Result in = RunServesim({"run", sc, "--quiet", "--out", dir + "/in"});
+  ASSERT_EQ(in.code, 0) << in.out;
+  const Result one =
+      RunServesim({"run", sc, "--quiet", "--out", dir + "/one", "--agent", "lad=" + ag.List(0, 1)});
+  ASSERT_EQ(one.code, 0) << one.out;
+  ExpectSameOutputs(dir + "/in", dir + "/one");
+  const std::string info = ReadFile(dir + "/one/run_info.json");
+  EXPECT_TRUE(absl::StrContains(info, "attention device (lad)")) << info;
+  EXPECT_TRUE(absl::StrContains(ReadFile(dir + "/one/summary.json"), "\"active_fraction\": "));
 }
 
 double SimulatedSeconds(const std::string& summary) {

@@ -124,7 +124,8 @@ servesim::v1::DeviceSpec GpuSpec(const char* xpu, const char* link = "nvlink3") 
 }
 
 TEST(RegistryTest, GpuIsRegistered) {
-  EXPECT_EQ(RegisteredDeviceKinds(), (std::vector<std::string>{"attacc", "cta", "gpu", "spatten", "topick"}));
+  EXPECT_EQ(RegisteredDeviceKinds(),
+            (std::vector<std::string>{"attacc", "cta", "gpu", "lad", "spatten", "topick"}));
   auto device = CreateDevice(GpuSpec("a100-80gb"));
   ASSERT_TRUE(device.ok()) << device.status();
   EXPECT_EQ((*device)->Describe().kind, "gpu");

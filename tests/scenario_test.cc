@@ -527,6 +527,19 @@ TEST(ScenarioResolveTest, AttentionPoolHoldsTheKvAndTakesTheModelShape) {
       "cluster { xpu { preset: \"a100-80gb\" } attention_pool { cta { cta { kv2_width: -1 } } } }\n");
   ASSERT_FALSE(bad.ok());
   EXPECT_THAT(bad.status().message(), HasSubstr("cta device: kv2_width = -1"));
+  // LAD: its 5 HBM2 cubes, 40 GiB a unit; the model shape from LLaMA-2-7B.
+  absl::StatusOr<ResolvedScenario> ld = ParseAndResolve(
+      "model { preset: \"llama2-7b\" }\n"
+      "cluster { xpu { preset: \"a100-40gb\" } attention_pool { lad { } units: 1 } }\n");
+  ASSERT_TRUE(ld.ok()) << ld.status();
+  EXPECT_EQ(ld->attention_kind, "lad");
+  EXPECT_EQ(ld->attention_label, "lad_1.5 x 1");
+  EXPECT_DOUBLE_EQ(ld->device_memory_bytes, 40.0 * (1 << 30));
+  const auto& lm = ld->proto.cluster().attention_pool().lad();
+  EXPECT_EQ(lm.lad().tiles(), 6);
+  EXPECT_EQ(lm.model().layers(), 32);
+  EXPECT_EQ(lm.model().heads(), 32);
+  EXPECT_EQ(lm.model().d_head(), 128);
 }
 
 TEST(ScenarioResolveTest, AttentionPoolBadInputNamesTheField) {
