@@ -21,7 +21,9 @@ struct ClientOptions {
   std::string token;  // bearer token sent on every call
   int max_message_bytes = 256 << 20;
   size_t memo_bytes = size_t{64} << 20;  // Estimate memo: lists and entries
-  int lookahead_max = 64;  // Estimate lookahead depth, 0..256; 0: off
+  // Decode steps asked ahead per Estimate call, at most (a miss asks 8, a
+  // prefetch 16; agents/remote_device.h), 0..256; 0: no lookahead.
+  int lookahead_max = 64;
 };
 
 }  // namespace servesim::agents

@@ -140,9 +140,9 @@ Device agents (servesim-agent; README "Device agents"):
   --agent-token-file FILE
                         send 'authorization: Bearer <first line of FILE>'
   --agent-deadline S    per-call deadline, seconds (default 30)
-  --agent-lookahead N   cost up to N decode steps ahead per Estimate call and
-                        memoise them (0..256, default 64; 0: off). Fewer
-                        round trips, same results
+  --agent-lookahead N   cap on the decode steps an Estimate call asks ahead
+                        (a miss asks 8, a prefetch 16; 0..256, default 64;
+                        0: none). Fewer round trips, same results
 
 Scenario files are protobuf text (schema: proto/servesim/v1/scenario.proto;
 examples: examples/*.pbtxt). Relative trace paths are resolved against the
