@@ -233,6 +233,23 @@ void ParseBuiltInPreset(absl::string_view kind, absl::string_view name,
   out->GetReflection()->SetString(out, preset, std::string(name));
 }
 
+absl::Status RequireResolved(const Message& spec, absl::string_view device,
+                             absl::string_view preset_fn) {
+  const auto* desc = spec.GetDescriptor();
+  const auto* refl = spec.GetReflection();
+  for (int i = 0; i < desc->field_count(); ++i) {
+    const auto* f = desc->field(i);
+    if (f->cpp_type() != google::protobuf::FieldDescriptor::CPPTYPE_MESSAGE && f->has_presence() &&
+        !refl->HasField(spec, f)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(device, " device: ", f->name(),
+                       " is not set; expected a resolved spec (every field set, e.g. from ",
+                       preset_fn, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 void FillUnset(const Message& source, Message* target) {
   const Reflection* src = source.GetReflection();
   const Reflection* dst = target->GetReflection();

@@ -38,6 +38,13 @@ void ParseBuiltInPreset(absl::string_view kind, absl::string_view name,
 void FillUnset(const google::protobuf::Message& source,
                google::protobuf::Message* target);
 
+// A device's Create() check that its spec is resolved: every scalar field
+// with presence is set (sub-messages are the device's to check).
+// INVALID_ARGUMENT "<device> device: <field> is not set; expected a resolved
+// spec (every field set, e.g. from <preset_fn>)" for the first one missing.
+absl::Status RequireResolved(const google::protobuf::Message& spec, absl::string_view device,
+                             absl::string_view preset_fn);
+
 }  // namespace servesim::devices
 
 #endif  // SERVESIM_DEVICES_PRESETS_H_

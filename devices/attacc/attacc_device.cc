@@ -109,6 +109,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "devices/reference_attention.h"
+#include "devices/presets.h"
 #include "devices/registry.h"
 #include "google/protobuf/descriptor.h"
 
@@ -213,18 +214,7 @@ absl::StatusOr<std::unique_ptr<Device>> AttAccDevice::Create(const servesim::v1:
   }
   const AttAccSpec& a = spec.attacc().attacc();
   // Every optional field must be set (a resolved spec, e.g. AttAccPreset's).
-  const auto* desc = AttAccSpec::descriptor();
-  const auto* refl = AttAccSpec::GetReflection();
-  for (int i = 0; i < desc->field_count(); ++i) {
-    const auto* f = desc->field(i);
-    if (f->cpp_type() != google::protobuf::FieldDescriptor::CPPTYPE_MESSAGE && f->has_presence() &&
-        !refl->HasField(a, f)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("attacc device: ", f->name(),
-                       " is not set; expected a resolved spec (every field set, "
-                       "e.g. from AttAccPreset)"));
-    }
-  }
+  RETURN_IF_ERROR(RequireResolved(a, "attacc", "AttAccPreset"));
   const auto& link = a.link();
   if (!link.has_bandwidth_bytes_per_s() || !link.has_latency_s() ||
       !link.has_energy_pj_per_byte()) {

@@ -16,6 +16,7 @@
 #include "common/status_macros.h"
 #include "devices/attention_data.h"
 #include "devices/reference_attention.h"
+#include "devices/presets.h"
 #include "devices/registry.h"
 #include "google/protobuf/descriptor.h"
 
@@ -468,16 +469,7 @@ void CtaTokenGenerator::HeadWeights(int64_t layer, int64_t head, int64_t d_head,
 absl::StatusOr<std::unique_ptr<Device>> CtaDevice::Create(const servesim::v1::DeviceSpec& spec) {
   if (!spec.has_cta()) return absl::InvalidArgumentError("cta device: DeviceSpec.cta is not set");
   const CtaSpec& t = spec.cta().cta();
-  const auto* desc = CtaSpec::descriptor();
-  const auto* refl = CtaSpec::GetReflection();
-  for (int i = 0; i < desc->field_count(); ++i) {
-    const auto* f = desc->field(i);
-    if (f->has_presence() && !refl->HasField(t, f)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "cta device: ", f->name(),
-          " is not set; expected a resolved spec (every field set, e.g. from CtaPreset)"));
-    }
-  }
+  RETURN_IF_ERROR(RequireResolved(t, "cta", "CtaPreset"));
   for (auto [v, name, lo, hi] :
        {std::tuple<int64_t, const char*, int64_t, int64_t>{t.sa_rows(), "sa_rows", 1, 4096},
         {t.sa_cols(), "sa_cols", 1, 4096},

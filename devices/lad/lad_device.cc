@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "devices/reference_attention.h"
+#include "devices/presets.h"
 #include "devices/registry.h"
 #include "google/protobuf/descriptor.h"
 
@@ -449,16 +450,7 @@ LadParams LadDevice::KernelParams(int64_t d) const {
 absl::StatusOr<std::unique_ptr<Device>> LadDevice::Create(const servesim::v1::DeviceSpec& spec) {
   if (!spec.has_lad()) return absl::InvalidArgumentError("lad device: spec has no lad message");
   const LadSpec& t = spec.lad().lad();
-  const auto* desc = LadSpec::descriptor();
-  const auto* refl = LadSpec::GetReflection();
-  for (int i = 0; i < desc->field_count(); ++i) {
-    const auto* f = desc->field(i);
-    if (f->has_presence() && !refl->HasField(t, f)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "lad device: ", f->name(),
-          " is not set; expected a resolved spec (every field set, e.g. from LadPreset)"));
-    }
-  }
+  RETURN_IF_ERROR(RequireResolved(t, "lad", "LadPreset"));
   for (auto [v, name, lo, hi] :
        {std::tuple<int64_t, const char*, int64_t, int64_t>{t.tiles(), "tiles", 1, 4096},
         {t.vpu_width(), "vpu_width", 1, 65536},

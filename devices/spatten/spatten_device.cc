@@ -14,6 +14,7 @@
 #include "common/rng.h"
 #include "common/status_macros.h"
 #include "devices/reference_attention.h"
+#include "devices/presets.h"
 #include "devices/registry.h"
 #include "google/protobuf/descriptor.h"
 
@@ -339,16 +340,7 @@ absl::Status SpattenSession::RunLayerFixed(int layer, const float* q_in, int64_t
 absl::StatusOr<std::unique_ptr<Device>> SpattenDevice::Create(const servesim::v1::DeviceSpec& spec) {
   if (!spec.has_spatten()) return absl::InvalidArgumentError("spatten device: DeviceSpec.spatten is not set");
   const SpattenSpec& t = spec.spatten().spatten();
-  const auto* desc = SpattenSpec::descriptor();
-  const auto* refl = SpattenSpec::GetReflection();
-  for (int i = 0; i < desc->field_count(); ++i) {
-    const auto* f = desc->field(i);
-    if (f->has_presence() && !refl->HasField(t, f)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "spatten device: ", f->name(),
-          " is not set; expected a resolved spec (every field set, e.g. from SpattenPreset)"));
-    }
-  }
+  RETURN_IF_ERROR(RequireResolved(t, "spatten", "SpattenPreset"));
   for (auto [v, name] : {std::pair<int64_t, const char*>{t.qk_multipliers(), "qk_multipliers"},
                          {t.pv_multipliers(), "pv_multipliers"},
                          {t.adder_tree_outputs(), "adder_tree_outputs"},

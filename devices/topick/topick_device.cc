@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "devices/reference_attention.h"
+#include "devices/presets.h"
 #include "devices/registry.h"
 #include "google/protobuf/descriptor.h"
 
@@ -379,16 +380,7 @@ absl::StatusOr<std::unique_ptr<Device>> TopickDevice::Create(const servesim::v1:
     return absl::InvalidArgumentError("topick device: DeviceSpec.topick is not set");
   }
   const TopickSpec& t = spec.topick().topick();
-  const auto* desc = TopickSpec::descriptor();
-  const auto* refl = TopickSpec::GetReflection();
-  for (int i = 0; i < desc->field_count(); ++i) {
-    const auto* f = desc->field(i);
-    if (f->has_presence() && !refl->HasField(t, f)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "topick device: ", f->name(),
-          " is not set; expected a resolved spec (every field set, e.g. from TopickPreset)"));
-    }
-  }
+  RETURN_IF_ERROR(RequireResolved(t, "topick", "TopickPreset"));
   for (auto [v, name, lo, hi] :
        {std::tuple<int64_t, const char*, int64_t, int64_t>{t.pe_lanes(), "pe_lanes", 1, 4096},
         {t.multipliers_per_lane(), "multipliers_per_lane", 1, 65536},
