@@ -64,6 +64,14 @@ scheduler::RequestObserver* MetricsCollector::ObserverFor(int replica) {
   return observers_[replica].get();
 }
 
+void MetricsCollector::SortByStart() {
+  auto by_start = [](const auto& a, const auto& b) {
+    return a.start_s != b.start_s ? a.start_s < b.start_s : a.replica < b.replica;
+  };
+  std::stable_sort(iterations_.begin(), iterations_.end(), by_start);
+  std::stable_sort(timeline_.begin(), timeline_.end(), by_start);
+}
+
 Distribution Summarize(std::vector<double>& v) {
   Distribution d;
   d.count = static_cast<int64_t>(v.size());

@@ -104,6 +104,10 @@ class MetricsCollector {
   }
   const EnergyParts& energy() const { return energy_; }
   const std::vector<TimelineIteration>& timeline() const { return timeline_; }
+  // Puts iterations and timeline samples in (start, replica) order. Engines
+  // run ahead of one another between arrivals (see cluster/simulation.cc),
+  // so the order they are added in is not the order they happened in.
+  void SortByStart();
   void NoteEvent(double t_s) {
     if (t_s > last_event_s_) last_event_s_ = t_s;
   }

@@ -1,6 +1,7 @@
 #include "cluster/simulation.h"
 
 #include <chrono>
+#include <limits>
 #include <memory>
 #include <simgrid/s4u.hpp>
 #include <thread>
@@ -23,12 +24,6 @@ struct Message {
 };
 
 constexpr double kBytesPerPromptToken = 4;  // token ids on the wire
-int kTransferToken = 0;  // payload of device-link transfers (size is what counts)
-
-// The attention device's end of the link: takes what the xPUs send.
-void DeviceReceiver(sg4::Mailbox* box) {
-  while (true) box->get<int>();
-}
 constexpr double kHeaderBytes = 512;
 
 struct Shared {
@@ -37,10 +32,15 @@ struct Shared {
   MetricsCollector* metrics = nullptr;
   LiveSink* live = nullptr;  // may be null
   bool record_timeline = false;
+  bool paced = false;  // RunOptions::pace > 0
   std::vector<scheduler::ReplicaLoad> loads;
   std::vector<sg4::Mailbox*> engine_boxes;
-  std::vector<sg4::Mailbox*> device_boxes;  // per replica, when it has a device
   sg4::Mailbox* router_box = nullptr;
+  // What engines may run ahead of (see Engine::Run): the arrival time of the
+  // next request the clients send, and the requests sent but not yet
+  // received by an engine.
+  double next_arrival_s = std::numeric_limits<double>::infinity();
+  int64_t in_flight = 0;
   absl::Status error;  // first internal error; stops the run
 };
 
@@ -50,10 +50,13 @@ double WireBytes(const scheduler::RequestSpec& r) {
 
 void Source(Shared* sh) {
   for (const auto& r : sh->workload->requests) {
+    sh->next_arrival_s = r.arrival_s;
     sg4::this_actor::sleep_until(r.arrival_s);
+    ++sh->in_flight;
     auto* msg = new Message{&r, 0};
     sh->router_box->put_init(msg, static_cast<uint64_t>(WireBytes(r)))->detach();
   }
+  sh->next_arrival_s = std::numeric_limits<double>::infinity();
   auto* end = new Message{nullptr, static_cast<int64_t>(sh->workload->requests.size())};
   sh->router_box->put_init(end, 0)->detach();
 }
@@ -113,86 +116,103 @@ class Engine {
         Receive(box->get<Message>());  // block until work arrives
         continue;
       }
-      const double start = sg4::Engine::get_clock();
-      if (sh_->sc->tbt_slo_s > 0) {
-        auto cap = SloCap();
-        if (!cap.ok()) {
-          Stop(cap.status());
+      // Iterations run back to back without a SimGrid event while nothing
+      // can reach this replica: no request is on its way and the next one
+      // leaves the clients after the iteration ends. Their completions are
+      // then final (no arrival can precede them) and the router reads no
+      // load before the next arrival, so the result is the one a sleep per
+      // iteration gives, at a fraction of the cost. The last iteration of
+      // a run, the one an arrival may interrupt, sleeps in SimGrid.
+      double t = sg4::Engine::get_clock();
+      while (true) {
+        auto duration = Iteration(t);
+        if (!duration.ok()) {
+          Stop(duration.status());
           return;
         }
-        scheduler_.SetBatchCap(std::max<int64_t>(1, *cap));
-      }
-      const scheduler::Batch& batch = scheduler_.Schedule(start);
-      if (batch.empty()) {
-        Stop(absl::InternalError(absl::StrCat(
-            "replica ", replica_, ": work queued but nothing schedulable at t=", start)));
-        return;
-      }
-      auto cost = planner_.Plan(batch);
-      if (!cost.ok()) {
-        Stop(cost.status());
-        return;
-      }
-      IterationRecord it;
-      it.replica = replica_;
-      it.start_s = start;
-      it.duration_s = cost->time_s;
-      it.batch_size = static_cast<int32_t>(batch.entries.size());
-      it.prefill_tokens = batch.prefill_tokens;
-      it.decode_tokens = batch.decode_tokens;
-      it.kv_blocks_used = scheduler_.kv().used();
-      it.energy_j = cost->total.energy_pj() * 1e-12;
-      it.bound = batch.bound;
-      it.batch_cap = batch_cap_;
-      it.xpu_busy_s = cost->xpu_busy_s;
-      it.device_busy_s = cost->device_busy_s;
-      sh_->metrics->AddIteration(it);
-      sh_->metrics->AddEnergy(cost->total, cost->device_total);
-      if (auto st = SampleTimeline(batch, it); !st.ok()) {
-        Stop(st);
-        return;
-      }
-      if (sh_->live != nullptr) {
-        LiveIteration li;
-        li.replica = replica_;
-        li.start_s = start;
-        li.duration_s = cost->time_s;
-        li.batch_size = it.batch_size;
-        li.queue_length = scheduler_.num_waiting();
-        li.kv_blocks_used = it.kv_blocks_used;
-        li.kv_blocks_total = scheduler_.kv().capacity();
-        li.preemptions_total = scheduler_.total_preemptions();
-        li.xpu_busy_s = cost->xpu_busy_s;
-        li.device_busy_s = cost->device_busy_s;
-        li.device = cost->device_total;
-        li.xpu = cost->total;
-        for (double devices::Cost::*f :
-             {&devices::Cost::flops, &devices::Cost::dram_bytes, &devices::Cost::link_bytes,
-              &devices::Cost::compute_energy_pj, &devices::Cost::dram_energy_pj,
-              &devices::Cost::link_energy_pj, &devices::Cost::bg_bus_bytes,
-              &devices::Cost::tsv_bytes, &devices::Cost::external_bytes}) {
-          li.xpu.*f -= li.device.*f;
+        const double end = t + *duration;
+        if (!FastForward() || !(end < sh_->next_arrival_s) || sh_->in_flight > 0) {
+          sg4::this_actor::sleep_until(end);
+          CompleteAt(sg4::Engine::get_clock());
+          break;
         }
-        sh_->live->OnIteration(li);
+        CompleteAt(end);
+        t = end;
+        if (scheduler_.Idle()) {
+          sg4::this_actor::sleep_until(t);
+          break;
+        }
       }
-      // Q/K/V out, attention outputs and prefilled K/V back: a SimGrid
-      // communication over the replica's device link alongside the compute,
-      // so a busier link than planned delays the iteration.
-      sg4::CommPtr transfer;
-      if (attention_ != nullptr && cost->device_link_bytes > 0) {
-        transfer = sh_->device_boxes[replica_]->put_async(
-            &kTransferToken, static_cast<uint64_t>(cost->device_link_bytes));
-      }
-      sg4::this_actor::sleep_for(cost->time_s);
-      if (transfer) transfer->wait();
-      const int64_t finished_before = finished_;
-      scheduler_.Complete(sg4::Engine::get_clock(), &counting_);
-      done_ += finished_ - finished_before;
-      UpdateLoad();
     }
   }
 
  private:
+  // Without a live sink or pacing, whose observers watch the clock.
+  bool FastForward() const { return sh_->live == nullptr && !sh_->paced; }
+
+  void CompleteAt(double t) {
+    const int64_t finished_before = finished_;
+    scheduler_.Complete(t, &counting_);
+    done_ += finished_ - finished_before;
+    UpdateLoad();
+  }
+
+  // Schedules, costs and records one iteration starting at `start`;
+  // returns its duration.
+  absl::StatusOr<double> Iteration(double start) {
+    if (sh_->sc->tbt_slo_s > 0) {
+      ASSIGN_OR_RETURN(int64_t cap, SloCap());
+      scheduler_.SetBatchCap(std::max<int64_t>(1, cap));
+    }
+    const scheduler::Batch& batch = scheduler_.Schedule(start);
+    if (batch.empty()) {
+      return absl::InternalError(absl::StrCat(
+          "replica ", replica_, ": work queued but nothing schedulable at t=", start));
+    }
+    ASSIGN_OR_RETURN(cost_, planner_.Plan(batch));
+    const scheduler::IterationCost* cost = &cost_;
+    IterationRecord it;
+    it.replica = replica_;
+    it.start_s = start;
+    it.duration_s = cost->time_s;
+    it.batch_size = static_cast<int32_t>(batch.entries.size());
+    it.prefill_tokens = batch.prefill_tokens;
+    it.decode_tokens = batch.decode_tokens;
+    it.kv_blocks_used = scheduler_.kv().used();
+    it.energy_j = cost->total.energy_pj() * 1e-12;
+    it.bound = batch.bound;
+    it.batch_cap = batch_cap_;
+    it.xpu_busy_s = cost->xpu_busy_s;
+    it.device_busy_s = cost->device_busy_s;
+    sh_->metrics->AddIteration(it);
+    sh_->metrics->AddEnergy(cost->total, cost->device_total);
+    RETURN_IF_ERROR(SampleTimeline(batch, it));
+    if (sh_->live != nullptr) {
+      LiveIteration li;
+      li.replica = replica_;
+      li.start_s = start;
+      li.duration_s = cost->time_s;
+      li.batch_size = it.batch_size;
+      li.queue_length = scheduler_.num_waiting();
+      li.kv_blocks_used = it.kv_blocks_used;
+      li.kv_blocks_total = scheduler_.kv().capacity();
+      li.preemptions_total = scheduler_.total_preemptions();
+      li.xpu_busy_s = cost->xpu_busy_s;
+      li.device_busy_s = cost->device_busy_s;
+      li.device = cost->device_total;
+      li.xpu = cost->total;
+      for (double devices::Cost::*f :
+           {&devices::Cost::flops, &devices::Cost::dram_bytes, &devices::Cost::link_bytes,
+            &devices::Cost::compute_energy_pj, &devices::Cost::dram_energy_pj,
+            &devices::Cost::link_energy_pj, &devices::Cost::bg_bus_bytes,
+            &devices::Cost::tsv_bytes, &devices::Cost::external_bytes}) {
+        li.xpu.*f -= li.device.*f;
+      }
+      sh_->live->OnIteration(li);
+    }
+    return cost->time_s;
+  }
+
   // Forwards to the metrics observer and counts finishes.
   class Counting : public scheduler::RequestObserver {
    public:
@@ -229,6 +249,7 @@ class Engine {
     if (msg->request == nullptr) {
       expected_ = msg->total_sent;
     } else {
+      --sh_->in_flight;
       const int64_t before = finished_;
       if (sh_->live != nullptr) sh_->live->OnArrival(replica_);
       scheduler_.Add(*msg->request, sg4::Engine::get_clock(), &counting_);
@@ -308,11 +329,12 @@ class Engine {
   int64_t done_ = 0;
   int64_t batch_cap_ = 0;
   absl::flat_hash_map<int64_t, int64_t> slo_caps_;
+  scheduler::IterationCost cost_;  // the current iteration's
 };
 
 void BuildPlatform(const ResolvedScenario& sc, sg4::NetZone** zone_out,
                    std::vector<sg4::Host*>* engine_hosts,
-                   std::vector<sg4::Host*>* device_hosts, sg4::Host** clients,
+                   sg4::Host** clients,
                    sg4::Host** router) {
   const auto& c = sc.proto.cluster();
   auto* zone = sg4::create_full_zone("cluster");
@@ -342,20 +364,6 @@ void BuildPlatform(const ResolvedScenario& sc, sg4::NetZone** zone_out,
                       {sg4::LinkInRoute(links[0]), sg4::LinkInRoute(links[j])}, true);
     }
     engine_hosts->push_back(xpus[0]);
-    if (sc.has_attention_device) {
-      // One host for the replica's AttAcc pool; its link carries every xPU's
-      // traffic (t links' worth of bandwidth).
-      auto* dev = zone->create_host(absl::StrCat("r", r, ".", sc.attention_kind), 1e9);
-      const auto& al = sc.attention_link;
-      auto* link = zone->create_link(absl::StrCat("r", r, ".", sc.attention_kind, ".link"),
-                                     al.bandwidth_bytes_per_s() *
-                                         static_cast<double>(sc.tensor_parallel))
-                       ->set_latency(al.latency_s())
-                       ->seal();
-      zone->add_route(xpus[0]->get_netpoint(), dev->get_netpoint(), nullptr, nullptr,
-                      {sg4::LinkInRoute(link)}, true);
-      device_hosts->push_back(dev);
-    }
   }
   zone->seal();
   *zone_out = zone;
@@ -384,13 +392,14 @@ absl::StatusOr<RunResult> RunSimulation(const ResolvedScenario& sc,
   sh.metrics = result.metrics.get();
   sh.live = options.live;
   sh.record_timeline = options.record_timeline;
+  sh.paced = options.pace > 0;
   sh.loads.assign(sc.replicas, scheduler::ReplicaLoad{});
   for (auto& l : sh.loads) l.kv_blocks_capacity = sc.kv.blocks;
 
   sg4::NetZone* zone = nullptr;
-  std::vector<sg4::Host*> engine_hosts, device_hosts;
+  std::vector<sg4::Host*> engine_hosts;
   sg4::Host *clients = nullptr, *router = nullptr;
-  BuildPlatform(sc, &zone, &engine_hosts, &device_hosts, &clients, &router);
+  BuildPlatform(sc, &zone, &engine_hosts, &clients, &router);
 
   std::vector<std::unique_ptr<Engine>> engines;
   for (int64_t r = 0; r < sc.replicas; ++r) {
@@ -419,12 +428,6 @@ absl::StatusOr<RunResult> RunSimulation(const ResolvedScenario& sc,
                                     [e]() { e->Run(); });
     sh.engine_boxes[r]->set_receiver(actor);
   }
-  for (size_t r = 0; r < device_hosts.size(); ++r) {
-    sh.device_boxes.push_back(sg4::Mailbox::by_name(absl::StrCat("device", r)));
-    auto actor = sg4::Actor::create(absl::StrCat("device", r), device_hosts[r],
-                                    DeviceReceiver, sh.device_boxes[r]);
-    actor->daemonize();
-  }
   sg4::Actor::create("source", clients, Source, &sh);
 
   // Watching the run: the driver, not an actor, reads the wall clock here,
@@ -445,6 +448,7 @@ absl::StatusOr<RunResult> RunSimulation(const ResolvedScenario& sc,
     });
   }
   engine.run();
+  result.metrics->SortByStart();
   if (!sh.error.ok()) {
     if (options.partial != nullptr) {
       options.partial->metrics = std::move(result.metrics);

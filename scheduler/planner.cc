@@ -367,8 +367,12 @@ absl::StatusOr<IterationCost> IterationPlanner::PlanWithDevice(const Batch& batc
   const int64_t d = model_.d_model;
 
   // Decode sequences go to the device, prefill ones stay on the xPUs.
-  std::vector<devices::AttentionSeq> dec_seqs, pre_seqs;
-  std::vector<int32_t> dec_stacks;
+  std::vector<devices::AttentionSeq>& dec_seqs = dec_seqs_;
+  std::vector<devices::AttentionSeq>& pre_seqs = pre_seqs_;
+  std::vector<int32_t>& dec_stacks = dec_stacks_;
+  dec_seqs.clear();
+  pre_seqs.clear();
+  dec_stacks.clear();
   int64_t prefill_tokens = 0;
   for (const BatchEntry& e : batch.entries) {
     if (e.prefill) {
@@ -407,9 +411,16 @@ absl::StatusOr<IterationCost> IterationPlanner::PlanWithDevice(const Batch& batc
   // every device op (the head groups' attention and the FF share). Costs
   // are per op, so batching them changes no result.
   const int64_t half = (b_dec + 1) / 2;  // batch-level halves A and B
-  std::vector<devices::AttentionSeq> seqs_a, seqs_b;
-  std::vector<int32_t> st_a, st_b;
-  std::vector<Op> xpu_ops, dev_ops;
+  std::vector<devices::AttentionSeq>& seqs_a = seqs_a_;
+  std::vector<devices::AttentionSeq>& seqs_b = seqs_b_;
+  std::vector<int32_t>& st_a = st_a_;
+  std::vector<int32_t>& st_b = st_b_;
+  std::vector<Op>& xpu_ops = xpu_ops_;
+  std::vector<Op>& dev_ops = dev_ops_;
+  st_a.clear();
+  st_b.clear();
+  xpu_ops.clear();
+  dev_ops.clear();
   if (policy != OverlapPolicy::kBatchLevel) {
     XpuLayerOps(t, pre_seqs, 1.0 - f, groups, &xpu_ops);
   } else {
@@ -424,7 +435,8 @@ absl::StatusOr<IterationCost> IterationPlanner::PlanWithDevice(const Batch& batc
   }
   const size_t tail_at = xpu_ops.size();
   TailOps(t, batch.emitting, &xpu_ops);
-  std::vector<Cost> xpu_costs(xpu_ops.size());
+  std::vector<Cost>& xpu_costs = xpu_costs_;
+  xpu_costs.assign(xpu_ops.size(), Cost{});
   RETURN_IF_ERROR(device_->Estimate(xpu_ops, absl::MakeSpan(xpu_costs)));
 
   // Attention of `seqs` as g head groups; returns where its ops start in
@@ -469,17 +481,19 @@ absl::StatusOr<IterationCost> IterationPlanner::PlanWithDevice(const Batch& batc
     att_at = device_attention(seqs_a, st_a, 1);
     att_b_at = device_attention(seqs_b, st_b, 1);
   }
-  std::vector<Cost> dev_costs(dev_ops.size());
+  std::vector<Cost>& dev_costs = dev_costs_;
+  dev_costs.assign(dev_ops.size(), Cost{});
   if (!dev_ops.empty()) RETURN_IF_ERROR(dev->Estimate(dev_ops, absl::MakeSpan(dev_costs)));
-  auto attention_costs = [&](int at, int g) {
-    std::vector<Cost> c(g);
-    if (at >= 0) std::copy(dev_costs.begin() + at, dev_costs.begin() + at + g, c.begin());
-    return c;
+  // The g attention costs of ops starting at `at` (zero without sequences).
+  auto attention_costs = [&](int at, int g, std::vector<Cost>* c) -> const std::vector<Cost>& {
+    c->assign(g, Cost{});
+    if (at >= 0) std::copy(dev_costs.begin() + at, dev_costs.begin() + at + g, c->begin());
+    return *c;
   };
 
   if (policy != OverlapPolicy::kBatchLevel) {
     const XpuLayer x = XpuLayerFrom(xpu_costs, !pre_seqs.empty());
-    const std::vector<Cost> att = attention_costs(att_at, groups);
+    const std::vector<Cost>& att = attention_costs(att_at, groups, &att_);
     const double send = static_cast<double>(b_dec) * (H + 2 * KV) * dh * elem;
     const double recv = static_cast<double>(b_dec) * H * dh * elem;
     const double kv_copy = static_cast<double>(prefill_tokens) * 2 * KV * dh * elem;
@@ -524,7 +538,8 @@ absl::StatusOr<IterationCost> IterationPlanner::PlanWithDevice(const Batch& batc
       // out, device, link back; each runs its work in order.
       double xpu = x.norm.time_s;
       double link_out = 0, device = 0, link_back = 0;
-      std::vector<double> back_done(groups, 0);
+      std::vector<double>& back_done = back_done_;
+      back_done.assign(groups, 0);
       const double send_g = b_dec > 0 ? LinkTime(send / groups) : 0.0;
       const double recv_g = b_dec > 0 ? LinkTime(recv / groups) : 0.0;
       const double qkv_tile = x.qkv.time_s / groups;
@@ -619,8 +634,8 @@ absl::StatusOr<IterationCost> IterationPlanner::PlanWithDevice(const Batch& batc
                                      false);
     const XpuLayer xb = XpuLayerFrom(
         absl::MakeConstSpan(xpu_costs).subspan(kXpuLayerOps, kXpuLayerOps), false);
-    const std::vector<Cost> att_a = attention_costs(att_at, 1);
-    const std::vector<Cost> att_b = attention_costs(att_b_at, 1);
+    const std::vector<Cost>& att_a = attention_costs(att_at, 1, &att_);
+    const std::vector<Cost>& att_b = attention_costs(att_b_at, 1, &att_b_);
     auto pre = [](const XpuLayer& x) { return x.norm.time_s + x.qkv.time_s; };
     auto post = [](const XpuLayer& x) {
       return x.proj.time_s + 2 * (x.allreduce.time_s + x.residual.time_s) +

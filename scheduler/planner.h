@@ -168,6 +168,12 @@ class IterationPlanner {
   std::vector<devices::AttentionSeq> seqs_;
   std::vector<devices::Op> ops_;
   std::vector<devices::Cost> costs_;
+  // PlanWithDevice's scratch, reused: no allocation per iteration.
+  std::vector<devices::AttentionSeq> dec_seqs_, pre_seqs_, seqs_a_, seqs_b_;
+  std::vector<int32_t> dec_stacks_, st_a_, st_b_;
+  std::vector<devices::Op> xpu_ops_, dev_ops_;
+  std::vector<devices::Cost> xpu_costs_, dev_costs_, att_, att_b_;
+  std::vector<double> back_done_;
   size_t layer_ops_ = 0;  // ops_[0, layer_ops_) repeat per layer
   std::vector<Span>* spans_ = nullptr;  // recording, during Plan(batch, spans)
   void Emit(Track track, std::string_view name, int32_t layer, int32_t group, double start,

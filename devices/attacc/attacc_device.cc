@@ -189,6 +189,7 @@ class MinTree {
 // Stacks with at most this many items (and no more than one per channel)
 // take the schedule's closed-form fast path.
 constexpr int32_t kMaxFastItems = 64;
+constexpr int32_t kMaxFastStacks = 1024;  // stack arrays of the one-pass fast path
 
 float RoundHalf(float x) { return HalfToFloat(FloatToHalf(x)); }
 
@@ -560,12 +561,20 @@ absl::Status AttAccDevice::AttentionCost(const Op& op, OwnPlacement* own, Cost* 
                          own->validated_n == op.kv_head_stack.size();
     own->validated_stacks = op.kv_head_stack.data();
     own->validated_n = op.kv_head_stack.size();
-    for (size_t i = 0; !checked && i < op.kv_head_stack.size(); ++i) {
-      if (op.kv_head_stack[i] < 0 || op.kv_head_stack[i] >= a.stacks()) {
-        own->validated_stacks = nullptr;
-        return absl::InvalidArgumentError(
-            absl::StrCat("attacc device: kv_head_stack[", i, "] = ", op.kv_head_stack[i],
-                         "; expected a stack index in [0, ", a.stacks(), ")"));
+    if (!checked) {
+      // Branch-free bounds first (vectorised); the index only on failure.
+      int32_t lo = 0, hi = 0;
+      for (int32_t st : op.kv_head_stack) {
+        lo = std::min(lo, st);
+        hi = std::max(hi, st);
+      }
+      for (size_t i = 0; (lo < 0 || hi >= a.stacks()) && i < op.kv_head_stack.size(); ++i) {
+        if (op.kv_head_stack[i] < 0 || op.kv_head_stack[i] >= a.stacks()) {
+          own->validated_stacks = nullptr;
+          return absl::InvalidArgumentError(
+              absl::StrCat("attacc device: kv_head_stack[", i, "] = ", op.kv_head_stack[i],
+                           "; expected a stack index in [0, ", a.stacks(), ")"));
+        }
       }
     }
   }
@@ -641,6 +650,10 @@ absl::Status AttAccDevice::AttentionCost(const Op& op, OwnPlacement* own, Cost* 
     std::stable_sort(own->order.begin(), own->order.end(), [&](int32_t x, int32_t y) {
       return own->seq_len[x] > own->seq_len[y];
     });
+    own->by_arrival = own->order;
+    std::stable_sort(own->by_arrival.begin(), own->by_arrival.end(), [&](int32_t x, int32_t y) {
+      return own->per_seq[x].s < own->per_seq[y].s;
+    });
   }
   const std::vector<SeqCycles>& per_seq = own->per_seq;
   const std::vector<int64_t>& seq_len = own->seq_len;
@@ -699,11 +712,61 @@ absl::Status AttAccDevice::AttentionCost(const Op& op, OwnPlacement* own, Cost* 
     stack_of = own->stack.data();
   }
 
+  // ---- the memos (see the header): the op's exact schedule inputs.
+  const int32_t in_flight = a.attention_level_pipelining() ? 2 : 1;
+  const std::array<int64_t, 6> geometry = {in_flight, dh, hb, he, op.heads, kvh_n};
+  thread_local std::string op_key;  // reused: no allocation in steady state
+  op_key.clear();
+  for (int64_t s = 0; s < nseq; ++s) {
+    op_key.append(reinterpret_cast<const char*>(own->l_key[s].data()), 3 * sizeof(int32_t));
+    op_key.append(reinterpret_cast<const char*>(stack_of + s * kvh_n + kv_lo),
+                  static_cast<size_t>(kv_hi - kv_lo) * sizeof(int32_t));
+  }
+  std::unique_lock<std::mutex> memo_lock(memo_mu_);
+  LastSchedule& last = last_schedule_[geometry];
+  if (last.key == op_key) {
+    return FinishAttentionCost(last.slowest, score_busy, softmax_busy, context_busy, cost);
+  }
+  memo_lock.unlock();
+
   // ---- KV-head work items per stack, longest first (CSR).
   const std::vector<int32_t>& order = own->order;
   auto heads_of = [&](int64_t kv) {
     return std::min(he, (kv + 1) * group) - std::max(hb, kv * group);
   };
+  const int32_t nch = a.channels();
+  // The fast path of the schedule below for every stack in one pass, when
+  // every item is a single query head (one per KV head) and no stack gets
+  // more than min(channels, kMaxFastItems) of them. A stack's items reach
+  // its softmax unit in (score end, list position) order, and its list is
+  // `order` by sequence, so walking the sequences in `by_arrival` order
+  // visits each stack's items in the order the per-stack insertion sort
+  // gives, with the same arithmetic: the same result, without the sort or
+  // the per-stack lists.
+  if (group == 1 && nstacks <= kMaxFastStacks) {
+    double softmax_free[kMaxFastStacks], stack_slowest[kMaxFastStacks];
+    int32_t items[kMaxFastStacks];
+    std::fill_n(softmax_free, nstacks, 0.0);
+    std::fill_n(stack_slowest, nstacks, 0.0);
+    std::fill_n(items, nstacks, 0);
+    for (int32_t s : own->by_arrival) {
+      const SeqCycles& sc = per_seq[s];
+      const int32_t* st_of = stack_of + s * kvh_n;
+      for (int64_t kv = kv_lo; kv < kv_hi; ++kv) {
+        const int32_t st = st_of[kv];
+        ++items[st];
+        softmax_free[st] = std::max(sc.s, softmax_free[st]) + sc.sfm;
+        stack_slowest[st] = std::max(stack_slowest[st], softmax_free[st] + sc.mv_gb + sc.c);
+      }
+    }
+    const int32_t limit = std::min<int32_t>(nch, kMaxFastItems);
+    if (*std::max_element(items, items + nstacks) <= limit) {
+      const double slowest = *std::max_element(stack_slowest, stack_slowest + nstacks);
+      memo_lock.lock();
+      RememberSchedule(geometry, op_key, slowest);
+      return FinishAttentionCost(slowest, score_busy, softmax_busy, context_busy, cost);
+    }
+  }
   // Scratch buffers are per thread and fully rewritten below: Estimate
   // stays pure and thread-safe without allocating on every call.
   thread_local std::vector<int32_t> stack_begin, stack_heads, item_seq, item_heads, cursor,
@@ -719,31 +782,22 @@ absl::Status AttAccDevice::AttentionCost(const Op& op, OwnPlacement* own, Cost* 
     }
   }
   for (int32_t i = 0; i < nstacks; ++i) stack_begin[i + 1] += stack_begin[i];
-  // ---- the memo. With at most one single-head item per channel on every
-  // stack the schedule below takes its fast path, a few comparisons per
-  // stack, cheaper than building and hashing the key: the memo is for the
-  // rest (large batches, grouped-query heads), keyed on the schedule's exact
-  // inputs.
-  const int32_t nch = a.channels();
+  // With at most one single-head item per channel on every stack the
+  // schedule below takes its fast path, a few comparisons per stack, cheaper
+  // than hashing the key: the hashed memo is for the rest (large batches,
+  // grouped-query heads).
   bool fast = true;
   for (int64_t kv = kv_lo; kv < kv_hi && fast; ++kv) fast = heads_of(kv) == 1;
   for (int32_t st = 0; st < nstacks && fast; ++st) {
     fast = stack_begin[st + 1] - stack_begin[st] <= std::min<int32_t>(nch, kMaxFastItems);
   }
-  const int32_t in_flight = a.attention_level_pipelining() ? 2 : 1;
-  thread_local std::string op_key;  // reused: no allocation in steady state
-  std::unique_lock<std::mutex> memo_lock(memo_mu_, std::defer_lock);
+  thread_local std::string memo_key;
   if (!fast) {
-    op_key.clear();
-    const int64_t head[6] = {in_flight, dh, hb, he, op.heads, kvh_n};
-    op_key.append(reinterpret_cast<const char*>(head), sizeof(head));
-    for (int64_t s = 0; s < nseq; ++s) {
-      op_key.append(reinterpret_cast<const char*>(own->l_key[s].data()), 3 * sizeof(int32_t));
-      op_key.append(reinterpret_cast<const char*>(stack_of + s * kvh_n + kv_lo),
-                    static_cast<size_t>(kv_hi - kv_lo) * sizeof(int32_t));
-    }
+    memo_key.assign(reinterpret_cast<const char*>(geometry.data()), sizeof(geometry));
+    memo_key.append(op_key);
     memo_lock.lock();
-    if (auto hit = op_memo_.find(absl::string_view(op_key)); hit != op_memo_.end()) {
+    if (auto hit = op_memo_.find(absl::string_view(memo_key)); hit != op_memo_.end()) {
+      RememberSchedule(geometry, op_key, hit->second);
       return FinishAttentionCost(hit->second, score_busy, softmax_busy, context_busy, cost);
     }
     // Bound the memo's memory by its keys' bytes (a key lists every
@@ -901,8 +955,18 @@ absl::Status AttAccDevice::AttentionCost(const Op& op, OwnPlacement* own, Cost* 
     slowest = std::max(slowest, stack_slowest);
   }
 
-  if (!fast && op_memo_.emplace(op_key, slowest).second) memo_key_bytes_ += op_key.size();
+  if (!memo_lock.owns_lock()) memo_lock.lock();
+  if (!fast && op_memo_.emplace(memo_key, slowest).second) memo_key_bytes_ += memo_key.size();
+  RememberSchedule(geometry, op_key, slowest);
   return FinishAttentionCost(slowest, score_busy, softmax_busy, context_busy, cost);
+}
+
+// With memo_mu_ held: `key` is the thread's op_key.
+void AttAccDevice::RememberSchedule(const std::array<int64_t, 6>& geometry,
+                                    const std::string& key, double slowest) const {
+  LastSchedule& last = last_schedule_[geometry];
+  last.key.assign(key);  // reuses the string's capacity
+  last.slowest = slowest;
 }
 
 absl::Status AttAccDevice::FinishAttentionCost(double slowest, double score_busy,

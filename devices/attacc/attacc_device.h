@@ -153,6 +153,9 @@ class AttAccDevice : public Device {
     std::vector<SeqCycles> per_seq;
     std::vector<int64_t> seq_len;
     std::vector<int32_t> order;  // longest first, stable
+    // `order` stably sorted by score end (SeqCycles::s): the order in which
+    // a stack's single-head items reach the softmax unit.
+    std::vector<int32_t> by_arrival;
     // What L enters the cycle figures through, per sequence: ceil(L / L
     // split), ceil(L / softmax lanes), ceil(L / (L split x lanes)). Equal
     // triples give equal cycles: the per-stack memo keys on them.
@@ -172,6 +175,8 @@ class AttAccDevice : public Device {
   double SoftmaxCycles(int64_t l) const;
 
   servesim::v1::AttAccDeviceSpec spec_;
+  void RememberSchedule(const std::array<int64_t, 6>& geometry, const std::string& key,
+                        double slowest) const;
   // Memo of attention schedules: the key is an op's exact schedule inputs
   // (pipelining, d_head, head range, and per sequence the L ceilings its
   // cycle figures depend on and the stacks of its KV heads), the value its
@@ -180,8 +185,19 @@ class AttAccDevice : public Device {
   // an op often repeats from one iteration to the next. Bytes and energy
   // depend on L itself and are always computed. (A per-stack memo was
   // measured slower: hashing many short keys cost more than it saved.)
+  //
+  // The memo holds only schedules that missed the fast path below; the last
+  // schedule of each op geometry (pipelining, d_head, head range, heads) is
+  // kept beside it for every op, fast or not: a steady decode batch asks for
+  // the same schedule iteration after iteration, and comparing with the last
+  // key costs a copy and a memcmp, no hashing and no growth.
+  struct LastSchedule {
+    std::string key;
+    double slowest = 0;
+  };
   mutable std::mutex memo_mu_;
   mutable absl::flat_hash_map<std::string, double> op_memo_;
+  mutable absl::flat_hash_map<std::array<int64_t, 6>, LastSchedule> last_schedule_;
   mutable size_t memo_key_bytes_ = 0;  // guarded by memo_mu_
   static constexpr size_t kMemoKeyBytesLimit = size_t{64} << 20;
   // Derived from the spec once (see the .cc for each).
