@@ -166,7 +166,7 @@ void ReplicaScheduler::ScheduleDecodes() {
 
 const Batch& ReplicaScheduler::Schedule(double now_s) {
   (void)now_s;  // FCFS needs no clock; kept for SLO-aware policies.
-  batch_ = Batch{};
+  batch_.Clear();
   const int64_t budget = config_.max_tokens_per_iteration;
 
   if (config_.policy == BatchingPolicy::kPrefillFirst) {
@@ -279,7 +279,7 @@ void ReplicaScheduler::Complete(double now_s, RequestObserver* observer) {
     }
     running_.resize(out);
   }
-  batch_ = Batch{};
+  batch_.Clear();
 }
 
 }  // namespace servesim::scheduler

@@ -92,6 +92,12 @@ struct Batch {
   int64_t emitting = 0;  // entries that produce a token (LM-head rows)
   BatchBound bound = BatchBound::kNone;
   bool empty() const { return entries.empty(); }
+  // Back to an empty batch, keeping the entries' storage.
+  void Clear() {
+    entries.clear();
+    prefill_tokens = decode_tokens = emitting = 0;
+    bound = BatchBound::kNone;
+  }
 };
 
 // A batch of `b` identical sequences with `past_tokens` cached tokens each,

@@ -1,5 +1,8 @@
 #include "scheduler/placement.h"
 
+#include <algorithm>
+#include <functional>
+
 namespace servesim::scheduler {
 
 StackPlacement::StackPlacement(int stacks, int64_t capacity_tokens, int kv_heads)
@@ -12,19 +15,31 @@ bool StackPlacement::Place(int32_t slot, int64_t tokens) {
   }
   std::vector<int32_t>& mine = stacks_of_[slot];
   mine.clear();
+  // The greedy choice with a min-heap of (reserved, index) over the stacks
+  // with room: the least reserved, ties to the lowest index, as a scan over
+  // every stack per head would pick, in O(heads log stacks). A stack that
+  // loses its room leaves the heap (reservations only grow here).
+  heap_.clear();
+  for (int s = 0; s < stacks(); ++s) {
+    if (reserved_[s] + tokens <= capacity_) heap_.emplace_back(reserved_[s], s);
+  }
+  std::make_heap(heap_.begin(), heap_.end(), std::greater<>());
   for (int h = 0; h < kv_heads_; ++h) {
-    int best = -1;
-    for (int s = 0; s < stacks(); ++s) {
-      if (reserved_[s] + tokens > capacity_) continue;
-      if (best < 0 || reserved_[s] < reserved_[best]) best = s;
-    }
-    if (best < 0) {  // undo this request's heads
+    if (heap_.empty()) {  // undo this request's heads
       for (int32_t s : mine) reserved_[s] -= tokens;
       mine.clear();
       return false;
     }
+    std::pop_heap(heap_.begin(), heap_.end(), std::greater<>());
+    const int best = heap_.back().second;
     reserved_[best] += tokens;
     mine.push_back(best);
+    if (reserved_[best] + tokens <= capacity_) {
+      heap_.back().first = reserved_[best];
+      std::push_heap(heap_.begin(), heap_.end(), std::greater<>());
+    } else {
+      heap_.pop_back();
+    }
   }
   tokens_of_[slot] = tokens;
   return true;

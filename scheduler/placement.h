@@ -9,6 +9,7 @@
 #define SERVESIM_SCHEDULER_PLACEMENT_H_
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "absl/types/span.h"
@@ -40,6 +41,7 @@ class StackPlacement {
   std::vector<int64_t> reserved_;
   std::vector<std::vector<int32_t>> stacks_of_;  // by slot
   std::vector<int64_t> tokens_of_;               // by slot
+  std::vector<std::pair<int64_t, int>> heap_;    // Place's scratch
 };
 
 }  // namespace servesim::scheduler

@@ -1,8 +1,10 @@
 #include "scheduler/planner.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 
+#include "absl/base/casts.h"
 #include "common/status_macros.h"
 
 namespace servesim::scheduler {
@@ -419,25 +421,47 @@ absl::StatusOr<IterationCost> IterationPlanner::PlanWithDevice(const Batch& batc
   std::vector<Op>& dev_ops = dev_ops_;
   st_a.clear();
   st_b.clear();
-  xpu_ops.clear();
   dev_ops.clear();
-  if (policy != OverlapPolicy::kBatchLevel) {
-    XpuLayerOps(t, pre_seqs, 1.0 - f, groups, &xpu_ops);
-  } else {
+  if (policy == OverlapPolicy::kBatchLevel) {
     seqs_a.assign(dec_seqs.begin(), dec_seqs.begin() + half);
     seqs_b.assign(dec_seqs.begin() + half, dec_seqs.end());
     if (!dec_stacks.empty()) {
       st_a.assign(dec_stacks.begin(), dec_stacks.begin() + half * KV);
       st_b.assign(dec_stacks.begin() + half * KV, dec_stacks.end());
     }
-    XpuLayerOps(half, {}, 1.0, 1, &xpu_ops);
-    XpuLayerOps(b_dec - half, {}, 1.0, 1, &xpu_ops);
   }
-  const size_t tail_at = xpu_ops.size();
-  TailOps(t, batch.emitting, &xpu_ops);
+  // The xPU ops depend on the policy, the token counts, the FF split, the
+  // head groups and the prefill sequences only: a decode batch of the same
+  // size as the last iteration's asks the same question, and the xPU device
+  // (pure: same ops, same costs) is not asked again.
   std::vector<Cost>& xpu_costs = xpu_costs_;
-  xpu_costs.assign(xpu_ops.size(), Cost{});
-  RETURN_IF_ERROR(device_->Estimate(xpu_ops, absl::MakeSpan(xpu_costs)));
+  const std::array<int64_t, 6> xpu_key = {static_cast<int64_t>(policy), t, batch.emitting,
+                                          absl::bit_cast<int64_t>(f), groups, b_dec};
+  const bool xpu_same = xpu_valid_ && xpu_key == xpu_key_ && pre_seqs.size() == xpu_pre_.size() &&
+                        std::equal(pre_seqs.begin(), pre_seqs.end(), xpu_pre_.begin(),
+                                   [](const devices::AttentionSeq& x,
+                                      const devices::AttentionSeq& y) {
+                                     return x.new_tokens == y.new_tokens &&
+                                            x.past_tokens == y.past_tokens &&
+                                            x.request_id == y.request_id;
+                                   });
+  if (!xpu_same) {
+    xpu_valid_ = false;
+    xpu_ops.clear();
+    if (policy != OverlapPolicy::kBatchLevel) {
+      XpuLayerOps(t, pre_seqs, 1.0 - f, groups, &xpu_ops);
+    } else {
+      XpuLayerOps(half, {}, 1.0, 1, &xpu_ops);
+      XpuLayerOps(b_dec - half, {}, 1.0, 1, &xpu_ops);
+    }
+    TailOps(t, batch.emitting, &xpu_ops);
+    xpu_costs.assign(xpu_ops.size(), Cost{});
+    RETURN_IF_ERROR(device_->Estimate(xpu_ops, absl::MakeSpan(xpu_costs)));
+    xpu_key_ = xpu_key;
+    xpu_pre_ = pre_seqs;
+    xpu_valid_ = true;
+  }
+  const size_t tail_at = xpu_ops.size() - kTailOps;
 
   // Attention of `seqs` as g head groups; returns where its ops start in
   // dev_ops (-1: no sequences, zero cost, no call).

@@ -37,6 +37,7 @@
 #ifndef SERVESIM_SCHEDULER_PLANNER_H_
 #define SERVESIM_SCHEDULER_PLANNER_H_
 
+#include <array>
 #include <string_view>
 #include <vector>
 
@@ -174,6 +175,11 @@ class IterationPlanner {
   std::vector<devices::Op> xpu_ops_, dev_ops_;
   std::vector<devices::Cost> xpu_costs_, dev_costs_, att_, att_b_;
   std::vector<double> back_done_;
+  // The last xPU question and its answer (xpu_ops_, xpu_costs_): see
+  // PlanWithDevice.
+  bool xpu_valid_ = false;
+  std::array<int64_t, 6> xpu_key_{};
+  std::vector<devices::AttentionSeq> xpu_pre_;
   size_t layer_ops_ = 0;  // ops_[0, layer_ops_) repeat per layer
   std::vector<Span>* spans_ = nullptr;  // recording, during Plan(batch, spans)
   void Emit(Track track, std::string_view name, int32_t layer, int32_t group, double start,

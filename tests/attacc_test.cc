@@ -629,6 +629,33 @@ TEST(AttAccBadInputTest, PlacementOutOfRange) {
   EXPECT_EQ(EstimateStatus(*d, op).code(), absl::StatusCode::kInvalidArgument);
 }
 
+TEST(AttAccBadInputTest, RememberedListsDoNotSkipTheStackCheck) {
+  // A list's bounds are checked when the recent-list memo first meets it;
+  // a list that differs from a remembered one only in an out-of-range
+  // stack is new to the memo, so it is checked and rejected, and the
+  // remembered list still answers as before.
+  const auto d = Make();
+  std::vector<AttentionSeq> seqs = {{1, 10}, {1, 500}};
+  Op op = Attention(seqs, 4, 4, 128);
+  std::vector<int32_t> good = {0, 1, 2, 3, 4, 5, 6, 7};
+  std::vector<int32_t> bad = {0, 1, 2, 3, 4, 5, 6, 40};
+  op.kv_head_stack = good;
+  std::vector<Cost> first(1), again(1);
+  ASSERT_TRUE(d->Estimate({op}, absl::MakeSpan(first)).ok());
+  op.kv_head_stack = bad;
+  absl::Status s = EstimateStatus(*d, op);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("kv_head_stack[7] = 40"), std::string::npos) << s;
+  EXPECT_EQ(EstimateStatus(*d, op).code(), absl::StatusCode::kInvalidArgument) << "asked twice";
+  op.kv_head_stack = good;
+  ASSERT_TRUE(d->Estimate({op}, absl::MakeSpan(again)).ok());
+  EXPECT_EQ(again[0].time_s, first[0].time_s);
+  // An empty head range still checks the stacks.
+  op.kv_head_stack = bad;
+  op.head_begin = op.head_end = 2;
+  EXPECT_EQ(EstimateStatus(*d, op).code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(AttAccBadInputTest, BadSpecNamesTheField) {
   auto check = [](servesim::v1::DeviceSpec spec, const std::string& want) {
     auto d = CreateDevice(spec);

@@ -191,6 +191,22 @@ class MinTree {
 constexpr int32_t kMaxFastItems = 64;
 constexpr int32_t kMaxFastStacks = 1024;  // stack arrays of the one-pass fast path
 
+// std::stable_sort, with insertion sort for the short lists of a decode
+// batch (no temporary buffer, a few comparisons).
+template <typename Less>
+void StableSortSmall(std::vector<int32_t>* v, Less less) {
+  if (v->size() > 32) {
+    std::stable_sort(v->begin(), v->end(), less);
+    return;
+  }
+  for (size_t i = 1; i < v->size(); ++i) {
+    const int32_t x = (*v)[i];
+    size_t j = i;
+    for (; j > 0 && less(x, (*v)[j - 1]); --j) (*v)[j] = (*v)[j - 1];
+    (*v)[j] = x;
+  }
+}
+
 float RoundHalf(float x) { return HalfToFloat(FloatToHalf(x)); }
 
 // Pairwise (adder-tree) sum of a[0..n), each add rounded by `round`.
@@ -557,28 +573,26 @@ absl::Status AttAccDevice::AttentionCost(const Op& op, OwnPlacement* own, Cost* 
           absl::StrCat("attacc device: kv_head_stack has ", op.kv_head_stack.size(),
                        " entries; expected seqs x kv_heads = ", nseq * kvh_n));
     }
-    const bool checked = own->validated_stacks == op.kv_head_stack.data() &&
-                         own->validated_n == op.kv_head_stack.size();
-    own->validated_stacks = op.kv_head_stack.data();
-    own->validated_n = op.kv_head_stack.size();
-    if (!checked) {
-      // Branch-free bounds first (vectorised); the index only on failure.
-      int32_t lo = 0, hi = 0;
-      for (int32_t st : op.kv_head_stack) {
-        lo = std::min(lo, st);
-        hi = std::max(hi, st);
-      }
-      for (size_t i = 0; (lo < 0 || hi >= a.stacks()) && i < op.kv_head_stack.size(); ++i) {
-        if (op.kv_head_stack[i] < 0 || op.kv_head_stack[i] >= a.stacks()) {
-          own->validated_stacks = nullptr;
-          return absl::InvalidArgumentError(
-              absl::StrCat("attacc device: kv_head_stack[", i, "] = ", op.kv_head_stack[i],
-                           "; expected a stack index in [0, ", a.stacks(), ")"));
-        }
-      }
-    }
   }
-  if (nseq == 0 || hb == he) return absl::OkStatus();
+  // kv_head_stack's bounds: checked once per list (below, when the recent
+  // memo meets the list for the first time), since a placed batch's list
+  // repeats iteration after iteration and its check would cost more than
+  // the rest of a memo hit.
+  auto check_stacks = [&]() -> absl::Status {
+    // Branch-free bounds first; the index only on failure.
+    int32_t lo = 0, hi = 0;
+    for (int32_t st : op.kv_head_stack) {
+      lo = std::min(lo, st);
+      hi = std::max(hi, st);
+    }
+    if (lo >= 0 && hi < a.stacks()) return absl::OkStatus();
+    size_t i = 0;
+    while (op.kv_head_stack[i] >= 0 && op.kv_head_stack[i] < a.stacks()) ++i;
+    return absl::InvalidArgumentError(
+        absl::StrCat("attacc device: kv_head_stack[", i, "] = ", op.kv_head_stack[i],
+                     "; expected a stack index in [0, ", a.stacks(), ")"));
+  };
+  if (nseq == 0 || hb == he) return placed ? check_stacks() : absl::OkStatus();
 
   const int64_t group = op.heads / kvh_n;
   const int64_t dh = op.d_head;
@@ -647,11 +661,11 @@ absl::Status AttAccDevice::AttentionCost(const Op& op, OwnPlacement* own, Cost* 
     }
     own->order.resize(nseq);
     std::iota(own->order.begin(), own->order.end(), 0);
-    std::stable_sort(own->order.begin(), own->order.end(), [&](int32_t x, int32_t y) {
+    StableSortSmall(&own->order, [&](int32_t x, int32_t y) {
       return own->seq_len[x] > own->seq_len[y];
     });
     own->by_arrival = own->order;
-    std::stable_sort(own->by_arrival.begin(), own->by_arrival.end(), [&](int32_t x, int32_t y) {
+    StableSortSmall(&own->by_arrival, [&](int32_t x, int32_t y) {
       return own->per_seq[x].s < own->per_seq[y].s;
     });
   }
@@ -712,22 +726,53 @@ absl::Status AttAccDevice::AttentionCost(const Op& op, OwnPlacement* own, Cost* 
     stack_of = own->stack.data();
   }
 
-  // ---- the memos (see the header): the op's exact schedule inputs.
+  // ---- the memos (see the header).
   const int32_t in_flight = a.attention_level_pipelining() ? 2 : 1;
   const std::array<int64_t, 6> geometry = {in_flight, dh, hb, he, op.heads, kvh_n};
-  thread_local std::string op_key;  // reused: no allocation in steady state
-  op_key.clear();
-  for (int64_t s = 0; s < nseq; ++s) {
-    op_key.append(reinterpret_cast<const char*>(own->l_key[s].data()), 3 * sizeof(int32_t));
-    op_key.append(reinterpret_cast<const char*>(stack_of + s * kvh_n + kv_lo),
-                  static_cast<size_t>(kv_hi - kv_lo) * sizeof(int32_t));
+  std::unique_lock<std::mutex> memo_lock(memo_mu_, std::defer_lock);
+  if (own->recent_of != op.seqs.data() || own->recent_n != op.seqs.size() ||
+      own->recent_stacks != stack_of) {
+    thread_local std::string list_key;  // reused: no allocation in steady state
+    list_key.assign(reinterpret_cast<const char*>(&kvh_n), sizeof(kvh_n));
+    list_key.append(reinterpret_cast<const char*>(own->l_key.data()),
+                    own->l_key.size() * sizeof(own->l_key[0]));
+    list_key.append(reinterpret_cast<const char*>(stack_of),
+                    static_cast<size_t>(nseq * kvh_n) * sizeof(int32_t));
+    memo_lock.lock();
+    bool seen = false;
+    own->recent_slot = FindRecentList(list_key, &seen);
+    if (!seen && placed) {
+      if (absl::Status st = check_stacks(); !st.ok()) {
+        ForgetRecentList(own->recent_slot);
+        own->recent_of = nullptr;
+        return st;
+      }
+    }
+    own->recent_generation = recent_[own->recent_slot].generation;
+    own->recent_of = op.seqs.data();
+    own->recent_n = op.seqs.size();
+    own->recent_stacks = stack_of;
+  } else {
+    memo_lock.lock();
   }
-  std::unique_lock<std::mutex> memo_lock(memo_mu_);
-  LastSchedule& last = last_schedule_[geometry];
-  if (last.key == op_key) {
-    return FinishAttentionCost(last.slowest, score_busy, softmax_busy, context_busy, cost);
+  RecentList* recent = &recent_[own->recent_slot];
+  if (recent->generation != own->recent_generation) {
+    recent = nullptr;  // another caller took the slot meanwhile
+  } else {
+    for (const auto& [g, slowest] : recent->slowest) {
+      if (g == geometry) {
+        return FinishAttentionCost(slowest, score_busy, softmax_busy, context_busy, cost);
+      }
+    }
   }
   memo_lock.unlock();
+  // With memo_mu_ held: keeps `slowest` for this op's list and geometry.
+  auto remember = [&](double slowest) {
+    RecentList& r = recent_[own->recent_slot];
+    if (r.generation == own->recent_generation && r.slowest.size() < kRecentGeometries) {
+      r.slowest.emplace_back(geometry, slowest);
+    }
+  };
 
   // ---- KV-head work items per stack, longest first (CSR).
   const std::vector<int32_t>& order = own->order;
@@ -763,7 +808,7 @@ absl::Status AttAccDevice::AttentionCost(const Op& op, OwnPlacement* own, Cost* 
     if (*std::max_element(items, items + nstacks) <= limit) {
       const double slowest = *std::max_element(stack_slowest, stack_slowest + nstacks);
       memo_lock.lock();
-      RememberSchedule(geometry, op_key, slowest);
+      remember(slowest);
       return FinishAttentionCost(slowest, score_busy, softmax_busy, context_busy, cost);
     }
   }
@@ -791,13 +836,17 @@ absl::Status AttAccDevice::AttentionCost(const Op& op, OwnPlacement* own, Cost* 
   for (int32_t st = 0; st < nstacks && fast; ++st) {
     fast = stack_begin[st + 1] - stack_begin[st] <= std::min<int32_t>(nch, kMaxFastItems);
   }
-  thread_local std::string memo_key;
+  thread_local std::string memo_key;  // reused: no allocation in steady state
   if (!fast) {
     memo_key.assign(reinterpret_cast<const char*>(geometry.data()), sizeof(geometry));
-    memo_key.append(op_key);
+    for (int64_t s = 0; s < nseq; ++s) {
+      memo_key.append(reinterpret_cast<const char*>(own->l_key[s].data()), 3 * sizeof(int32_t));
+      memo_key.append(reinterpret_cast<const char*>(stack_of + s * kvh_n + kv_lo),
+                      static_cast<size_t>(kv_hi - kv_lo) * sizeof(int32_t));
+    }
     memo_lock.lock();
     if (auto hit = op_memo_.find(absl::string_view(memo_key)); hit != op_memo_.end()) {
-      RememberSchedule(geometry, op_key, hit->second);
+      remember(hit->second);
       return FinishAttentionCost(hit->second, score_busy, softmax_busy, context_busy, cost);
     }
     // Bound the memo's memory by its keys' bytes (a key lists every
@@ -957,16 +1006,35 @@ absl::Status AttAccDevice::AttentionCost(const Op& op, OwnPlacement* own, Cost* 
 
   if (!memo_lock.owns_lock()) memo_lock.lock();
   if (!fast && op_memo_.emplace(memo_key, slowest).second) memo_key_bytes_ += memo_key.size();
-  RememberSchedule(geometry, op_key, slowest);
+  remember(slowest);
   return FinishAttentionCost(slowest, score_busy, softmax_busy, context_busy, cost);
 }
 
-// With memo_mu_ held: `key` is the thread's op_key.
-void AttAccDevice::RememberSchedule(const std::array<int64_t, 6>& geometry,
-                                    const std::string& key, double slowest) const {
-  LastSchedule& last = last_schedule_[geometry];
-  last.key.assign(key);  // reuses the string's capacity
-  last.slowest = slowest;
+void AttAccDevice::ForgetRecentList(int slot) const {
+  RecentList& r = recent_[slot];
+  r.key.clear();
+  ++r.generation;
+  r.last_used = 0;
+  r.slowest.clear();
+}
+
+int AttAccDevice::FindRecentList(const std::string& key, bool* seen) const {
+  int slot = 0;
+  for (int i = 0; i < kRecentLists; ++i) {
+    if (recent_[i].last_used > 0 && recent_[i].key == key) {
+      recent_[i].last_used = ++recent_clock_;
+      *seen = true;
+      return i;
+    }
+    if (recent_[i].last_used < recent_[slot].last_used) slot = i;
+  }
+  RecentList& r = recent_[slot];
+  r.key.assign(key);  // reuses the string's capacity
+  ++r.generation;
+  r.last_used = ++recent_clock_;
+  r.slowest.clear();
+  *seen = false;
+  return slot;
 }
 
 absl::Status AttAccDevice::FinishAttentionCost(double slowest, double score_busy,

@@ -156,13 +156,17 @@ class AttAccDevice : public Device {
     // `order` stably sorted by score end (SeqCycles::s): the order in which
     // a stack's single-head items reach the softmax unit.
     std::vector<int32_t> by_arrival;
+    // The recent-list slot of (recent_of, recent_n, recent_stacks) and its
+    // generation when found (see RecentList).
+    const AttentionSeq* recent_of = nullptr;
+    size_t recent_n = 0;
+    const int32_t* recent_stacks = nullptr;
+    int recent_slot = -1;
+    uint64_t recent_generation = 0;
     // What L enters the cycle figures through, per sequence: ceil(L / L
     // split), ceil(L / softmax lanes), ceil(L / (L split x lanes)). Equal
     // triples give equal cycles: the per-stack memo keys on them.
     std::vector<std::array<int32_t, 3>> l_key;
-    // kv_head_stack already checked in this call.
-    const int32_t* validated_stacks = nullptr;
-    size_t validated_n = 0;
     double score_busy = 0, softmax_busy = 0, context_busy = 0;
     double cells = 0, rows = 0, bg = 0, tsv = 0, ext = 0, macs = 0, sfm_ops = 0;
   };
@@ -175,8 +179,6 @@ class AttAccDevice : public Device {
   double SoftmaxCycles(int64_t l) const;
 
   servesim::v1::AttAccDeviceSpec spec_;
-  void RememberSchedule(const std::array<int64_t, 6>& geometry, const std::string& key,
-                        double slowest) const;
   // Memo of attention schedules: the key is an op's exact schedule inputs
   // (pipelining, d_head, head range, and per sequence the L ceilings its
   // cycle figures depend on and the stacks of its KV heads), the value its
@@ -186,18 +188,31 @@ class AttAccDevice : public Device {
   // depend on L itself and are always computed. (A per-stack memo was
   // measured slower: hashing many short keys cost more than it saved.)
   //
-  // The memo holds only schedules that missed the fast path below; the last
-  // schedule of each op geometry (pipelining, d_head, head range, heads) is
-  // kept beside it for every op, fast or not: a steady decode batch asks for
-  // the same schedule iteration after iteration, and comparing with the last
-  // key costs a copy and a memcmp, no hashing and no growth.
-  struct LastSchedule {
+  // The hashed memo holds only schedules that missed the fast path; in front
+  // of it, for every op, sit the schedules of the last few sequence lists
+  // (kRecentLists, least recently used replaced): a list's key (per
+  // sequence, its L ceilings and all its KV heads' stacks) is built and
+  // compared once per Estimate call, and then each head group's op is one
+  // small lookup by geometry (pipelining, d_head, head range, heads). A
+  // steady decode batch asks for the same schedules iteration after
+  // iteration; this answers them without hashing a long key or growing.
+  struct RecentList {
     std::string key;
-    double slowest = 0;
+    uint64_t generation = 0;  // bumped when the slot is given to another list
+    uint64_t last_used = 0;
+    // By geometry: a handful (one per head group), searched linearly.
+    std::vector<std::pair<std::array<int64_t, 6>, double>> slowest;
   };
+  static constexpr int kRecentLists = 4;
+  static constexpr size_t kRecentGeometries = 64;
+  // With memo_mu_ held: the slot of `key` (*seen), or the least recently
+  // used slot, taken over for it (!*seen).
+  int FindRecentList(const std::string& key, bool* seen) const;
+  void ForgetRecentList(int slot) const;  // with memo_mu_ held
   mutable std::mutex memo_mu_;
   mutable absl::flat_hash_map<std::string, double> op_memo_;
-  mutable absl::flat_hash_map<std::array<int64_t, 6>, LastSchedule> last_schedule_;
+  mutable std::array<RecentList, kRecentLists> recent_;  // guarded by memo_mu_
+  mutable uint64_t recent_clock_ = 0;                   // guarded by memo_mu_
   mutable size_t memo_key_bytes_ = 0;  // guarded by memo_mu_
   static constexpr size_t kMemoKeyBytesLimit = size_t{64} << 20;
   // Derived from the spec once (see the .cc for each).
