@@ -323,6 +323,65 @@ TEST_F(HeteroPlannerTest, BatchLevelRunsTwoHalves) {
   EXPECT_EQ(fake_.attention_calls, (std::vector<int64_t>{4}));
 }
 
+// A device that forwards to another and counts the ops it was asked.
+class CountingDevice : public devices::Device {
+ public:
+  explicit CountingDevice(const devices::Device* inner) : inner_(inner) {}
+  devices::DeviceDescription Describe() const override { return inner_->Describe(); }
+  absl::Status Estimate(absl::Span<const Op> ops, absl::Span<Cost> costs) const override {
+    ops_asked += static_cast<int64_t>(ops.size());
+    return inner_->Estimate(ops, costs);
+  }
+  absl::StatusOr<devices::AttentionResult> Execute(
+      const devices::AttentionCall& call) const override {
+    return inner_->Execute(call);
+  }
+  mutable int64_t ops_asked = 0;
+
+ private:
+  const devices::Device* inner_;
+};
+
+TEST_F(HeteroPlannerTest, ReusedXpuCostsEqualAFreshPlannersAndSkipTheDevice) {
+  // One planner across iterations reuses the xPU costs of a same-shaped
+  // batch (the planner's memo); every result must equal a fresh planner's,
+  // field by field, whatever came before.
+  Batch prefill_a;
+  prefill_a.entries.push_back(BatchEntry{0, 300, 0, true, true, {}, 7});
+  prefill_a.prefill_tokens = 300;
+  prefill_a.emitting = 1;
+  Batch prefill_b = prefill_a;  // same tokens, another request and context
+  prefill_b.entries[0].past_tokens = 100;
+  prefill_b.entries[0].request_id = 8;
+  const std::vector<Batch> batches = {Decode(8, 2048), Decode(8, 2049), Decode(8, 3000),
+                                      prefill_a,       prefill_b,       Decode(8, 3001),
+                                      Decode(9, 3001), Decode(8, 3002)};
+  for (OverlapPolicy policy : {OverlapPolicy::kSerial, OverlapPolicy::kHeadLevelFf,
+                               OverlapPolicy::kBatchLevel}) {
+    CountingDevice counting(gpu_.get());
+    IterationPlanner reused(Gpt3(), Config(&counting, &fake_, policy));
+    for (size_t i = 0; i < batches.size(); ++i) {
+      auto got = reused.Plan(batches[i]);
+      auto want = Plan(policy, batches[i]);
+      ASSERT_TRUE(got.ok() && want.ok()) << i;
+      EXPECT_EQ(got->time_s, want->time_s) << i;
+      EXPECT_EQ(got->xpu_busy_s, want->xpu_busy_s) << i;
+      EXPECT_EQ(got->device_busy_s, want->device_busy_s) << i;
+      EXPECT_EQ(got->total.energy_pj(), want->total.energy_pj()) << i;
+      EXPECT_EQ(got->total.flops, want->total.flops) << i;
+      for (size_t st = 0; st < got->stages.size(); ++st) {
+        EXPECT_EQ(got->stages[st].time_s, want->stages[st].time_s) << i << " stage " << st;
+      }
+    }
+    // Asked anew: the first decode, the two prefills (different contexts),
+    // the decode after them, the batch of 9 and the batch of 8 after it;
+    // 11 ops per layer (two halves' under batch-level pipelining, which
+    // prefill iterations leave for serial) and 3 for the tail.
+    const int64_t decode = policy == OverlapPolicy::kBatchLevel ? 2 * 11 + 3 : 11 + 3;
+    EXPECT_EQ(counting.ops_asked, 4 * decode + 2 * (11 + 3)) << OverlapPolicyName(policy);
+  }
+}
+
 TEST_F(HeteroPlannerTest, PrefillAttentionStaysOnTheXpus) {
   Batch prefill;
   prefill.entries.push_back(BatchEntry{0, 512, 0, true, true, {}});
