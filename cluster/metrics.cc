@@ -48,10 +48,9 @@ void QuantileSketch::Add(double value) {
     ++zero_count_;
     return;
   }
+  // log() may round a value on a bucket's edge into its neighbour, which
+  // is off by at most an ulp more than the stated error.
   int64_t i = Index(value);
-  // Rounding in log() can put a value on a bucket's upper edge one bucket
-  // too high or low; nudge it into the bucket whose range holds it.
-  if (value <= std::exp(static_cast<double>(i - 1) * log_gamma_)) --i;
   if (counts_.empty()) {
     offset_ = i;
     counts_.assign(1, 0);

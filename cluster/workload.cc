@@ -1250,7 +1250,7 @@ class WorkloadStream : public RequestStream {
   using Opener =
       std::function<absl::StatusOr<std::unique_ptr<SortedSource>>()>;
   struct Shape {
-    const servesim::v1::WorkloadSpec* spec = nullptr;  // for the text
+    const servesim::v1::WorkloadSpec* spec = nullptr;  // for the text, in Create
     double rate_scale = 1;
     double window_start = -std::numeric_limits<double>::infinity();
     double window_end = std::numeric_limits<double>::infinity();
@@ -1276,6 +1276,7 @@ class WorkloadStream : public RequestStream {
       absl::StrAppend(&stream->suffix_, "; max_requests ", shape.max_requests);
     }
     stream->has_window_start_ = spec.has_window_start_s();
+    stream->shape_.spec = nullptr;  // the caller's; not needed past here
     return std::unique_ptr<RequestStream>(std::move(stream));
   }
 

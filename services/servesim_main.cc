@@ -551,19 +551,25 @@ int Run(const Options& o) {
   servesim::cluster::RunResult partial;
   run_options.partial = &partial;
   const std::string out = !o.out.empty() ? o.out : sc->proto.output().dir();
-  // requests.csv and iterations.csv are written as the run goes.
+  // requests.csv and iterations.csv are written as the run goes. A folder
+  // that cannot be written is reported after the run, whose summary table
+  // is still printed.
   std::unique_ptr<servesim::cluster::CsvRecordWriter> csv;
+  absl::Status csv_status;
   if (!out.empty()) {
     auto opened = servesim::cluster::CsvRecordWriter::Open(out, *sc);
-    if (!opened.ok()) return Fail(opened.status());
-    csv = std::move(*opened);
-    run_options.sink = csv.get();
+    if (opened.ok()) {
+      csv = std::move(*opened);
+      run_options.sink = csv.get();
+    } else {
+      csv_status = opened.status();
+    }
     run_options.time_series = sc->proto.output().report_html();
   }
   auto stream = OpenWorkloadOf(*loaded);
   if (!stream.ok()) return Fail(stream.status());
   auto result = servesim::cluster::RunSimulation(*sc, **stream, run_options);
-  const absl::Status csv_status = csv != nullptr ? csv->Close() : absl::OkStatus();
+  if (csv != nullptr) csv_status = csv->Close();
   if (server != nullptr && o.linger_s > 0) {
     std::this_thread::sleep_for(std::chrono::duration<double>(o.linger_s));
   }
