@@ -49,7 +49,107 @@ absl::Status WriteFile(const std::filesystem::path& path, const std::string& tex
 
 std::string Ms(double s) { return absl::StrFormat("%10.2f", s * 1e3); }
 
+std::string RequestRow(const RequestRecord& r) {
+  if (r.status == RequestStatus::kDone) {
+    const double tpot =
+        r.output_tokens > 1 ? (r.finish_s - r.first_token_s) / double(r.output_tokens - 1)
+                            : 0.0;
+    return absl::StrFormat("%d,%.6f,%.6f,%.6f,%d,%d,%.6f,%.6f,%.6f,%d,%d,%s\n", r.id,
+                           r.arrival_s, r.first_token_s, r.finish_s, r.input_tokens,
+                           r.output_tokens, r.first_token_s - r.arrival_s, tpot,
+                           r.finish_s - r.arrival_s, r.replica, r.preemptions,
+                           StatusName(r.status));
+  }
+  return absl::StrFormat("%d,%.6f,,,%d,%d,,,,%d,%d,%s\n", r.id, r.arrival_s,
+                         r.input_tokens, r.output_tokens, r.replica, r.preemptions,
+                         StatusName(r.status));
+}
+
+std::string IterationRow(const IterationRecord& it) {
+  return absl::StrFormat("%d,%.9f,%.9f,%d,%d,%d,%d,%.6g,%s,%d\n", it.replica, it.start_s,
+                         it.duration_s, it.batch_size, it.prefill_tokens, it.decode_tokens,
+                         it.kv_blocks_used, it.energy_j, scheduler::BatchBoundName(it.bound),
+                         it.batch_cap);
+}
+
 }  // namespace
+
+absl::StatusOr<std::unique_ptr<CsvRecordWriter>> CsvRecordWriter::Open(
+    const std::string& dir, const ResolvedScenario& sc) {
+  const auto& o = sc.proto.output();
+  if (!o.requests_csv() && !o.iterations_csv()) return nullptr;
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) {
+    return absl::UnavailableError(
+        absl::StrCat(dir, ": cannot create output folder: ", ec.message()));
+  }
+  auto w = std::unique_ptr<CsvRecordWriter>(new CsvRecordWriter());
+  auto open = [&](File& f, const char* name, const char* header) -> absl::Status {
+    f.path = (std::filesystem::path(dir) / name).string();
+    f.file = std::fopen(f.path.c_str(), "wb");
+    if (f.file == nullptr) {
+      return absl::UnavailableError(
+          absl::StrCat(f.path, ": cannot write: ", std::strerror(errno)));
+    }
+    f.buffer = header;
+    return absl::OkStatus();
+  };
+  if (o.requests_csv()) {
+    if (absl::Status st = open(w->requests_, "requests.csv",
+                               "id,arrival_s,first_token_s,finish_s,input_tokens,output_tokens,"
+                               "ttft_s,tpot_s,e2e_s,replica,preemptions,status\n");
+        !st.ok()) {
+      return st;
+    }
+  }
+  if (o.iterations_csv()) {
+    if (absl::Status st = open(w->iterations_, "iterations.csv",
+                               "replica,start_s,duration_s,batch_size,prefill_tokens,"
+                               "decode_tokens,kv_blocks_used,energy_j,batch_bound,batch_cap\n");
+        !st.ok()) {
+      return st;
+    }
+  }
+  return w;
+}
+
+CsvRecordWriter::~CsvRecordWriter() { Close().IgnoreError(); }
+
+void CsvRecordWriter::Append(File& f, const std::string& row) {
+  if (f.file == nullptr) return;
+  f.buffer += row;
+  if (f.buffer.size() >= (size_t{1} << 20)) Flush(f);
+}
+
+void CsvRecordWriter::Flush(File& f) {
+  if (f.file == nullptr || f.buffer.empty()) return;
+  if (std::fwrite(f.buffer.data(), 1, f.buffer.size(), f.file) != f.buffer.size() &&
+      status_.ok()) {
+    status_ = absl::UnavailableError(
+        absl::StrCat(f.path, ": cannot write: ", std::strerror(errno)));
+  }
+  f.buffer.clear();
+}
+
+void CsvRecordWriter::OnRequest(const RequestRecord& r) { Append(requests_, RequestRow(r)); }
+
+void CsvRecordWriter::OnIteration(const IterationRecord& it) {
+  Append(iterations_, IterationRow(it));
+}
+
+absl::Status CsvRecordWriter::Close() {
+  for (File* f : {&requests_, &iterations_}) {
+    if (f->file == nullptr) continue;
+    Flush(*f);
+    if (std::fclose(f->file) != 0 && status_.ok()) {
+      status_ = absl::UnavailableError(
+          absl::StrCat(f->path, ": cannot write: ", std::strerror(errno)));
+    }
+    f->file = nullptr;
+  }
+  return status_;
+}
 
 std::string JsonString(const std::string& s) {
   std::string out = "\"";
@@ -110,6 +210,17 @@ std::string SummaryJson(const ResolvedScenario& sc, const Workload& wl,
   kv("tbt_s", Dist(s.tbt_s));
   kv("tpot_s", Dist(s.tpot_s));
   kv("e2e_s", Dist(s.e2e_s));
+  // Only when a sketch answered (runs whose percentiles are all exact keep
+  // the file they always had, as complete runs have no "partial" key).
+  if (!s.ttft_s.exact || !s.tbt_s.exact || !s.tpot_s.exact || !s.e2e_s.exact) {
+    auto method = [](const Distribution& d) {
+      return d.exact ? std::string("\"exact\"")
+                     : absl::StrFormat("\"sketch(rel_err=%g)\"", kSketchRelativeError);
+    };
+    kv("percentiles", absl::StrCat("{\"ttft_s\": ", method(s.ttft_s), ", \"tbt_s\": ",
+                                   method(s.tbt_s), ", \"tpot_s\": ", method(s.tpot_s),
+                                   ", \"e2e_s\": ", method(s.e2e_s), "}"));
+  }
   kv("slo_ttft_s", Num(s.slo_ttft_s));
   kv("slo_tpot_s", Num(s.slo_tpot_s));
   kv("slo_met_requests", absl::StrCat(s.slo_met));
@@ -222,43 +333,6 @@ absl::Status WriteOutputs(const std::string& dir, const ResolvedScenario& sc,
                        "\n}\n"));
       !st.ok()) {
     return st;
-  }
-  if (sc.proto.output().requests_csv()) {
-    std::string csv =
-        "id,arrival_s,first_token_s,finish_s,input_tokens,output_tokens,ttft_s,"
-        "tpot_s,e2e_s,replica,preemptions,status\n";
-    for (const RequestRecord& r : metrics.requests()) {
-      if (r.status == RequestStatus::kDone) {
-        const double tpot =
-            r.output_tokens > 1
-                ? (r.finish_s - r.first_token_s) / double(r.output_tokens - 1)
-                : 0.0;
-        absl::StrAppendFormat(&csv, "%d,%.6f,%.6f,%.6f,%d,%d,%.6f,%.6f,%.6f,%d,%d,%s\n",
-                              r.id, r.arrival_s, r.first_token_s, r.finish_s,
-                              r.input_tokens, r.output_tokens,
-                              r.first_token_s - r.arrival_s, tpot,
-                              r.finish_s - r.arrival_s, r.replica, r.preemptions,
-                              StatusName(r.status));
-      } else {
-        absl::StrAppendFormat(&csv, "%d,%.6f,,,%d,%d,,,,%d,%d,%s\n", r.id,
-                              r.arrival_s, r.input_tokens, r.output_tokens,
-                              r.replica, r.preemptions, StatusName(r.status));
-      }
-    }
-    if (absl::Status st = WriteFile(base / "requests.csv", csv); !st.ok()) return st;
-  }
-  if (sc.proto.output().iterations_csv()) {
-    std::string csv =
-        "replica,start_s,duration_s,batch_size,prefill_tokens,decode_tokens,"
-        "kv_blocks_used,energy_j,batch_bound,batch_cap\n";
-    for (const IterationRecord& it : metrics.iterations()) {
-      absl::StrAppendFormat(&csv, "%d,%.9f,%.9f,%d,%d,%d,%d,%.6g,%s,%d\n", it.replica,
-                            it.start_s, it.duration_s, it.batch_size,
-                            it.prefill_tokens, it.decode_tokens,
-                            it.kv_blocks_used, it.energy_j,
-                            scheduler::BatchBoundName(it.bound), it.batch_cap);
-    }
-    if (absl::Status st = WriteFile(base / "iterations.csv", csv); !st.ok()) return st;
   }
   if (sc.proto.output().timeline()) {
     if (absl::Status st = WriteFile(base / "timeline.json", TimelineJson(sc, metrics));

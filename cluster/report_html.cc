@@ -64,6 +64,29 @@ Series Cdf(const std::string& name, std::vector<double> v) {
   return s;
 }
 
+// The same from an accumulator, values times `scale`: exact samples as
+// above, or the sketch's estimate at the same ranks.
+Series Cdf(const std::string& name, const QuantileAccumulator& acc, double scale) {
+  if (acc.exact()) {
+    std::vector<double> v(acc.values().begin(), acc.values().end());
+    if (scale != 1) {
+      for (double& x : v) x *= scale;
+    }
+    return Cdf(name, std::move(v));
+  }
+  Series s{name, {}, {}};
+  const QuantileSketch& sketch = *acc.sketch();
+  const int64_t n = sketch.count();
+  const int64_t step = std::max<int64_t>(1, n / 400);
+  for (int64_t i = 0; i < n; i += step) {
+    s.x.push_back(sketch.ValueAtRank(i) * scale);
+    s.y.push_back(static_cast<double>(i + 1) / static_cast<double>(n));
+  }
+  s.x.push_back(sketch.ValueAtRank(n - 1) * scale);
+  s.y.push_back(1.0);
+  return s;
+}
+
 }  // namespace
 
 std::string LineChartSvg(const std::string& title, const std::string& x_label,
@@ -245,40 +268,25 @@ std::string ReportHtml(const ResolvedScenario& sc, const MetricsCollector& m,
                       summary.energy_per_token_j));
 
   // Latency CDFs.
-  std::vector<double> ttft, e2e;
-  for (const RequestRecord& r : m.requests()) {
-    if (r.status != RequestStatus::kDone) continue;
-    ttft.push_back(r.first_token_s - r.arrival_s);
-    e2e.push_back(r.finish_s - r.arrival_s);
-  }
-  std::vector<double> tbt_ms = m.tbt_gaps();
-  for (double& v : tbt_ms) v *= 1e3;
   absl::StrAppend(&html, "<h2>Latency</h2><div class=\"row\">\n",
                   LineChartSvg("TTFT CDF", "seconds", "fraction of requests",
-                               {Cdf("TTFT", ttft)}),
+                               {Cdf("TTFT", m.ttft(), 1)}),
                   LineChartSvg("TBT CDF", "milliseconds", "fraction of gaps",
-                               {Cdf("TBT", tbt_ms)}),
-                  LineChartSvg("E2E CDF", "seconds", "fraction of requests", {Cdf("E2E", e2e)}),
+                               {Cdf("TBT", m.tbt(), 1e3)}),
+                  LineChartSvg("E2E CDF", "seconds", "fraction of requests",
+                               {Cdf("E2E", m.e2e(), 1)}),
                   "</div>\n");
 
   // Over simulated time: ~100 bins.
   const double span = std::max(simulated_s, 1e-9);
   const int bins = 100;
   const double bw = span / bins;
-  std::vector<double> tokens(bins, 0), batch_time(bins, 0), busy_time(bins, 0);
-  std::vector<std::vector<double>> xpu_busy(sc.replicas, std::vector<double>(bins, 0)),
-      dev_busy(sc.replicas, std::vector<double>(bins, 0));
-  std::vector<double> batch_w(bins, 0);
-  for (const IterationRecord& it : m.iterations()) {
-    const int b = std::min(bins - 1, static_cast<int>(it.start_s / bw));
-    tokens[b] += static_cast<double>(it.decode_tokens > 0 || it.prefill_tokens > 0
-                                         ? it.decode_tokens
-                                         : 0);
-    batch_time[b] += it.batch_size * it.duration_s;
-    batch_w[b] += it.duration_s;
-    xpu_busy[it.replica][b] += it.xpu_busy_s;
-    dev_busy[it.replica][b] += it.device_busy_s;
-  }
+  const TimeSeries::Binned binned = m.time_series().Bin(span, bins, sc.replicas);
+  const std::vector<double>& tokens = binned.tokens;
+  const std::vector<double>& batch_time = binned.batch_time;
+  const std::vector<double>& batch_w = binned.batch_w;
+  const std::vector<std::vector<double>>& xpu_busy = binned.xpu_busy;
+  const std::vector<std::vector<double>>& dev_busy = binned.dev_busy;
   Series thr{"decode tokens/s", {}, {}}, bs{"mean batch size", {}, {}};
   for (int b = 0; b < bins; ++b) {
     const double mid = (b + 0.5) * bw;

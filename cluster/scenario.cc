@@ -559,6 +559,10 @@ absl::StatusOr<ResolvedScenario> Resolve(const LoadedScenario& sc) {
     ck.Range<int32_t>("output.timeline_max_iterations", o.timeline_max_iterations(), 0,
                       1000000);
     ck.Range<int32_t>("output.timeline_layers", o.timeline_layers(), 0, 1024);
+    if (o.has_exact_percentile_max_samples()) {
+      ck.Range<int64_t>("output.exact_percentile_max_samples", o.exact_percentile_max_samples(),
+                        0, 1'000'000'000);
+    }
     ck.NonNegative("output.timeline_start_s", o.timeline_start_s());
     if (!(o.timeline_end_s() > o.timeline_start_s())) {
       ck.Fail("output.timeline_end_s", o.timeline_end_s(),

@@ -19,8 +19,9 @@ namespace {
 
 // A message on a mailbox: a request, or the end-of-stream count.
 struct Message {
-  const scheduler::RequestSpec* request = nullptr;  // null: end of stream
-  int64_t total_sent = 0;                           // with end of stream
+  scheduler::RequestSpec request;
+  bool end = false;        // end of stream: no request
+  int64_t total_sent = 0;  // with end of stream
 };
 
 constexpr double kBytesPerPromptToken = 4;  // token ids on the wire
@@ -28,7 +29,7 @@ constexpr double kHeaderBytes = 512;
 
 struct Shared {
   const ResolvedScenario* sc = nullptr;
-  const Workload* workload = nullptr;
+  RequestStream* requests = nullptr;
   MetricsCollector* metrics = nullptr;
   LiveSink* live = nullptr;  // may be null
   bool record_timeline = false;
@@ -49,15 +50,28 @@ double WireBytes(const scheduler::RequestSpec& r) {
 }
 
 void Source(Shared* sh) {
-  for (const auto& r : sh->workload->requests) {
+  int64_t sent = 0;
+  scheduler::RequestSpec r;
+  while (true) {
+    absl::StatusOr<bool> more = sh->requests->Next(&r);
+    if (!more.ok()) {
+      // A bad row further into the trace: stop the run, as a failed
+      // iteration does.
+      sh->error = more.status();
+      sg4::Actor::kill_all();
+      return;
+    }
+    if (!*more) break;
     sh->next_arrival_s = r.arrival_s;
     sg4::this_actor::sleep_until(r.arrival_s);
     ++sh->in_flight;
-    auto* msg = new Message{&r, 0};
+    ++sent;
+    sh->metrics->OnArrival(r);
+    auto* msg = new Message{r, false, 0};
     sh->router_box->put_init(msg, static_cast<uint64_t>(WireBytes(r)))->detach();
   }
   sh->next_arrival_s = std::numeric_limits<double>::infinity();
-  auto* end = new Message{nullptr, static_cast<int64_t>(sh->workload->requests.size())};
+  auto* end = new Message{{}, true, sent};
   sh->router_box->put_init(end, 0)->detach();
 }
 
@@ -67,7 +81,7 @@ void RouterActor(Shared* sh) {
   int64_t expected = -1, received = 0;
   while (expected < 0 || received < expected) {
     auto* msg = sh->router_box->get<Message>();
-    if (msg->request == nullptr) {
+    if (msg->end) {
       expected = msg->total_sent;
       delete msg;
       continue;
@@ -76,11 +90,11 @@ void RouterActor(Shared* sh) {
     const int r = router.Route(sh->loads);
     ++sh->loads[r].outstanding;
     ++sent[r];
-    sh->engine_boxes[r]->put_init(msg, static_cast<uint64_t>(WireBytes(*msg->request)))
+    sh->engine_boxes[r]->put_init(msg, static_cast<uint64_t>(WireBytes(msg->request)))
         ->detach();
   }
   for (size_t r = 0; r < sh->engine_boxes.size(); ++r) {
-    sh->engine_boxes[r]->put_init(new Message{nullptr, sent[r]}, 0)->detach();
+    sh->engine_boxes[r]->put_init(new Message{{}, true, sent[r]}, 0)->detach();
   }
 }
 
@@ -113,6 +127,8 @@ class Engine {
       while (box->ready()) Receive(box->get<Message>());
       if (scheduler_.Idle()) {
         if (expected_ >= 0 && done_ >= expected_) break;
+        // Its next iteration starts no earlier than now.
+        sh_->metrics->MarkIdle(replica_, sg4::Engine::get_clock());
         Receive(box->get<Message>());  // block until work arrives
         continue;
       }
@@ -144,6 +160,7 @@ class Engine {
         }
       }
     }
+    sh_->metrics->MarkDone(replica_);
   }
 
  private:
@@ -246,13 +263,13 @@ class Engine {
   };
 
   void Receive(Message* msg) {
-    if (msg->request == nullptr) {
+    if (msg->end) {
       expected_ = msg->total_sent;
     } else {
       --sh_->in_flight;
       const int64_t before = finished_;
       if (sh_->live != nullptr) sh_->live->OnArrival(replica_);
-      scheduler_.Add(*msg->request, sg4::Engine::get_clock(), &counting_);
+      scheduler_.Add(msg->request, sg4::Engine::get_clock(), &counting_);
       done_ += finished_ - before;
     }
     delete msg;
@@ -373,6 +390,12 @@ void BuildPlatform(const ResolvedScenario& sc, sg4::NetZone** zone_out,
 
 absl::StatusOr<RunResult> RunSimulation(const ResolvedScenario& sc,
                                         const Workload& workload, const RunOptions& options) {
+  std::unique_ptr<RequestStream> stream = StreamOf(workload);
+  return RunSimulation(sc, *stream, options);
+}
+
+absl::StatusOr<RunResult> RunSimulation(const ResolvedScenario& sc,
+                                        RequestStream& requests, const RunOptions& options) {
   std::vector<std::string> args = {"servesim"};
   args.insert(args.end(), options.simgrid_args.begin(), options.simgrid_args.end());
   std::vector<char*> argv;
@@ -385,10 +408,21 @@ absl::StatusOr<RunResult> RunSimulation(const ResolvedScenario& sc,
   }
 
   RunResult result;
-  result.metrics = std::make_unique<MetricsCollector>(workload.requests);
+  MetricsOptions metrics_options;
+  const auto& output = sc.proto.output();
+  if (output.has_exact_percentile_max_samples()) {
+    metrics_options.exact_percentile_max_samples = output.exact_percentile_max_samples();
+  }
+  metrics_options.ttft_slo_s = sc.ttft_slo_s;
+  metrics_options.tpot_slo_s = sc.tpot_slo_s;
+  metrics_options.kv_capacity_blocks = sc.kv.blocks;
+  metrics_options.replicas = static_cast<int>(sc.replicas);
+  metrics_options.time_series = options.time_series;
+  metrics_options.sink = options.sink;
+  result.metrics = std::make_unique<MetricsCollector>(metrics_options);
   Shared sh;
   sh.sc = &sc;
-  sh.workload = &workload;
+  sh.requests = &requests;
   sh.metrics = result.metrics.get();
   sh.live = options.live;
   sh.record_timeline = options.record_timeline;
@@ -447,8 +481,14 @@ absl::StatusOr<RunResult> RunSimulation(const ResolvedScenario& sc,
       if (options.live != nullptr) options.live->OnClock(now, wall_s());
     });
   }
+  // Idle replicas hold back no iteration that starts before the next
+  // request can reach them (MetricsCollector's merge).
+  result.metrics->SetArrivalFloor([&sh] {
+    return sh.in_flight > 0 ? sg4::Engine::get_clock() : sh.next_arrival_s;
+  });
   engine.run();
-  result.metrics->SortByStart();
+  result.metrics->SetArrivalFloor(nullptr);
+  result.metrics->Finish();
   if (!sh.error.ok()) {
     if (options.partial != nullptr) {
       options.partial->metrics = std::move(result.metrics);

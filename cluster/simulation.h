@@ -8,8 +8,10 @@
 // interconnect class to its replica's switch.
 //
 // Actors (few and long-lived, ../shared/TOOLCHAIN.md):
-//  - source (on clients): sleeps until each arrival and sends the request
-//    to the router; its size on the wire is 4 bytes per prompt token.
+//  - source (on clients): pulls each request from the workload's
+//    RequestStream (cluster/workload.h; the trace is read as the run goes),
+//    sleeps until its arrival and sends it to the router; its size on the
+//    wire is 4 bytes per prompt token.
 //  - router: routes each request (scheduler/router.h) and forwards it over
 //    the replica's front-end link; at the end tells every engine how many
 //    requests it was sent.
@@ -57,8 +59,17 @@ struct RunOptions {
   // When the run fails after it started (e.g. no device agent left): the
   // metrics measured until then, for partial outputs. May be null.
   struct RunResult* partial = nullptr;
+  // Where requests and iterations go as they become final (requests.csv,
+  // iterations.csv); borrowed, may be null. Keep report.html's series.
+  RecordSink* sink = nullptr;
+  bool time_series = false;
 };
 
+// Runs the requests `requests` yields (pulled as the run goes). A stream
+// error (a bad trace row) stops the run like a failed iteration does.
+absl::StatusOr<RunResult> RunSimulation(const ResolvedScenario& scenario,
+                                        RequestStream& requests, const RunOptions& options);
+// The same over a materialised workload.
 absl::StatusOr<RunResult> RunSimulation(const ResolvedScenario& scenario,
                                         const Workload& workload, const RunOptions& options);
 

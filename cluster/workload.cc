@@ -8,8 +8,10 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <filesystem>
 #include <limits>
+#include <memory>
 #include <string>
 #include <system_error>
 #include <utility>
@@ -34,10 +36,11 @@ namespace {
 
 using scheduler::RequestSpec;
 
-// Synthetic and saturated sources allocate every request up front; a typo
-// such as num_requests: 1000000000000 should be an error, not an abort in
-// the allocator. Ten million requests is far beyond what a run simulates.
+// A typo such as num_requests: 1000000000000 should be an error rather than
+// a run that never ends. Ten million requests is far beyond what a run
+// simulates (workload.repeat replays more).
 constexpr int64_t kMaxGeneratedRequests = 10'000'000;
+constexpr int64_t kMaxRepeat = 10'000;
 
 // ------------------------------------------------------------ helpers ----
 
@@ -59,8 +62,9 @@ std::string Quoted(absl::string_view field) {
 }
 
 // Reads the whole file at once: the readers then parse string_views into
-// it, with no allocation per line or per field.
-absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
+
+// Opens `path` for reading; the errors name the file and what is wrong.
+absl::StatusOr<std::FILE*> OpenForReading(const std::string& path) {
   std::FILE* file = std::fopen(path.c_str(), "rb");
   if (file == nullptr) {
     const int err = errno;
@@ -70,74 +74,122 @@ absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
         absl::StrCat(path, ": cannot open: ",
                      std::error_code(err, std::generic_category()).message()));
   }
-  std::string content;
   struct stat info;
-  if (fstat(fileno(file), &info) == 0) {
-    // A directory opens fine with fopen on Linux; say what is wrong rather
-    // than let a read fail with EISDIR.
-    if (S_ISDIR(info.st_mode)) {
-      std::fclose(file);
-      return absl::InvalidArgumentError(
-          absl::StrCat(path, ": is a directory; expected a trace file"));
-    }
-    // Only a regular file's size is meaningful (a pipe reports 0).
-    if (S_ISREG(info.st_mode) && info.st_size > 0) {
-      content.reserve(static_cast<size_t>(info.st_size));
-    }
+  // A directory opens fine with fopen on Linux; say what is wrong rather
+  // than let a read fail with EISDIR.
+  if (fstat(fileno(file), &info) == 0 && S_ISDIR(info.st_mode)) {
+    std::fclose(file);
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": is a directory; expected a trace file"));
   }
-  char buffer[1 << 16];
-  size_t n;
-  while ((n = std::fread(buffer, 1, sizeof(buffer), file)) > 0) {
-    content.append(buffer, n);
-  }
-  const bool failed = std::ferror(file) != 0;
-  const int err = errno;
-  std::fclose(file);
-  if (failed) {
-    return absl::Status(
-        absl::ErrnoToStatusCode(err),
-        absl::StrCat(path, ": cannot read: ",
-                     std::error_code(err, std::generic_category()).message()));
-  }
-  return content;
+  return file;
 }
 
-// Splits file content into lines, dropping the `\n` or `\r\n` terminator, so
-// the readers accept files written on Windows (the Azure traces use CRLF)
-// and files with or without a final newline. Counts lines from 1.
+// Splits text into lines, dropping the `\n` or `\r\n` terminator, so the
+// readers accept files written on Windows (the Azure traces use CRLF) and
+// files with or without a final newline. Counts lines from 1. Reads either
+// content already in memory or a file, 64 KiB at a time: memory is one
+// chunk plus the longest line (at most kMaxLineBytes), whatever the file's
+// size. A line is a view valid until the next call.
 class LineReader {
  public:
-  explicit LineReader(absl::string_view content) : rest_(content) {
-    // A UTF-8 byte order mark would otherwise stick to the first column name.
-    if (absl::StartsWith(rest_, "\xEF\xBB\xBF")) rest_.remove_prefix(3);
+  explicit LineReader(absl::string_view content) : data_(content) {}
+  // Takes ownership of `file`.
+  LineReader(std::string path, std::FILE* file)
+      : path_(std::move(path)), file_(file) {}
+  ~LineReader() {
+    if (file_ != nullptr) std::fclose(file_);
   }
+  LineReader(const LineReader&) = delete;
+  LineReader& operator=(const LineReader&) = delete;
 
   // Next line that is not blank (blank lines, e.g. the empty line after a
   // final newline, carry no data); false at the end of the content.
-  bool NextNonBlank(absl::string_view& line) {
-    while (!rest_.empty()) {
-      const size_t newline = rest_.find('\n');
+  absl::StatusOr<bool> NextNonBlank(absl::string_view& line) {
+    while (true) {
+      const absl::string_view rest = data_.substr(pos_);
+      const size_t newline = rest.find('\n', scanned_);
+      if (newline == absl::string_view::npos && file_ != nullptr && !eof_) {
+        scanned_ = rest.size();
+        RETURN_IF_ERROR(Refill());
+        continue;
+      }
+      scanned_ = 0;
+      if (!bom_checked_) {
+        // A UTF-8 byte order mark would otherwise stick to the first column
+        // name. The first line is whole in data_ by now.
+        bom_checked_ = true;
+        if (absl::StartsWith(rest, "\xEF\xBB\xBF")) pos_ += 3;
+        continue;
+      }
+      if (rest.empty()) return false;
       if (newline == absl::string_view::npos) {
-        line = rest_;
-        rest_ = {};
+        line = rest;
+        pos_ = data_.size();
       } else {
-        line = rest_.substr(0, newline);
-        rest_.remove_prefix(newline + 1);
+        line = rest.substr(0, newline);
+        pos_ += newline + 1;
       }
       ++line_number_;
       if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
       if (!absl::StripAsciiWhitespace(line).empty()) return true;
     }
-    return false;
   }
 
   // 1-based number of the line NextNonBlank returned last.
   int64_t line_number() const { return line_number_; }
 
  private:
-  absl::string_view rest_;
+  static constexpr size_t kChunkBytes = size_t{1} << 16;
+  static constexpr size_t kMaxLineBytes = size_t{64} << 20;
+
+  // Keeps the unread part and appends one chunk of the file.
+  absl::Status Refill() {
+    const size_t keep = data_.size() - pos_;
+    if (keep > kMaxLineBytes) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          path_, ":", line_number_ + 1, ": line longer than ",
+          kMaxLineBytes >> 20, " MiB; expected one trace row per line"));
+    }
+    buffer_.erase(0, pos_);
+    pos_ = 0;
+    buffer_.resize(keep + kChunkBytes);
+    const size_t n = std::fread(buffer_.data() + keep, 1, kChunkBytes, file_);
+    buffer_.resize(keep + n);
+    data_ = buffer_;
+    if (n < kChunkBytes) {
+      if (std::ferror(file_) != 0) {
+        const int err = errno;
+        return absl::Status(
+            absl::ErrnoToStatusCode(err),
+            absl::StrCat(path_, ": cannot read: ",
+                         std::error_code(err, std::generic_category()).message()));
+      }
+      eof_ = true;
+    }
+    return absl::OkStatus();
+  }
+
+  std::string path_;
+  std::FILE* file_ = nullptr;  // null: data_ is the whole content
+  std::string buffer_;         // file: the unread part plus one chunk
+  absl::string_view data_;
+  size_t pos_ = 0;      // start of the unread part of data_
+  size_t scanned_ = 0;  // bytes after pos_ known to hold no newline
+  bool eof_ = false;
+  bool bom_checked_ = false;
   int64_t line_number_ = 0;
 };
+
+std::unique_ptr<LineReader> MemoryLines(absl::string_view content) {
+  return std::make_unique<LineReader>(content);
+}
+
+absl::StatusOr<std::unique_ptr<LineReader>> FileLines(const std::string& path) {
+  ASSIGN_OR_RETURN(std::FILE* file, OpenForReading(path));
+  return std::make_unique<LineReader>(path, file);
+}
+
 
 // Strict integer parse: the whole (whitespace-trimmed) field must be the
 // number, so "12abc" or "1.5" is an error rather than 12 or 1.
@@ -179,15 +231,16 @@ absl::StatusOr<int64_t> ParseCount(absl::string_view path, int64_t line,
 // comma would otherwise shift every later column silently.
 class CsvReader {
  public:
-  CsvReader(absl::string_view path, absl::string_view content)
-      : path_(path), lines_(content) {}
+  CsvReader(absl::string_view path, std::unique_ptr<LineReader> lines)
+      : path_(path), lines_(std::move(lines)) {}
 
   // Reads the header line and locates `columns`; on error names them all.
   absl::Status ReadHeader(absl::Span<const absl::string_view> columns) {
     const std::string expected =
         absl::StrCat("expected columns ", absl::StrJoin(columns, ","));
     absl::string_view line;
-    if (!lines_.NextNonBlank(line)) {
+    ASSIGN_OR_RETURN(const bool found, lines_->NextNonBlank(line));
+    if (!found) {
       return LineError(path_, 1,
                        absl::StrCat("file is empty (", expected, ")"));
     }
@@ -199,7 +252,7 @@ class CsvReader {
       const auto it = std::find(fields_.begin(), fields_.end(), column);
       if (it == fields_.end()) {
         return LineError(
-            path_, lines_.line_number(),
+            path_, lines_->line_number(),
             absl::StrCat("header ", Quoted(line), " has no ", Quoted(column),
                          " column (", expected, ")"));
       }
@@ -212,9 +265,10 @@ class CsvReader {
   // header and no rows is an error: there is nothing to simulate.
   absl::StatusOr<bool> Next() {
     absl::string_view line;
-    if (!lines_.NextNonBlank(line)) {
+    ASSIGN_OR_RETURN(const bool found, lines_->NextNonBlank(line));
+    if (!found) {
       if (data_rows_ == 0) {
-        return LineError(path_, lines_.line_number() + 1,
+        return LineError(path_, lines_->line_number() + 1,
                          "no data rows after the header (expected at least "
                          "one row)");
       }
@@ -223,7 +277,7 @@ class CsvReader {
     RETURN_IF_ERROR(Split(line));
     if (fields_.size() != num_fields_) {
       return LineError(
-          path_, lines_.line_number(),
+          path_, lines_->line_number(),
           absl::StrCat("row has ", fields_.size(), " fields; expected ",
                        num_fields_, " (one per header column: ", header_, ")"));
     }
@@ -233,13 +287,13 @@ class CsvReader {
 
   // The i-th wanted column of the current row.
   absl::string_view field(size_t i) const { return fields_[index_[i]]; }
-  int64_t line_number() const { return lines_.line_number(); }
+  int64_t line_number() const { return lines_->line_number(); }
   const std::string& path() const { return path_; }
 
  private:
   absl::Status Split(absl::string_view line) {
     if (line.find('"') != absl::string_view::npos) {
-      return LineError(path_, lines_.line_number(),
+      return LineError(path_, lines_->line_number(),
                        "contains '\"'; quoted CSV fields are not supported "
                        "(expected plain comma-separated values)");
     }
@@ -252,7 +306,7 @@ class CsvReader {
   }
 
   std::string path_;
-  LineReader lines_;
+  std::unique_ptr<LineReader> lines_;
   std::string header_;
   size_t num_fields_ = 0;
   std::vector<size_t> index_;
@@ -334,44 +388,101 @@ bool ParseAzureTimestamp(absl::string_view text, int64_t& seconds,
   return true;
 }
 
-absl::StatusOr<TraceFile> ParseAzure(const std::string& path,
-                                     absl::string_view content) {
-  CsvReader csv(path, content);
-  RETURN_IF_ERROR(csv.ReadHeader(kAzureColumns));
+// A row as a reader parses it, in file order.
+struct RawRow {
+  double timestamp_s = 0;    // Azure, BurstGPT; Mooncake: timestamp_ms / 1000
+  int64_t timestamp_ms = 0;  // Mooncake
+  int64_t input_tokens = 0;
+  int64_t output_tokens = 0;
+  int64_t line = 0;
+};
+
+// Parses a trace's rows one at a time, in file order.
+class RowReader {
+ public:
+  virtual ~RowReader() = default;
+  // False after the last row.
+  virtual absl::StatusOr<bool> Next(RawRow& row) = 0;
+  // Rows the format defines as failed requests, skipped so far.
+  int64_t skipped_failed() const { return skipped_failed_; }
+
+ protected:
+  int64_t skipped_failed_ = 0;
+};
+
+// Drains `rows` into a TraceFile (file order).
+absl::StatusOr<TraceFile> DrainRows(RowReader& rows) {
   TraceFile trace;
-  int64_t first_seconds = 0;
-  int64_t first_nanos = 0;
+  RawRow raw;
   while (true) {
-    ASSIGN_OR_RETURN(const bool more, csv.Next());
+    ASSIGN_OR_RETURN(const bool more, rows.Next(raw));
     if (!more) break;
-    const int64_t line = csv.line_number();
+    trace.rows.push_back({raw.timestamp_s, raw.input_tokens, raw.output_tokens});
+  }
+  trace.skipped_failed = rows.skipped_failed();
+  return trace;
+}
+
+// Arrival times are seconds after the first row (in file order).
+class AzureRows : public RowReader {
+ public:
+  static absl::StatusOr<std::unique_ptr<RowReader>> Open(
+      const std::string& path, std::unique_ptr<LineReader> lines) {
+    auto reader = std::make_unique<AzureRows>(path, std::move(lines));
+    RETURN_IF_ERROR(reader->csv_.ReadHeader(kAzureColumns));
+    return std::unique_ptr<RowReader>(std::move(reader));
+  }
+  AzureRows(const std::string& path, std::unique_ptr<LineReader> lines)
+      : path_(path), csv_(path, std::move(lines)) {}
+
+  absl::StatusOr<bool> Next(RawRow& row) override {
+    ASSIGN_OR_RETURN(const bool more, csv_.Next());
+    if (!more) return false;
+    const int64_t line = csv_.line_number();
     int64_t seconds = 0;
     int64_t nanos = 0;
-    if (!ParseAzureTimestamp(csv.field(0), seconds, nanos)) {
+    if (!ParseAzureTimestamp(csv_.field(0), seconds, nanos)) {
       return LineError(
-          path, line,
-          absl::StrCat("TIMESTAMP is ", Quoted(csv.field(0)),
+          path_, line,
+          absl::StrCat("TIMESTAMP is ", Quoted(csv_.field(0)),
                        "; expected YYYY-MM-DD HH:MM:SS with an optional "
                        ".fraction of 1 to 9 digits"));
     }
-    if (trace.rows.empty()) {
-      first_seconds = seconds;
-      first_nanos = nanos;
+    if (first_) {
+      first_ = false;
+      first_seconds_ = seconds;
+      first_nanos_ = nanos;
     }
-    TraceRow row;
-    // Negative when a row is earlier than the first; LoadWorkload sorts
-    // and shifts, so such files still load.
-    row.timestamp_s = static_cast<double>(seconds - first_seconds) +
-                      static_cast<double>(nanos - first_nanos) * 1e-9;
+    // Negative when a row is earlier than the first; the reorder buffer
+    // sorts it and the workload shifts, so such files still load.
+    row.timestamp_s = static_cast<double>(seconds - first_seconds_) +
+                      static_cast<double>(nanos - first_nanos_) * 1e-9;
+    row.line = line;
     ASSIGN_OR_RETURN(row.input_tokens,
-                     ParseCount(path, line, "ContextTokens", csv.field(1), 1));
+                     ParseCount(path_, line, "ContextTokens", csv_.field(1), 1));
     ASSIGN_OR_RETURN(
         row.output_tokens,
-        ParseCount(path, line, "GeneratedTokens", csv.field(2), 1));
-    trace.rows.push_back(row);
+        ParseCount(path_, line, "GeneratedTokens", csv_.field(2), 1));
+    return true;
   }
-  return trace;
+
+ private:
+  std::string path_;
+  CsvReader csv_;
+  bool first_ = true;
+  int64_t first_seconds_ = 0;
+  int64_t first_nanos_ = 0;
+};
+
+// The content-based forms (ParseAzure, ParseMooncake, ParseBurstGpt,
+// ParseLengthCsv) read text already in memory, for tests and fuzzing; the
+// Read*/OpenWorkload paths read files incrementally through the same code.
+[[maybe_unused]] absl::StatusOr<TraceFile> ParseAzure(
+    const std::string& path, absl::string_view content) {
+  ASSIGN_OR_RETURN(auto rows, AzureRows::Open(path, MemoryLines(content)));
+  return DrainRows(*rows);
 }
+
 
 // ----------------------------------------------------------- Mooncake ----
 
@@ -458,22 +569,28 @@ constexpr absl::string_view kMooncakeFormat =
     "expected one flat JSON object per line with keys timestamp (ms), "
     "input_length, output_length";
 
-absl::StatusOr<TraceFile> ParseMooncake(const std::string& path,
-                                        absl::string_view content) {
-  struct Parsed {
-    int64_t timestamp_ms;
-    int64_t input_tokens;
-    int64_t output_tokens;
-  };
-  std::vector<Parsed> parsed;
-  LineReader lines(content);
-  absl::string_view line;
-  while (lines.NextNonBlank(line)) {
-    const int64_t line_number = lines.line_number();
+
+// One flat JSON object per line.
+class MooncakeRows : public RowReader {
+ public:
+  MooncakeRows(const std::string& path, std::unique_ptr<LineReader> lines)
+      : path_(path), lines_(std::move(lines)) {}
+
+  absl::StatusOr<bool> Next(RawRow& row) override {
+    absl::string_view line;
+    ASSIGN_OR_RETURN(const bool found, lines_->NextNonBlank(line));
+    if (!found) {
+      if (rows_ == 0) {
+        return LineError(path_, lines_->line_number() + 1,
+                         absl::StrCat("no data rows (", kMooncakeFormat, ")"));
+      }
+      return false;
+    }
+    const int64_t line_number = lines_->line_number();
     JsonCursor cursor(line);
     auto malformed = [&](absl::string_view what) {
       return LineError(
-          path, line_number,
+          path_, line_number,
           absl::StrCat("malformed JSON at column ", cursor.column(), ": ", what,
                        " (", kMooncakeFormat, ")"));
     };
@@ -492,7 +609,7 @@ absl::StatusOr<TraceFile> ParseMooncake(const std::string& path,
         for (int i = 0; i < 3; ++i) {
           if (key != kKeys[i]) continue;
           if (!values[i].empty()) {
-            return LineError(path, line_number,
+            return LineError(path_, line_number,
                              absl::StrCat("duplicate key \"", key, "\" (",
                                           kMooncakeFormat, ")"));
           }
@@ -506,33 +623,53 @@ absl::StatusOr<TraceFile> ParseMooncake(const std::string& path,
     for (int i = 0; i < 3; ++i) {
       if (values[i].empty()) {
         return LineError(
-            path, line_number,
+            path_, line_number,
             absl::StrCat("no \"", kKeys[i], "\" key (", kMooncakeFormat, ")"));
       }
     }
-    Parsed row;
     if (!ParseInt64(values[0], row.timestamp_ms) || row.timestamp_ms < 0) {
-      return LineError(path, line_number,
+      return LineError(path_, line_number,
                        absl::StrCat("timestamp is ", Quoted(values[0]),
                                     "; expected an integer number of "
                                     "milliseconds >= 0"));
     }
     ASSIGN_OR_RETURN(
         row.input_tokens,
-        ParseCount(path, line_number, "input_length", values[1], 1));
+        ParseCount(path_, line_number, "input_length", values[1], 1));
     ASSIGN_OR_RETURN(
         row.output_tokens,
-        ParseCount(path, line_number, "output_length", values[2], 1));
-    parsed.push_back(row);
-  }
-  if (parsed.empty()) {
-    return LineError(path, lines.line_number() + 1,
-                     absl::StrCat("no data rows (", kMooncakeFormat, ")"));
+        ParseCount(path_, line_number, "output_length", values[2], 1));
+    row.timestamp_s = static_cast<double>(row.timestamp_ms) / 1000.0;
+    row.line = line_number;
+    ++rows_;
+    return true;
   }
 
-  // Spread each millisecond bucket: the k-th of n requests sharing a
-  // timestamp (in file order, wherever they sit in the file) arrives at
-  // timestamp + k/n ms, so equal timestamps do not become one burst.
+ private:
+  std::string path_;
+  std::unique_ptr<LineReader> lines_;
+  int64_t rows_ = 0;
+};
+
+// The k-th (0-based) of the n requests sharing millisecond `ms` arrives at
+// ms + k/n ms, so equal timestamps do not become one burst.
+double SpreadInBucket(int64_t ms, size_t k, size_t n) {
+  return (static_cast<double>(ms) +
+          static_cast<double>(k) / static_cast<double>(n)) /
+         1000.0;
+}
+
+// The whole file, rows in file order, each millisecond bucket spread in
+// file order wherever its rows sit (the stream needs them within the
+// reorder window; this whole-file form does not).
+absl::StatusOr<TraceFile> DrainMooncake(MooncakeRows& rows) {
+  std::vector<RawRow> parsed;
+  RawRow raw;
+  while (true) {
+    ASSIGN_OR_RETURN(const bool more, rows.Next(raw));
+    if (!more) break;
+    parsed.push_back(raw);
+  }
   std::vector<size_t> order(parsed.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
@@ -544,13 +681,10 @@ absl::StatusOr<TraceFile> ParseMooncake(const std::string& path,
     const int64_t ms = parsed[order[begin]].timestamp_ms;
     size_t end = begin;
     while (end < order.size() && parsed[order[end]].timestamp_ms == ms) ++end;
-    const double n = static_cast<double>(end - begin);
     for (size_t k = begin; k < end; ++k) {
-      const Parsed& p = parsed[order[k]];
+      const RawRow& p = parsed[order[k]];
       TraceRow& row = trace.rows[order[k]];
-      row.timestamp_s =
-          (static_cast<double>(ms) + static_cast<double>(k - begin) / n) /
-          1000.0;
+      row.timestamp_s = SpreadInBucket(ms, k - begin, end - begin);
       row.input_tokens = p.input_tokens;
       row.output_tokens = p.output_tokens;
     }
@@ -559,48 +693,73 @@ absl::StatusOr<TraceFile> ParseMooncake(const std::string& path,
   return trace;
 }
 
+[[maybe_unused]] absl::StatusOr<TraceFile> ParseMooncake(
+    const std::string& path, absl::string_view content) {
+  MooncakeRows rows(path, MemoryLines(content));
+  return DrainMooncake(rows);
+}
+
+
 // ----------------------------------------------------------- BurstGPT ----
 
 constexpr absl::string_view kBurstGptColumns[] = {"Timestamp", "Request tokens",
                                                   "Response tokens"};
 
-absl::StatusOr<TraceFile> ParseBurstGpt(const std::string& path,
-                                        absl::string_view content) {
-  CsvReader csv(path, content);
-  RETURN_IF_ERROR(csv.ReadHeader(kBurstGptColumns));
-  TraceFile trace;
-  while (true) {
-    ASSIGN_OR_RETURN(const bool more, csv.Next());
-    if (!more) break;
-    const int64_t line = csv.line_number();
-    TraceRow row;
-    if (!ParseDouble(csv.field(0), row.timestamp_s) || row.timestamp_s < 0) {
-      return LineError(path, line,
-                       absl::StrCat("Timestamp is ", Quoted(csv.field(0)),
-                                    "; expected a number of seconds >= 0"));
-    }
-    // 0 is legal in both token columns here: it marks a failed request.
-    ASSIGN_OR_RETURN(row.input_tokens,
-                     ParseCount(path, line, "Request tokens", csv.field(1), 0));
-    ASSIGN_OR_RETURN(
-        row.output_tokens,
-        ParseCount(path, line, "Response tokens", csv.field(2), 0));
-    if (row.output_tokens == 0) {
-      ++trace.skipped_failed;
-      continue;
-    }
-    if (row.input_tokens == 0) {
-      return LineError(
-          path, line,
-          absl::StrCat("Request tokens is \"0\" but Response tokens is ",
-                       row.output_tokens,
-                       "; expected Request tokens >= 1 for a request that "
-                       "produced a response (0 response tokens marks a "
-                       "failed request)"));
-    }
-    trace.rows.push_back(row);
+
+class BurstGptRows : public RowReader {
+ public:
+  static absl::StatusOr<std::unique_ptr<RowReader>> Open(
+      const std::string& path, std::unique_ptr<LineReader> lines) {
+    auto reader = std::make_unique<BurstGptRows>(path, std::move(lines));
+    RETURN_IF_ERROR(reader->csv_.ReadHeader(kBurstGptColumns));
+    return std::unique_ptr<RowReader>(std::move(reader));
   }
-  return trace;
+  BurstGptRows(const std::string& path, std::unique_ptr<LineReader> lines)
+      : path_(path), csv_(path, std::move(lines)) {}
+
+  absl::StatusOr<bool> Next(RawRow& row) override {
+    while (true) {
+      ASSIGN_OR_RETURN(const bool more, csv_.Next());
+      if (!more) return false;
+      const int64_t line = csv_.line_number();
+      if (!ParseDouble(csv_.field(0), row.timestamp_s) || row.timestamp_s < 0) {
+        return LineError(path_, line,
+                         absl::StrCat("Timestamp is ", Quoted(csv_.field(0)),
+                                      "; expected a number of seconds >= 0"));
+      }
+      // 0 is legal in both token columns here: it marks a failed request.
+      ASSIGN_OR_RETURN(row.input_tokens,
+                       ParseCount(path_, line, "Request tokens", csv_.field(1), 0));
+      ASSIGN_OR_RETURN(
+          row.output_tokens,
+          ParseCount(path_, line, "Response tokens", csv_.field(2), 0));
+      if (row.output_tokens == 0) {
+        ++skipped_failed_;
+        continue;
+      }
+      if (row.input_tokens == 0) {
+        return LineError(
+            path_, line,
+            absl::StrCat("Request tokens is \"0\" but Response tokens is ",
+                         row.output_tokens,
+                         "; expected Request tokens >= 1 for a request that "
+                         "produced a response (0 response tokens marks a "
+                         "failed request)"));
+      }
+      row.line = line;
+      return true;
+    }
+  }
+
+ private:
+  std::string path_;
+  CsvReader csv_;
+};
+
+[[maybe_unused]] absl::StatusOr<TraceFile> ParseBurstGpt(
+    const std::string& path, absl::string_view content) {
+  ASSIGN_OR_RETURN(auto rows, BurstGptRows::Open(path, MemoryLines(content)));
+  return DrainRows(*rows);
 }
 
 // ------------------------------------------------------- length CSV ----
@@ -608,9 +767,7 @@ absl::StatusOr<TraceFile> ParseBurstGpt(const std::string& path,
 constexpr absl::string_view kLengthColumns[] = {"num_prefill_tokens",
                                                 "num_decode_tokens"};
 
-absl::StatusOr<std::vector<LengthPair>> ParseLengthCsv(
-    const std::string& path, absl::string_view content) {
-  CsvReader csv(path, content);
+absl::StatusOr<std::vector<LengthPair>> ReadLengths(CsvReader& csv) {
   RETURN_IF_ERROR(csv.ReadHeader(kLengthColumns));
   std::vector<LengthPair> pairs;
   while (true) {
@@ -620,13 +777,19 @@ absl::StatusOr<std::vector<LengthPair>> ParseLengthCsv(
     LengthPair pair;
     ASSIGN_OR_RETURN(
         pair.input_tokens,
-        ParseCount(path, line, kLengthColumns[0], csv.field(0), 1));
+        ParseCount(csv.path(), line, kLengthColumns[0], csv.field(0), 1));
     ASSIGN_OR_RETURN(
         pair.output_tokens,
-        ParseCount(path, line, kLengthColumns[1], csv.field(1), 1));
+        ParseCount(csv.path(), line, kLengthColumns[1], csv.field(1), 1));
     pairs.push_back(pair);
   }
   return pairs;
+}
+
+[[maybe_unused]] absl::StatusOr<std::vector<LengthPair>> ParseLengthCsv(
+    const std::string& path, absl::string_view content) {
+  CsvReader csv(path, MemoryLines(content));
+  return ReadLengths(csv);
 }
 
 // ------------------------------------------------------- LoadWorkload ----
@@ -645,15 +808,17 @@ constexpr absl::string_view kKnownFormats =
 
 // Picks the format from the file name and the first line: JSON files are
 // Mooncake, CSV files are told apart by their header.
-absl::StatusOr<servesim::v1::TraceFormat> InferFormat(
-    const std::string& path, absl::string_view content) {
+// Picks the format from the file name and the first line: JSON files are
+// Mooncake, CSV files are told apart by their header.
+absl::StatusOr<servesim::v1::TraceFormat> InferFormat(const std::string& path,
+                                                      LineReader& lines) {
   const std::string lower = absl::AsciiStrToLower(path);
   if (absl::EndsWith(lower, ".jsonl") || absl::EndsWith(lower, ".json")) {
     return servesim::v1::TRACE_FORMAT_MOONCAKE;
   }
-  LineReader lines(content);
   absl::string_view header;
-  if (!lines.NextNonBlank(header)) {
+  ASSIGN_OR_RETURN(const bool found, lines.NextNonBlank(header));
+  if (!found) {
     return LineError(path, 1,
                      absl::StrCat("file is empty (", kKnownFormats, ")"));
   }
@@ -674,43 +839,6 @@ absl::StatusOr<servesim::v1::TraceFormat> InferFormat(
   return LineError(path, lines.line_number(),
                    absl::StrCat("cannot infer the trace format from header ",
                                 Quoted(header), " (", kKnownFormats, ")"));
-}
-
-struct LoadedTrace {
-  TraceFile file;
-  std::string format_name;
-};
-
-absl::StatusOr<LoadedTrace> LoadTrace(const std::string& path,
-                                      servesim::v1::TraceFormat format) {
-  ASSIGN_OR_RETURN(const std::string content, ReadWholeFile(path));
-  if (format == servesim::v1::TRACE_FORMAT_UNSPECIFIED) {
-    ASSIGN_OR_RETURN(format, InferFormat(path, content));
-  }
-  LoadedTrace loaded;
-  switch (format) {
-    case servesim::v1::TRACE_FORMAT_AZURE: {
-      ASSIGN_OR_RETURN(loaded.file, ParseAzure(path, content));
-      loaded.format_name = "azure";
-      break;
-    }
-    case servesim::v1::TRACE_FORMAT_MOONCAKE: {
-      ASSIGN_OR_RETURN(loaded.file, ParseMooncake(path, content));
-      loaded.format_name = "mooncake";
-      break;
-    }
-    case servesim::v1::TRACE_FORMAT_BURSTGPT: {
-      ASSIGN_OR_RETURN(loaded.file, ParseBurstGpt(path, content));
-      loaded.format_name = "burstgpt";
-      break;
-    }
-    default:
-      return absl::InvalidArgumentError(absl::StrCat(
-          "workload.trace.format = ", static_cast<int>(format),
-          "; expected TRACE_FORMAT_UNSPECIFIED, TRACE_FORMAT_AZURE, "
-          "TRACE_FORMAT_MOONCAKE or TRACE_FORMAT_BURSTGPT"));
-  }
-  return loaded;
 }
 
 std::string Num(double value) { return absl::StrFormat("%g", value); }
@@ -740,58 +868,305 @@ absl::Status CheckTokens(absl::string_view field, int64_t value) {
 }
 
 // Synthetic source: arrivals and lengths come from separate streams, so
-// changing the length distribution leaves the arrival times unchanged.
-absl::Status GenerateSynthetic(const servesim::v1::WorkloadSpec& synthetic,
-                               const std::string& base_dir, uint64_t seed,
-                               std::vector<RequestSpec>& requests,
-                               std::string& description) {
+
+// ---------------------------------------------------------- streaming ----
+
+// Rows of one pass in time order, before the window: a trace through its
+// reorder buffer, or a generator.
+class SortedSource {
+ public:
+  virtual ~SortedSource() = default;
+  // `row.timestamp_s` is rate-scaled. False at the end.
+  virtual absl::StatusOr<bool> Next(TraceRow& row) = 0;
+  // Rows read so far, failed ones included.
+  virtual int64_t rows_read() const = 0;
+  virtual int64_t skipped_failed() const { return 0; }
+  // For Workload::description; complete at the end.
+  virtual std::string Describe() const = 0;
+  // Called at the end when no row came out at all.
+  virtual absl::Status CheckNotEmpty() const { return absl::OkStatus(); }
+};
+
+// A trace file read in one pass. Rows go through a min-heap of at most
+// kReorderWindowRows + 1 rows keyed on (rate-scaled time, file position),
+// so a file sorted by time comes out unchanged and one out of order by at
+// most the window comes out as the whole-file stable sort ordered it. A
+// Mooncake millisecond bucket is complete once a later millisecond leaves
+// the heap; its rows are then spread over it.
+class TraceSource : public SortedSource {
+ public:
+  TraceSource(std::string path, std::string format_name,
+              std::unique_ptr<RowReader> rows, bool mooncake, double rate_scale)
+      : path_(std::move(path)),
+        format_name_(std::move(format_name)),
+        rows_(std::move(rows)),
+        mooncake_(mooncake),
+        rate_scale_(rate_scale) {}
+
+  absl::StatusOr<bool> Next(TraceRow& row) override {
+    if (!mooncake_) {
+      Pending p;
+      ASSIGN_OR_RETURN(const bool more, NextSorted(p));
+      if (!more) return false;
+      row = {p.key, p.row.input_tokens, p.row.output_tokens};
+      ++emitted_;
+      return true;
+    }
+    if (bucket_pos_ >= bucket_.size()) {
+      bucket_.clear();
+      bucket_pos_ = 0;
+      if (!has_pending_) {
+        ASSIGN_OR_RETURN(has_pending_, NextSorted(pending_));
+        if (!has_pending_) return false;
+      }
+      const int64_t ms = pending_.row.timestamp_ms;
+      bucket_.push_back(pending_.row);
+      while (true) {
+        ASSIGN_OR_RETURN(has_pending_, NextSorted(pending_));
+        if (!has_pending_ || pending_.row.timestamp_ms != ms) break;
+        bucket_.push_back(pending_.row);
+      }
+    }
+    const RawRow& raw = bucket_[bucket_pos_];
+    double t = SpreadInBucket(raw.timestamp_ms, bucket_pos_, bucket_.size());
+    if (rate_scale_ != 1.0) t /= rate_scale_;
+    row = {t, raw.input_tokens, raw.output_tokens};
+    ++bucket_pos_;
+    ++emitted_;
+    return true;
+  }
+
+  int64_t rows_read() const override {
+    return read_ + rows_->skipped_failed();
+  }
+  int64_t skipped_failed() const override { return rows_->skipped_failed(); }
+
+  std::string Describe() const override {
+    std::string text = absl::StrCat(format_name_, " trace ", path_, " (",
+                                    rows_read(), " rows");
+    if (skipped_failed() > 0) {
+      absl::StrAppend(&text, ", ", skipped_failed(), " failed skipped");
+    }
+    return text + ")";
+  }
+
+  absl::Status CheckNotEmpty() const override {
+    if (emitted_ > 0) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat(
+        path_, ": all ", skipped_failed(),
+        " rows are failed requests (0 response tokens); expected at least "
+        "one request to simulate"));
+  }
+
+ private:
+  struct Pending {
+    double key = 0;  // Mooncake: the millisecond; others: scaled seconds
+    int64_t seq = 0;
+    RawRow row;
+  };
+  // std::push_heap keeps the largest first; this puts the earliest first.
+  static bool Later(const Pending& a, const Pending& b) {
+    return a.key != b.key ? a.key > b.key : a.seq > b.seq;
+  }
+
+  absl::StatusOr<bool> NextSorted(Pending& out) {
+    while (!eof_ && heap_.size() <= static_cast<size_t>(kReorderWindowRows)) {
+      Pending p;
+      ASSIGN_OR_RETURN(const bool more, rows_->Next(p.row));
+      if (!more) {
+        eof_ = true;
+        break;
+      }
+      ++read_;
+      p.seq = seq_++;
+      p.key = mooncake_ ? static_cast<double>(p.row.timestamp_ms)
+              : rate_scale_ != 1.0 ? p.row.timestamp_s / rate_scale_
+                                   : p.row.timestamp_s;
+      if (popped_ && p.key < last_key_) {
+        return LineError(
+            path_, p.row.line,
+            absl::StrCat(
+                "arrives at ", Num(p.row.timestamp_s), " s, before line ",
+                last_line_, " (", Num(last_time_s_),
+                " s), which is more than ", kReorderWindowRows,
+                " rows earlier in the file; traces are read in one pass and "
+                "must be in time order to within ",
+                kReorderWindowRows, " rows (sort the file by time)"));
+      }
+      heap_.push_back(p);
+      std::push_heap(heap_.begin(), heap_.end(), Later);
+    }
+    if (heap_.empty()) return false;
+    std::pop_heap(heap_.begin(), heap_.end(), Later);
+    out = heap_.back();
+    heap_.pop_back();
+    popped_ = true;
+    last_key_ = out.key;
+    last_line_ = out.row.line;
+    last_time_s_ = out.row.timestamp_s;
+    return true;
+  }
+
+  std::string path_;
+  std::string format_name_;
+  std::unique_ptr<RowReader> rows_;
+  bool mooncake_;
+  double rate_scale_;
+  std::vector<Pending> heap_;
+  bool eof_ = false;
+  int64_t seq_ = 0;
+  int64_t read_ = 0;     // rows parsed (failed ones excluded)
+  int64_t emitted_ = 0;  // rows handed on
+  bool popped_ = false;
+  double last_key_ = 0;
+  int64_t last_line_ = 0;
+  double last_time_s_ = 0;
+  // Mooncake: the current millisecond bucket and the first row after it.
+  std::vector<RawRow> bucket_;
+  size_t bucket_pos_ = 0;
+  Pending pending_;
+  bool has_pending_ = false;
+};
+
+absl::StatusOr<std::unique_ptr<SortedSource>> OpenTrace(
+    const std::string& path, servesim::v1::TraceFormat format,
+    double rate_scale) {
+  if (format == servesim::v1::TRACE_FORMAT_UNSPECIFIED) {
+    ASSIGN_OR_RETURN(std::unique_ptr<LineReader> header, FileLines(path));
+    ASSIGN_OR_RETURN(format, InferFormat(path, *header));
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<LineReader> lines, FileLines(path));
+  std::unique_ptr<RowReader> rows;
+  std::string name;
+  switch (format) {
+    case servesim::v1::TRACE_FORMAT_AZURE: {
+      ASSIGN_OR_RETURN(rows, AzureRows::Open(path, std::move(lines)));
+      name = "azure";
+      break;
+    }
+    case servesim::v1::TRACE_FORMAT_MOONCAKE: {
+      rows = std::make_unique<MooncakeRows>(path, std::move(lines));
+      name = "mooncake";
+      break;
+    }
+    case servesim::v1::TRACE_FORMAT_BURSTGPT: {
+      ASSIGN_OR_RETURN(rows, BurstGptRows::Open(path, std::move(lines)));
+      name = "burstgpt";
+      break;
+    }
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(
+          "workload.trace.format = ", static_cast<int>(format),
+          "; expected TRACE_FORMAT_UNSPECIFIED, TRACE_FORMAT_AZURE, "
+          "TRACE_FORMAT_MOONCAKE or TRACE_FORMAT_BURSTGPT"));
+  }
+  return std::unique_ptr<SortedSource>(std::make_unique<TraceSource>(
+      path, name, std::move(rows),
+      format == servesim::v1::TRACE_FORMAT_MOONCAKE, rate_scale));
+}
+
+// Synthetic arrivals, generated as they are pulled: arrivals and lengths
+// come from separate streams, so changing the length distribution leaves
+// the arrival times unchanged.
+class SyntheticSource : public SortedSource {
+ public:
+  enum class Kind { kPoisson, kGamma, kConstant };
+  SyntheticSource(Kind kind, double rate, double shape, double scale,
+                  int64_t n, std::vector<LengthPair> samples, bool fixed,
+                  std::string description, uint64_t seed, double rate_scale)
+      : kind_(kind),
+        rate_(rate),
+        shape_(shape),
+        scale_(scale),
+        n_(n),
+        samples_(std::move(samples)),
+        fixed_(fixed),
+        description_(std::move(description)),
+        rate_scale_(rate_scale),
+        arrivals_rng_(seed, "workload.arrivals"),
+        lengths_rng_(seed, "workload.lengths") {}
+
+  absl::StatusOr<bool> Next(TraceRow& row) override {
+    if (i_ >= n_) return false;
+    double arrival = 0;
+    switch (kind_) {
+      case Kind::kPoisson:
+        t_ += arrivals_rng_.Exponential(1.0 / rate_);
+        arrival = t_;
+        break;
+      case Kind::kGamma:
+        t_ += arrivals_rng_.Gamma(shape_, scale_);
+        arrival = t_;
+        break;
+      case Kind::kConstant:
+        // i/rate rather than a running sum, so arrival i is exact and does
+        // not collect rounding error over a long run.
+        arrival = static_cast<double>(i_) / rate_;
+        break;
+    }
+    // Fixed lengths draw nothing, so the stream is only used for sampling.
+    const LengthPair& pair =
+        fixed_ ? samples_[0] : samples_[lengths_rng_.UniformInt(samples_.size())];
+    if (rate_scale_ != 1.0) arrival /= rate_scale_;
+    row = {arrival, pair.input_tokens, pair.output_tokens};
+    ++i_;
+    return true;
+  }
+  int64_t rows_read() const override { return i_; }
+  std::string Describe() const override { return description_; }
+
+ private:
+  Kind kind_;
+  double rate_, shape_, scale_;
+  int64_t n_;
+  std::vector<LengthPair> samples_;
+  bool fixed_;
+  std::string description_;
+  double rate_scale_;
+  Rng arrivals_rng_;
+  Rng lengths_rng_;
+  int64_t i_ = 0;
+  double t_ = 0;
+};
+
+absl::StatusOr<std::unique_ptr<SortedSource>> OpenSynthetic(
+    const servesim::v1::WorkloadSpec& synthetic, const std::string& base_dir,
+    uint64_t seed, double rate_scale) {
   using servesim::v1::WorkloadSpec;
   const int64_t n = synthetic.num_requests();
   RETURN_IF_ERROR(
       CheckCount("workload.num_requests", n, kMaxGeneratedRequests));
-
-  Rng arrivals_rng(seed, "workload.arrivals");
-  std::vector<double> arrivals(static_cast<size_t>(n));
+  SyntheticSource::Kind kind;
+  double rate = 0, shape = 0, scale = 0;
+  std::string description;
   switch (synthetic.source_case()) {
     case WorkloadSpec::kPoisson: {
-      const double rate = synthetic.poisson().rate_rps();
+      kind = SyntheticSource::Kind::kPoisson;
+      rate = synthetic.poisson().rate_rps();
       RETURN_IF_ERROR(
           CheckPositiveRate("workload.poisson.rate_rps", rate));
-      double t = 0;
-      for (double& arrival : arrivals) {
-        t += arrivals_rng.Exponential(1.0 / rate);
-        arrival = t;
-      }
       description = absl::StrCat("poisson ", Num(rate), " req/s");
       break;
     }
     case WorkloadSpec::kGamma: {
-      const double rate = synthetic.gamma().rate_rps();
+      kind = SyntheticSource::Kind::kGamma;
+      rate = synthetic.gamma().rate_rps();
       const double cv = synthetic.gamma().cv();
       RETURN_IF_ERROR(
           CheckPositiveRate("workload.gamma.rate_rps", rate));
       RETURN_IF_ERROR(CheckPositiveRate("workload.gamma.cv", cv));
       // Gamma(k, theta) has mean k*theta and CV 1/sqrt(k): k = 1/cv^2 and
       // theta = cv^2/rate give mean gap 1/rate with the requested CV.
-      const double shape = 1.0 / (cv * cv);
-      const double scale = cv * cv / rate;
-      double t = 0;
-      for (double& arrival : arrivals) {
-        t += arrivals_rng.Gamma(shape, scale);
-        arrival = t;
-      }
+      shape = 1.0 / (cv * cv);
+      scale = cv * cv / rate;
       description = absl::StrCat("gamma ", Num(rate), " req/s cv ", Num(cv));
       break;
     }
     case WorkloadSpec::kConstant: {
-      const double rate = synthetic.constant().rate_rps();
+      kind = SyntheticSource::Kind::kConstant;
+      rate = synthetic.constant().rate_rps();
       RETURN_IF_ERROR(
           CheckPositiveRate("workload.constant.rate_rps", rate));
-      // i/rate rather than a running sum, so arrival i is exact and does not
-      // collect rounding error over a long run.
-      for (size_t i = 0; i < arrivals.size(); ++i) {
-        arrivals[i] = static_cast<double>(i) / rate;
-      }
       description = absl::StrCat("constant ", Num(rate), " req/s");
       break;
     }
@@ -836,88 +1211,250 @@ absl::Status GenerateSynthetic(const servesim::v1::WorkloadSpec& synthetic,
           "workload.lengths is not set; expected fixed { "
           "input_tokens output_tokens } or sampled_from: \"<csv path>\"");
   }
-
-  // Fixed lengths draw nothing, so the stream is only used for sampling.
+  absl::StrAppend(&description, ", ", n, " requests, ", lengths_text);
   const bool fixed =
       synthetic.lengths().kind_case() == servesim::v1::LengthSpec::kFixed;
-  Rng lengths_rng(seed, "workload.lengths");
-  requests.resize(arrivals.size());
-  for (size_t i = 0; i < arrivals.size(); ++i) {
-    const LengthPair& pair =
-        fixed ? samples[0] : samples[lengths_rng.UniformInt(samples.size())];
-    requests[i].arrival_s = arrivals[i];
-    requests[i].input_tokens = pair.input_tokens;
-    requests[i].output_tokens = pair.output_tokens;
-  }
-  absl::StrAppend(&description, ", ", n, " requests, ", lengths_text);
-  return absl::OkStatus();
+  return std::unique_ptr<SortedSource>(std::make_unique<SyntheticSource>(
+      kind, rate, shape, scale, n, std::move(samples), fixed,
+      std::move(description), seed, rate_scale));
 }
+
+// AttAcc's static batch: N identical requests at t = 0.
+class SaturatedSource : public SortedSource {
+ public:
+  explicit SaturatedSource(const servesim::v1::SaturatedSource& spec)
+      : spec_(spec) {}
+  absl::StatusOr<bool> Next(TraceRow& row) override {
+    if (i_ >= spec_.num_requests()) return false;
+    row = {0.0, spec_.input_tokens(), spec_.output_tokens()};
+    ++i_;
+    return true;
+  }
+  int64_t rows_read() const override { return i_; }
+  std::string Describe() const override {
+    return absl::StrCat("saturated ", spec_.num_requests(),
+                        " requests at t=0, ", spec_.input_tokens(), " in / ",
+                        spec_.output_tokens(), " out tokens");
+  }
+
+ private:
+  servesim::v1::SaturatedSource spec_;
+  int64_t i_ = 0;
+};
+
+// The shaping LoadWorkload always applied (window, max_requests, shift to
+// 0, ids), then workload.repeat. Each pass opens a fresh source, so the
+// passes are the same sequence (same file rows, same random streams).
+class WorkloadStream : public RequestStream {
+ public:
+  using Opener =
+      std::function<absl::StatusOr<std::unique_ptr<SortedSource>>()>;
+  struct Shape {
+    const servesim::v1::WorkloadSpec* spec = nullptr;  // for the text, in Create
+    double rate_scale = 1;
+    double window_start = -std::numeric_limits<double>::infinity();
+    double window_end = std::numeric_limits<double>::infinity();
+    int64_t max_requests = std::numeric_limits<int64_t>::max();
+    int64_t repeat = 1;
+  };
+
+  static absl::StatusOr<std::unique_ptr<RequestStream>> Create(Shape shape,
+                                                               Opener open) {
+    auto stream = std::unique_ptr<WorkloadStream>(new WorkloadStream(shape, std::move(open)));
+    ASSIGN_OR_RETURN(stream->source_, stream->open_());
+    // The shaping suffix, known before any row is read.
+    const servesim::v1::WorkloadSpec& spec = *shape.spec;
+    if (shape.rate_scale != 1.0) {
+      absl::StrAppend(&stream->suffix_, "; rate_scale ", Num(shape.rate_scale));
+    }
+    if (spec.has_window_start_s() || spec.has_window_end_s()) {
+      absl::StrAppend(&stream->suffix_, "; window [",
+                      Num(spec.has_window_start_s() ? shape.window_start : 0),
+                      ", ", Num(shape.window_end), ") s");
+    }
+    if (spec.has_max_requests()) {
+      absl::StrAppend(&stream->suffix_, "; max_requests ", shape.max_requests);
+    }
+    stream->has_window_start_ = spec.has_window_start_s();
+    stream->shape_.spec = nullptr;  // the caller's; not needed past here
+    return std::unique_ptr<RequestStream>(std::move(stream));
+  }
+
+  absl::StatusOr<bool> Next(RequestSpec* out) override {
+    while (true) {
+      if (source_ == nullptr) {
+        if (pass_ >= shape_.repeat) return false;
+        ASSIGN_OR_RETURN(source_, open_());
+      }
+      TraceRow row;
+      ASSIGN_OR_RETURN(const bool more, source_->Next(row));
+      if (!more) {
+        RETURN_IF_ERROR(EndPass());
+        continue;
+      }
+      if (pass_total_ == 0) first_seen_ = row.timestamp_s;
+      last_seen_ = row.timestamp_s;
+      ++pass_total_;
+      if (!(row.timestamp_s >= shape_.window_start &&
+            row.timestamp_s < shape_.window_end) ||
+          pass_kept_ >= shape_.max_requests) {
+        continue;
+      }
+      if (pass_kept_ == 0) shift_ = row.timestamp_s;
+      ++pass_kept_;
+      *out = RequestSpec{};
+      out->id = summary_.num_requests;
+      out->arrival_s = row.timestamp_s - shift_;
+      if (pass_ > 0) out->arrival_s += static_cast<double>(pass_) * period_s_;
+      out->input_tokens = row.input_tokens;
+      out->output_tokens = row.output_tokens;
+      ++summary_.num_requests;
+      summary_.last_arrival_s = out->arrival_s;
+      return true;
+    }
+  }
+
+ private:
+  WorkloadStream(Shape shape, Opener open)
+      : shape_(shape), open_(std::move(open)) {}
+
+  absl::Status EndPass() {
+    if (pass_total_ == 0) RETURN_IF_ERROR(source_->CheckNotEmpty());
+    if (pass_kept_ == 0) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "workload.window_start_s/window_end_s [%g, %g) kept none of the %d "
+          "requests (they arrive between %g and %g s, after rate_scale %g)",
+          has_window_start_ ? shape_.window_start : 0.0, shape_.window_end,
+          pass_total_, first_seen_, last_seen_, shape_.rate_scale));
+    }
+    summary_.rows_read += source_->rows_read();
+    summary_.skipped_failed += source_->skipped_failed();
+    summary_.outside_window += pass_total_ - pass_kept_;
+    if (pass_ == 0) {
+      // Pass k is pass 0 shifted by k periods: its span plus one mean gap,
+      // so the seam between passes looks like any other gap.
+      const double span = summary_.last_arrival_s;
+      period_s_ = pass_kept_ > 1
+                      ? span + span / static_cast<double>(pass_kept_ - 1)
+                      : 0.0;
+      summary_.description = absl::StrCat(source_->Describe(), suffix_);
+      if (shape_.repeat > 1) {
+        absl::StrAppend(&summary_.description, "; repeat ", shape_.repeat,
+                        " (period ", Num(period_s_), " s)");
+      }
+    }
+    source_.reset();
+    ++pass_;
+    pass_total_ = 0;
+    pass_kept_ = 0;
+    return absl::OkStatus();
+  }
+
+  Shape shape_;
+  Opener open_;
+  std::unique_ptr<SortedSource> source_;
+  std::string suffix_;
+  bool has_window_start_ = false;
+  int64_t pass_ = 0;
+  int64_t pass_total_ = 0;  // rows of this pass that reached the window
+  int64_t pass_kept_ = 0;
+  double first_seen_ = 0, last_seen_ = 0;
+  double shift_ = 0;
+  double period_s_ = 0;
+};
+
+// Replays a materialised workload.
+class VectorStream : public RequestStream {
+ public:
+  explicit VectorStream(const Workload& workload) : workload_(workload) {
+    summary_.num_requests = static_cast<int64_t>(workload.requests.size());
+    summary_.last_arrival_s =
+        workload.requests.empty() ? 0 : workload.requests.back().arrival_s;
+    summary_.rows_read = workload.rows_read;
+    summary_.skipped_failed = workload.skipped_failed;
+    summary_.outside_window = workload.outside_window;
+    summary_.description = workload.description;
+  }
+  absl::StatusOr<bool> Next(RequestSpec* out) override {
+    if (next_ >= workload_.requests.size()) return false;
+    *out = workload_.requests[next_++];
+    return true;
+  }
+
+ private:
+  const Workload& workload_;
+  size_t next_ = 0;
+};
 
 }  // namespace
 
 absl::StatusOr<TraceFile> ReadAzureTrace(const std::string& path) {
-  ASSIGN_OR_RETURN(const std::string content, ReadWholeFile(path));
-  return ParseAzure(path, content);
+  ASSIGN_OR_RETURN(std::unique_ptr<LineReader> lines, FileLines(path));
+  ASSIGN_OR_RETURN(auto rows, AzureRows::Open(path, std::move(lines)));
+  return DrainRows(*rows);
 }
 
 absl::StatusOr<TraceFile> ReadMooncakeTrace(const std::string& path) {
-  ASSIGN_OR_RETURN(const std::string content, ReadWholeFile(path));
-  return ParseMooncake(path, content);
+  ASSIGN_OR_RETURN(std::unique_ptr<LineReader> lines, FileLines(path));
+  MooncakeRows rows(path, std::move(lines));
+  return DrainMooncake(rows);
 }
 
 absl::StatusOr<TraceFile> ReadBurstGptTrace(const std::string& path) {
-  ASSIGN_OR_RETURN(const std::string content, ReadWholeFile(path));
-  return ParseBurstGpt(path, content);
+  ASSIGN_OR_RETURN(std::unique_ptr<LineReader> lines, FileLines(path));
+  ASSIGN_OR_RETURN(auto rows, BurstGptRows::Open(path, std::move(lines)));
+  return DrainRows(*rows);
 }
 
 absl::StatusOr<std::vector<LengthPair>> ReadLengthCsv(const std::string& path) {
-  ASSIGN_OR_RETURN(const std::string content, ReadWholeFile(path));
-  return ParseLengthCsv(path, content);
+  ASSIGN_OR_RETURN(std::unique_ptr<LineReader> lines, FileLines(path));
+  CsvReader csv(path, std::move(lines));
+  return ReadLengths(csv);
 }
 
-absl::StatusOr<Workload> LoadWorkload(const servesim::v1::WorkloadSpec& spec,
-                                      const std::string& base_dir,
-                                      const std::string& trace_override,
-                                      uint64_t seed) {
+absl::StatusOr<std::unique_ptr<RequestStream>> OpenWorkload(
+    const servesim::v1::WorkloadSpec& spec, const std::string& base_dir,
+    const std::string& trace_override, uint64_t seed) {
   // The shaping knobs are checked first, so a bad one is reported before a
   // trace is read.
-  double rate_scale = 1.0;
+  WorkloadStream::Shape shape;
+  shape.spec = &spec;
   if (spec.has_rate_scale()) {
-    rate_scale = spec.rate_scale();
-    RETURN_IF_ERROR(CheckPositiveRate("workload.rate_scale", rate_scale));
+    shape.rate_scale = spec.rate_scale();
+    RETURN_IF_ERROR(CheckPositiveRate("workload.rate_scale", shape.rate_scale));
   }
   // An unset start keeps every arrival, including the negative times of an
   // Azure file whose later rows precede its first; an explicit 0 drops them.
-  double window_start = -std::numeric_limits<double>::infinity();
-  double window_end = std::numeric_limits<double>::infinity();
   if (spec.has_window_start_s()) {
-    window_start = spec.window_start_s();
-    if (!std::isfinite(window_start)) {
+    shape.window_start = spec.window_start_s();
+    if (!std::isfinite(shape.window_start)) {
       return absl::InvalidArgumentError(
-          absl::StrCat("workload.window_start_s = ", Num(window_start),
+          absl::StrCat("workload.window_start_s = ", Num(shape.window_start),
                        "; expected a finite number of seconds"));
     }
   }
   if (spec.has_window_end_s()) {
-    window_end = spec.window_end_s();
-    const double start = spec.has_window_start_s() ? window_start : 0.0;
-    if (!(window_end > start)) {
+    shape.window_end = spec.window_end_s();
+    const double start = spec.has_window_start_s() ? shape.window_start : 0.0;
+    if (!(shape.window_end > start)) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "workload.window_end_s = ", Num(window_end),
+          "workload.window_end_s = ", Num(shape.window_end),
           "; expected > workload.window_start_s (", Num(start), ")"));
     }
   }
-  int64_t max_requests = std::numeric_limits<int64_t>::max();
   if (spec.has_max_requests()) {
-    max_requests = spec.max_requests();
-    if (max_requests < 1) {
+    shape.max_requests = spec.max_requests();
+    if (shape.max_requests < 1) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "workload.max_requests = ", max_requests, "; expected >= 1"));
+          "workload.max_requests = ", shape.max_requests, "; expected >= 1"));
     }
   }
+  if (spec.has_repeat()) {
+    shape.repeat = spec.repeat();
+    RETURN_IF_ERROR(CheckCount("workload.repeat", shape.repeat, kMaxRepeat));
+  }
 
-  Workload workload;
-  std::vector<RequestSpec>& requests = workload.requests;
+  const double rate_scale = shape.rate_scale;
   if (spec.has_trace() || !trace_override.empty()) {
     std::string path;
     servesim::v1::TraceFormat format = servesim::v1::TRACE_FORMAT_UNSPECIFIED;
@@ -933,35 +1470,16 @@ absl::StatusOr<Workload> LoadWorkload(const servesim::v1::WorkloadSpec& spec,
       }
       path = ResolvePath(base_dir, spec.trace().path());
     }
-    ASSIGN_OR_RETURN(LoadedTrace loaded, LoadTrace(path, format));
-    const TraceFile& file = loaded.file;
-    workload.rows_read =
-        static_cast<int64_t>(file.rows.size()) + file.skipped_failed;
-    workload.skipped_failed = file.skipped_failed;
-    if (file.rows.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          path, ": all ", file.skipped_failed,
-          " rows are failed requests (0 response tokens); expected at least "
-          "one request to simulate"));
-    }
-    requests.resize(file.rows.size());
-    for (size_t i = 0; i < file.rows.size(); ++i) {
-      requests[i].arrival_s = file.rows[i].timestamp_s;
-      requests[i].input_tokens = file.rows[i].input_tokens;
-      requests[i].output_tokens = file.rows[i].output_tokens;
-    }
-    workload.description = absl::StrCat(loaded.format_name, " trace ", path,
-                                        " (", workload.rows_read, " rows");
-    if (file.skipped_failed > 0) {
-      absl::StrAppend(&workload.description, ", ", file.skipped_failed,
-                      " failed skipped");
-    }
-    absl::StrAppend(&workload.description, ")");
-  } else if (spec.has_poisson() || spec.has_gamma() || spec.has_constant()) {
-    RETURN_IF_ERROR(GenerateSynthetic(spec, base_dir, seed,
-                                      requests, workload.description));
-    workload.rows_read = static_cast<int64_t>(requests.size());
-  } else if (spec.has_saturated()) {
+    return WorkloadStream::Create(shape, [path, format, rate_scale] {
+      return OpenTrace(path, format, rate_scale);
+    });
+  }
+  if (spec.has_poisson() || spec.has_gamma() || spec.has_constant()) {
+    return WorkloadStream::Create(shape, [spec, base_dir, seed, rate_scale] {
+      return OpenSynthetic(spec, base_dir, seed, rate_scale);
+    });
+  }
+  if (spec.has_saturated()) {
     const auto& saturated = spec.saturated();
     RETURN_IF_ERROR(CheckCount("workload.saturated.num_requests",
                                saturated.num_requests(),
@@ -970,65 +1488,49 @@ absl::StatusOr<Workload> LoadWorkload(const servesim::v1::WorkloadSpec& spec,
                                 saturated.input_tokens()));
     RETURN_IF_ERROR(CheckTokens("workload.saturated.output_tokens",
                                 saturated.output_tokens()));
-    requests.resize(static_cast<size_t>(saturated.num_requests()));
-    for (RequestSpec& request : requests) {
-      request.arrival_s = 0;
-      request.input_tokens = saturated.input_tokens();
-      request.output_tokens = saturated.output_tokens();
-    }
-    workload.rows_read = saturated.num_requests();
-    workload.description =
-        absl::StrCat("saturated ", saturated.num_requests(),
-                     " requests at t=0, ", saturated.input_tokens(), " in / ",
-                     saturated.output_tokens(), " out tokens");
-  } else {
-    return absl::InvalidArgumentError(
-        "workload has no source; expected one of trace, poisson, gamma, "
-        "constant, saturated");
+    return WorkloadStream::Create(shape, [saturated] {
+      return absl::StatusOr<std::unique_ptr<SortedSource>>(
+          std::make_unique<SaturatedSource>(saturated));
+    });
   }
+  return absl::InvalidArgumentError(
+      "workload has no source; expected one of trace, poisson, gamma, "
+      "constant, saturated");
+}
 
-  if (rate_scale != 1.0) {
-    for (RequestSpec& request : requests) request.arrival_s /= rate_scale;
-    absl::StrAppend(&workload.description, "; rate_scale ", Num(rate_scale));
-  }
-  // Sort before the window and the limit, so max_requests keeps the first
-  // arrivals even when the file is not in time order. Stable: equal times
-  // keep file order.
-  std::stable_sort(requests.begin(), requests.end(),
-                   [](const RequestSpec& a, const RequestSpec& b) {
-                     return a.arrival_s < b.arrival_s;
-                   });
-  const size_t total = requests.size();
-  const double first_seen = requests.front().arrival_s;
-  const double last_seen = requests.back().arrival_s;
-  std::erase_if(requests, [&](const RequestSpec& r) {
-    return !(r.arrival_s >= window_start && r.arrival_s < window_end);
-  });
-  if (spec.has_window_start_s() || spec.has_window_end_s()) {
-    absl::StrAppend(&workload.description, "; window [",
-                    Num(spec.has_window_start_s() ? window_start : 0), ", ",
-                    Num(window_end), ") s");
-  }
-  if (requests.size() > static_cast<uint64_t>(max_requests)) {
-    requests.resize(static_cast<size_t>(max_requests));
-  }
-  if (spec.has_max_requests()) {
-    absl::StrAppend(&workload.description, "; max_requests ", max_requests);
-  }
-  workload.outside_window = static_cast<int64_t>(total - requests.size());
-  if (requests.empty()) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "workload.window_start_s/window_end_s [%g, %g) kept none of the %d "
-        "requests (they arrive between %g and %g s, after rate_scale %g)",
-        spec.has_window_start_s() ? window_start : 0.0, window_end,
-        static_cast<int64_t>(total), first_seen, last_seen, rate_scale));
-  }
+std::unique_ptr<RequestStream> StreamOf(const Workload& workload) {
+  return std::make_unique<VectorStream>(workload);
+}
 
-  const double shift = requests.front().arrival_s;
-  for (size_t i = 0; i < requests.size(); ++i) {
-    requests[i].id = static_cast<int64_t>(i);
-    requests[i].arrival_s -= shift;
+absl::StatusOr<Workload> ScanWorkload(const servesim::v1::WorkloadSpec& spec,
+                                      const std::string& base_dir,
+                                      const std::string& trace_override,
+                                      uint64_t seed) {
+  ASSIGN_OR_RETURN(std::unique_ptr<RequestStream> stream,
+                   OpenWorkload(spec, base_dir, trace_override, seed));
+  RequestSpec request;
+  while (true) {
+    ASSIGN_OR_RETURN(const bool more, stream->Next(&request));
+    if (!more) break;
   }
+  return stream->summary();
+}
+
+absl::StatusOr<Workload> LoadWorkload(const servesim::v1::WorkloadSpec& spec,
+                                      const std::string& base_dir,
+                                      const std::string& trace_override,
+                                      uint64_t seed) {
+  ASSIGN_OR_RETURN(std::unique_ptr<RequestStream> stream,
+                   OpenWorkload(spec, base_dir, trace_override, seed));
+  std::vector<RequestSpec> requests;
+  RequestSpec request;
+  while (true) {
+    ASSIGN_OR_RETURN(const bool more, stream->Next(&request));
+    if (!more) break;
+    requests.push_back(request);
+  }
+  Workload workload = stream->summary();
+  workload.requests = std::move(requests);
   return workload;
 }
 

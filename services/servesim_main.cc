@@ -435,11 +435,21 @@ absl::StatusOr<Scenario> LoadAndResolve(const Options& o) {
   return Scenario{std::move(sc), std::move(resolved)};
 }
 
+// Reads the workload once to check every row and count its requests; keeps
+// none of them (the run streams them again).
 absl::StatusOr<servesim::cluster::Workload> LoadWorkloadOf(const Scenario& s) {
-  auto wl = servesim::cluster::LoadWorkload(s.resolved.proto.workload(), s.resolved.base_dir,
+  auto wl = servesim::cluster::ScanWorkload(s.resolved.proto.workload(), s.resolved.base_dir,
                                             "", s.resolved.seed);
   if (!wl.ok()) return servesim::cluster::AnnotateFieldError(s.loaded, wl.status());
   return wl;
+}
+
+absl::StatusOr<std::unique_ptr<servesim::cluster::RequestStream>> OpenWorkloadOf(
+    const Scenario& s) {
+  auto stream = servesim::cluster::OpenWorkload(s.resolved.proto.workload(),
+                                                s.resolved.base_dir, "", s.resolved.seed);
+  if (!stream.ok()) return servesim::cluster::AnnotateFieldError(s.loaded, stream.status());
+  return stream;
 }
 
 std::string Gb(double b) { return absl::StrFormat("%.2f GB", b / 1e9); }
@@ -466,7 +476,7 @@ int Validate(const Options& o) {
       Gb(sc->weight_bytes_per_xpu), Gb(sc->activation_bytes_per_xpu),
       Gb(sc->kv.usable_bytes_per_xpu), sc->kv.blocks,
       sc->batching.kv_block_tokens, sc->kv.tokens, wl->description,
-      wl->requests.size());
+      wl->num_requests);
   std::cout << "OK\n";
   return 0;
 }
@@ -518,7 +528,7 @@ int Run(const Options& o) {
     mc.replicas = static_cast<int>(sc->replicas);
     mc.xpu_kind = "gpu";
     if (sc->has_attention_device) mc.device_kind = sc->attention_kind;
-    mc.trace_s = wl->requests.empty() ? 0 : wl->requests.back().arrival_s;
+    mc.trace_s = wl->last_arrival_s;
     live = std::make_unique<servesim::services::LiveMetrics>(mc);
     auto started = servesim::services::HttpServer::Start(
         o.metrics, o.web_dir, [m = live.get()] { return m->Render(); });
@@ -532,8 +542,7 @@ int Run(const Options& o) {
   // only when something listens (the hot path then makes no calls at all).
   const bool show_progress = !o.quiet && ::isatty(::fileno(stderr));
   servesim::services::ProgressBar progress(
-      show_progress ? stderr : nullptr, static_cast<int64_t>(wl->requests.size()),
-      wl->requests.empty() ? 0 : wl->requests.back().arrival_s);
+      show_progress ? stderr : nullptr, wl->num_requests, wl->last_arrival_s);
   std::vector<servesim::cluster::LiveSink*> sinks;
   if (show_progress) sinks.push_back(&progress);
   if (live != nullptr) sinks.push_back(live.get());
@@ -541,19 +550,36 @@ int Run(const Options& o) {
   run_options.live = sinks.empty() ? nullptr : sinks.size() == 1 ? sinks[0] : &fanout;
   servesim::cluster::RunResult partial;
   run_options.partial = &partial;
-  auto result = servesim::cluster::RunSimulation(*sc, *wl, run_options);
+  const std::string out = !o.out.empty() ? o.out : sc->proto.output().dir();
+  // requests.csv and iterations.csv are written as the run goes. A folder
+  // that cannot be written is reported after the run, whose summary table
+  // is still printed.
+  std::unique_ptr<servesim::cluster::CsvRecordWriter> csv;
+  absl::Status csv_status;
+  if (!out.empty()) {
+    auto opened = servesim::cluster::CsvRecordWriter::Open(out, *sc);
+    if (opened.ok()) {
+      csv = std::move(*opened);
+      run_options.sink = csv.get();
+    } else {
+      csv_status = opened.status();
+    }
+    run_options.time_series = sc->proto.output().report_html();
+  }
+  auto stream = OpenWorkloadOf(*loaded);
+  if (!stream.ok()) return Fail(stream.status());
+  auto result = servesim::cluster::RunSimulation(*sc, **stream, run_options);
+  if (csv != nullptr) csv_status = csv->Close();
   if (server != nullptr && o.linger_s > 0) {
     std::this_thread::sleep_for(std::chrono::duration<double>(o.linger_s));
   }
   servesim::cluster::RunInfo info;
   info.agents_json = AgentsJson(*sc);
-  const std::string out = !o.out.empty() ? o.out : sc->proto.output().dir();
   if (!result.ok()) {
     // A run that started and then failed (e.g. no device agent left):
     // write what it measured, flagged partial, then report the error.
     if (partial.metrics != nullptr && !out.empty()) {
-      servesim::cluster::Summary summary = servesim::cluster::ComputeSummary(
-          *partial.metrics, sc->ttft_slo_s, sc->tpot_slo_s, sc->kv.blocks);
+      servesim::cluster::Summary summary = servesim::cluster::ComputeSummary(*partial.metrics);
       info.simulated_s = partial.simulated_s;
       info.wall_s =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start).count();
@@ -567,8 +593,7 @@ int Run(const Options& o) {
     }
     return Fail(result.status());
   }
-  servesim::cluster::Summary summary = servesim::cluster::ComputeSummary(
-      *result->metrics, sc->ttft_slo_s, sc->tpot_slo_s, sc->kv.blocks);
+  servesim::cluster::Summary summary = servesim::cluster::ComputeSummary(*result->metrics);
   if (sc->attention_shared != nullptr) {
     // What the (shared) device measured over the run; wall-clock figures
     // stay out of the deterministic outputs.
@@ -590,6 +615,7 @@ int Run(const Options& o) {
   // The table first: if writing files fails, the results are still shown.
   if (!o.quiet) std::cout << FormatSummaryTable(*sc, *wl, summary, info) << std::flush;
   if (!out.empty()) {
+    if (!csv_status.ok()) return Fail(csv_status);
     if (absl::Status st = WriteOutputs(out, *sc, *wl, *result->metrics, summary, info);
         !st.ok()) {
       return Fail(st);
