@@ -2,11 +2,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <iostream>
 #include <limits>
 #include <memory>
 #include <utility>
+
+#include "absl/base/casts.h"
 
 namespace servesim::cluster {
 namespace {
@@ -149,11 +152,45 @@ double QuantileSketch::Quantile(double q) const {
 
 // ------------------------------------------------------- accumulator ----
 
+void SortValues(std::vector<double>* values) {
+  std::vector<double>& v = *values;
+  const size_t n = v.size();
+  if (n < 4096) {
+    std::sort(v.begin(), v.end());
+    return;
+  }
+  // Order-preserving keys: flip every bit of negatives, the sign bit of the
+  // rest. Then four stable passes of 16 bits, least significant first.
+  std::vector<uint64_t> keys(n), tmp(n);
+  for (size_t i = 0; i < n; ++i) {
+    const uint64_t u = absl::bit_cast<uint64_t>(v[i]);
+    keys[i] = (u >> 63) != 0 ? ~u : u | (uint64_t{1} << 63);
+  }
+  std::vector<size_t> count(size_t{1} << 16);
+  for (int shift = 0; shift < 64; shift += 16) {
+    std::fill(count.begin(), count.end(), 0);
+    for (uint64_t k : keys) ++count[(k >> shift) & 0xffff];
+    if (count[(keys[0] >> shift) & 0xffff] == n) continue;  // one digit: nothing moves
+    size_t at = 0;
+    for (size_t& c : count) {
+      const size_t here = c;
+      c = at;
+      at += here;
+    }
+    for (uint64_t k : keys) tmp[count[(k >> shift) & 0xffff]++] = k;
+    keys.swap(tmp);
+  }
+  for (size_t i = 0; i < n; ++i) {
+    const uint64_t k = keys[i];
+    v[i] = absl::bit_cast<double>((k >> 63) != 0 ? k & ~(uint64_t{1} << 63) : ~k);
+  }
+}
+
 Distribution Summarize(std::vector<double>& v) {
   Distribution d;
   d.count = static_cast<int64_t>(v.size());
   if (v.empty()) return d;
-  std::sort(v.begin(), v.end());
+  SortValues(&v);
   double sum = 0;
   for (double x : v) sum += x;
   d.mean = sum / static_cast<double>(v.size());

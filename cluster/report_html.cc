@@ -52,7 +52,7 @@ std::string Fmt(double v) {
 Series Cdf(const std::string& name, std::vector<double> v) {
   Series s{name, {}, {}};
   if (v.empty()) return s;
-  std::sort(v.begin(), v.end());
+  SortValues(&v);
   const size_t n = v.size();
   const size_t step = std::max<size_t>(1, n / 400);
   for (size_t i = 0; i < n; i += step) {

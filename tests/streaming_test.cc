@@ -414,6 +414,35 @@ std::vector<double> Samples(int n, uint64_t seed) {
   return v;
 }
 
+TEST(SortValuesTest, RadixSortEqualsStdSort) {
+  // Above the radix threshold and below it; negatives, both zeros,
+  // duplicates, denormals, infinities and a single-digit run (all equal).
+  Rng rng(42, "sort");
+  for (size_t n : {size_t{0}, size_t{1}, size_t{100}, size_t{5000}, size_t{200000}}) {
+    std::vector<double> v(n);
+    for (size_t i = 0; i < n; ++i) {
+      switch (i % 7) {
+        case 0: v[i] = rng.Uniform() * 0.05; break;
+        case 1: v[i] = -rng.Normal() * 1e3; break;
+        case 2: v[i] = (i % 14 == 2) ? 0.0 : -0.0; break;
+        case 3: v[i] = 0.03125; break;
+        case 4: v[i] = std::numeric_limits<double>::denorm_min() * double(i % 5); break;
+        case 5: v[i] = (i % 10 == 5) ? std::numeric_limits<double>::infinity()
+                                     : -std::numeric_limits<double>::infinity(); break;
+        default: v[i] = std::ldexp(rng.Uniform(), static_cast<int>(i % 200) - 100);
+      }
+    }
+    std::vector<double> want = v;
+    std::sort(want.begin(), want.end());
+    SortValues(&v);
+    ASSERT_EQ(v.size(), want.size());
+    for (size_t i = 0; i < n; ++i) ASSERT_EQ(v[i], want[i]) << n << " at " << i;
+  }
+  std::vector<double> same(10000, 0.25);
+  SortValues(&same);
+  EXPECT_EQ(same, std::vector<double>(10000, 0.25));
+}
+
 TEST(QuantileSketchTest, EstimatesWithinTheStatedRelativeError) {
   std::vector<double> values = Samples(300000, 1);
   QuantileSketch sketch;
