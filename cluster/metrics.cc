@@ -160,24 +160,28 @@ void SortValues(std::vector<double>* values) {
     return;
   }
   // Order-preserving keys: flip every bit of negatives, the sign bit of the
-  // rest. Then four stable passes of 16 bits, least significant first.
+  // rest. Then stable passes of 11 bits (counts fit in L1), least
+  // significant first; a pass whose digit is the same everywhere is
+  // skipped.
   std::vector<uint64_t> keys(n), tmp(n);
   for (size_t i = 0; i < n; ++i) {
     const uint64_t u = absl::bit_cast<uint64_t>(v[i]);
     keys[i] = (u >> 63) != 0 ? ~u : u | (uint64_t{1} << 63);
   }
-  std::vector<size_t> count(size_t{1} << 16);
-  for (int shift = 0; shift < 64; shift += 16) {
+  constexpr int kBits = 11;
+  constexpr uint64_t kMask = (uint64_t{1} << kBits) - 1;
+  std::vector<size_t> count(size_t{1} << kBits);
+  for (int shift = 0; shift < 64; shift += kBits) {
     std::fill(count.begin(), count.end(), 0);
-    for (uint64_t k : keys) ++count[(k >> shift) & 0xffff];
-    if (count[(keys[0] >> shift) & 0xffff] == n) continue;  // one digit: nothing moves
+    for (uint64_t k : keys) ++count[(k >> shift) & kMask];
+    if (count[(keys[0] >> shift) & kMask] == n) continue;  // one digit: nothing moves
     size_t at = 0;
     for (size_t& c : count) {
       const size_t here = c;
       c = at;
       at += here;
     }
-    for (uint64_t k : keys) tmp[count[(k >> shift) & 0xffff]++] = k;
+    for (uint64_t k : keys) tmp[count[(k >> shift) & kMask]++] = k;
     keys.swap(tmp);
   }
   for (size_t i = 0; i < n; ++i) {
@@ -187,10 +191,14 @@ void SortValues(std::vector<double>* values) {
 }
 
 Distribution Summarize(std::vector<double>& v) {
+  SortValues(&v);
+  return SummarizeSorted(v);
+}
+
+Distribution SummarizeSorted(const std::vector<double>& v) {
   Distribution d;
   d.count = static_cast<int64_t>(v.size());
   if (v.empty()) return d;
-  SortValues(&v);
   double sum = 0;
   for (double x : v) sum += x;
   d.mean = sum / static_cast<double>(v.size());
@@ -210,8 +218,21 @@ Distribution Summarize(std::vector<double>& v) {
 QuantileAccumulator::QuantileAccumulator(int64_t exact_max_samples)
     : exact_max_samples_(exact_max_samples) {}
 
+const std::vector<double>& QuantileAccumulator::sorted_values() const {
+  if (!sorted_valid_) {
+    sorted_.assign(values_.begin(), values_.end());
+    SortValues(&sorted_);
+    sorted_valid_ = true;
+  }
+  return sorted_;
+}
+
 void QuantileAccumulator::Add(double value) {
   ++count_;
+  if (sorted_valid_) {
+    sorted_valid_ = false;
+    std::vector<double>().swap(sorted_);
+  }
   if (sketch_ == nullptr) {
     values_.push_back(value);
     if (static_cast<int64_t>(values_.size()) <= exact_max_samples_) return;
@@ -230,10 +251,7 @@ void QuantileAccumulator::Add(double value) {
 }
 
 Distribution QuantileAccumulator::ToDistribution() const {
-  if (sketch_ == nullptr) {
-    std::vector<double> sorted(values_.begin(), values_.end());
-    return Summarize(sorted);
-  }
+  if (sketch_ == nullptr) return SummarizeSorted(sorted_values());
   Distribution d;
   d.exact = false;
   d.count = count_;

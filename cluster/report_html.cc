@@ -52,7 +52,7 @@ std::string Fmt(double v) {
 Series Cdf(const std::string& name, std::vector<double> v) {
   Series s{name, {}, {}};
   if (v.empty()) return s;
-  SortValues(&v);
+  if (!std::is_sorted(v.begin(), v.end())) SortValues(&v);
   const size_t n = v.size();
   const size_t step = std::max<size_t>(1, n / 400);
   for (size_t i = 0; i < n; i += step) {
@@ -68,11 +68,11 @@ Series Cdf(const std::string& name, std::vector<double> v) {
 // above, or the sketch's estimate at the same ranks.
 Series Cdf(const std::string& name, const QuantileAccumulator& acc, double scale) {
   if (acc.exact()) {
-    std::vector<double> v(acc.values().begin(), acc.values().end());
+    std::vector<double> v = acc.sorted_values();
     if (scale != 1) {
       for (double& x : v) x *= scale;
     }
-    return Cdf(name, std::move(v));
+    return Cdf(name, std::move(v));  // sorted still when scale > 0: one pass
   }
   Series s{name, {}, {}};
   const QuantileSketch& sketch = *acc.sketch();
