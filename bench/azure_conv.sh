@@ -4,11 +4,12 @@
 # the real-time factor, as key=value lines, from the median of RUNS runs
 # pinned to one core. SCENARIO defaults to the GPU-only default example;
 # examples/attacc/gpt3_175b_dgx_attacc_azure_conv.pbtxt measures DGX+AttAccs.
+# SERVESIM_BIN picks another build's binary (e.g. to compare two builds).
 # Usage: bench/azure_conv.sh [RUNS] [SCENARIO]      (after scripts/setup.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 runs=${1:-5}
-bin=build/services/servesim
+bin=${SERVESIM_BIN:-build/services/servesim}
 scenario=${2:-examples/gpt3_175b_dgx_azure_conv.pbtxt}
 [ -x "$bin" ] || { echo "build first: scripts/setup.sh" >&2; exit 1; }
 pin=()

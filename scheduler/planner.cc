@@ -133,6 +133,7 @@ void IterationPlanner::BuildLayerOps(const Batch& batch) {
     op.seqs = seqs_;
     ops_.push_back(op);
   }
+  static_assert(kAttentionOp == 2, "norm, QKV, then attention");
   gemm(Stage::kProjection, t, d, heads_ * model_.d_head);
   allreduce();
   elementwise(Stage::kResidual, t * d, 3 * elem, 1);  // a + b -> c
@@ -185,9 +186,27 @@ absl::StatusOr<IterationCost> IterationPlanner::Plan(const Batch& batch) {
   IterationCost out;
   if (batch.empty()) return out;
   if (config_.attention != nullptr) return PlanWithDevice(batch);
-  BuildLayerOps(batch);
-  costs_.assign(ops_.size(), devices::Cost{});
-  RETURN_IF_ERROR(device_->Estimate(ops_, absl::MakeSpan(costs_)));
+  // Every op but the attention depends on the token counts only: a batch
+  // with the same counts as the last re-costs its attention alone (the
+  // device is pure, and costs are per op).
+  const std::array<int64_t, 3> key = {batch.prefill_tokens, batch.decode_tokens,
+                                      batch.emitting};
+  if (ops_valid_ && key == ops_key_) {
+    seqs_.clear();
+    for (const BatchEntry& e : batch.entries) {
+      seqs_.push_back({e.new_tokens, e.past_tokens, e.request_id});
+    }
+    ops_[kAttentionOp].seqs = seqs_;
+    RETURN_IF_ERROR(device_->Estimate(absl::MakeConstSpan(&ops_[kAttentionOp], 1),
+                                      absl::MakeSpan(&costs_[kAttentionOp], 1)));
+  } else {
+    ops_valid_ = false;
+    BuildLayerOps(batch);
+    costs_.assign(ops_.size(), devices::Cost{});
+    RETURN_IF_ERROR(device_->Estimate(ops_, absl::MakeSpan(costs_)));
+    ops_key_ = key;
+    ops_valid_ = true;
+  }
   const double layers = static_cast<double>(model_.num_layers);
   if (spans_ != nullptr) {
     // The ops run one after another on each xPU, layer after layer.

@@ -169,6 +169,10 @@ class IterationPlanner {
   std::vector<devices::AttentionSeq> seqs_;
   std::vector<devices::Op> ops_;
   std::vector<devices::Cost> costs_;
+  // ops_ and costs_ answer the token counts ops_key_ (see Plan).
+  static constexpr size_t kAttentionOp = 2;  // index in ops_
+  bool ops_valid_ = false;
+  std::array<int64_t, 3> ops_key_{};
   // PlanWithDevice's scratch, reused: no allocation per iteration.
   std::vector<devices::AttentionSeq> dec_seqs_, pre_seqs_, seqs_a_, seqs_b_;
   std::vector<int32_t> dec_stacks_, st_a_, st_b_;

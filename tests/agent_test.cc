@@ -840,6 +840,9 @@ Proc StartAgent(const std::string& dir, const std::string& kind,
   static int n = 0;
   Proc p;
   p.log = absl::StrCat(dir, "/agent", n++, ".log");
+  // Created here, before the child runs: a loaded machine may poll it
+  // before the child gets to open it.
+  ::close(::open(p.log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644));
   p.pid = fork();
   if (p.pid == 0) {
     const int fd = ::open(p.log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
