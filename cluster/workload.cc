@@ -855,6 +855,25 @@ absl::Status GenerateSynthetic(const servesim::v1::WorkloadSpec& synthetic,
 
 }  // namespace
 
+absl::StatusOr<TraceFile> ParseAzureTrace(absl::string_view content, const std::string& name) {
+  return ParseAzure(name, content);
+}
+
+absl::StatusOr<TraceFile> ParseMooncakeTrace(absl::string_view content,
+                                             const std::string& name) {
+  return ParseMooncake(name, content);
+}
+
+absl::StatusOr<TraceFile> ParseBurstGptTrace(absl::string_view content,
+                                             const std::string& name) {
+  return ParseBurstGpt(name, content);
+}
+
+absl::StatusOr<std::vector<LengthPair>> ParseLengthCsvContent(absl::string_view content,
+                                                              const std::string& name) {
+  return ParseLengthCsv(name, content);
+}
+
 absl::StatusOr<TraceFile> ReadAzureTrace(const std::string& path) {
   ASSIGN_OR_RETURN(const std::string content, ReadWholeFile(path));
   return ParseAzure(path, content);
