@@ -378,6 +378,12 @@ absl::StatusOr<devices::Tensor> DecodeTensor(const v1::Tensor& o, int64_t max_by
     return absl::InvalidArgumentError(absl::StrCat(
         field, ".data has ", o.data().size(), " bytes; its shape and type give ", bytes));
   }
+  if (const int64_t i = devices::FirstNonFinite(
+          t.type, reinterpret_cast<const uint8_t*>(o.data().data()), o.data().size());
+      i >= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ".data: element ", i,
+                                                   " is NaN or infinite; expected finite values"));
+  }
   t.shape.assign(o.shape().begin(), o.shape().end());
   t.bytes.assign(o.data().begin(), o.data().end());
   return t;

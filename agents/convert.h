@@ -84,8 +84,8 @@ servesim::v1::OpKind EncodeOpKind(devices::OpKind kind);
 
 // ---- Execute ----
 void EncodeTensor(const devices::Tensor& tensor, servesim::v1::Tensor* out);
-// INVALID_ARGUMENT for an unspecified type, negative dimensions or data of
-// the wrong size; RESOURCE_EXHAUSTED above `max_bytes` (checked from the
+// INVALID_ARGUMENT for an unspecified type, negative dimensions, data of
+// the wrong size or a NaN / infinite element; RESOURCE_EXHAUSTED above `max_bytes` (checked from the
 // shape before anything is copied). `field` names the tensor in messages.
 absl::StatusOr<devices::Tensor> DecodeTensor(const servesim::v1::Tensor& tensor,
                                              int64_t max_bytes, const std::string& field);

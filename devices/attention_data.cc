@@ -286,7 +286,11 @@ absl::StatusOr<Tensor> ParseNpy(absl::string_view data, const std::string& path)
     return bad(absl::StrCat("holds ", data.size() - body, " data bytes; shape (", shape,
                             ") of ", descr, " needs ", want));
   }
-  t.bytes.assign(data.begin() + body, data.end());
+  const auto* elements = reinterpret_cast<const uint8_t*>(data.data() + body);
+  if (const int64_t i = FirstNonFinite(t.type, elements, want); i >= 0) {
+    return bad(absl::StrCat("element ", i, " is NaN or infinite; the kernels need finite values"));
+  }
+  t.bytes.assign(elements, elements + want);
   return t;
 }
 

@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <future>
+#include <limits>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -1336,6 +1337,27 @@ TEST(AgentLimitsTest, ExecuteWorkAndEmptyTensorExtentsAreBounded) {
   EXPECT_EQ(st.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
   EXPECT_TRUE(absl::StartsWith(st.error_message(), "q: 17592186044416 bytes by its shape"))
       << st.error_message();
+}
+
+TEST(AgentLimitsTest, NonFiniteTensorElementsAreRefused) {
+  auto svc = DirectService();
+  ASSERT_NE(svc, nullptr);
+  using devices::ElementType;
+  for (float bad : {std::nanf(""), std::numeric_limits<float>::infinity()}) {
+    for (ElementType type : {ElementType::kFp16, ElementType::kFp32}) {
+      auto k = Ramp(type, {2, 4, 8}, 0.2f);
+      k.Set(3, bad);
+      v1::ExecuteRequest req;
+      EncodeTensor(Ramp(type, {2, 1, 8}, 0.1f), req.mutable_q());
+      EncodeTensor(k, req.mutable_k());
+      EncodeTensor(Ramp(type, {2, 4, 8}, 0.3f), req.mutable_v());
+      grpc::ServerContext ctx;
+      v1::ExecuteResponse resp;
+      const grpc::Status st = svc->Execute(&ctx, &req, &resp);
+      EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+      EXPECT_EQ(st.error_message(), "k.data: element 3 is NaN or infinite; expected finite values");
+    }
+  }
 }
 
 TEST(AgentLimitsTest, PresetSpecsAreTheAgentsDefaults) {

@@ -275,6 +275,13 @@ TEST(NpyParseTest, ShapesPastAnyFileAreASizeMismatchNotAnOverflow) {
   empty.push_back(static_cast<char>(e.size()));
   empty.push_back(0);
   empty += e;
+  // A NaN (fp16 0x7e00) in the data: the kernels need finite values.
+  std::string nan = empty;
+  nan.replace(nan.find("(0, 1099511627776)"), 18, "(3,)              ");
+  nan += std::string("\x00\x3c\x00\x7e\x00\x3c", 6);
+  auto n = ParseNpy(nan, "nan.npy");
+  ASSERT_EQ(n.status().code(), absl::StatusCode::kInvalidArgument) << n.status();
+  EXPECT_EQ(n.status().message(), "nan.npy: element 1 is NaN or infinite; the kernels need finite values");
   auto z = ParseNpy(empty, "empty.npy");
   ASSERT_TRUE(z.ok()) << z.status();
   EXPECT_EQ(z->shape, (std::vector<int64_t>{0, 1099511627776}));
