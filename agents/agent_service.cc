@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <deque>
+#include <limits>
 #include <random>
 #include <utility>
 
@@ -10,7 +11,13 @@
 #include "absl/strings/str_join.h"
 #include "agents/convert.h"
 #include "common/status_macros.h"
+#include "devices/attacc/attacc_device.h"
+#include "devices/cta/cta_device.h"
+#include "devices/lad/lad_device.h"
+#include "devices/presets.h"
 #include "devices/registry.h"
+#include "devices/spatten/spatten_device.h"
+#include "devices/topick/topick_device.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 
@@ -52,6 +59,65 @@ std::string SpecKindName(const v1::DeviceSpec& spec) {
       return "";
   }
 }
+
+absl::StatusOr<v1::DeviceSpec> AgentPresetSpec(const std::string& kind, std::string preset) {
+  v1::DeviceSpec spec;
+  if (kind == "gpu") {
+    if (preset.empty()) preset = "a100-80gb";
+    auto* g = spec.mutable_gpu();
+    ASSIGN_OR_RETURN(*g->mutable_xpu(), devices::XpuPreset(preset));
+    ASSIGN_OR_RETURN(*g->mutable_interconnect(), devices::LinkPreset("nvlink3"));
+    g->set_dtype(v1::DTYPE_FP16);
+  } else if (kind == "attacc") {
+    if (preset.empty()) preset = "attacc_bank";
+    ASSIGN_OR_RETURN(*spec.mutable_attacc()->mutable_attacc(),
+                     devices::AttAccPreset(preset));
+    spec.mutable_attacc()->set_dtype(v1::DTYPE_FP16);
+  } else if (kind == "topick") {
+    if (preset.empty()) preset = "topick";
+    ASSIGN_OR_RETURN(*spec.mutable_topick()->mutable_topick(),
+                     devices::TopickPreset(preset));
+    spec.mutable_topick()->set_fidelity(v1::PRUNE_FIDELITY_ANALYTIC);
+  } else if (kind == "spatten") {
+    if (preset.empty()) preset = "spatten";
+    ASSIGN_OR_RETURN(*spec.mutable_spatten()->mutable_spatten(),
+                     devices::SpattenPreset(preset));
+    spec.mutable_spatten()->set_fidelity(v1::PRUNE_FIDELITY_ANALYTIC);
+  } else if (kind == "cta") {
+    if (preset.empty()) preset = "cta_0";
+    ASSIGN_OR_RETURN(*spec.mutable_cta()->mutable_cta(), devices::CtaPreset(preset));
+    spec.mutable_cta()->set_fidelity(v1::PRUNE_FIDELITY_ANALYTIC);
+  } else if (kind == "lad") {
+    if (preset.empty()) preset = "lad_1.5";
+    ASSIGN_OR_RETURN(*spec.mutable_lad()->mutable_lad(), devices::LadPreset(preset));
+    spec.mutable_lad()->set_fidelity(v1::PRUNE_FIDELITY_ANALYTIC);
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--device ", kind, ": unknown kind; registered: ",
+                     absl::StrJoin(devices::RegisteredDeviceKinds(), ", ")));
+  }
+  return spec;
+}
+
+namespace {
+
+// heads x q_len x kv_len x d_head of q [heads, q_len, d_head] over a K of
+// kv_len positions, saturating; 0 for shapes the kernel refuses anyway.
+int64_t AttentionMacs(const std::vector<int64_t>& q_shape, int64_t kv_len) {
+  if (q_shape.size() != 3) return 0;
+  const double macs = static_cast<double>(q_shape[0]) * static_cast<double>(q_shape[1]) *
+                      static_cast<double>(kv_len) * static_cast<double>(q_shape[2]);
+  return macs >= 9.2e18 ? std::numeric_limits<int64_t>::max() : static_cast<int64_t>(macs);
+}
+
+grpc::Status TooMuchWork(int64_t macs, int64_t max_macs) {
+  return grpc::Status(
+      grpc::StatusCode::RESOURCE_EXHAUSTED,
+      absl::StrCat("q, k: heads x q_len x kv_len x d_head = ", macs,
+                   " multiply-accumulates; this agent runs at most ", max_macs, " per call"));
+}
+
+}  // namespace
 
 AgentService::AgentService(AgentServiceOptions options) : options_(std::move(options)) {
   kind_ = SpecKindName(options_.spec);
@@ -183,11 +249,18 @@ grpc::Status AgentService::Estimate(grpc::ServerContext* ctx, const v1::Estimate
   // would in the iteration that sends them. A step the device refuses (a
   // context past its capacity) ends the lookahead; the ops' own answer
   // stands.
+  // The steps together cost at most kMaxOpSequences sequences, as the
+  // request itself may: past that the answer is shorter.
   int answered = 0;
+  int64_t step_sequences = 0;
+  for (const devices::Op& op : ops.ops) {
+    if (Predictable(op)) step_sequences += static_cast<int64_t>(op.seqs.size());
+  }
+  const int64_t affordable = kMaxOpSequences / std::max<int64_t>(step_sequences, 1);
   std::vector<devices::Op> step;
   std::deque<std::vector<devices::AttentionSeq>> shifted;
   std::vector<devices::Cost> step_costs;
-  for (int j = 1; j <= lookahead && (*h)->lookahead_ok; ++j) {
+  for (int j = 1; j <= lookahead && j <= affordable && (*h)->lookahead_ok; ++j) {
     LookaheadStep(ops.ops, j, &step, &shifted);
     if (step.empty()) break;
     step_costs.assign(step.size(), devices::Cost{});
@@ -215,6 +288,12 @@ grpc::Status AgentService::Execute(grpc::ServerContext* ctx, const v1::ExecuteRe
     *dst = std::move(*t);
   }
   call.scale = req->scale();
+  if (call.k.shape.size() == 3) {
+    if (const int64_t macs = AttentionMacs(call.q.shape, call.k.shape[1]);
+        macs > options_.max_execute_macs) {
+      return TooMuchWork(macs, options_.max_execute_macs);
+    }
+  }
   auto r = (*h)->device->Execute(call);
   if (!r.ok()) return ToGrpcStatus(r.status());
   EncodeTensor(r->out, resp->mutable_out());
@@ -330,6 +409,10 @@ grpc::Status AgentService::Step(grpc::ServerContext* ctx, const v1::StepRequest*
       return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                           absl::StrCat("expected_kv_len = ", req->expected_kv_len(),
                                        " but the session holds ", ss.len, " positions"));
+    }
+    if (const int64_t macs = AttentionMacs(call.q.shape, ss.len);
+        macs > options_.max_execute_macs) {
+      return TooMuchWork(macs, options_.max_execute_macs);
     }
     for (auto [src, dst] : {std::pair{&ss.k, &call.k}, std::pair{&ss.v, &call.v}}) {
       dst->type = ss.type;

@@ -12,7 +12,11 @@
 //    (UNAUTHENTICATED otherwise). The standard health service and server
 //    reflection are not ours and stay open, so orchestrators can probe.
 //  - max_tensor_bytes: tensors larger than this (by their shape) are
-//    RESOURCE_EXHAUSTED before anything is copied.
+//    RESOURCE_EXHAUSTED before anything is copied; max_execute_macs bounds
+//    the work of one Execute / Step the same way. EstimateRequests are held
+//    to agents/convert.h's limits (kMaxOps ...), and lookahead steps stop
+//    (lookahead_answered < lookahead) once they would cost more than
+//    kMaxOpSequences sequences in all.
 //  - Sessions hold one request's KV cache ([kv_heads, len, d_head], appended
 //    by AppendKv); Step runs the device's kernel over it, naming the session
 //    (AttentionCall::session) so a stateful kernel (LAD) keeps its state
@@ -47,12 +51,24 @@ struct AgentServiceOptions {
   int64_t max_tensor_bytes = int64_t{64} << 20;  // per tensor
   int max_devices = 16;
   int max_sessions = 4096;
+  // Execute / Step: at most this many multiply-accumulates of the reference
+  // attention (heads x q_len x kv_len x d_head); RESOURCE_EXHAUSTED above.
+  // 2^37 (1.4e11) admits a 2,048-token prefill of 96 heads of 128 over a
+  // 4,096-token context (1.0e11), about a minute of one core.
+  int64_t max_execute_macs = int64_t{1} << 37;
 };
 
 // FNV-1a 64 of the spec's deterministic serialisation, as 16 hex digits.
 std::string DeviceKey(const servesim::v1::DeviceSpec& spec);
 // "gpu", "attacc", ... for the spec's oneof case ("" if unset).
 std::string SpecKindName(const servesim::v1::DeviceSpec& spec);
+// The spec `servesim-agent --device KIND [--preset NAME]` serves: the kind's
+// hardware preset (its default when `preset` is empty), fp16, and ANALYTIC
+// fidelity for the pruning devices. INVALID_ARGUMENT for an unknown kind;
+// the preset table's error for an unknown preset. (The preset tables live
+// in the device kinds' object libraries: link servesim_all_devices.)
+absl::StatusOr<servesim::v1::DeviceSpec> AgentPresetSpec(const std::string& kind,
+                                                         std::string preset);
 
 class AgentService final : public servesim::v1::DeviceAgent::Service {
  public:

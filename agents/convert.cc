@@ -109,6 +109,23 @@ absl::Status DecodeOps(const v1::EstimateRequest& request, DecodedOps* out) {
   out->ops.clear();
   out->seq_lists.clear();
   out->stack_lists.clear();
+  if (request.ops_size() > kMaxOps) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ops: ", request.ops_size(), " ops; expected at most ", kMaxOps, " per request"));
+  }
+  int64_t sequences = 0, stack_entries = 0;
+  for (const v1::SeqList& l : request.seq_lists()) sequences += l.new_tokens_size();
+  for (const v1::StackList& l : request.stack_lists()) stack_entries += l.stack_size();
+  if (sequences > kMaxSequences) {
+    return absl::InvalidArgumentError(absl::StrCat("seq_lists: ", sequences,
+                                                   " sequences in all; expected at most ",
+                                                   kMaxSequences, " per request"));
+  }
+  if (stack_entries > kMaxStackEntries) {
+    return absl::InvalidArgumentError(absl::StrCat("stack_lists: ", stack_entries,
+                                                   " entries in all; expected at most ",
+                                                   kMaxStackEntries, " per request"));
+  }
   for (int i = 0; i < request.seq_lists_size(); ++i) {
     const v1::SeqList& l = request.seq_lists(i);
     const int n = l.new_tokens_size();
@@ -119,10 +136,12 @@ absl::Status DecodeOps(const v1::EstimateRequest& request, DecodedOps* out) {
     }
     auto& seqs = out->seq_lists.emplace_back(n);
     for (int s = 0; s < n; ++s) {
-      if (l.new_tokens(s) < 1 || l.past_tokens(s) < 0) {
+      if (l.new_tokens(s) < 1 || l.past_tokens(s) < 0 || l.new_tokens(s) > kMaxContextTokens ||
+          l.past_tokens(s) > kMaxContextTokens - l.new_tokens(s)) {
         return absl::InvalidArgumentError(absl::StrCat(
             "seq_lists[", i, "] sequence ", s, ": new_tokens = ", l.new_tokens(s),
-            ", past_tokens = ", l.past_tokens(s), "; expected new_tokens >= 1, past_tokens >= 0"));
+            ", past_tokens = ", l.past_tokens(s), "; expected new_tokens >= 1, past_tokens >= 0 ",
+            "and new_tokens + past_tokens <= ", kMaxContextTokens));
       }
       seqs[s] = {l.new_tokens(s), l.past_tokens(s), l.request_id(s)};
     }
@@ -131,6 +150,15 @@ absl::Status DecodeOps(const v1::EstimateRequest& request, DecodedOps* out) {
     const auto& st = request.stack_lists(i).stack();
     out->stack_lists.emplace_back(st.begin(), st.end());
   }
+  // Query tokens of each list, for the work an op naming it asks for.
+  std::vector<int64_t> list_tokens;
+  list_tokens.reserve(out->seq_lists.size());
+  for (const auto& seqs : out->seq_lists) {
+    int64_t n = 0;
+    for (const devices::AttentionSeq& q : seqs) n += q.new_tokens;
+    list_tokens.push_back(n);
+  }
+  int64_t op_sequences = 0, query_tokens = 0;
   out->ops.resize(request.ops_size());
   for (int i = 0; i < request.ops_size(); ++i) {
     const v1::Op& o = request.ops(i);
@@ -168,6 +196,32 @@ absl::Status DecodeOps(const v1::EstimateRequest& request, DecodedOps* out) {
           ", elements = ", o.elements(), ", bytes = ", o.bytes(),
           ", participants = ", o.participants(), ")"));
     }
+    if (o.heads() > kMaxHeads || o.kv_heads() > kMaxHeads || o.d_head() > kMaxDHead ||
+        o.head_begin() < -kMaxHeads || o.head_begin() > kMaxHeads ||
+        o.head_end() < -kMaxHeads || o.head_end() > kMaxHeads) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "ops[", i, "]: heads = ", o.heads(), ", kv_heads = ", o.kv_heads(),
+          ", d_head = ", o.d_head(), ", head_begin = ", o.head_begin(), ", head_end = ",
+          o.head_end(), "; expected heads and kv_heads 0..", kMaxHeads, ", d_head 0..",
+          kMaxDHead, ", head_begin and head_end -", kMaxHeads, "..", kMaxHeads));
+    }
+    if (o.m() > kMaxGemmDim || o.n() > kMaxGemmDim || o.k() > kMaxGemmDim ||
+        o.elements() > kMaxElements) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "ops[", i, "]: m = ", o.m(), ", n = ", o.n(), ", k = ", o.k(), ", elements = ",
+          o.elements(), "; expected m, n and k 0..", kMaxGemmDim, ", elements 0..",
+          kMaxElements));
+    }
+    // !(x <= max) also refuses NaN.
+    if (!(o.bytes_per_element() >= 0 && o.bytes_per_element() <= kMaxPerElement) ||
+        !(o.flops_per_element() >= 0 && o.flops_per_element() <= kMaxPerElement) ||
+        !(o.bytes() <= kMaxAllReduceBytes)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "ops[", i, "]: bytes_per_element = ", o.bytes_per_element(),
+          ", flops_per_element = ", o.flops_per_element(), ", bytes = ", o.bytes(),
+          "; expected bytes_per_element and flops_per_element 0..", kMaxPerElement,
+          ", bytes 0..", kMaxAllReduceBytes));
+    }
     op.m = o.m();
     op.n = o.n();
     op.k = o.k();
@@ -190,6 +244,14 @@ absl::Status DecodeOps(const v1::EstimateRequest& request, DecodedOps* out) {
                          static_cast<int64_t>(out->seq_lists.size()) - 1));
       }
       op.seqs = out->seq_lists[o.seq_list()];
+      op_sequences += static_cast<int64_t>(op.seqs.size());
+      query_tokens += list_tokens[o.seq_list()];
+      if (op_sequences > kMaxOpSequences || query_tokens > kMaxQueryTokens) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "ops[", i, "]: the attention ops up to this one name ", op_sequences,
+            " sequences with ", query_tokens, " new tokens in all; expected at most ",
+            kMaxOpSequences, " sequences and ", kMaxQueryTokens, " new tokens per request"));
+      }
     }
     if (op.kind == OpKind::kAttention && o.stack_list() >= 0) {
       if (o.stack_list() >= static_cast<int>(out->stack_lists.size())) {
@@ -293,28 +355,34 @@ absl::StatusOr<devices::Tensor> DecodeTensor(const v1::Tensor& o, int64_t max_by
   }
   const int64_t elem = devices::Tensor::ElementSize(t.type);
   // Size from the shape, saturating, so a huge shape is RESOURCE_EXHAUSTED
-  // rather than an overflow.
-  int64_t bytes = elem;
+  // rather than an overflow. `extent` counts a 0 dimension as 1: an empty
+  // tensor of shape [2^40, 0] is refused too, as kernels loop over its
+  // other dimensions.
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  int64_t bytes = elem, extent = elem;
   for (int i = 0; i < o.shape_size(); ++i) {
     const int64_t d = o.shape(i);
     if (d < 0) {
       return absl::InvalidArgumentError(
           absl::StrCat(field, ".shape[", i, "] = ", d, "; expected >= 0"));
     }
-    if (d > 0 && bytes > std::numeric_limits<int64_t>::max() / d) {
-      bytes = std::numeric_limits<int64_t>::max();
-    } else {
-      bytes *= d;
-    }
+    bytes = d > 0 && bytes > kMax / d ? kMax : bytes * d;
+    extent = d > 0 && extent > kMax / d ? kMax : extent * std::max<int64_t>(d, 1);
   }
-  if (bytes > max_bytes) {
+  if (bytes > max_bytes || extent > max_bytes) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        field, ": ", bytes, " bytes by its shape; this agent accepts tensors of at most ",
-        max_bytes, " bytes (servesim-agent --max-tensor-bytes)"));
+        field, ": ", extent, " bytes by its shape (0 dimensions counted as 1); this agent "
+        "accepts tensors of at most ", max_bytes, " bytes (servesim-agent --max-tensor-bytes)"));
   }
   if (static_cast<int64_t>(o.data().size()) != bytes) {
     return absl::InvalidArgumentError(absl::StrCat(
         field, ".data has ", o.data().size(), " bytes; its shape and type give ", bytes));
+  }
+  if (const int64_t i = devices::FirstNonFinite(
+          t.type, reinterpret_cast<const uint8_t*>(o.data().data()), o.data().size());
+      i >= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ".data: element ", i,
+                                                   " is NaN or infinite; expected finite values"));
   }
   t.shape.assign(o.shape().begin(), o.shape().end());
   t.bytes.assign(o.data().begin(), o.data().end());

@@ -42,9 +42,28 @@ struct DecodedOps {
   std::deque<std::vector<int32_t>> stack_lists;
 };
 // INVALID_ARGUMENT for inconsistent requests (list indices out of range,
-// columns of different lengths, negative sizes), UNIMPLEMENTED for op kinds
-// this protocol version does not know; messages name the field.
+// columns of different lengths, negative sizes) and for requests past the
+// limits below, UNIMPLEMENTED for op kinds this protocol version does not
+// know; messages name the field and the allowed range.
 absl::Status DecodeOps(const servesim::v1::EstimateRequest& request, DecodedOps* out);
+
+// Limits on one EstimateRequest, so that no request asks an agent for
+// unbounded work or memory (a device's Estimate is linear in the sequences
+// it is given, and the GPU model in a sequence's query blocks). Each is far
+// above what one iteration of any scenario sends (GPT-3 175B: 96 layers x a
+// few ops x a batch of hundreds).
+inline constexpr int kMaxOps = 1 << 16;                // ops per request
+inline constexpr int64_t kMaxSequences = 1 << 20;      // sequences in all seq_lists
+inline constexpr int64_t kMaxOpSequences = 1 << 22;    // sum over attention ops of their sequences
+inline constexpr int64_t kMaxStackEntries = 1 << 22;   // entries in all stack_lists
+inline constexpr int64_t kMaxContextTokens = 1 << 22;  // past_tokens + new_tokens of a sequence
+inline constexpr int64_t kMaxQueryTokens = int64_t{1} << 28;  // sum of new_tokens over ops' sequences
+inline constexpr int64_t kMaxHeads = 1 << 16;          // heads, kv_heads, head_begin, head_end
+inline constexpr int64_t kMaxDHead = 1 << 16;          // d_head
+inline constexpr int64_t kMaxGemmDim = int64_t{1} << 40;   // m, n, k
+inline constexpr int64_t kMaxElements = int64_t{1} << 50;  // elements
+inline constexpr double kMaxPerElement = 1e6;  // bytes_per_element, flops_per_element
+inline constexpr double kMaxAllReduceBytes = 1e18;  // bytes
 
 // ---- Estimate lookahead (EstimateRequest.lookahead) ----
 inline constexpr int kMaxLookahead = 256;
@@ -65,8 +84,8 @@ servesim::v1::OpKind EncodeOpKind(devices::OpKind kind);
 
 // ---- Execute ----
 void EncodeTensor(const devices::Tensor& tensor, servesim::v1::Tensor* out);
-// INVALID_ARGUMENT for an unspecified type, negative dimensions or data of
-// the wrong size; RESOURCE_EXHAUSTED above `max_bytes` (checked from the
+// INVALID_ARGUMENT for an unspecified type, negative dimensions, data of
+// the wrong size or a NaN / infinite element; RESOURCE_EXHAUSTED above `max_bytes` (checked from the
 // shape before anything is copied). `field` names the tensor in messages.
 absl::StatusOr<devices::Tensor> DecodeTensor(const servesim::v1::Tensor& tensor,
                                              int64_t max_bytes, const std::string& field);

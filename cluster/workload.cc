@@ -1388,6 +1388,25 @@ class VectorStream : public RequestStream {
 
 }  // namespace
 
+absl::StatusOr<TraceFile> ParseAzureTrace(absl::string_view content, const std::string& name) {
+  return ParseAzure(name, content);
+}
+
+absl::StatusOr<TraceFile> ParseMooncakeTrace(absl::string_view content,
+                                             const std::string& name) {
+  return ParseMooncake(name, content);
+}
+
+absl::StatusOr<TraceFile> ParseBurstGptTrace(absl::string_view content,
+                                             const std::string& name) {
+  return ParseBurstGpt(name, content);
+}
+
+absl::StatusOr<std::vector<LengthPair>> ParseLengthCsvContent(absl::string_view content,
+                                                              const std::string& name) {
+  return ParseLengthCsv(name, content);
+}
+
 absl::StatusOr<TraceFile> ReadAzureTrace(const std::string& path) {
   ASSIGN_OR_RETURN(std::unique_ptr<LineReader> lines, FileLines(path));
   ASSIGN_OR_RETURN(auto rows, AzureRows::Open(path, std::move(lines)));

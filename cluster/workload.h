@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "scheduler/request.h"
 #include "servesim/v1/scenario.pb.h"
 
@@ -61,6 +62,14 @@ struct LengthPair {
   int64_t output_tokens = 0;
 };
 absl::StatusOr<std::vector<LengthPair>> ReadLengthCsv(const std::string& path);
+
+// The readers above on a file's contents (already read); `name` stands for
+// the file in messages. The Read* functions read the file and call these.
+absl::StatusOr<TraceFile> ParseAzureTrace(absl::string_view content, const std::string& name);
+absl::StatusOr<TraceFile> ParseMooncakeTrace(absl::string_view content, const std::string& name);
+absl::StatusOr<TraceFile> ParseBurstGptTrace(absl::string_view content, const std::string& name);
+absl::StatusOr<std::vector<LengthPair>> ParseLengthCsvContent(absl::string_view content,
+                                                              const std::string& name);
 
 // How far out of time order a trace's rows may be: a row that arrives
 // earlier than a row this many rows before it is an error.

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <sstream>
 #include <utility>
 #include <vector>
@@ -205,7 +206,11 @@ absl::Status AttentionDataGenerator::KeyValueRows(const AttentionInstance& in, i
 absl::StatusOr<Tensor> LoadNpy(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
-  std::string data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return ParseNpy(data, path);
+}
+
+absl::StatusOr<Tensor> ParseNpy(absl::string_view data, const std::string& path) {
   auto bad = [&](absl::string_view what) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": ", what));
   };
@@ -225,7 +230,7 @@ absl::StatusOr<Tensor> LoadNpy(const std::string& path) {
     return bad(absl::StrCat("format version ", major, "; expected 1, 2 or 3"));
   }
   if (header_start + header_len > data.size()) return bad("truncated header");
-  const std::string header = data.substr(header_start, header_len);
+  const std::string header(data.substr(header_start, header_len));
   auto field = [&](absl::string_view key) -> std::string {
     const size_t at = header.find(absl::StrCat("'", key, "'"));
     if (at == std::string::npos) return "";
@@ -262,22 +267,30 @@ absl::StatusOr<Tensor> LoadNpy(const std::string& path) {
   std::string shape = field("shape");
   if (shape.size() < 2) return bad("no shape in the header");
   shape = shape.substr(1, shape.size() - 2);
-  int64_t n = 1;
+  // The data size the shape needs, saturating at SIZE_MAX (a shape larger
+  // than any file is reported as a size mismatch, not an overflow).
+  size_t want = Tensor::ElementSize(t.type);
   for (absl::string_view part : absl::StrSplit(shape, ',', absl::SkipWhitespace())) {
     int64_t dim = 0;
     if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(part), &dim) || dim < 0) {
       return bad(absl::StrCat("bad shape (", shape, ")"));
     }
     t.shape.push_back(dim);
-    n *= dim;
+    const size_t d = static_cast<size_t>(dim);
+    want = d != 0 && want > std::numeric_limits<size_t>::max() / d
+               ? std::numeric_limits<size_t>::max()
+               : want * d;
   }
-  const size_t want = static_cast<size_t>(n) * Tensor::ElementSize(t.type);
   const size_t body = header_start + header_len;
   if (data.size() - body != want) {
     return bad(absl::StrCat("holds ", data.size() - body, " data bytes; shape (", shape,
                             ") of ", descr, " needs ", want));
   }
-  t.bytes.assign(data.begin() + body, data.end());
+  const auto* elements = reinterpret_cast<const uint8_t*>(data.data() + body);
+  if (const int64_t i = FirstNonFinite(t.type, elements, want); i >= 0) {
+    return bad(absl::StrCat("element ", i, " is NaN or infinite; the kernels need finite values"));
+  }
+  t.bytes.assign(elements, elements + want);
   return t;
 }
 

@@ -61,6 +61,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "common/rng.h"
 #include "devices/device.h"
 #include "devices/tensor.h"
@@ -150,9 +151,12 @@ class AttentionDataGenerator : public AttentionSource {
 
 // ----------------------------------------------------------------- .npy --
 
-// Reads a .npy file (format 1.0-3.0, '<f2' or '<f4', C order, any shape).
-// INVALID_ARGUMENT / NOT_FOUND naming the file and what is wrong with it.
+// Reads a .npy file (format 1.0-3.0, '<f2' or '<f4', C order, any shape,
+// finite values). INVALID_ARGUMENT / NOT_FOUND naming the file and what is
+// wrong with it.
 absl::StatusOr<Tensor> LoadNpy(const std::string& path);
+// The same on a file's contents; `name` stands for the file in messages.
+absl::StatusOr<Tensor> ParseNpy(absl::string_view data, const std::string& name);
 // Writes `t` as a version 1.0 .npy file ('<f2' or '<f4', C order).
 absl::Status WriteNpy(const std::string& path, const Tensor& t);
 

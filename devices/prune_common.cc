@@ -115,7 +115,10 @@ void QuantiseAtScale(const float* x, int64_t n, int bits, double scale, T* out) 
   constexpr double kMagic = 0x1.8p52;
   for (int64_t i = 0; i < n; ++i) {
     const double r = (static_cast<double>(x[i]) / scale + kMagic) - kMagic;
-    out[i] = static_cast<T>(std::clamp(r, -qmax, qmax));
+    // NaN (a NaN or infinite input: scores of huge q and k overflow) gives
+    // 0, as converting NaN to an integer is undefined.
+    const double c = r > qmax ? qmax : (r < -qmax ? -qmax : r);
+    out[i] = static_cast<T>(c == c ? c : 0.0);
   }
 }
 

@@ -4,6 +4,24 @@
 
 namespace servesim::devices {
 
+int64_t FirstNonFinite(ElementType type, const uint8_t* data, size_t size) {
+  // All exponent bits set: infinity or NaN.
+  if (type == ElementType::kFp16) {
+    for (size_t i = 0; i + 1 < size; i += 2) {
+      uint16_t h;
+      std::memcpy(&h, data + i, 2);
+      if ((h & 0x7c00) == 0x7c00) return static_cast<int64_t>(i / 2);
+    }
+  } else {
+    for (size_t i = 0; i + 3 < size; i += 4) {
+      uint32_t x;
+      std::memcpy(&x, data + i, 4);
+      if ((x & 0x7f800000u) == 0x7f800000u) return static_cast<int64_t>(i / 4);
+    }
+  }
+  return -1;
+}
+
 float HalfToFloat(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
   const uint32_t exp = (h >> 10) & 0x1f;

@@ -3,6 +3,7 @@
 #ifndef SERVESIM_DEVICES_TENSOR_H_
 #define SERVESIM_DEVICES_TENSOR_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -43,6 +44,12 @@ struct Tensor {
   }
   static Tensor Zeros(ElementType type, std::vector<int64_t> shape);
 };
+
+// The index of the first NaN or infinite element of `size` bytes of
+// `type` elements, or -1 if every one is finite. The kernels' fixed-point
+// and hashing steps are defined for finite inputs only, so tensors from
+// outside (agent requests, .npy captures) are checked with this.
+int64_t FirstNonFinite(ElementType type, const uint8_t* data, size_t size);
 
 }  // namespace servesim::devices
 

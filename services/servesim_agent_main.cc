@@ -79,45 +79,6 @@ absl::StatusOr<std::string> ReadText(const std::string& path, const char* flag) 
   return ss.str();
 }
 
-absl::StatusOr<servesim::v1::DeviceSpec> PresetSpec(const std::string& kind,
-                                                    std::string preset) {
-  servesim::v1::DeviceSpec spec;
-  if (kind == "gpu") {
-    if (preset.empty()) preset = "a100-80gb";
-    auto* g = spec.mutable_gpu();
-    ASSIGN_OR_RETURN(*g->mutable_xpu(), servesim::devices::XpuPreset(preset));
-    ASSIGN_OR_RETURN(*g->mutable_interconnect(), servesim::devices::LinkPreset("nvlink3"));
-    g->set_dtype(servesim::v1::DTYPE_FP16);
-  } else if (kind == "attacc") {
-    if (preset.empty()) preset = "attacc_bank";
-    ASSIGN_OR_RETURN(*spec.mutable_attacc()->mutable_attacc(),
-                     servesim::devices::AttAccPreset(preset));
-    spec.mutable_attacc()->set_dtype(servesim::v1::DTYPE_FP16);
-  } else if (kind == "topick") {
-    if (preset.empty()) preset = "topick";
-    ASSIGN_OR_RETURN(*spec.mutable_topick()->mutable_topick(),
-                     servesim::devices::TopickPreset(preset));
-    spec.mutable_topick()->set_fidelity(servesim::v1::PRUNE_FIDELITY_ANALYTIC);
-  } else if (kind == "spatten") {
-    if (preset.empty()) preset = "spatten";
-    ASSIGN_OR_RETURN(*spec.mutable_spatten()->mutable_spatten(),
-                     servesim::devices::SpattenPreset(preset));
-    spec.mutable_spatten()->set_fidelity(servesim::v1::PRUNE_FIDELITY_ANALYTIC);
-  } else if (kind == "cta") {
-    if (preset.empty()) preset = "cta_0";
-    ASSIGN_OR_RETURN(*spec.mutable_cta()->mutable_cta(), servesim::devices::CtaPreset(preset));
-    spec.mutable_cta()->set_fidelity(servesim::v1::PRUNE_FIDELITY_ANALYTIC);
-  } else if (kind == "lad") {
-    if (preset.empty()) preset = "lad_1.5";
-    ASSIGN_OR_RETURN(*spec.mutable_lad()->mutable_lad(), servesim::devices::LadPreset(preset));
-    spec.mutable_lad()->set_fidelity(servesim::v1::PRUNE_FIDELITY_ANALYTIC);
-  } else {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--device ", kind, ": unknown kind; registered: ",
-                     absl::StrJoin(servesim::devices::RegisteredDeviceKinds(), ", ")));
-  }
-  return spec;
-}
 
 }  // namespace
 
@@ -210,7 +171,7 @@ int main(int argc, char** argv) {
           servesim::agents::SpecKindName(service.spec), "' device; --device is ", kind)));
     }
   } else {
-    auto spec = PresetSpec(kind, preset);
+    auto spec = servesim::agents::AgentPresetSpec(kind, preset);
     if (!spec.ok()) return Fail(spec.status());
     service.spec = std::move(*spec);
   }

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -109,6 +110,7 @@ Options of run (validate takes --set, --seed and --trace too):
   --web-dir DIR         the dashboard's files (default: dashboards/web)
   --cfg=NAME:VALUE      passed to SimGrid (e.g. --cfg=network/model:CM02)
   --log=SPEC            passed to SimGrid's logging
+                        (SERVESIM_SIMGRID_ARGS, space-separated, come first)
 
 Studies (README "Studies: sweeps and searches"):
   -j N                  child runs at once, 1 to the cores available (default 1);
@@ -515,7 +517,16 @@ int Run(const Options& o) {
   if (!wl.ok()) return Fail(wl.status());
   const servesim::cluster::ResolvedScenario* sc = &loaded->resolved;
   servesim::cluster::RunOptions run_options;
-  run_options.simgrid_args = o.simgrid;
+  // SERVESIM_SIMGRID_ARGS: SimGrid options for every run, before the
+  // command line's (the sanitizer suite sets --cfg=contexts/factory:thread,
+  // as AddressSanitizer cannot follow SimGrid's own context switches).
+  if (const char* env = std::getenv("SERVESIM_SIMGRID_ARGS"); env != nullptr) {
+    for (absl::string_view a : absl::StrSplit(env, ' ', absl::SkipWhitespace())) {
+      run_options.simgrid_args.emplace_back(a);
+    }
+  }
+  run_options.simgrid_args.insert(run_options.simgrid_args.end(), o.simgrid.begin(),
+                                  o.simgrid.end());
   run_options.pace = o.pace;
   run_options.record_timeline = !o.out.empty() || !sc->proto.output().dir().empty();
   // Live metrics and the dashboard: started before the run, kept up for

@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <future>
+#include <limits>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -1172,6 +1173,207 @@ TEST(AgentEndToEndTest, AgentCommandLineErrors) {
   EXPECT_TRUE(absl::StrContains(r.out, "[0, 65535]")) << r.out;
   r = run("--device gpu --max-message-bytes 5");
   EXPECT_EQ(r.code, 2);
+}
+
+// ------------------------------------------------------------- limits ----
+// What one request may ask of an agent (agents/convert.h kMax*, and
+// AgentServiceOptions): each limit exactly at and one past its value,
+// called on the service directly, as gRPC would after decoding.
+
+std::unique_ptr<AgentService> DirectService(AgentServiceOptions opts = {}) {
+  opts.spec = GpuSpec();
+  auto svc = AgentService::Create(opts);
+  EXPECT_TRUE(svc.ok()) << svc.status();
+  return svc.ok() ? std::move(*svc) : nullptr;
+}
+
+// One decode attention op over `seqs` sequences of `past` cached tokens.
+v1::EstimateRequest DecodeAttention(int64_t seqs, int64_t past) {
+  v1::EstimateRequest req;
+  v1::SeqList* l = req.add_seq_lists();
+  for (int64_t s = 0; s < seqs; ++s) {
+    l->add_new_tokens(1);
+    l->add_past_tokens(past);
+    l->add_request_id(s);
+  }
+  v1::Op* op = req.add_ops();
+  op->set_kind(v1::OP_KIND_ATTENTION);
+  op->set_stage(v1::STAGE_ATTENTION);
+  op->set_heads(12);
+  op->set_kv_heads(12);
+  op->set_d_head(128);
+  op->set_seq_list(0);
+  op->set_head_end(-1);
+  op->set_stack_list(-1);
+  return req;
+}
+
+grpc::Status DirectEstimate(AgentService* svc, const v1::EstimateRequest& req,
+                            v1::EstimateResponse* resp) {
+  grpc::ServerContext ctx;
+  return svc->Estimate(&ctx, &req, resp);
+}
+
+TEST(AgentLimitsTest, ContextLengthIsCheckedAtItsLimit) {
+  auto svc = DirectService();
+  ASSERT_NE(svc, nullptr);
+  v1::EstimateResponse resp;
+  // new_tokens 1 + past_tokens 4,194,303 = kMaxContextTokens: accepted.
+  grpc::Status st = DirectEstimate(svc.get(), DecodeAttention(1, (1 << 22) - 1), &resp);
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  EXPECT_EQ(resp.costs_size(), 1);
+  st = DirectEstimate(svc.get(), DecodeAttention(1, 1 << 22), &resp);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(st.error_message(),
+            "seq_lists[0] sequence 0: new_tokens = 1, past_tokens = 4194304; expected "
+            "new_tokens >= 1, past_tokens >= 0 and new_tokens + past_tokens <= 4194304");
+  // A new_tokens near INT64_MAX would have overflowed the GPU model's
+  // query-block loop.
+  v1::EstimateRequest huge = DecodeAttention(1, 0);
+  huge.mutable_seq_lists(0)->set_new_tokens(0, int64_t{1} << 62);
+  st = DirectEstimate(svc.get(), huge, &resp);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+}
+
+TEST(AgentLimitsTest, SequencesNamedByAllOpsAreBounded) {
+  auto svc = DirectService();
+  ASSERT_NE(svc, nullptr);
+  // 4,096 ops naming one list of 1,024 sequences: 2^22 = kMaxOpSequences.
+  v1::EstimateRequest req = DecodeAttention(1024, 100);
+  for (int i = 1; i < 4096; ++i) *req.add_ops() = req.ops(0);
+  v1::EstimateResponse resp;
+  grpc::Status st = DirectEstimate(svc.get(), req, &resp);
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  EXPECT_EQ(resp.costs_size(), 4096);
+  *req.add_ops() = req.ops(0);
+  st = DirectEstimate(svc.get(), req, &resp);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_TRUE(absl::StartsWith(st.error_message(),
+                               "ops[4096]: the attention ops up to this one name 4195328 "
+                               "sequences with 4195328 new tokens in all; expected at most "
+                               "4194304 sequences"))
+      << st.error_message();
+}
+
+TEST(AgentLimitsTest, LookaheadStopsAtTheSequenceBudget) {
+  auto svc = DirectService();
+  ASSERT_NE(svc, nullptr);
+  // 2^16 decode sequences: 2^22 / 2^16 = 64 steps fit; 256 were asked.
+  v1::EstimateRequest req = DecodeAttention(1 << 16, 10);
+  req.set_lookahead(256);
+  v1::EstimateResponse resp;
+  grpc::Status st = DirectEstimate(svc.get(), req, &resp);
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  EXPECT_EQ(resp.lookahead_answered(), 64);
+  EXPECT_EQ(resp.costs_size(), 1 + 64);
+  // A small batch gets every step it asks for.
+  req = DecodeAttention(4, 10);
+  req.set_lookahead(256);
+  st = DirectEstimate(svc.get(), req, &resp);
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  EXPECT_EQ(resp.lookahead_answered(), 256);
+}
+
+TEST(AgentLimitsTest, NonFiniteAndHugeOpFiguresAreRefused) {
+  auto svc = DirectService();
+  ASSERT_NE(svc, nullptr);
+  v1::EstimateRequest req;
+  v1::Op* e = req.add_ops();
+  e->set_kind(v1::OP_KIND_ELEMENTWISE);
+  e->set_elements(1000);
+  e->set_bytes_per_element(std::nan(""));
+  e->set_seq_list(-1);
+  e->set_stack_list(-1);
+  v1::EstimateResponse resp;
+  grpc::Status st = DirectEstimate(svc.get(), req, &resp);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_TRUE(absl::StrContains(st.error_message(),
+                                "expected bytes_per_element and flops_per_element 0..1e+06"))
+      << st.error_message();
+  e->set_bytes_per_element(1e6);  // at the limit
+  st = DirectEstimate(svc.get(), req, &resp);
+  EXPECT_TRUE(st.ok()) << st.error_message();
+  v1::Op* g = req.add_ops();
+  g->set_kind(v1::OP_KIND_GEMM);
+  g->set_m((int64_t{1} << 40) + 1);
+  g->set_n(1);
+  g->set_k(1);
+  st = DirectEstimate(svc.get(), req, &resp);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_TRUE(absl::StartsWith(st.error_message(), "ops[1]: m = 1099511627777")) << st.error_message();
+}
+
+TEST(AgentLimitsTest, ExecuteWorkAndEmptyTensorExtentsAreBounded) {
+  AgentServiceOptions opts;
+  opts.max_tensor_bytes = 4096;
+  opts.max_execute_macs = 1000;
+  auto svc = DirectService(opts);
+  ASSERT_NE(svc, nullptr);
+  using devices::ElementType;
+  auto execute = [&](std::vector<int64_t> q_shape, int64_t kv_len) {
+    v1::ExecuteRequest req;
+    EncodeTensor(Ramp(ElementType::kFp16, q_shape, 0.1f), req.mutable_q());
+    EncodeTensor(Ramp(ElementType::kFp16, {2, kv_len, 8}, 0.2f), req.mutable_k());
+    EncodeTensor(Ramp(ElementType::kFp16, {2, kv_len, 8}, 0.3f), req.mutable_v());
+    grpc::ServerContext ctx;
+    v1::ExecuteResponse resp;
+    return svc->Execute(&ctx, &req, &resp);
+  };
+  // 2 heads x 1 query x 62 positions x 8 = 992 MACs: run; 64 positions: 1,024.
+  grpc::Status st = execute({2, 1, 8}, 62);
+  EXPECT_TRUE(st.ok()) << st.error_message();
+  st = execute({2, 1, 8}, 64);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_EQ(st.error_message(),
+            "q, k: heads x q_len x kv_len x d_head = 1024 multiply-accumulates; this agent "
+            "runs at most 1000 per call");
+  // An empty q of shape [2^40, 0, 8] holds no bytes, but kernels would loop
+  // over its 2^40 heads.
+  v1::ExecuteRequest req;
+  req.mutable_q()->set_type(v1::ELEMENT_TYPE_FP16);
+  for (int64_t d : {int64_t{1} << 40, int64_t{0}, int64_t{8}}) req.mutable_q()->add_shape(d);
+  EncodeTensor(Ramp(ElementType::kFp16, {2, 4, 8}, 0.2f), req.mutable_k());
+  EncodeTensor(Ramp(ElementType::kFp16, {2, 4, 8}, 0.3f), req.mutable_v());
+  grpc::ServerContext ctx;
+  v1::ExecuteResponse resp;
+  st = svc->Execute(&ctx, &req, &resp);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_TRUE(absl::StartsWith(st.error_message(), "q: 17592186044416 bytes by its shape"))
+      << st.error_message();
+}
+
+TEST(AgentLimitsTest, NonFiniteTensorElementsAreRefused) {
+  auto svc = DirectService();
+  ASSERT_NE(svc, nullptr);
+  using devices::ElementType;
+  for (float bad : {std::nanf(""), std::numeric_limits<float>::infinity()}) {
+    for (ElementType type : {ElementType::kFp16, ElementType::kFp32}) {
+      auto k = Ramp(type, {2, 4, 8}, 0.2f);
+      k.Set(3, bad);
+      v1::ExecuteRequest req;
+      EncodeTensor(Ramp(type, {2, 1, 8}, 0.1f), req.mutable_q());
+      EncodeTensor(k, req.mutable_k());
+      EncodeTensor(Ramp(type, {2, 4, 8}, 0.3f), req.mutable_v());
+      grpc::ServerContext ctx;
+      v1::ExecuteResponse resp;
+      const grpc::Status st = svc->Execute(&ctx, &req, &resp);
+      EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+      EXPECT_EQ(st.error_message(), "k.data: element 3 is NaN or infinite; expected finite values");
+    }
+  }
+}
+
+TEST(AgentLimitsTest, PresetSpecsAreTheAgentsDefaults) {
+  for (const char* kind : {"gpu", "attacc", "topick", "spatten", "lad", "cta"}) {
+    auto spec = AgentPresetSpec(kind, "");
+    ASSERT_TRUE(spec.ok()) << kind << ": " << spec.status();
+    EXPECT_EQ(SpecKindName(*spec), kind);
+    EXPECT_TRUE(devices::CreateDevice(*spec).ok()) << kind;
+  }
+  auto bad = AgentPresetSpec("tpu", "");
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StartsWith(bad.status().message(), "--device tpu: unknown kind; registered: "))
+      << bad.status();
 }
 
 }  // namespace

@@ -17,6 +17,7 @@
 #include "devices/reference_attention.h"
 #include "devices/registry.h"
 #include "gtest/gtest.h"
+#include "tests/test_util.h"
 
 namespace servesim::devices {
 namespace {
@@ -457,7 +458,9 @@ TEST(AttAccScheduleTest, EstimateTimeFor64Seqs96Heads) {
         kReps;
     std::printf("attacc Estimate, 64 seqs x 96 heads on 40 stacks (%s): %.1f us\n",
                 placed ? "given placement" : "own placement", us);
-    EXPECT_LT(us, 5000);  // generous: debug and sanitizer builds run it too
+    // Generous for debug builds; the sanitized build (ASan, UBSan and
+    // libFuzzer's coverage hooks) runs it about 10x slower still.
+    EXPECT_LT(us, test_util::kSanitizedBuild ? 50000 : 5000);
   }
   // The planner's head-level pipelining: 8 head groups of 12 heads in one
   // call.

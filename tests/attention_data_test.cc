@@ -251,6 +251,43 @@ TEST_F(NpyTest, HandWrittenVersion2Header) {
   EXPECT_EQ(t->At(2), 3.25f);
 }
 
+TEST(NpyParseTest, ShapesPastAnyFileAreASizeMismatchNotAnOverflow) {
+  // (2^40, 2^40) fp32 needs 2^82 bytes: the size saturates at SIZE_MAX (it
+  // used to overflow int64, undefined behaviour that UBSan reports).
+  std::string h = "{'descr': '<f4', 'fortran_order': False, 'shape': (1099511627776, 1099511627776), }";
+  h.append(64 - (10 + h.size() + 1) % 64, ' ');
+  h.push_back('\n');
+  std::string file("\x93NUMPY\x01\x00", 8);
+  file.push_back(static_cast<char>(h.size()));
+  file.push_back(0);
+  file += h;
+  file.append(16, '\0');
+  auto t = ParseNpy(file, "huge.npy");
+  ASSERT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument) << t.status();
+  EXPECT_EQ(t.status().message(),
+            "huge.npy: holds 16 data bytes; shape (1099511627776, 1099511627776) of <f4 needs "
+            "18446744073709551615");
+  // An empty dimension makes an empty tensor, whatever the others.
+  std::string e = "{'descr': '<f2', 'fortran_order': False, 'shape': (0, 1099511627776), }";
+  e.append(64 - (10 + e.size() + 1) % 64, ' ');
+  e.push_back('\n');
+  std::string empty("\x93NUMPY\x01\x00", 8);
+  empty.push_back(static_cast<char>(e.size()));
+  empty.push_back(0);
+  empty += e;
+  // A NaN (fp16 0x7e00) in the data: the kernels need finite values.
+  std::string nan = empty;
+  nan.replace(nan.find("(0, 1099511627776)"), 18, "(3,)              ");
+  nan += std::string("\x00\x3c\x00\x7e\x00\x3c", 6);
+  auto n = ParseNpy(nan, "nan.npy");
+  ASSERT_EQ(n.status().code(), absl::StatusCode::kInvalidArgument) << n.status();
+  EXPECT_EQ(n.status().message(), "nan.npy: element 1 is NaN or infinite; the kernels need finite values");
+  auto z = ParseNpy(empty, "empty.npy");
+  ASSERT_TRUE(z.ok()) << z.status();
+  EXPECT_EQ(z->shape, (std::vector<int64_t>{0, 1099511627776}));
+  EXPECT_TRUE(z->bytes.empty());
+}
+
 TEST_F(NpyTest, BadFilesNameTheFile) {
   auto expect_error = [&](const std::string& name, absl::StatusCode code, const std::string& what) {
     auto t = LoadNpy(Path(name));

@@ -8,6 +8,20 @@
 
 namespace servesim::test_util {
 
+// Whether this binary runs under AddressSanitizer (scripts/test_sanitized.sh),
+// where code runs several times slower: timing bounds scale with it.
+#if defined(__SANITIZE_ADDRESS__)
+inline constexpr bool kSanitizedBuild = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+inline constexpr bool kSanitizedBuild = true;
+#else
+inline constexpr bool kSanitizedBuild = false;
+#endif
+#else
+inline constexpr bool kSanitizedBuild = false;
+#endif
+
 struct CommandResult {
   int code = -1;    // exit status; -1 if it did not exit normally
   std::string out;  // stdout and stderr together

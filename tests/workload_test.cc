@@ -97,6 +97,32 @@ TEST(AzureTraceTest, ConvFile) {
   EXPECT_EQ(trace->rows.back().output_tokens, 183);
 }
 
+TEST(TraceContentTest, ParsersNameTheGivenFileAndLine) {
+  auto azure = ParseAzureTrace(
+      "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+      "2023-11-16 18:15:46.6805900,374,44\n"
+      "2023-11-16 18:15:50.9951690,396,0\n",
+      "upload.csv");
+  ASSERT_EQ(azure.status().code(), absl::StatusCode::kInvalidArgument) << azure.status();
+  EXPECT_TRUE(absl::StartsWith(azure.status().message(), "upload.csv:3: GeneratedTokens is"))
+      << azure.status();
+  auto mooncake = ParseMooncakeTrace(
+      "{\"timestamp\": 0, \"input_length\": 10, \"output_length\": 2, \"hash_ids\": [0]}\n"
+      "{\"timestamp\": 1, \"input_length\": 20, \"output_length\": 3, \"hash_ids\": [1]}\n",
+      "m.jsonl");
+  ASSERT_TRUE(mooncake.ok()) << mooncake.status();
+  ASSERT_EQ(mooncake->rows.size(), 2u);
+  EXPECT_EQ(mooncake->rows[1].input_tokens, 20);
+  EXPECT_DOUBLE_EQ(mooncake->rows[1].timestamp_s, 0.001);
+  auto pairs = ParseLengthCsvContent("num_prefill_tokens,num_decode_tokens\n12,34\n", "l.csv");
+  ASSERT_TRUE(pairs.ok()) << pairs.status();
+  ASSERT_EQ(pairs->size(), 1u);
+  EXPECT_EQ((*pairs)[0].output_tokens, 34);
+  auto burst = ParseBurstGptTrace("", "b.csv");
+  EXPECT_TRUE(absl::StartsWith(burst.status().message(), "b.csv:1: file is empty"))
+      << burst.status();
+}
+
 TEST(AzureTraceTest, CodeFile) {
   const auto trace = ReadAzureTrace(kAzureCode);
   ASSERT_TRUE(trace.ok()) << trace.status();

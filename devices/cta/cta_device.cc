@@ -93,7 +93,9 @@ void CtaLsh::Project(const double* x, double scale, double* p) const {
 int64_t CtaLsh::Key(double p, int i) const {
   const double v = std::floor((p + b[i]) / width);
   constexpr double kLim = 4e18;
-  return static_cast<int64_t>(std::clamp(v, -kLim, kLim));
+  // NaN (finite inputs whose products overflow) hashes to bucket 0, as
+  // converting NaN to an integer is undefined.
+  return v == v ? static_cast<int64_t>(std::clamp(v, -kLim, kLim)) : 0;
 }
 
 std::vector<int32_t> CtaClusterKeys(const std::vector<int64_t>& keys, int64_t n, int m,
