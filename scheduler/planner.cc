@@ -440,7 +440,6 @@ absl::StatusOr<IterationCost> IterationPlanner::PlanWithDevice(const Batch& batc
   std::vector<Op>& dev_ops = dev_ops_;
   st_a.clear();
   st_b.clear();
-  dev_ops.clear();
   if (policy == OverlapPolicy::kBatchLevel) {
     seqs_a.assign(dec_seqs.begin(), dec_seqs.begin() + half);
     seqs_b.assign(dec_seqs.begin() + half, dec_seqs.end());
@@ -501,29 +500,51 @@ absl::StatusOr<IterationCost> IterationPlanner::PlanWithDevice(const Batch& batc
     }
     return at;
   };
-  int att_at = -1, att_b_at = -1, ff_at = -1;
-  if (policy != OverlapPolicy::kBatchLevel) {
-    att_at = device_attention(dec_seqs, dec_stacks, groups);
-    if (f > 0) {
-      ff_at = static_cast<int>(dev_ops.size());
-      Op ops[2];
-      ops[0].kind = ops[1].kind = OpKind::kGemm;
-      ops[0].stage = Stage::kFf1;
-      ops[0].m = t;
-      ops[0].n = static_cast<int64_t>(std::llround(
-          static_cast<double>(model_.FfInputMatrices() * model_.d_ff) * f));
-      ops[0].k = d;
-      ops[1].stage = Stage::kFf2;
-      ops[1].m = t;
-      ops[1].n = d;
-      ops[1].k = static_cast<int64_t>(std::llround(static_cast<double>(model_.d_ff) * f));
-      dev_ops.push_back(ops[0]);
-      dev_ops.push_back(ops[1]);
+  // The device ops depend on the policy, head groups, token count, FF
+  // split and the sequence and stack lists (by address and length: the
+  // lists themselves are this planner's scratch, refilled each iteration):
+  // the same shape as the last iteration keeps its ops, which are large to
+  // build and copy.
+  auto addr = [](const void* p) { return static_cast<int64_t>(reinterpret_cast<intptr_t>(p)); };
+  const std::array<int64_t, 16> dev_key = {
+      static_cast<int64_t>(policy),   groups,
+      t,                              absl::bit_cast<int64_t>(f),
+      addr(dec_seqs.data()),          static_cast<int64_t>(dec_seqs.size()),
+      addr(dec_stacks.data()),        static_cast<int64_t>(dec_stacks.size()),
+      addr(seqs_a.data()),            static_cast<int64_t>(seqs_a.size()),
+      addr(seqs_b.data()),            static_cast<int64_t>(seqs_b.size()),
+      addr(st_a.data()),              static_cast<int64_t>(st_a.size()),
+      addr(st_b.data()),              static_cast<int64_t>(st_b.size())};
+  if (!dev_ops_valid_ || dev_key != dev_key_) {
+    dev_ops_valid_ = false;
+    dev_ops.clear();
+    att_at_ = att_b_at_ = ff_at_ = -1;
+    if (policy != OverlapPolicy::kBatchLevel) {
+      att_at_ = device_attention(dec_seqs, dec_stacks, groups);
+      if (f > 0) {
+        ff_at_ = static_cast<int>(dev_ops.size());
+        Op ops[2];
+        ops[0].kind = ops[1].kind = OpKind::kGemm;
+        ops[0].stage = Stage::kFf1;
+        ops[0].m = t;
+        ops[0].n = static_cast<int64_t>(std::llround(
+            static_cast<double>(model_.FfInputMatrices() * model_.d_ff) * f));
+        ops[0].k = d;
+        ops[1].stage = Stage::kFf2;
+        ops[1].m = t;
+        ops[1].n = d;
+        ops[1].k = static_cast<int64_t>(std::llround(static_cast<double>(model_.d_ff) * f));
+        dev_ops.push_back(ops[0]);
+        dev_ops.push_back(ops[1]);
+      }
+    } else {
+      att_at_ = device_attention(seqs_a, st_a, 1);
+      att_b_at_ = device_attention(seqs_b, st_b, 1);
     }
-  } else {
-    att_at = device_attention(seqs_a, st_a, 1);
-    att_b_at = device_attention(seqs_b, st_b, 1);
+    dev_key_ = dev_key;
+    dev_ops_valid_ = true;
   }
+  const int att_at = att_at_, att_b_at = att_b_at_, ff_at = ff_at_;
   std::vector<Cost>& dev_costs = dev_costs_;
   dev_costs.assign(dev_ops.size(), Cost{});
   if (!dev_ops.empty()) RETURN_IF_ERROR(dev->Estimate(dev_ops, absl::MakeSpan(dev_costs)));

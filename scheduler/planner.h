@@ -184,6 +184,11 @@ class IterationPlanner {
   bool xpu_valid_ = false;
   std::array<int64_t, 6> xpu_key_{};
   std::vector<devices::AttentionSeq> xpu_pre_;
+  // The last device ops' shape (see PlanWithDevice) and where their
+  // attention and FF ops start in dev_ops_ (-1: none).
+  bool dev_ops_valid_ = false;
+  std::array<int64_t, 16> dev_key_{};
+  int att_at_ = -1, att_b_at_ = -1, ff_at_ = -1;
   size_t layer_ops_ = 0;  // ops_[0, layer_ops_) repeat per layer
   std::vector<Span>* spans_ = nullptr;  // recording, during Plan(batch, spans)
   void Emit(Track track, std::string_view name, int32_t layer, int32_t group, double start,
