@@ -162,31 +162,43 @@ void SortValues(std::vector<double>* values) {
   // Order-preserving keys: flip every bit of negatives, the sign bit of the
   // rest. Then stable passes of 11 bits (counts fit in L1), least
   // significant first; a pass whose digit is the same everywhere is
-  // skipped.
-  std::vector<uint64_t> keys(n), tmp(n);
-  for (size_t i = 0; i < n; ++i) {
-    const uint64_t u = absl::bit_cast<uint64_t>(v[i]);
-    keys[i] = (u >> 63) != 0 ? ~u : u | (uint64_t{1} << 63);
+  // skipped. The keys' bits stay in `v` between passes (moved as bits,
+  // never used as numbers), so one extra buffer is all the sort needs.
+  auto bits = [](double d) { return absl::bit_cast<uint64_t>(d); };
+  auto as_double = [](uint64_t u) { return absl::bit_cast<double>(u); };
+  for (double& x : v) {
+    const uint64_t u = bits(x);
+    x = as_double((u >> 63) != 0 ? ~u : u | (uint64_t{1} << 63));
   }
+  std::vector<uint64_t> tmp(n);
+  bool in_v = true;  // where the keys are now
   constexpr int kBits = 11;
   constexpr uint64_t kMask = (uint64_t{1} << kBits) - 1;
   std::vector<size_t> count(size_t{1} << kBits);
+  auto key = [&](size_t i) { return in_v ? bits(v[i]) : tmp[i]; };
   for (int shift = 0; shift < 64; shift += kBits) {
     std::fill(count.begin(), count.end(), 0);
-    for (uint64_t k : keys) ++count[(k >> shift) & kMask];
-    if (count[(keys[0] >> shift) & kMask] == n) continue;  // one digit: nothing moves
+    for (size_t i = 0; i < n; ++i) ++count[(key(i) >> shift) & kMask];
+    if (count[(key(0) >> shift) & kMask] == n) continue;  // one digit: nothing moves
     size_t at = 0;
     for (size_t& c : count) {
       const size_t here = c;
       c = at;
       at += here;
     }
-    for (uint64_t k : keys) tmp[count[(k >> shift) & kMask]++] = k;
-    keys.swap(tmp);
+    if (in_v) {
+      for (double x : v) {
+        const uint64_t k = bits(x);
+        tmp[count[(k >> shift) & kMask]++] = k;
+      }
+    } else {
+      for (uint64_t k : tmp) v[count[(k >> shift) & kMask]++] = as_double(k);
+    }
+    in_v = !in_v;
   }
   for (size_t i = 0; i < n; ++i) {
-    const uint64_t k = keys[i];
-    v[i] = absl::bit_cast<double>((k >> 63) != 0 ? k & ~(uint64_t{1} << 63) : ~k);
+    const uint64_t k = in_v ? bits(v[i]) : tmp[i];
+    v[i] = as_double((k >> 63) != 0 ? k & ~(uint64_t{1} << 63) : ~k);
   }
 }
 
