@@ -82,9 +82,8 @@ std::vector<std::string> JsonStrings(absl::string_view line) {
           case 'n': s += '\n'; break;
           case 't': s += '\t'; break;
           case 'u':
-            if (i + 4 < line.size()) {
-              int c = 0;
-              absl::SimpleHexAtoi(line.substr(i + 1, 4), &c);
+            // \uXXXX as JsonString writes it; anything else is dropped.
+            if (int c = 0; i + 4 < line.size() && absl::SimpleHexAtoi(line.substr(i + 1, 4), &c)) {
               s += static_cast<char>(c);
               i += 4;
             }

@@ -156,7 +156,6 @@ class TopickDevice : public Device {
   Cost HeadCostToCost(const TopickHeadCost& h, double heads) const;
 
   servesim::v1::TopickDeviceSpec spec_;
-  int nchunks_ = 3;
   KeepProfile profile_;
   double calibration_s_ = 0;
   std::unique_ptr<AttentionSource> source_;  // CALIBRATED and FULL
