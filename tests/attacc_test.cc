@@ -730,6 +730,75 @@ TEST(AttAccMemoTest, WarmDeviceEqualsColdDeviceStepByStep) {
   }
 }
 
+TEST(AttAccMemoTest, BuffersRefilledInPlaceEqualAColdDevice) {
+  // What the planner does: the same sequence and stack buffers, refilled
+  // every step. The warm device sees the same addresses with new contents
+  // (lengths, a re-placed sequence's stacks, another d_head, lengths past
+  // the device's per-L table) step after step, and must answer what a
+  // fresh device computes, field by field.
+  constexpr int kSeqs = 5, kKv = 24, kSteps = 60;
+  std::vector<AttentionSeq> seqs(kSeqs);
+  std::vector<int32_t> stacks(kSeqs * kKv);
+  std::vector<Op> ops(4);
+  auto fill = [&](int step) {
+    const int64_t d_head = step < 40 ? 128 : 64;
+    const int64_t base = step < 50 ? 200 : 70000;  // past the per-L table
+    for (int s = 0; s < kSeqs; ++s) seqs[s] = {1, base + 29 * s + step, s};
+    // Sequence 2 is re-placed every 7 steps.
+    for (int i = 0; i < kSeqs * kKv; ++i) {
+      const int shift = i / kKv == 2 ? step / 7 : 0;
+      stacks[i] = static_cast<int32_t>((i * 11 + shift) % 40);
+    }
+    for (int g = 0; g < 4; ++g) {
+      ops[g] = Op{};
+      ops[g].kind = OpKind::kAttention;
+      ops[g].heads = ops[g].kv_heads = kKv;
+      ops[g].d_head = d_head;
+      ops[g].seqs = seqs;
+      ops[g].kv_head_stack = stacks;
+      ops[g].head_begin = 6 * g;
+      ops[g].head_end = 6 * (g + 1);
+    }
+  };
+  // Every step on the warm device first, back to back.
+  const auto warm = Make();  // the device itself, as the planner holds it
+  std::vector<std::vector<Cost>> got(kSteps, std::vector<Cost>(4));
+  for (int step = 0; step < kSteps; ++step) {
+    fill(step);
+    ASSERT_TRUE(warm->Estimate(ops, absl::MakeSpan(got[step])).ok()) << step;
+  }
+  // Each fresh device reads its own copies, kept alive so that no two
+  // steps share an address: nothing a device might remember can match.
+  std::vector<std::vector<AttentionSeq>> seq_copies(kSteps);
+  std::vector<std::vector<int32_t>> stack_copies(kSteps);
+  for (int step = 0; step < kSteps; ++step) {
+    fill(step);
+    seq_copies[step] = seqs;
+    stack_copies[step] = stacks;
+    for (Op& op : ops) {
+      op.seqs = seq_copies[step];
+      op.kv_head_stack = stack_copies[step];
+    }
+    std::vector<Cost> b(4);
+    const auto cold = Make();
+    ASSERT_TRUE(cold->Estimate(ops, absl::MakeSpan(b)).ok()) << step;
+    const std::vector<Cost>& a = got[step];
+    for (int g = 0; g < 4; ++g) {
+      EXPECT_EQ(a[g].time_s, b[g].time_s) << step << " " << g;
+      EXPECT_EQ(a[g].cycles, b[g].cycles) << step << " " << g;
+      EXPECT_EQ(a[g].flops, b[g].flops) << step << " " << g;
+      EXPECT_EQ(a[g].dram_bytes, b[g].dram_bytes) << step << " " << g;
+      EXPECT_EQ(a[g].bg_bus_bytes, b[g].bg_bus_bytes) << step << " " << g;
+      EXPECT_EQ(a[g].tsv_bytes, b[g].tsv_bytes) << step << " " << g;
+      EXPECT_EQ(a[g].score_s, b[g].score_s) << step << " " << g;
+      EXPECT_EQ(a[g].softmax_s, b[g].softmax_s) << step << " " << g;
+      EXPECT_EQ(a[g].context_s, b[g].context_s) << step << " " << g;
+      EXPECT_EQ(a[g].dram_energy_pj, b[g].dram_energy_pj) << step << " " << g;
+      EXPECT_EQ(a[g].compute_energy_pj, b[g].compute_energy_pj) << step << " " << g;
+    }
+  }
+}
+
 TEST(AttAccMemoTest, StackAfterABusyStackIsScheduledAlone) {
   // Sequence 0 (L = 100) puts all 22 KV heads on stack 0: every channel
   // busy. Sequence 1 (L = 8000) puts heads 20 and 21 on stack 1 and one

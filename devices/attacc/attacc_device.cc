@@ -485,7 +485,10 @@ absl::Status AttAccDevice::Estimate(absl::Span<const Op> ops, absl::Span<Cost> c
     return absl::InvalidArgumentError(
         absl::StrCat("attacc device: ", ops.size(), " ops but ", costs.size(), " cost slots"));
   }
-  OwnPlacement own;
+  // Per thread, so its vectors keep their storage from call to call; what
+  // it remembers of the ops holds for one call only (ForCall).
+  thread_local OwnPlacement own;
+  own.ForCall();
   for (size_t i = 0; i < ops.size(); ++i) {
     switch (ops[i].kind) {
       case OpKind::kAttention:
@@ -535,6 +538,44 @@ Cost AttAccDevice::GemvCost(const Op& op) const {
                           c.external_bytes * a.interposer_pj_per_bit());
   c.compute_energy_pj = m * n * k * a.mac_energy_pj();
   return c;
+}
+
+AttAccDevice::LenFigures AttAccDevice::FiguresOf(int64_t l, int64_t dh) const {
+  const AttAccSpec& a = spec_.attacc();
+  const int64_t pch = a.pseudo_channels();
+  const int64_t srcs = l_split_ / pch;  // L slots (BG accumulators) per pCH
+  const double vb = 2;                  // bytes of an fp16 vector element
+  const double padded_d = static_cast<double>(d_split_ * CeilDiv(dh, d_split_ * lanes_) * lanes_);
+  LenFigures f;
+  f.valid = true;
+  f.l_key = {static_cast<int32_t>(CeilDiv(l, l_split_)),
+             static_cast<int32_t>(CeilDiv(l, a.softmax_lanes())),
+             static_cast<int32_t>(CeilDiv(l, l_split_ * lanes_))};
+  const AttAccHeadCycles h = HeadCycles(l, dh);
+  f.sc = {h.wr_gb + h.score + h.mv_sb, h.context + h.out, h.softmax, h.mv_gb};
+  // Bytes per query head at each level (see the top of this file).
+  const double n_pos = static_cast<double>(CeilDiv(l, l_split_));
+  f.cell = HeadCellBytes(l, dh);
+  const double scores = vb * pch * srcs * n_pos;  // after BG accumulators
+  const double probs = vb * pch * srcs * n_pos;   // to each BG's units
+  const double ctx_part = vb * pch * srcs * padded_d;
+  const double q_in = vb * pch * padded_d;  // broadcast once per pCH
+  switch (a.placement()) {
+    case servesim::v1::ATTACC_PLACEMENT_BANK:
+      f.bg = q_in + vb * pch * units_per_pch_ * n_pos + probs + ctx_part;
+      f.tsv = q_in + scores + probs + ctx_part;
+      break;
+    case servesim::v1::ATTACC_PLACEMENT_BG:
+      f.bg = f.cell;
+      f.tsv = q_in + scores + probs + ctx_part;
+      break;
+    default:
+      f.bg = f.cell;
+      f.tsv = f.cell;
+  }
+  f.rows = static_cast<double>(h.rows_opened) * units_per_pch_ * pch;
+  f.macs = static_cast<double>(HeadMacs(l, dh));
+  return f;
 }
 
 absl::Status AttAccDevice::AttentionCost(const Op& op, OwnPlacement* own, Cost* cost) const {
@@ -600,10 +641,7 @@ absl::Status AttAccDevice::AttentionCost(const Op& op, OwnPlacement* own, Cost* 
   const int64_t q_heads = he - hb;                         // per sequence
   const int64_t appended_kv = kv_hi - CeilDiv(hb, group);  // KV heads whose
                                                            // first query head is here
-  const int64_t pch = a.pseudo_channels();
-  const int64_t srcs = l_split_ / pch;  // L slots (BG accumulators) per pCH
-  const double vb = 2;                  // bytes of an fp16 vector element
-  const double padded_d = static_cast<double>(d_split_ * CeilDiv(dh, d_split_ * lanes_) * lanes_);
+  const double vb = 2;  // bytes of an fp16 vector element
 
   // Per sequence: one query head's cycles (all its heads share L) and its
   // bytes per level; computed once per Estimate call for the head-group ops
@@ -619,46 +657,42 @@ absl::Status AttAccDevice::AttentionCost(const Op& op, OwnPlacement* own, Cost* 
     own->l_key.resize(nseq);
     own->score_busy = own->softmax_busy = own->context_busy = 0;
     own->cells = own->rows = own->bg = own->tsv = own->ext = own->macs = own->sfm_ops = 0;
+    // A sequence's figures depend on L only (and d_head): looked up in the
+    // device's table by L, computed once per L.
+    std::unique_lock<std::mutex> len_lock(len_mu_);
+    if (len_dh_ != dh) {
+      len_dh_ = dh;
+      len_table_.clear();
+    }
     for (int64_t s = 0; s < nseq; ++s) {
       const int64_t l = op.seqs[s].past_tokens + 1;
       own->seq_len[s] = l;
-      own->l_key[s] = {static_cast<int32_t>(CeilDiv(l, l_split_)),
-                       static_cast<int32_t>(CeilDiv(l, a.softmax_lanes())),
-                       static_cast<int32_t>(CeilDiv(l, l_split_ * lanes_))};
-      const AttAccHeadCycles h = HeadCycles(l, dh);
-      own->per_seq[s] = {h.wr_gb + h.score + h.mv_sb, h.context + h.out, h.softmax, h.mv_gb};
-      own->score_busy += own->per_seq[s].s;
-      own->softmax_busy += h.softmax;
-      own->context_busy += h.mv_gb + own->per_seq[s].c;
-      // Bytes per query head at each level (see the top of this file).
-      const double n_pos = static_cast<double>(CeilDiv(l, l_split_));
-      const double cell = HeadCellBytes(l, dh);
-      const double scores = vb * pch * srcs * n_pos;  // after BG accumulators
-      const double probs = vb * pch * srcs * n_pos;   // to each BG's units
-      const double ctx_part = vb * pch * srcs * padded_d;
-      const double q_in = vb * pch * padded_d;  // broadcast once per pCH
-      double head_bg = 0, head_tsv = 0;
-      switch (a.placement()) {
-        case servesim::v1::ATTACC_PLACEMENT_BANK:
-          head_bg = q_in + vb * pch * units_per_pch_ * n_pos + probs + ctx_part;
-          head_tsv = q_in + scores + probs + ctx_part;
-          break;
-        case servesim::v1::ATTACC_PLACEMENT_BG:
-          head_bg = cell;
-          head_tsv = q_in + scores + probs + ctx_part;
-          break;
-        default:
-          head_bg = cell;
-          head_tsv = cell;
+      LenFigures computed;
+      const LenFigures* f = &computed;
+      if (l < kLenTableMax) {
+        if (l >= static_cast<int64_t>(len_table_.size())) {
+          len_table_.resize(std::max<size_t>(l + 1, 2 * len_table_.size()));
+        }
+        LenFigures& slot = len_table_[l];
+        if (!slot.valid) slot = FiguresOf(l, dh);
+        f = &slot;
+      } else {
+        computed = FiguresOf(l, dh);
       }
-      own->cells += cell;
-      own->rows += static_cast<double>(h.rows_opened) * units_per_pch_ * pch;
-      own->bg += head_bg;
-      own->tsv += head_tsv;
+      own->l_key[s] = f->l_key;
+      own->per_seq[s] = f->sc;
+      own->score_busy += f->sc.s;
+      own->softmax_busy += f->sc.sfm;
+      own->context_busy += f->sc.mv_gb + f->sc.c;
+      own->cells += f->cell;
+      own->rows += f->rows;
+      own->bg += f->bg;
+      own->tsv += f->tsv;
       own->ext += 2 * vb * dh;  // q in, output out
-      own->macs += static_cast<double>(HeadMacs(l, dh));
+      own->macs += f->macs;
       own->sfm_ops += 5.0 * l;
     }
+    len_lock.unlock();
     own->order.resize(nseq);
     std::iota(own->order.begin(), own->order.end(), 0);
     StableSortSmall(&own->order, [&](int32_t x, int32_t y) {
@@ -729,39 +763,59 @@ absl::Status AttAccDevice::AttentionCost(const Op& op, OwnPlacement* own, Cost* 
   // ---- the memos (see the header).
   const int32_t in_flight = a.attention_level_pipelining() ? 2 : 1;
   const std::array<int64_t, 6> geometry = {in_flight, dh, hb, he, op.heads, kvh_n};
-  std::unique_lock<std::mutex> memo_lock(memo_mu_, std::defer_lock);
+  const int32_t nch = a.channels();
+  const int32_t item_limit = std::min<int32_t>(nch, kMaxFastItems);
+  std::unique_lock<std::mutex> memo_lock(memo_mu_);
   if (own->recent_of != op.seqs.data() || own->recent_n != op.seqs.size() ||
       own->recent_stacks != stack_of) {
-    thread_local std::string list_key;  // reused: no allocation in steady state
-    list_key.assign(reinterpret_cast<const char*>(&kvh_n), sizeof(kvh_n));
-    list_key.append(reinterpret_cast<const char*>(own->l_key.data()),
-                    own->l_key.size() * sizeof(own->l_key[0]));
-    list_key.append(reinterpret_cast<const char*>(stack_of),
-                    static_cast<size_t>(nseq * kvh_n) * sizeof(int32_t));
-    memo_lock.lock();
     bool seen = false;
-    own->recent_slot = FindRecentList(list_key, &seen);
+    const absl::Span<const int32_t> stacks(stack_of, static_cast<size_t>(nseq * kvh_n));
+    own->stack_slot = FindStackList(stacks, kvh_n, &seen);
     if (!seen && placed) {
       if (absl::Status st = check_stacks(); !st.ok()) {
-        ForgetRecentList(own->recent_slot);
+        ForgetStackList(own->stack_slot);
         own->recent_of = nullptr;
         return st;
       }
     }
+    own->stack_list_id = stack_lists_[own->stack_slot].id;
+    own->recent_slot = FindRecentList(own->stack_list_id, own->l_key);
     own->recent_generation = recent_[own->recent_slot].generation;
     own->recent_of = op.seqs.data();
     own->recent_n = op.seqs.size();
     own->recent_stacks = stack_of;
-  } else {
-    memo_lock.lock();
   }
   RecentList* recent = &recent_[own->recent_slot];
-  if (recent->generation != own->recent_generation) {
-    recent = nullptr;  // another caller took the slot meanwhile
-  } else {
+  if (recent->generation == own->recent_generation) {
     for (const auto& [g, slowest] : recent->slowest) {
       if (g == geometry) {
         return FinishAttentionCost(slowest, score_busy, softmax_busy, context_busy, cost);
+      }
+    }
+  }
+  // Whether this op's head range fits the one-pass fast path below: known
+  // per stack list (the stacks alone decide it), found out once. -1: the
+  // list's slot went to another list meanwhile; ask the stacks again.
+  int fast_items = -1;
+  if (group == 1 && nstacks <= kMaxFastStacks) {
+    StackList& sl = stack_lists_[own->stack_slot];
+    if (sl.id == own->stack_list_id) {
+      for (const auto& [range, ok] : sl.fast) {
+        if (range[0] == kv_lo && range[1] == kv_hi) fast_items = ok ? 1 : 0;
+      }
+    }
+    if (fast_items < 0) {
+      int32_t items[kMaxFastStacks];
+      std::fill_n(items, nstacks, 0);
+      int32_t most = 0;
+      for (int64_t s = 0; s < nseq; ++s) {
+        for (int64_t kv = kv_lo; kv < kv_hi; ++kv) {
+          most = std::max(most, ++items[stack_of[s * kvh_n + kv]]);
+        }
+      }
+      fast_items = most <= item_limit ? 1 : 0;
+      if (sl.id == own->stack_list_id && sl.fast.size() < kRecentGeometries) {
+        sl.fast.push_back({{kv_lo, kv_hi}, fast_items == 1});
       }
     }
   }
@@ -779,7 +833,6 @@ absl::Status AttAccDevice::AttentionCost(const Op& op, OwnPlacement* own, Cost* 
   auto heads_of = [&](int64_t kv) {
     return std::min(he, (kv + 1) * group) - std::max(hb, kv * group);
   };
-  const int32_t nch = a.channels();
   // The fast path of the schedule below for every stack in one pass, when
   // every item is a single query head (one per KV head) and no stack gets
   // more than min(channels, kMaxFastItems) of them. A stack's items reach
@@ -787,30 +840,29 @@ absl::Status AttAccDevice::AttentionCost(const Op& op, OwnPlacement* own, Cost* 
   // `order` by sequence, so walking the sequences in `by_arrival` order
   // visits each stack's items in the order the per-stack insertion sort
   // gives, with the same arithmetic: the same result, without the sort or
-  // the per-stack lists.
-  if (group == 1 && nstacks <= kMaxFastStacks) {
-    double softmax_free[kMaxFastStacks], stack_slowest[kMaxFastStacks];
-    int32_t items[kMaxFastStacks];
+  // the per-stack lists. The slowest stack is the largest context end of
+  // any item (a stack's ends only grow along its list, and the maximum of
+  // maxima is the maximum).
+  if (fast_items == 1) {
+    double softmax_free[kMaxFastStacks];
     std::fill_n(softmax_free, nstacks, 0.0);
-    std::fill_n(stack_slowest, nstacks, 0.0);
-    std::fill_n(items, nstacks, 0);
+    // Four running maxima (max is exact in any order): one chain would
+    // serialise every item on the max's latency.
+    double m[4] = {0, 0, 0, 0};
     for (int32_t s : own->by_arrival) {
       const SeqCycles& sc = per_seq[s];
       const int32_t* st_of = stack_of + s * kvh_n;
       for (int64_t kv = kv_lo; kv < kv_hi; ++kv) {
-        const int32_t st = st_of[kv];
-        ++items[st];
-        softmax_free[st] = std::max(sc.s, softmax_free[st]) + sc.sfm;
-        stack_slowest[st] = std::max(stack_slowest[st], softmax_free[st] + sc.mv_gb + sc.c);
+        double& free = softmax_free[st_of[kv]];
+        free = std::max(sc.s, free) + sc.sfm;
+        double& mk = m[kv & 3];
+        mk = std::max(mk, free + sc.mv_gb + sc.c);
       }
     }
-    const int32_t limit = std::min<int32_t>(nch, kMaxFastItems);
-    if (*std::max_element(items, items + nstacks) <= limit) {
-      const double slowest = *std::max_element(stack_slowest, stack_slowest + nstacks);
-      memo_lock.lock();
-      remember(slowest);
-      return FinishAttentionCost(slowest, score_busy, softmax_busy, context_busy, cost);
-    }
+    const double slowest = std::max(std::max(m[0], m[1]), std::max(m[2], m[3]));
+    memo_lock.lock();
+    remember(slowest);
+    return FinishAttentionCost(slowest, score_busy, softmax_busy, context_busy, cost);
   }
   // Scratch buffers are per thread and fully rewritten below: Estimate
   // stays pure and thread-safe without allocating on every call.
@@ -1010,30 +1062,55 @@ absl::Status AttAccDevice::AttentionCost(const Op& op, OwnPlacement* own, Cost* 
   return FinishAttentionCost(slowest, score_busy, softmax_busy, context_busy, cost);
 }
 
-void AttAccDevice::ForgetRecentList(int slot) const {
-  RecentList& r = recent_[slot];
-  r.key.clear();
-  ++r.generation;
-  r.last_used = 0;
-  r.slowest.clear();
+void AttAccDevice::ForgetStackList(int slot) const {
+  StackList& l = stack_lists_[slot];
+  l.stacks.clear();
+  l.id = 0;
+  l.last_used = 0;
+  l.fast.clear();
 }
 
-int AttAccDevice::FindRecentList(const std::string& key, bool* seen) const {
+int AttAccDevice::FindStackList(absl::Span<const int32_t> stacks, int64_t kv_heads,
+                                bool* seen) const {
   int slot = 0;
   for (int i = 0; i < kRecentLists; ++i) {
-    if (recent_[i].last_used > 0 && recent_[i].key == key) {
-      recent_[i].last_used = ++recent_clock_;
+    const StackList& l = stack_lists_[i];
+    if (l.id != 0 && l.kv_heads == kv_heads && l.stacks.size() == stacks.size() &&
+        std::equal(stacks.begin(), stacks.end(), l.stacks.begin())) {
+      stack_lists_[i].last_used = ++recent_clock_;
       *seen = true;
       return i;
     }
-    if (recent_[i].last_used < recent_[slot].last_used) slot = i;
+    if (l.last_used < stack_lists_[slot].last_used) slot = i;
+  }
+  StackList& l = stack_lists_[slot];
+  l.stacks.assign(stacks.begin(), stacks.end());  // reuses the capacity
+  l.kv_heads = kv_heads;
+  l.id = next_stack_list_id_++;
+  l.last_used = ++recent_clock_;
+  l.fast.clear();
+  *seen = false;
+  return slot;
+}
+
+int AttAccDevice::FindRecentList(uint64_t id,
+                                 absl::Span<const std::array<int32_t, 3>> l_key) const {
+  int slot = 0;
+  for (int i = 0; i < kRecentLists; ++i) {
+    const RecentList& r = recent_[i];
+    if (r.stack_list == id && r.l_key.size() == l_key.size() &&
+        std::equal(l_key.begin(), l_key.end(), r.l_key.begin())) {
+      recent_[i].last_used = ++recent_clock_;
+      return i;
+    }
+    if (r.last_used < recent_[slot].last_used) slot = i;
   }
   RecentList& r = recent_[slot];
-  r.key.assign(key);  // reuses the string's capacity
+  r.stack_list = id;
+  r.l_key.assign(l_key.begin(), l_key.end());
   ++r.generation;
   r.last_used = ++recent_clock_;
   r.slowest.clear();
-  *seen = false;
   return slot;
 }
 

@@ -72,12 +72,12 @@
 #include <memory>
 #include <mutex>
 #include <string>
-#include <string>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 #include "devices/device.h"
 #include "servesim/v1/hardware.pb.h"
 
@@ -156,11 +156,14 @@ class AttAccDevice : public Device {
     // `order` stably sorted by score end (SeqCycles::s): the order in which
     // a stack's single-head items reach the softmax unit.
     std::vector<int32_t> by_arrival;
-    // The recent-list slot of (recent_of, recent_n, recent_stacks) and its
-    // generation when found (see RecentList).
+    // The stack-list and recent-list slots of (recent_of, recent_n,
+    // recent_stacks), with the ids / generation they had when found (see
+    // StackList and RecentList).
     const AttentionSeq* recent_of = nullptr;
     size_t recent_n = 0;
     const int32_t* recent_stacks = nullptr;
+    int stack_slot = -1;
+    uint64_t stack_list_id = 0;
     int recent_slot = -1;
     uint64_t recent_generation = 0;
     // What L enters the cycle figures through, per sequence: ceil(L / L
@@ -169,8 +172,33 @@ class AttAccDevice : public Device {
     std::vector<std::array<int32_t, 3>> l_key;
     double score_busy = 0, softmax_busy = 0, context_busy = 0;
     double cells = 0, rows = 0, bg = 0, tsv = 0, ext = 0, macs = 0, sfm_ops = 0;
+    // Forgets the last call's lists (addresses may be reused with other
+    // contents), keeping the vectors' storage.
+    void ForCall() {
+      seqs = nullptr;
+      num_seqs = 0;
+      kv_heads = 0;
+      per_seq_of = nullptr;
+      per_seq_n = 0;
+      per_seq_dh = 0;
+      recent_of = nullptr;
+      recent_n = 0;
+      recent_stacks = nullptr;
+      stack_slot = recent_slot = -1;
+      stack_list_id = recent_generation = 0;
+    }
   };
   absl::Status AttentionCost(const Op& op, OwnPlacement* own, Cost* cost) const;
+  // One query head's figures at context length L: its cycles, its L
+  // ceilings, and its bytes, rows and MACs per level (all but the softmax's
+  // operation count, 5 L, depend on L only through the ceilings).
+  struct LenFigures {
+    OwnPlacement::SeqCycles sc{};
+    std::array<int32_t, 3> l_key{};
+    double cell = 0, rows = 0, bg = 0, tsv = 0, macs = 0;
+    bool valid = false;
+  };
+  LenFigures FiguresOf(int64_t l, int64_t d_head) const;
   // Time fields of an attention cost from its slowest stack (cycles) and
   // the stages' busy cycles.
   absl::Status FinishAttentionCost(double slowest, double score_busy, double softmax_busy,
@@ -189,15 +217,31 @@ class AttAccDevice : public Device {
   // measured slower: hashing many short keys cost more than it saved.)
   //
   // The hashed memo holds only schedules that missed the fast path; in front
-  // of it, for every op, sit the schedules of the last few sequence lists
-  // (kRecentLists, least recently used replaced): a list's key (per
-  // sequence, its L ceilings and all its KV heads' stacks) is built and
-  // compared once per Estimate call, and then each head group's op is one
-  // small lookup by geometry (pipelining, d_head, head range, heads). A
-  // steady decode batch asks for the same schedules iteration after
-  // iteration; this answers them without hashing a long key or growing.
+  // of it, for every op, sit the schedules of the last few sequence lists,
+  // in two levels (kRecentLists each, least recently used replaced):
+  //  - StackList: a list of KV-head stacks (all of every sequence's KV
+  //    heads), compared in place once per Estimate call. A list is checked
+  //    against the stack count when it is new, and keeps, per KV-head range,
+  //    whether every stack's items fit the one-pass fast path; both depend
+  //    on the stacks alone, which stay put while a batch's members do.
+  //  - RecentList: a stack list (by its never-reused id) with the L
+  //    ceilings of its sequences, and by geometry (pipelining, d_head, head
+  //    range, heads) the slowest stack of each head group's op.
+  // A steady decode batch asks for the same schedules iteration after
+  // iteration; this answers them without building, hashing or copying a
+  // long key, and without growing.
+  struct StackList {
+    std::vector<int32_t> stacks;  // [seq * kv_heads + kv_head]
+    int64_t kv_heads = 0;
+    uint64_t id = 0;  // unique over the device's life; 0: empty slot
+    uint64_t last_used = 0;
+    // By KV-head range [lo, hi): no stack gets more than the fast path's
+    // item limit.
+    std::vector<std::pair<std::array<int64_t, 2>, bool>> fast;
+  };
   struct RecentList {
-    std::string key;
+    uint64_t stack_list = 0;  // StackList::id; 0: empty slot
+    std::vector<std::array<int32_t, 3>> l_key;
     uint64_t generation = 0;  // bumped when the slot is given to another list
     uint64_t last_used = 0;
     // By geometry: a handful (one per head group), searched linearly.
@@ -205,15 +249,26 @@ class AttAccDevice : public Device {
   };
   static constexpr int kRecentLists = 4;
   static constexpr size_t kRecentGeometries = 64;
-  // With memo_mu_ held: the slot of `key` (*seen), or the least recently
-  // used slot, taken over for it (!*seen).
-  int FindRecentList(const std::string& key, bool* seen) const;
-  void ForgetRecentList(int slot) const;  // with memo_mu_ held
+  // With memo_mu_ held: the slot of the stack list (`stacks` of `kv_heads`
+  // per sequence) (*seen), or the least recently used slot, taken over for
+  // it with a new id (!*seen).
+  int FindStackList(absl::Span<const int32_t> stacks, int64_t kv_heads, bool* seen) const;
+  // With memo_mu_ held: the slot of (stack list `id`, `l_key`), or the
+  // least recently used slot, taken over for it.
+  int FindRecentList(uint64_t id, absl::Span<const std::array<int32_t, 3>> l_key) const;
+  void ForgetStackList(int slot) const;  // with memo_mu_ held
   mutable std::mutex memo_mu_;
   mutable absl::flat_hash_map<std::string, double> op_memo_;
-  mutable std::array<RecentList, kRecentLists> recent_;  // guarded by memo_mu_
-  mutable uint64_t recent_clock_ = 0;                   // guarded by memo_mu_
+  mutable std::array<StackList, kRecentLists> stack_lists_;  // guarded by memo_mu_
+  mutable std::array<RecentList, kRecentLists> recent_;      // guarded by memo_mu_
+  mutable uint64_t recent_clock_ = 0;                        // guarded by memo_mu_
+  mutable uint64_t next_stack_list_id_ = 1;                  // guarded by memo_mu_
   mutable size_t memo_key_bytes_ = 0;  // guarded by memo_mu_
+  // FiguresOf by L for one d_head (the last one asked), L < kLenTableMax.
+  mutable std::mutex len_mu_;
+  mutable int64_t len_dh_ = 0;                 // guarded by len_mu_
+  mutable std::vector<LenFigures> len_table_;  // guarded by len_mu_
+  static constexpr int64_t kLenTableMax = int64_t{1} << 16;
   static constexpr size_t kMemoKeyBytesLimit = size_t{64} << 20;
   // Derived from the spec once (see the .cc for each).
   int64_t elem_bytes_ = 2;       // KV element bytes (fp16 2, int8 1)
