@@ -615,9 +615,9 @@ absl::Status AttAccDevice::AttentionCost(const Op& op, OwnPlacement* own, Cost* 
                        " entries; expected seqs x kv_heads = ", nseq * kvh_n));
     }
   }
-  // kv_head_stack's bounds: checked once per list (below, when the recent
-  // memo meets the list for the first time), since a placed batch's list
-  // repeats iteration after iteration and its check would cost more than
+  // kv_head_stack's bounds: checked once per stack list (below, when the
+  // memo meets the list for the first time), since a placed batch's stacks
+  // repeat iteration after iteration and their check would cost more than
   // the rest of a memo hit.
   auto check_stacks = [&]() -> absl::Status {
     // Branch-free bounds first; the index only on failure.
