@@ -664,6 +664,13 @@ absl::Status AttAccDevice::AttentionCost(const Op& op, OwnPlacement* own, Cost* 
       len_dh_ = dh;
       len_table_.clear();
     }
+    // Each sequence's L moves on by one per step, so its slot is a new
+    // cache line every call: ask for all of them before the first is read,
+    // and the misses overlap instead of following one another.
+    for (int64_t s = 0; s < nseq; ++s) {
+      const size_t l = static_cast<size_t>(op.seqs[s].past_tokens + 1);
+      if (l < len_table_.size()) __builtin_prefetch(&len_table_[l]);
+    }
     for (int64_t s = 0; s < nseq; ++s) {
       const int64_t l = op.seqs[s].past_tokens + 1;
       own->seq_len[s] = l;
@@ -847,19 +854,27 @@ absl::Status AttAccDevice::AttentionCost(const Op& op, OwnPlacement* own, Cost* 
     double softmax_free[kMaxFastStacks];
     std::fill_n(softmax_free, nstacks, 0.0);
     // Four running maxima (max is exact in any order): one chain would
-    // serialise every item on the max's latency.
-    double m[4] = {0, 0, 0, 0};
+    // serialise every item on the max's latency. Named, not an array, so
+    // they stay in registers.
+    double m0 = 0, m1 = 0, m2 = 0, m3 = 0;
     for (int32_t s : own->by_arrival) {
       const SeqCycles& sc = per_seq[s];
       const int32_t* st_of = stack_of + s * kvh_n;
-      for (int64_t kv = kv_lo; kv < kv_hi; ++kv) {
+      auto item = [&](int64_t kv) {
         double& free = softmax_free[st_of[kv]];
         free = std::max(sc.s, free) + sc.sfm;
-        double& mk = m[kv & 3];
-        mk = std::max(mk, free + sc.mv_gb + sc.c);
+        return free + sc.mv_gb + sc.c;  // this order: the general path's sums
+      };
+      int64_t kv = kv_lo;
+      for (; kv + 4 <= kv_hi; kv += 4) {
+        m0 = std::max(m0, item(kv));
+        m1 = std::max(m1, item(kv + 1));
+        m2 = std::max(m2, item(kv + 2));
+        m3 = std::max(m3, item(kv + 3));
       }
+      for (; kv < kv_hi; ++kv) m0 = std::max(m0, item(kv));
     }
-    const double slowest = std::max(std::max(m[0], m[1]), std::max(m[2], m[3]));
+    const double slowest = std::max(std::max(m0, m1), std::max(m2, m3));
     memo_lock.lock();
     remember(slowest);
     return FinishAttentionCost(slowest, score_busy, softmax_busy, context_busy, cost);
