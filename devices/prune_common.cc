@@ -85,6 +85,35 @@ int64_t OpHeadCount(const Op& op) {
   return std::max<int64_t>(0, end - std::max<int64_t>(0, op.head_begin));
 }
 
+absl::Status CheckAttentionOps(absl::string_view device, absl::Span<const Op> ops,
+                               size_t cost_slots) {
+  if (cost_slots != ops.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(device, " device: ", ops.size(), " ops but ",
+                                                   cost_slots, " cost slots"));
+  }
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const Op& op = ops[i];
+    if (op.kind != OpKind::kAttention) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          device, " device: op ", i, " is not attention; the device runs attention only"));
+    }
+    if (op.heads < 1 || op.kv_heads < 1 || op.d_head < 1 || op.heads % op.kv_heads != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(device, " device: op ", i, " has heads ", op.heads, ", kv_heads ",
+                       op.kv_heads, ", d_head ", op.d_head,
+                       "; expected >= 1 and heads a multiple of kv_heads"));
+    }
+    for (const AttentionSeq& s : op.seqs) {
+      if (s.new_tokens < 1 || s.past_tokens < 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            device, " device: sequence with new_tokens ", s.new_tokens, ", past_tokens ",
+            s.past_tokens, "; expected new_tokens >= 1 and past_tokens >= 0"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 std::vector<int64_t> CalibrationLengths(const servesim::v1::PruneCalibrationSpec& c) {
   if (c.lengths_size() == 0) return {128, 256, 512, 1024, 2048};
   std::vector<int64_t> v(c.lengths().begin(), c.lengths().end());

@@ -15,7 +15,10 @@
 
 #include "absl/container/flat_hash_map.h"
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 #include "devices/attention_data.h"
 #include "devices/ops.h"
 #include "devices/tensor.h"
@@ -57,6 +60,13 @@ const char* FidelityName(servesim::v1::PruneFidelity f);
 // The query heads an attention op covers on this device: [head_begin,
 // head_end) or all of them.
 int64_t OpHeadCount(const Op& op);
+
+// The checks every attention-only device's Estimate opens with, op by op:
+// one cost slot per op, attention ops only, heads / kv_heads / d_head >= 1
+// with heads a multiple of kv_heads, and every sequence with new_tokens >= 1
+// and past_tokens >= 0. `device` names the device in the messages.
+absl::Status CheckAttentionOps(absl::string_view device, absl::Span<const Op> ops,
+                               size_t cost_slots);
 
 // Calibration lengths and instances with defaults (128 .. 2048; 4).
 std::vector<int64_t> CalibrationLengths(const servesim::v1::PruneCalibrationSpec& c);

@@ -6,12 +6,17 @@
 #include <vector>
 
 #include "common/rng.h"
+#include "devices/cta/cta_device.h"
 #include "devices/gpu/gpu_device.h"
+#include "devices/lad/lad_device.h"
 #include "devices/model.h"
 #include "devices/pool.h"
 #include "devices/presets.h"
+#include "devices/prune_common.h"
 #include "devices/reference_attention.h"
 #include "devices/registry.h"
+#include "devices/spatten/spatten_device.h"
+#include "devices/topick/topick_device.h"
 #include "gtest/gtest.h"
 
 namespace servesim::devices {
@@ -467,6 +472,64 @@ TEST(PooledDeviceTest, SplitsHeadsAmongUnitsThatRunInParallel) {
   EXPECT_EQ(u->ranges, (std::vector<std::pair<int64_t, int64_t>>{{4, 5}, {5, 10}, {10, 11}}));
   EXPECT_DOUBLE_EQ(c.time_s, 10e-6 + 10e-6);
   EXPECT_DOUBLE_EQ(c.dram_bytes, 7 * 2 * 100);
+}
+
+// -------------------------------------------- attention-only devices' checks --
+
+// CTA, ToPick, SpAtten and LAD open Estimate with CheckAttentionOps: each
+// bad op is named by the device, the op's index and the allowed range, and
+// a good op after the checks is costed.
+TEST(CheckAttentionOpsTest, EveryAttentionOnlyDeviceRejectsTheSameBadOps) {
+  std::vector<std::pair<std::string, servesim::v1::DeviceSpec>> specs(4);
+  specs[0].first = "cta";
+  *specs[0].second.mutable_cta()->mutable_cta() = *CtaPreset("cta_0");
+  auto* m = specs[0].second.mutable_cta()->mutable_model();
+  m->set_layers(24);
+  m->set_heads(16);
+  m->set_d_head(64);
+  specs[1].first = "topick";
+  *specs[1].second.mutable_topick()->mutable_topick() = *TopickPreset("topick");
+  specs[2].first = "spatten";
+  *specs[2].second.mutable_spatten()->mutable_spatten() = *SpattenPreset("spatten");
+  specs[3].first = "lad";
+  *specs[3].second.mutable_lad()->mutable_lad() = *LadPreset("lad_1.5");
+
+  const AttentionSeq good_seq{1, 99, 0};
+  Op good;
+  good.kind = OpKind::kAttention;
+  good.heads = 16, good.kv_heads = 16, good.d_head = 64;
+  good.seqs = {&good_seq, 1};
+  for (const auto& [kind, spec] : specs) {
+    SCOPED_TRACE(kind);
+    auto dev = CreateDevice(spec);
+    ASSERT_TRUE(dev.ok()) << dev.status();
+    auto message = [&](absl::Span<const Op> ops, size_t slots) {
+      std::vector<Cost> costs(slots);
+      const absl::Status st = (*dev)->Estimate(ops, absl::MakeSpan(costs));
+      EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+      return std::string(st.message());
+    };
+    EXPECT_EQ(message({&good, 1}, 2), kind + " device: 1 ops but 2 cost slots");
+    Op ops[2] = {good, good};
+    ops[1].kind = OpKind::kGemm;
+    EXPECT_EQ(message(ops, 2), kind + " device: op 1 is not attention; the device runs "
+                                      "attention only");
+    ops[1] = good;
+    ops[1].kv_heads = 5;
+    EXPECT_EQ(message(ops, 2), kind + " device: op 1 has heads 16, kv_heads 5, d_head 64; "
+                                      "expected >= 1 and heads a multiple of kv_heads");
+    const AttentionSeq bad_seq{1, -3, 0};
+    ops[1] = good;
+    ops[1].seqs = {&bad_seq, 1};
+    EXPECT_EQ(message(ops, 2), kind + " device: sequence with new_tokens 1, past_tokens -3; "
+                                      "expected new_tokens >= 1 and past_tokens >= 0");
+    // The shared checks pass a good op through to the cycle model.
+    Cost c;
+    ASSERT_TRUE((*dev)->Estimate({&good, 1}, {&c, 1}).ok());
+    EXPECT_GT(c.time_s, 0);
+  }
+  // The helper alone, without a device: empty lists are fine.
+  EXPECT_TRUE(CheckAttentionOps("x", {}, 0).ok());
 }
 
 }  // namespace

@@ -834,30 +834,13 @@ DeviceDescription CtaDevice::Describe() const {
 // ------------------------------------------------------------ Estimate ----
 
 absl::Status CtaDevice::Estimate(absl::Span<const Op> ops, absl::Span<Cost> costs) const {
-  if (costs.size() != ops.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("cta device: ", ops.size(), " ops but ",
-                                                   costs.size(), " cost slots"));
-  }
+  RETURN_IF_ERROR(CheckAttentionOps("cta", ops, costs.size()));
   const CtaSpec& t = spec();
   for (size_t i = 0; i < ops.size(); ++i) {
     const Op& op = ops[i];
-    if (op.kind != OpKind::kAttention) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "cta device: op ", i, " is not attention; the device runs attention only"));
-    }
-    if (op.heads < 1 || op.kv_heads < 1 || op.d_head < 1 || op.heads % op.kv_heads != 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("cta device: op ", i, " has heads ", op.heads, ", kv_heads ", op.kv_heads,
-                       ", d_head ", op.d_head, "; expected >= 1 and heads a multiple of kv_heads"));
-    }
     const int64_t heads = OpHeadCount(op);
     Cost total;
     for (const AttentionSeq& s : op.seqs) {
-      if (s.new_tokens < 1 || s.past_tokens < 0) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "cta device: sequence with new_tokens ", s.new_tokens, ", past_tokens ",
-            s.past_tokens, "; expected new_tokens >= 1 and past_tokens >= 0"));
-      }
       const int64_t l = s.past_tokens + s.new_tokens;
       double k0 = 1, kkv = 0;
       if (s.new_tokens == 1) {

@@ -819,36 +819,19 @@ absl::StatusOr<LadFractions> LadDevice::FullFractions(int64_t request_id, int64_
 }
 
 absl::Status LadDevice::Estimate(absl::Span<const Op> ops, absl::Span<Cost> costs) const {
-  if (costs.size() != ops.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("lad device: ", ops.size(), " ops but ",
-                                                   costs.size(), " cost slots"));
-  }
+  RETURN_IF_ERROR(CheckAttentionOps("lad", ops, costs.size()));
   const LadSpec& t = spec();
   const double bpc = BytesPerCycle();
   const double tile_bpc = bpc / t.tiles();
   const double vpu_macs = static_cast<double>(t.vpus_per_tile()) * t.vpu_width();
   for (size_t i = 0; i < ops.size(); ++i) {
     const Op& op = ops[i];
-    if (op.kind != OpKind::kAttention) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "lad device: op ", i, " is not attention; the device runs attention only"));
-    }
-    if (op.heads < 1 || op.kv_heads < 1 || op.d_head < 1 || op.heads % op.kv_heads != 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("lad device: op ", i, " has heads ", op.heads, ", kv_heads ", op.kv_heads,
-                       ", d_head ", op.d_head, "; expected >= 1 and heads a multiple of kv_heads"));
-    }
     const double heads = static_cast<double>(OpHeadCount(op));
     int64_t decode_seqs = 0;
     for (const AttentionSeq& s : op.seqs) decode_seqs += s.new_tokens == 1 ? 1 : 0;
     const double cap = PrefetchRowsCap(op.d_head, decode_seqs);
     double crit_bytes = 0, prefetch_bytes = 0, comp = 0, stage = 0, macs = 0;
     for (const AttentionSeq& s : op.seqs) {
-      if (s.new_tokens < 1 || s.past_tokens < 0) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "lad device: sequence with new_tokens ", s.new_tokens, ", past_tokens ",
-            s.past_tokens, "; expected new_tokens >= 1 and past_tokens >= 0"));
-      }
       const int64_t l = s.past_tokens + s.new_tokens;
       LadHeadCost h;
       if (s.new_tokens == 1) {

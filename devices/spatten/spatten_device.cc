@@ -635,32 +635,15 @@ DeviceDescription SpattenDevice::Describe() const {
 }
 
 absl::Status SpattenDevice::Estimate(absl::Span<const Op> ops, absl::Span<Cost> costs) const {
-  if (costs.size() != ops.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("spatten device: ", ops.size(), " ops but ",
-                                                   costs.size(), " cost slots"));
-  }
+  RETURN_IF_ERROR(CheckAttentionOps("spatten", ops, costs.size()));
   const SpattenSpec& t = spec();
   const double lat = std::ceil(t.dram_latency_s() * t.clock_hz() - 1e-9);
   const double power = t.logic_power_w() + t.sram_power_w();
   for (size_t i = 0; i < ops.size(); ++i) {
     const Op& op = ops[i];
-    if (op.kind != OpKind::kAttention) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "spatten device: op ", i, " is not attention; the device runs attention only"));
-    }
-    if (op.heads < 1 || op.kv_heads < 1 || op.d_head < 1 || op.heads % op.kv_heads != 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("spatten device: op ", i, " has heads ", op.heads, ", kv_heads ", op.kv_heads,
-                       ", d_head ", op.d_head, "; expected >= 1 and heads a multiple of kv_heads"));
-    }
     const double heads = static_cast<double>(OpHeadCount(op));
     double cycles = op.seqs.empty() ? 0.0 : lat, bytes = 0, macs = 0;
     for (const AttentionSeq& s : op.seqs) {
-      if (s.new_tokens < 1 || s.past_tokens < 0) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "spatten device: sequence with new_tokens ", s.new_tokens, ", past_tokens ",
-            s.past_tokens, "; expected new_tokens >= 1 and past_tokens >= 0"));
-      }
       const int64_t l = s.past_tokens + s.new_tokens;
       if (s.new_tokens == 1) {
         ASSIGN_OR_RETURN(Row row, Fractions(s.request_id, l));
