@@ -130,6 +130,10 @@ absl::StatusOr<std::unique_ptr<AgentService>> AgentService::Create(AgentServiceO
     return absl::InvalidArgumentError(absl::StrCat(
         "max_tensor_bytes = ", options.max_tensor_bytes, "; expected >= 1"));
   }
+  if (options.max_kv_bytes < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_kv_bytes = ", options.max_kv_bytes, "; expected >= 1"));
+  }
   std::unique_ptr<AgentService> s(new AgentService(std::move(options)));
   if (s->kind_.empty()) {
     return absl::InvalidArgumentError("the agent's DeviceSpec selects no device kind");
@@ -336,6 +340,7 @@ grpc::Status AgentService::OpenSession(grpc::ServerContext* ctx,
                                                  : devices::ElementType::kFp32;
   s->k.resize(s->kv_heads);
   s->v.resize(s->kv_heads);
+  s->held = &kv_bytes_held_;
   s->number = next_session_.fetch_add(1);
   const std::string id = absl::StrCat(instance_, "-", s->number);
   std::lock_guard<std::mutex> lock(mu_);
@@ -380,6 +385,19 @@ grpc::Status AgentService::AppendKv(grpc::ServerContext* ctx, const v1::AppendKv
                         absl::StrCat("the session's KV would exceed ", options_.max_tensor_bytes,
                                      " bytes per tensor (servesim-agent --max-tensor-bytes)"));
   }
+  // The agent's budget over all sessions: reserved before copying.
+  const int64_t add = 2 * n * static_cast<int64_t>(row) * ss.kv_heads;
+  int64_t held = kv_bytes_held_.load();
+  do {
+    if (held + add > options_.max_kv_bytes) {
+      return grpc::Status(
+          grpc::StatusCode::RESOURCE_EXHAUSTED,
+          absl::StrCat("this agent's sessions hold ", held, " bytes of K and V; ", add,
+                       " more would pass its budget of ", options_.max_kv_bytes,
+                       " bytes (servesim-agent --max-kv-bytes); close sessions first"));
+    }
+  } while (!kv_bytes_held_.compare_exchange_weak(held, held + add));
+  ss.bytes += add;
   for (int64_t h = 0; h < ss.kv_heads; ++h) {
     const uint8_t* kb = k->bytes.data() + h * n * row;
     const uint8_t* vb = v->bytes.data() + h * n * row;

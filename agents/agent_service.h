@@ -23,6 +23,9 @@
 //    per session. Ids are unique to
 //    this agent instance, so after a restart the caller gets NOT_FOUND and
 //    rebuilds the session from its history (agents::RemoteSession).
+//    Each session's K and V are held to max_tensor_bytes apiece, and all
+//    sessions' together to max_kv_bytes; a session's bytes are returned when
+//    it closes (when its last in-flight call ends).
 // Thread-safe: gRPC calls handlers from many threads.
 #ifndef SERVESIM_AGENTS_AGENT_SERVICE_H_
 #define SERVESIM_AGENTS_AGENT_SERVICE_H_
@@ -51,6 +54,10 @@ struct AgentServiceOptions {
   int64_t max_tensor_bytes = int64_t{64} << 20;  // per tensor
   int max_devices = 16;
   int max_sessions = 4096;
+  // All open sessions' K and V together; an AppendKv that would pass it is
+  // RESOURCE_EXHAUSTED (max_sessions x max_tensor_bytes alone would allow
+  // 512 GiB).
+  int64_t max_kv_bytes = int64_t{4} << 30;
   // Execute / Step: at most this many multiply-accumulates of the reference
   // attention (heads x q_len x kv_len x d_head); RESOURCE_EXHAUSTED above.
   // 2^37 (1.4e11) admits a 2,048-token prefill of 96 heads of 128 over a
@@ -110,6 +117,14 @@ class AgentService final : public servesim::v1::DeviceAgent::Service {
     int64_t number = 0;  // unique in this process: AttentionCall::session
     devices::ElementType type = devices::ElementType::kFp16;
     std::vector<std::vector<uint8_t>> k, v;  // per KV head, [len, d_head]
+    // Its K and V bytes, counted in the agent's total (`held`) until the
+    // session is gone: an AppendKv still running when the session closes
+    // is returned too.
+    std::atomic<int64_t>* held = nullptr;
+    int64_t bytes = 0;
+    ~Session() {
+      if (held != nullptr) held->fetch_sub(bytes);
+    }
   };
 
   explicit AgentService(AgentServiceOptions options);
@@ -121,6 +136,9 @@ class AgentService final : public servesim::v1::DeviceAgent::Service {
   AgentServiceOptions options_;
   std::string kind_;
   std::shared_ptr<const Hosted> own_;
+  // Every open session's K and V; declared before sessions_, whose
+  // sessions give their bytes back when destroyed.
+  std::atomic<int64_t> kv_bytes_held_{0};
   std::mutex mu_;  // devices_, sessions_
   std::deque<std::shared_ptr<const Hosted>> devices_;
   std::map<std::string, std::shared_ptr<Session>> sessions_;

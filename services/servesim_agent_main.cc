@@ -53,6 +53,8 @@ Usage:
   --max-message-bytes N  largest gRPC message in or out (default 268435456)
   --max-tensor-bytes N   largest tensor accepted (default 67108864):
                          RESOURCE_EXHAUSTED above it
+  --max-kv-bytes N       all sessions' K and V together (default 4294967296):
+                         RESOURCE_EXHAUSTED on an append above it
   --grace S              on SIGTERM/SIGINT, let in-flight calls finish for up
                          to S seconds (default 30)
 
@@ -147,6 +149,11 @@ int main(int argc, char** argv) {
         return UsageError("--max-tensor-bytes needs an integer >= 1");
       }
       service.max_tensor_bytes = n;
+    } else if (flag == "--max-kv-bytes") {
+      if (!get() || !absl::SimpleAtoi(v, &n) || n < 1) {
+        return UsageError("--max-kv-bytes needs an integer >= 1");
+      }
+      service.max_kv_bytes = n;
     } else if (flag == "--grace") {
       if (!get() || !absl::SimpleAtod(v, &grace_s) || !(grace_s >= 0)) {
         return UsageError("--grace needs seconds >= 0");

@@ -1342,6 +1342,62 @@ TEST(AgentLimitsTest, ExecuteWorkAndEmptyTensorExtentsAreBounded) {
       << st.error_message();
 }
 
+// All sessions' K and V together are held to max_kv_bytes: an append that
+// would pass it is refused with the figures, and closing a session gives its
+// bytes back.
+TEST(AgentLimitsTest, SessionsShareOneKvBudget) {
+  AgentServiceOptions opts;
+  opts.max_tensor_bytes = 4096;
+  opts.max_kv_bytes = 3000;
+  auto svc = DirectService(opts);
+  ASSERT_NE(svc, nullptr);
+  using devices::ElementType;
+  auto open = [&]() {
+    grpc::ServerContext ctx;
+    v1::OpenSessionRequest o;
+    o.set_kv_heads(2);
+    o.set_d_head(8);
+    o.set_type(v1::ELEMENT_TYPE_FP16);
+    v1::OpenSessionResponse r;
+    EXPECT_TRUE(svc->OpenSession(&ctx, &o, &r).ok());
+    return r.session_id();
+  };
+  // 2 KV heads x 32 positions x 8 fp16 = 1,024 bytes of K, as many of V.
+  auto append = [&](const std::string& id, int64_t expected_len) {
+    grpc::ServerContext ctx;
+    v1::AppendKvRequest a;
+    a.set_session_id(id);
+    a.set_expected_kv_len(expected_len);
+    EncodeTensor(Ramp(ElementType::kFp16, {2, 32, 8}, 0.2f), a.mutable_k());
+    EncodeTensor(Ramp(ElementType::kFp16, {2, 32, 8}, 0.3f), a.mutable_v());
+    v1::AppendKvResponse r;
+    return svc->AppendKv(&ctx, &a, &r);
+  };
+  const std::string first = open(), second = open();
+  ASSERT_TRUE(append(first, 0).ok());
+  grpc::Status st = append(second, 0);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_EQ(st.error_message(),
+            "this agent's sessions hold 2048 bytes of K and V; 2048 more would pass its budget "
+            "of 3000 bytes (servesim-agent --max-kv-bytes); close sessions first");
+  // The refused append left the second session empty, and the first's own
+  // next append is refused the same way (4,096 > 3,000).
+  EXPECT_EQ(append(first, 32).error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  {
+    grpc::ServerContext ctx;
+    v1::CloseSessionRequest c;
+    c.set_session_id(first);
+    v1::CloseSessionResponse r;
+    ASSERT_TRUE(svc->CloseSession(&ctx, &c, &r).ok());
+  }
+  st = append(second, 0);
+  EXPECT_TRUE(st.ok()) << st.error_message();
+  AgentServiceOptions bad;
+  bad.spec = GpuSpec();
+  bad.max_kv_bytes = 0;
+  EXPECT_EQ(AgentService::Create(bad).status().message(), "max_kv_bytes = 0; expected >= 1");
+}
+
 TEST(AgentLimitsTest, NonFiniteTensorElementsAreRefused) {
   auto svc = DirectService();
   ASSERT_NE(svc, nullptr);
