@@ -450,6 +450,12 @@ class Checker {
     if (!status_.ok()) return;
     if (!(v > 0) || !std::isfinite(v)) Fail(path, v, "expected > 0");
   }
+  // (0, hi]: a positive figure with an upper limit (e.g. a memory size
+  // whose block count must fit an integer).
+  void PositiveAtMost(absl::string_view path, double v, double hi) {
+    if (!status_.ok()) return;
+    if (!(v > 0 && v <= hi)) Fail(path, v, absl::StrCat("allowed range (0, ", hi, "]"));
+  }
   void NonNegative(absl::string_view path, double v) {
     if (!status_.ok()) return;
     if (!(v >= 0) || !std::isfinite(v)) Fail(path, v, "expected >= 0");
@@ -475,6 +481,11 @@ class Checker {
   const LoadedScenario& sc_;
   absl::Status status_;
 };
+
+// The largest memory an xPU or an attention unit may have: 1 PB, 10^4
+// times today's largest accelerator memories. It keeps KV block counts
+// (bytes / block bytes) far inside an integer.
+constexpr double kMaxMemoryBytes = 1e15;
 
 std::string Gb(double bytes) { return absl::StrFormat("%.2f GB", bytes / 1e9); }
 
@@ -601,7 +612,7 @@ absl::StatusOr<ResolvedScenario> Resolve(const LoadedScenario& sc) {
   ck.Require(x.has_memory_bw_bytes_per_s(), "cluster.xpu.memory_bw_bytes_per_s", kXpu);
   ck.Positive("cluster.xpu.peak_flops_fp16", x.peak_flops_fp16());
   ck.Positive("cluster.xpu.peak_flops_int8", x.peak_flops_int8());
-  ck.Positive("cluster.xpu.memory_bytes", x.memory_bytes());
+  ck.PositiveAtMost("cluster.xpu.memory_bytes", x.memory_bytes(), kMaxMemoryBytes);
   ck.Positive("cluster.xpu.memory_bw_bytes_per_s", x.memory_bw_bytes_per_s());
   ck.Fraction("cluster.xpu.compute_utilization", x.compute_utilization());
   ck.Fraction("cluster.xpu.memory_utilization", x.memory_utilization());
@@ -642,7 +653,8 @@ absl::StatusOr<ResolvedScenario> Resolve(const LoadedScenario& sc) {
   } else if (c.has_attention_pool()) {
     const auto& pool = c.attention_pool();
     ck.Range<int32_t>("cluster.attention_pool.units", pool.units(), 1, 1024);
-    ck.Positive("cluster.attention_pool.memory_bytes_per_unit", pool.memory_bytes_per_unit());
+    ck.PositiveAtMost("cluster.attention_pool.memory_bytes_per_unit",
+                      pool.memory_bytes_per_unit(), kMaxMemoryBytes);
     ck.Positive("cluster.attention_pool.link.bandwidth_bytes_per_s",
                 pool.link().bandwidth_bytes_per_s());
     ck.NonNegative("cluster.attention_pool.link.latency_s", pool.link().latency_s());
@@ -703,8 +715,13 @@ absl::StatusOr<ResolvedScenario> Resolve(const LoadedScenario& sc) {
     out.attention_kind = "attacc";
     out.attention_label = absl::StrCat(c.attacc().preset(), " x ", c.attacc().stacks(), " stacks");
     out.attention_link = c.attacc().link();
-    ASSIGN_OR_RETURN(auto device, devices::CreateDevice(out.attention_device));
-    const devices::DeviceDescription desc = device->Describe();
+    auto device = devices::CreateDevice(out.attention_device);
+    if (!device.ok()) {
+      return absl::Status(device.status().code(),
+                          absl::StrCat(sc.Where("cluster.attacc"), ": ",
+                                       device.status().message()));
+    }
+    const devices::DeviceDescription desc = (*device)->Describe();
     auto param = [&](absl::string_view name) {
       for (const auto& [k, v] : desc.parameters) {
         if (k == name) return v;
@@ -745,9 +762,7 @@ absl::StatusOr<ResolvedScenario> Resolve(const LoadedScenario& sc) {
     const double kv_per_token = static_cast<double>(out.model.KvBytesPerToken());
     const double kv_bytes = out.device_memory_bytes - out.device_ff_weight_bytes;
     out.kv.usable_bytes_per_xpu = 0;
-    out.kv.blocks = kv_bytes > 0 ? static_cast<int64_t>(std::floor(
-                                       kv_bytes / (kv_per_token * s.kv_block_tokens())))
-                                 : 0;
+    out.kv.blocks = scheduler::KvBlocksIn(kv_bytes, kv_per_token * s.kv_block_tokens());
     out.kv.tokens = out.kv.blocks * s.kv_block_tokens();
     // One head's KV, all layers, per position.
     const double head_bytes = 2.0 * static_cast<double>(out.model.num_layers) *
@@ -803,8 +818,8 @@ absl::StatusOr<ResolvedScenario> Resolve(const LoadedScenario& sc) {
     pc.link_energy_pj_per_byte = pool.link().energy_pj_per_byte();
     const double kv_per_token = static_cast<double>(out.model.KvBytesPerToken());
     out.kv.usable_bytes_per_xpu = 0;
-    out.kv.blocks = static_cast<int64_t>(
-        std::floor(out.device_memory_bytes / (kv_per_token * s.kv_block_tokens())));
+    out.kv.blocks = scheduler::KvBlocksIn(out.device_memory_bytes,
+                                          kv_per_token * s.kv_block_tokens());
     out.kv.tokens = out.kv.blocks * s.kv_block_tokens();
     const double xpu_available = x.memory_bytes() * c.memory_utilization();
     const double xpu_required = out.weight_bytes_per_xpu + out.activation_bytes_per_xpu;

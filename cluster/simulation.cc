@@ -1,5 +1,6 @@
 #include "cluster/simulation.h"
 
+#include <algorithm>
 #include <chrono>
 #include <limits>
 #include <memory>
@@ -474,9 +475,11 @@ absl::StatusOr<RunResult> RunSimulation(const ResolvedScenario& sc,
     sg4::Engine::on_time_advance_cb([&options, &wall_s, wall_start](double) {
       const double now = sg4::Engine::get_clock();
       if (options.pace > 0) {
+        // At most 10^9 wall seconds ahead: past ~292 years the nanosecond
+        // count would leave int64 (a slow pace on a long trace).
         std::this_thread::sleep_until(
             wall_start + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                             std::chrono::duration<double>(now / options.pace)));
+                             std::chrono::duration<double>(std::min(now / options.pace, 1e9))));
       }
       if (options.live != nullptr) options.live->OnClock(now, wall_s());
     });

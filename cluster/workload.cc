@@ -210,15 +210,21 @@ bool ParseDouble(absl::string_view text, double& value) {
   return ec == std::errc() && ptr == end && std::isfinite(value);
 }
 
-// Parses a token count that must be >= `min`, naming `column` on error.
+// The most tokens one request may have in its prompt or its output: 2^31 - 1.
+// Models allow at most 2^24 positions (longer requests are counted as
+// rejected); the limit keeps sums and byte counts of token counts inside
+// int64 (5e18 input tokens overflowed the request's wire size in bytes).
+constexpr int64_t kMaxTokens = 2147483647;
+
+// Parses a token count in [`min`, kMaxTokens], naming `column` on error.
 absl::StatusOr<int64_t> ParseCount(absl::string_view path, int64_t line,
                                    absl::string_view column,
                                    absl::string_view field, int64_t min) {
   int64_t value = 0;
-  if (!ParseInt64(field, value) || value < min) {
+  if (!ParseInt64(field, value) || value < min || value > kMaxTokens) {
     return LineError(path, line,
-                     absl::StrCat(column, " is ", Quoted(field),
-                                  "; expected an integer >= ", min));
+                     absl::StrCat(column, " is ", Quoted(field), "; expected an integer in [",
+                                  min, ", ", kMaxTokens, "]"));
   }
   return value;
 }
@@ -860,9 +866,9 @@ absl::Status CheckCount(absl::string_view field, int64_t value, int64_t max) {
 }
 
 absl::Status CheckTokens(absl::string_view field, int64_t value) {
-  if (value < 1) {
+  if (value < 1 || value > kMaxTokens) {
     return absl::InvalidArgumentError(
-        absl::StrCat(field, " = ", value, "; expected >= 1"));
+        absl::StrCat(field, " = ", value, "; expected 1..", kMaxTokens));
   }
   return absl::OkStatus();
 }

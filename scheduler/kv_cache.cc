@@ -4,6 +4,13 @@
 
 namespace servesim::scheduler {
 
+int64_t KvBlocksIn(double bytes, double block_bytes) {
+  if (!(bytes > 0) || !(block_bytes > 0)) return 0;
+  const double blocks = std::floor(bytes / block_bytes);
+  if (!(blocks < static_cast<double>(kMaxKvBlocks))) return kMaxKvBlocks;
+  return static_cast<int64_t>(blocks);
+}
+
 KvCapacity ComputeKvCapacity(const KvCapacityInputs& in) {
   KvCapacity out;
   out.usable_bytes_per_xpu = in.memory_bytes_per_xpu * in.memory_utilization -
@@ -11,9 +18,7 @@ KvCapacity ComputeKvCapacity(const KvCapacityInputs& in) {
                              in.activation_bytes_per_xpu;
   const double block_bytes =
       static_cast<double>(in.block_tokens) * in.kv_bytes_per_token_per_xpu;
-  if (out.usable_bytes_per_xpu > 0 && block_bytes > 0) {
-    out.blocks = static_cast<int64_t>(std::floor(out.usable_bytes_per_xpu / block_bytes));
-  }
+  out.blocks = KvBlocksIn(out.usable_bytes_per_xpu, block_bytes);
   out.tokens = out.blocks * in.block_tokens;
   return out;
 }

@@ -44,9 +44,23 @@ struct KvCapacity {
   int64_t tokens = 0;               // blocks * block_tokens
 };
 
+// The most KV blocks a pool counts: 2^52 (4.5e15), so that blocks x
+// block_tokens (at most 1024) stays below 2^62. It guards the conversion,
+// not the model: with the scenario's memory limits (1e15 bytes per xPU or
+// attention unit, 1 TiB per AttAcc stack) only a toy model (a few bytes of
+// KV per token) on petabytes of memory reaches it, and then holds 4.5e15
+// blocks, more than any trace can fill.
+inline constexpr int64_t kMaxKvBlocks = int64_t{1} << 52;
+
+// floor(bytes / block_bytes) as a block count in [0, kMaxKvBlocks]: 0 when
+// either is not positive (or is NaN), kMaxKvBlocks when the quotient is
+// larger (or infinite). A double past int64's range never reaches the cast.
+int64_t KvBlocksIn(double bytes, double block_bytes);
+
 // blocks = floor((memory * utilization - weights / xpus - activations)
-//                / (block_tokens * kv_bytes_per_token_per_xpu)).
-// Negative usable memory gives 0 blocks (the caller reports the shortfall).
+//                / (block_tokens * kv_bytes_per_token_per_xpu)),
+// through KvBlocksIn. Negative usable memory gives 0 blocks (the caller
+// reports the shortfall).
 KvCapacity ComputeKvCapacity(const KvCapacityInputs& in);
 
 }  // namespace servesim::scheduler

@@ -46,7 +46,7 @@ IterationPlanner::IterationPlanner(const devices::ModelDims& model,
 }
 
 double IterationPlanner::FfDeviceFraction(int64_t tokens) const {
-  if (config_.device_bandwidth <= 0) return 0;
+  if (!(config_.device_bandwidth > 0) || !std::isfinite(config_.device_bandwidth)) return 0;
   auto f = [&](double bs) {
     return config_.device_bandwidth /
            (config_.xpu_bandwidth * bs + config_.device_bandwidth);

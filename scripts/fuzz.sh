@@ -14,7 +14,8 @@
 # needed. Each run has -timeout (a single input slower than 10 s is a
 # failure) and -rss_limit_mb (a process above 2 GiB is a failure).
 # Prints executions and the result per target; a crash leaves its input in
-# build-asan/fuzz-artifacts/TARGET/ and makes the script exit 1.
+# build-asan/fuzz-artifacts/TARGET/ (and prints it in base64, for CI logs)
+# and makes the script exit 1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 targets_all=(scenario_fuzz trace_azure_fuzz trace_mooncake_fuzz trace_burstgpt_fuzz
@@ -81,6 +82,12 @@ for t in "${targets[@]}"; do
     failed=1
     grep -E "ERROR|runtime error|SUMMARY|Test unit written" "$log" | head -20 >&2 || true
     cp "$log" "$artifacts/last.log"
+    # The input itself, so that a CI log (whose machine is gone) keeps it:
+    # echo '...' | base64 -d > input; build-asan/tests/fuzz/TARGET input
+    unit=$(sed -n 's/.*Test unit written to //p' "$log" | tail -1)
+    if [ -n "$unit" ] && [ -f "$unit" ] && [ "$(stat -c %s "$unit")" -le 65536 ]; then
+      echo "failing input (base64): $(base64 -w0 "$unit")" >&2
+    fi
   fi
   printf '%-24s %12s %8s %10s  %s\n' "$t" "$execs" "$secs" "$rate" "$result"
   if [ $merge -eq 1 ] && [ $rc -eq 0 ]; then

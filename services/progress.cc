@@ -8,7 +8,7 @@ namespace servesim::services {
 
 std::string ProgressBar::Line(double sim_s, double wall_s) const {
   constexpr int kWidth = 24;
-  const double frac = trace_s_ > 0 ? std::clamp(sim_s / trace_s_, 0.0, 1.0) : 0.0;
+  const double frac = trace_s_ > 0 && sim_s >= 0 ? std::min(sim_s / trace_s_, 1.0) : 0.0;
   const int filled = static_cast<int>(frac * kWidth);
   std::string bar(filled, '#');
   bar.resize(kWidth, '.');

@@ -155,8 +155,8 @@ int main(int argc, char** argv) {
       }
       service.max_kv_bytes = n;
     } else if (flag == "--grace") {
-      if (!get() || !absl::SimpleAtod(v, &grace_s) || !(grace_s >= 0)) {
-        return UsageError("--grace needs seconds >= 0");
+      if (!get() || !absl::SimpleAtod(v, &grace_s) || !(grace_s >= 0 && grace_s <= 86400)) {
+        return UsageError("--grace needs seconds in [0, 86400]");
       }
     } else {
       return UsageError(absl::StrCat("unknown option ", a));

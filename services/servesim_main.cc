@@ -255,9 +255,9 @@ int ParseArgs(int argc, char** argv, Options* o) {
         return UsageError("--pace needs simulated seconds per wall second, > 0");
       }
     } else if (flag == "--linger") {
-      if (!get(&v) || !absl::SimpleAtod(v, &o->linger_s) || !(o->linger_s >= 0) ||
-          !std::isfinite(o->linger_s)) {
-        return UsageError("--linger needs wall seconds, >= 0");
+      if (!get(&v) || !absl::SimpleAtod(v, &o->linger_s) ||
+          !(o->linger_s >= 0 && o->linger_s <= 86400)) {
+        return UsageError("--linger needs wall seconds in [0, 86400]");
       }
     } else if (flag == "--agent") {
       if (!get(&v)) return UsageError("--agent needs KIND=HOST:PORT[,HOST:PORT...]");
@@ -296,8 +296,8 @@ int ParseArgs(int argc, char** argv, Options* o) {
       if (!get(&o->agent_token_file)) return UsageError("--agent-token-file needs a file");
     } else if (flag == "--agent-deadline") {
       if (!get(&v) || !absl::SimpleAtod(v, &o->agent_client.deadline_s) ||
-          !(o->agent_client.deadline_s > 0) || !std::isfinite(o->agent_client.deadline_s)) {
-        return UsageError("--agent-deadline needs seconds, > 0");
+          !(o->agent_client.deadline_s > 0 && o->agent_client.deadline_s <= 86400)) {
+        return UsageError("--agent-deadline needs seconds in (0, 86400]");
       }
     } else if (flag == "--agent-lookahead") {
       if (!get(&v) || !absl::SimpleAtoi(v, &o->agent_client.lookahead_max) ||

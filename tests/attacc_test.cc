@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <vector>
 
 #include "common/rng.h"
@@ -676,7 +677,15 @@ TEST(AttAccBadInputTest, BadSpecNamesTheField) {
   check(spec, "gemv_units_active_per_pch = 18; expected in [1, 8]");
   spec = Spec();
   spec.mutable_attacc()->mutable_attacc()->set_tck_s(-1);
-  check(spec, "tck_s = -1; expected > 0");
+  check(spec, "tck_s = -1; expected in (0, 1e-06]");
+  spec = Spec();
+  spec.mutable_attacc()->mutable_attacc()->set_gemv_clock_hz(
+      std::numeric_limits<double>::infinity());
+  check(spec, "gemv_clock_hz = inf; expected in (0, 1e+12]");
+  spec = Spec();
+  spec.mutable_attacc()->mutable_attacc()->mutable_link()->set_latency_s(
+      std::numeric_limits<double>::infinity());
+  check(spec, "link.latency_s = inf; expected >= 0 and finite");
   spec = Spec();
   spec.mutable_attacc()->mutable_attacc()->set_t_rfc(6000);
   check(spec, "t_rfc = 6000; expected < t_refi");
@@ -693,6 +702,16 @@ TEST(AttAccBadInputTest, BadSpecNamesTheField) {
   spec = Spec();
   spec.mutable_attacc()->mutable_attacc()->clear_link();
   check(spec, "link is not resolved");
+  // A stack past 2^40 bytes (the overflow scenario_fuzz found for xPU
+  // memory: int32 geometry multiplies to a pool whose KV block count is
+  // past int64). 2^34 B x 64 is exactly the limit.
+  spec = Spec();
+  spec.mutable_attacc()->mutable_attacc()->set_rows_per_bank(16384 * 64);
+  EXPECT_TRUE(CreateDevice(spec).ok());
+  spec.mutable_attacc()->mutable_attacc()->set_rows_per_bank(16384 * 64 + 1);
+  check(spec, "rows_per_bank = 1.04858e+06; expected a stack of at most 2^40 bytes (1 TiB); "
+              "channels x pseudo_channels x ranks x bank_groups x banks_per_group x "
+              "rows_per_bank x row_bytes = 1.09951e+12");
 }
 
 TEST(AttAccMemoTest, WarmDeviceEqualsColdDeviceStepByStep) {

@@ -730,7 +730,7 @@ TEST(CliTest, BadTraceRowNamesFileAndLine) {
     const RunResult r = RunServesim({command, scenario});
     EXPECT_EQ(r.code, 1) << command << ": " << r.out;
     EXPECT_TRUE(absl::StrContains(
-        r.out, absl::StrCat(trace, ":3: ContextTokens is \"abc\"; expected an integer >= 1")))
+        r.out, absl::StrCat(trace, ":3: ContextTokens is \"abc\"; expected an integer in [1, 2147483647]")))
         << command << ": " << r.out;
   }
 }

@@ -2,6 +2,7 @@
 // the GPU roofline against hand-computed values, and the exact-attention
 // reference against analytic results.
 #include <cmath>
+#include <limits>
 #include <memory>
 #include <vector>
 
@@ -146,6 +147,18 @@ TEST(RegistryTest, GpuRejectsBadSpec) {
   EXPECT_EQ(device.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(device.status().message().find("xpu.memory_utilization = 1.5"),
             std::string::npos);
+  // An agent's Describe reaches the device without the scenario's checks:
+  // infinite figures are refused here too (they made costs NaN).
+  spec = GpuSpec("a100-80gb");
+  spec.mutable_gpu()->mutable_xpu()->set_memory_bw_bytes_per_s(
+      std::numeric_limits<double>::infinity());
+  EXPECT_EQ(CreateDevice(spec).status().message(),
+            "gpu device: xpu.memory_bw_bytes_per_s = inf; expected > 0");
+  spec = GpuSpec("a100-80gb");
+  spec.mutable_gpu()->mutable_interconnect()->set_latency_s(
+      std::numeric_limits<double>::infinity());
+  EXPECT_EQ(CreateDevice(spec).status().message(),
+            "gpu device: interconnect.latency_s = inf; expected >= 0");
 }
 
 // ------------------------------------------------------------ GPU model --

@@ -289,6 +289,39 @@ TEST(ScenarioRangeTest, XpuComputeUtilization) {
             "s.pbtxt:9: cluster.xpu.compute_utilization = 1.5: allowed range (0, 1]");
 }
 
+TEST(ScenarioRangeTest, MemoryBytesHaveAnUpperLimit) {
+  // Found by scenario_fuzz: 1e96 bytes of xPU memory made a KV block count
+  // past int64 (undefined behaviour in the conversion). 1 PB is the limit,
+  // for an xPU and for an attention unit alike; 1 PB itself resolves.
+  auto xpu = ParseAndResolve(kValid, {"cluster.xpu.memory_bytes=1e96"});
+  ASSERT_FALSE(xpu.ok());
+  EXPECT_EQ(xpu.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(std::string(xpu.status().message()),
+            "s.pbtxt (--set cluster.xpu.memory_bytes): cluster.xpu.memory_bytes = 1e+96: "
+            "allowed range (0, 1e+15]");
+  auto at_limit = ParseAndResolve(kValid, {"cluster.xpu.memory_bytes=1e15"});
+  ASSERT_TRUE(at_limit.ok()) << at_limit.status();
+  EXPECT_GT(at_limit->kv.blocks, 0);
+  EXPECT_LT(at_limit->kv.blocks, scheduler::kMaxKvBlocks);
+  // --set refuses inf itself; a file can still write it.
+  std::string text = kValid;
+  text.replace(text.find("xpu { preset: \"a100-80gb\" }"), 27,
+               "xpu { preset: \"a100-80gb\"\n    memory_bytes: inf }");
+  auto inf = ParseAndResolve(text);
+  ASSERT_FALSE(inf.ok());
+  EXPECT_EQ(std::string(inf.status().message()),
+            "s.pbtxt:9: cluster.xpu.memory_bytes = inf: allowed range (0, 1e+15]");
+
+  auto unit = ParseAndResolve(
+      "model { preset: \"gpt2-medium\" }\n"
+      "cluster { xpu { preset: \"a100-80gb\" } attention_pool { topick { } } }\n",
+      {"cluster.attention_pool.memory_bytes_per_unit=2e15"});
+  ASSERT_FALSE(unit.ok());
+  EXPECT_EQ(std::string(unit.status().message()),
+            "s.pbtxt (--set cluster.attention_pool.memory_bytes_per_unit): "
+            "cluster.attention_pool.memory_bytes_per_unit = 2e+15: allowed range (0, 1e+15]");
+}
+
 TEST(ScenarioRangeTest, SloTpotZero) {
   const std::string text = std::string(kValid) + "slo { ttft_s: 1\n  tpot_s: 0 }\n";
   absl::StatusOr<ResolvedScenario> r = ParseAndResolve(text);

@@ -1,7 +1,9 @@
 // Scheduler layer under a fake clock: KV capacity, admission, preemption,
 // chunked prefill budgets, rejection, routing, and the iteration planner
 // against AttAcc's published decode latency.
+#include <cmath>
 #include <cstdio>
+#include <limits>
 #include <vector>
 
 #include "devices/model.h"
@@ -100,6 +102,27 @@ TEST(KvCapacityTest, NoRoomGivesZeroBlocks) {
   in.weight_bytes = 350e9;
   in.kv_bytes_per_token_per_xpu = 1000;
   EXPECT_EQ(ComputeKvCapacity(in).blocks, 0);
+}
+
+TEST(KvCapacityTest, BlockCountsSaturateInsteadOfOverflowing) {
+  EXPECT_EQ(KvBlocksIn(100, 16), 6);
+  EXPECT_EQ(KvBlocksIn(96, 16), 6);
+  EXPECT_EQ(KvBlocksIn(15.9, 16), 0);
+  EXPECT_EQ(KvBlocksIn(-5, 16), 0);
+  EXPECT_EQ(KvBlocksIn(100, 0), 0);
+  EXPECT_EQ(KvBlocksIn(std::nan(""), 16), 0);
+  EXPECT_EQ(KvBlocksIn(100, std::nan("")), 0);
+  // 1e96 / 16 is past int64: the count stops at kMaxKvBlocks = 2^52.
+  EXPECT_EQ(KvBlocksIn(1e96, 16), int64_t{1} << 52);
+  EXPECT_EQ(KvBlocksIn(std::numeric_limits<double>::infinity(), 16), kMaxKvBlocks);
+  EXPECT_EQ(KvBlocksIn(0x1p52 * 16 - 16, 16), kMaxKvBlocks - 1);
+  KvCapacityInputs in;
+  in.memory_bytes_per_xpu = 1e96;
+  in.kv_bytes_per_token_per_xpu = 1;
+  in.block_tokens = 1024;
+  const KvCapacity kv = ComputeKvCapacity(in);
+  EXPECT_EQ(kv.blocks, kMaxKvBlocks);
+  EXPECT_EQ(kv.tokens, int64_t{1} << 62);
 }
 
 // ------------------------------------------------------ prefill-first --

@@ -4,6 +4,7 @@
 // measurement.
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <vector>
 
 #include "common/rng.h"
@@ -242,6 +243,10 @@ TEST(SpattenBadInputTest, BadSpecsNameTheField) {
   s = Spec();
   s.mutable_spatten()->mutable_spatten()->clear_msb_bits();
   EXPECT_NE(SpattenDevice::Create(s).status().message().find("msb_bits"), std::string::npos);
+  s = Spec();
+  s.mutable_spatten()->mutable_spatten()->set_clock_hz(std::numeric_limits<double>::infinity());
+  EXPECT_EQ(SpattenDevice::Create(s).status().message(),
+            "spatten device: clock_hz = inf; expected > 0 and finite");
   EXPECT_NE(SpattenDevice::Create(Spec("spatten", servesim::v1::PRUNE_FIDELITY_FULL))
                 .status().message().find("model.layers"),
             std::string::npos);

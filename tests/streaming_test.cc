@@ -371,7 +371,7 @@ TEST(RequestStreamTest, BadRowDeepInTheFileNamesItsLine) {
   const absl::Status st = ScanWorkload(spec, "", "", 1).status();
   EXPECT_EQ(st.message(), absl::StrCat(path,
                                        ":2500: ContextTokens is \"12x\"; expected an "
-                                       "integer >= 1"));
+                                       "integer in [1, 2147483647]"));
   // The stream hands out the rows before it, then the error.
   auto stream = OpenWorkload(spec, "", "", 1);
   ASSERT_TRUE(stream.ok());
@@ -474,6 +474,44 @@ TEST(QuantileSketchTest, MergeEqualsOneSketchOfEverything) {
   for (int64_t rank = 0; rank < 50000; rank += 101) {
     ASSERT_EQ(sa.ValueAtRank(rank), all.ValueAtRank(rank)) << rank;
   }
+}
+
+TEST(QuantileSketchTest, InfinityCountsAsTheLargestValue) {
+  // The bucket index of +inf once converted inf to int64 (undefined); it
+  // now shares the largest finite value's bucket. (1 to 1.8e308 spans more
+  // buckets than the sketch keeps, so it merges its lowest ones: only the
+  // order of ranks and the top one are checked.)
+  QuantileSketch sketch;
+  sketch.Add(1.0);
+  sketch.Add(std::numeric_limits<double>::infinity());
+  sketch.Add(2.0);
+  ASSERT_EQ(sketch.count(), 3);
+  EXPECT_LE(sketch.ValueAtRank(0), sketch.ValueAtRank(1));
+  EXPECT_LT(sketch.ValueAtRank(1), sketch.ValueAtRank(2));
+  EXPECT_GT(sketch.ValueAtRank(2), 1e307);
+  EXPECT_LE(sketch.num_buckets(), static_cast<size_t>(QuantileSketch::kMaxBuckets));
+}
+
+TEST(TimeSeriesTest, PointsPastTheSpanLandInTheLastBin) {
+  // A partial run's summary spans the clock at the failure, while
+  // fast-forwarded iterations recorded already may start later (here
+  // 10^12 s over a 1 s span: 10^12 bins past the last, once cast to int).
+  TimeSeries series;
+  IterationRecord it;
+  it.duration_s = 0.25;
+  it.batch_size = 2;
+  it.decode_tokens = 3;
+  for (double start : {0.1, 0.6, 1e12}) {
+    it.start_s = start;
+    series.Add(it);
+  }
+  ASSERT_TRUE(series.exact());
+  const TimeSeries::Binned b = series.Bin(1.0, 4, 1);
+  EXPECT_EQ(b.tokens, (std::vector<double>{3, 0, 3, 3}));
+  EXPECT_EQ(b.batch_w, (std::vector<double>{0.25, 0, 0.25, 0.25}));
+  // A zero span (a run that ended at t = 0) puts every point after 0 in
+  // the last bin (x / 0 = inf, once cast as well).
+  EXPECT_EQ(series.Bin(0.0, 4, 1).tokens, (std::vector<double>{0, 0, 0, 9}));
 }
 
 TEST(QuantileAccumulatorTest, ExactUpToTheThresholdThenSketch) {

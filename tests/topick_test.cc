@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -591,6 +592,36 @@ TEST(TopickBadInputTest, BadSpecsNameTheField) {
   prefill.q = Tensor::Zeros(ElementType::kFp32, {1, 2, 32});
   prefill.k = prefill.v = Tensor::Zeros(ElementType::kFp32, {1, 4, 32});
   EXPECT_EQ(dev->Execute(prefill).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(TopickBadInputTest, TimingFiguresHaveLimits) {
+  // Each of these reached the cycle kernel before: ceil(latency x clock)
+  // past int64 (undefined), NaN from inf x 0, or memory so slow that a head
+  // takes ~10^14 simulated cycles, one loop turn each.
+  auto message = [](void (*edit)(servesim::v1::TopickSpec*)) {
+    auto s = Spec();
+    edit(s.mutable_topick()->mutable_topick());
+    auto d = TopickDevice::Create(s);
+    EXPECT_EQ(d.status().code(), absl::StatusCode::kInvalidArgument);
+    return std::string(d.status().message());
+  };
+  EXPECT_EQ(message([](auto* t) { t->set_clock_hz(std::numeric_limits<double>::infinity()); }),
+            "topick device: clock_hz = inf; expected in (0, 1e+11]");
+  EXPECT_EQ(message([](auto* t) { t->set_dram_latency_s(1e11); }),
+            "topick device: dram_latency_s = 1e+11; expected in [0, 0.001]");
+  EXPECT_EQ(message([](auto* t) { t->set_channel_bandwidth_bytes_per_s(1e-300); }),
+            "topick device: channel_bandwidth_bytes_per_s = 1e-300; expected at least "
+            "clock_hz / (16 x hbm_channels) = 3.90625e+06 (1/16 byte per cycle); "
+            "hbm_channels x channel_bandwidth_bytes_per_s / clock_hz = 1.6e-308");
+  // At the limits the device is made: 1e11 Hz with the preset's 256 GB/s
+  // is 2.56 bytes per cycle; 1 ms of latency is 10^8 cycles.
+  auto s = Spec();
+  s.mutable_topick()->mutable_topick()->set_clock_hz(1e11);
+  s.mutable_topick()->mutable_topick()->set_dram_latency_s(1e-3);
+  EXPECT_TRUE(TopickDevice::Create(s).ok());
+  s = Spec();
+  s.mutable_topick()->mutable_topick()->set_channel_bandwidth_bytes_per_s(500e6 / 16 / 8);
+  EXPECT_TRUE(TopickDevice::Create(s).ok());
 }
 
 // --------------------------------------------------------- measurement ----

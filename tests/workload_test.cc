@@ -345,7 +345,7 @@ TEST(BadInputTest, NonNumericTokenCount) {
                                      "2023-11-16 18:15:47.0,12x,44\n");
   EXPECT_TRUE(IsError(
       ReadAzureTrace(path).status(), absl::StatusCode::kInvalidArgument,
-      {path, ":3:", "ContextTokens is \"12x\"", "expected an integer >= 1"}));
+      {path, ":3:", "ContextTokens is \"12x\"", "expected an integer in [1, 2147483647]"}));
 }
 
 TEST(BadInputTest, NegativeTokenCount) {
@@ -356,7 +356,20 @@ TEST(BadInputTest, NegativeTokenCount) {
       IsError(ReadAzureTrace(path).status(), absl::StatusCode::kInvalidArgument,
               {absl::StrCat(path,
                             ":2: GeneratedTokens is \"-3\"; expected an "
-                            "integer >= 1")}));
+                            "integer in [1, 2147483647]")}));
+}
+
+TEST(BadInputTest, TokenCountPastTwoToTheThirtyOne) {
+  // 2^31 - 1 is the last count allowed; one more is an error naming the
+  // row (5e18 input tokens once overflowed a request's wire size).
+  const std::string path = WriteTemp("bad_huge.csv",
+                                     "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                                     "2023-11-16 18:15:46.6805900,2147483647,44\n"
+                                     "2023-11-16 18:15:47.0,2147483648,44\n");
+  EXPECT_TRUE(IsError(ReadAzureTrace(path).status(), absl::StatusCode::kInvalidArgument,
+                      {absl::StrCat(path,
+                                    ":3: ContextTokens is \"2147483648\"; expected an "
+                                    "integer in [1, 2147483647]")}));
 }
 
 TEST(BadInputTest, ZeroTokenCount) {
@@ -752,7 +765,7 @@ TEST(SyntheticTest, SpecValidation) {
       ->set_output_tokens(0);
   expect_invalid(spec,
                  "workload.lengths.fixed.output_tokens = 0; "
-                 "expected >= 1");
+                 "expected 1..2147483647");
   spec = Poisson(8, 10);
   spec.clear_lengths();
   expect_invalid(spec, "workload.lengths is not set");
@@ -775,7 +788,10 @@ TEST(SyntheticTest, SpecValidation) {
   spec.mutable_saturated()->set_num_requests(4);
   spec.mutable_saturated()->set_input_tokens(0);
   spec.mutable_saturated()->set_output_tokens(1);
-  expect_invalid(spec, "workload.saturated.input_tokens = 0; expected >= 1");
+  expect_invalid(spec, "workload.saturated.input_tokens = 0; expected 1..2147483647");
+  spec.mutable_saturated()->set_input_tokens(int64_t{5'000'000'000'000'000'000});
+  expect_invalid(spec,
+                 "workload.saturated.input_tokens = 5000000000000000000; expected 1..2147483647");
   expect_invalid(WorkloadSpec(), "workload has no source");
 }
 

@@ -104,6 +104,7 @@
 #include <limits>
 #include <numeric>
 #include <string>
+#include <tuple>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -150,6 +151,8 @@ const char* OpKindName(OpKind k) {
   }
   return "unknown";
 }
+
+constexpr double kMaxStackBytes = 1099511627776.0;  // 2^40
 
 absl::Status Bad(absl::string_view field, double v, absl::string_view expected) {
   return absl::InvalidArgumentError(
@@ -268,6 +271,19 @@ absl::StatusOr<std::unique_ptr<Device>> AttAccDevice::Create(const servesim::v1:
                          {a.softmax_buffer_bytes(), "softmax_buffer_bytes"}}) {
     if (v < 1) return Bad(name, static_cast<double>(v), ">= 1");
   }
+  // A stack's capacity, the product of the geometry: at most 1 TiB (64
+  // times HBM3's 16 GiB), which keeps block and row counts far inside an
+  // integer.
+  const double stack_bytes = static_cast<double>(a.channels()) * a.pseudo_channels() *
+                             a.ranks() * a.bank_groups() * a.banks_per_group() *
+                             a.rows_per_bank() * a.row_bytes();
+  if (stack_bytes > kMaxStackBytes) {
+    return Bad("rows_per_bank", a.rows_per_bank(),
+               absl::StrCat("a stack of at most 2^40 bytes (1 TiB); channels x pseudo_channels "
+                            "x ranks x bank_groups x banks_per_group x rows_per_bank x "
+                            "row_bytes = ",
+                            stack_bytes));
+  }
   for (auto [v, name] : {std::pair<int64_t, const char*>{a.t_rcd(), "t_rcd"},
                          {a.t_rp(), "t_rp"},
                          {a.t_rfc(), "t_rfc"},
@@ -285,11 +301,14 @@ absl::StatusOr<std::unique_ptr<Device>> AttAccDevice::Create(const servesim::v1:
     return Bad("row_bytes", a.row_bytes(),
                absl::StrCat("a multiple of column_bytes (", a.column_bytes(), ")"));
   }
-  for (auto [v, name] : {std::pair<double, const char*>{a.tck_s(), "tck_s"},
-                         {a.gemv_clock_hz(), "gemv_clock_hz"},
-                         {a.softmax_clock_hz(), "softmax_clock_hz"},
-                         {link.bandwidth_bytes_per_s(), "link.bandwidth_bytes_per_s"}}) {
-    if (!(v > 0)) return Bad(name, v, "> 0");
+  // Finite, with upper limits: an infinite clock or bandwidth turned the
+  // FF co-processing split into inf / inf = NaN.
+  for (auto [v, name, hi] :
+       {std::tuple<double, const char*, double>{a.tck_s(), "tck_s", 1e-6},
+        {a.gemv_clock_hz(), "gemv_clock_hz", 1e12},
+        {a.softmax_clock_hz(), "softmax_clock_hz", 1e12},
+        {link.bandwidth_bytes_per_s(), "link.bandwidth_bytes_per_s", 1e15}}) {
+    if (!(v > 0 && v <= hi)) return Bad(name, v, absl::StrCat("in (0, ", hi, "]"));
   }
   for (auto [v, name] :
        {std::pair<double, const char*>{a.act_pre_pj_per_bit(), "act_pre_pj_per_bit"},
@@ -302,7 +321,7 @@ absl::StatusOr<std::unique_ptr<Device>> AttAccDevice::Create(const servesim::v1:
         {a.softmax_op_energy_pj(), "softmax_op_energy_pj"},
         {link.latency_s(), "link.latency_s"},
         {link.energy_pj_per_byte(), "link.energy_pj_per_byte"}}) {
-    if (!(v >= 0)) return Bad(name, v, ">= 0");
+    if (!(v >= 0) || !std::isfinite(v)) return Bad(name, v, ">= 0 and finite");
   }
   int64_t units = 1;
   switch (a.placement()) {

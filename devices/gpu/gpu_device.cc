@@ -1,6 +1,7 @@
 #include "devices/gpu/gpu_device.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "absl/strings/str_cat.h"
 #include "devices/reference_attention.h"
@@ -9,8 +10,10 @@
 namespace servesim::devices {
 namespace {
 
+// Finite as well: the agent's Describe path reaches here without the
+// scenario's checks, and an infinite figure would make costs NaN.
 absl::Status Positive(double v, absl::string_view field) {
-  if (!(v > 0)) {
+  if (!(v > 0) || !std::isfinite(v)) {
     return absl::InvalidArgumentError(
         absl::StrCat("gpu device: ", field, " = ", v, "; expected > 0"));
   }
@@ -54,7 +57,7 @@ absl::StatusOr<std::unique_ptr<Device>> GpuDevice::Create(
                          {x.int8_op_energy_pj(), "xpu.int8_op_energy_pj"},
                          {l.latency_s(), "interconnect.latency_s"},
                          {l.energy_pj_per_byte(), "interconnect.energy_pj_per_byte"}}) {
-    if (!(v >= 0)) {
+    if (!(v >= 0) || !std::isfinite(v)) {
       return absl::InvalidArgumentError(
           absl::StrCat("gpu device: ", name, " = ", v, "; expected >= 0"));
     }

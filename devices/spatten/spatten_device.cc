@@ -351,7 +351,7 @@ absl::StatusOr<std::unique_ptr<Device>> SpattenDevice::Create(const servesim::v1
   }
   for (auto [v, name] : {std::pair<double, const char*>{t.clock_hz(), "clock_hz"},
                          {t.channel_bandwidth_bytes_per_s(), "channel_bandwidth_bytes_per_s"}}) {
-    if (!(v > 0)) return Bad(name, v, "> 0");
+    if (!(v > 0) || !std::isfinite(v)) return Bad(name, v, "> 0 and finite");
   }
   for (auto [v, name] :
        {std::pair<double, const char*>{t.token_ratio_start(), "token_ratio_start"},

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <limits>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 
@@ -393,13 +394,31 @@ absl::StatusOr<std::unique_ptr<Device>> TopickDevice::Create(const servesim::v1:
     return Bad("operand_bits", t.operand_bits(),
                absl::StrCat("3 x chunk_bits (", 3 * t.chunk_bits(), "): K is fetched in three chunks"));
   }
-  for (auto [v, name] : {std::pair<double, const char*>{t.clock_hz(), "clock_hz"},
-                         {t.channel_bandwidth_bytes_per_s(), "channel_bandwidth_bytes_per_s"}}) {
-    if (!(v > 0)) return Bad(name, v, "> 0");
+  // Upper limits keep cycle counts inside an integer (the DRAM latency in
+  // cycles is added to int64 cycle stamps).
+  for (auto [v, name, hi] :
+       {std::tuple<double, const char*, double>{t.clock_hz(), "clock_hz", 1e11},
+        {t.channel_bandwidth_bytes_per_s(), "channel_bandwidth_bytes_per_s", 1e15}}) {
+    if (!(v > 0 && v <= hi)) return Bad(name, v, absl::StrCat("in (0, ", hi, "]"));
+  }
+  if (!(t.dram_latency_s() >= 0 && t.dram_latency_s() <= 1e-3)) {
+    return Bad("dram_latency_s", t.dram_latency_s(), "in [0, 0.001]");
+  }
+  // The cycle-level kernel serves memory one cycle at a time: below 1/16
+  // byte per cycle a head would take billions of cycles to simulate.
+  const double bytes_per_cycle =
+      t.hbm_channels() * t.channel_bandwidth_bytes_per_s() / t.clock_hz();
+  if (!(bytes_per_cycle >= 1.0 / 16)) {
+    return Bad("channel_bandwidth_bytes_per_s", t.channel_bandwidth_bytes_per_s(),
+               absl::StrCat("at least clock_hz / (16 x hbm_channels) = ",
+                            t.clock_hz() / (16.0 * t.hbm_channels()),
+                            " (1/16 byte per cycle); hbm_channels x channel_bandwidth_bytes_per_s "
+                            "/ clock_hz = ",
+                            bytes_per_cycle));
   }
   for (auto [v, name] :
-       {std::pair<double, const char*>{t.dram_latency_s(), "dram_latency_s"},
-        {t.lane_datapath_mw(), "lane_datapath_mw"}, {t.lane_pec_mw(), "lane_pec_mw"},
+       {std::pair<double, const char*>{t.lane_datapath_mw(), "lane_datapath_mw"},
+        {t.lane_pec_mw(), "lane_pec_mw"},
         {t.lane_scoreboard_mw(), "lane_scoreboard_mw"}, {t.lane_rpdu_mw(), "lane_rpdu_mw"},
         {t.mux_network_mw(), "mux_network_mw"}, {t.margin_generator_mw(), "margin_generator_mw"},
         {t.dag_mw(), "dag_mw"}, {t.onchip_buffer_mw(), "onchip_buffer_mw"},
