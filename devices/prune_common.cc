@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <iterator>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -83,6 +84,21 @@ const char* FidelityName(servesim::v1::PruneFidelity f) {
 int64_t OpHeadCount(const Op& op) {
   const int64_t end = op.head_end < 0 ? op.heads : std::min(op.head_end, op.heads);
   return std::max<int64_t>(0, end - std::max<int64_t>(0, op.head_begin));
+}
+
+absl::Status CheckAttentionShape(absl::string_view device,
+                                 const servesim::v1::AttentionShape& model) {
+  for (auto [has, v, name, hi] :
+       {std::tuple<bool, int64_t, const char*, int64_t>{model.has_layers(), model.layers(),
+                                                        "model.layers", 1024},
+        {model.has_heads(), model.heads(), "model.heads", 4096},
+        {model.has_d_head(), model.d_head(), "model.d_head", 4096}}) {
+    if (has && (v < 1 || v > hi)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(device, " device: ", name, " = ", v, "; expected in [1, ", hi, "]"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status CheckAttentionOps(absl::string_view device, absl::Span<const Op> ops,

@@ -68,6 +68,14 @@ int64_t OpHeadCount(const Op& op);
 absl::Status CheckAttentionOps(absl::string_view device, absl::Span<const Op> ops,
                                size_t cost_slots);
 
+// The model shape a pruning device's spec may carry (`model`): each field
+// that is set within the scenario's ranges for its model (layers [1, 1024],
+// heads [1, 4096], d_head [1, 4096]). An agent's client sends the spec, and
+// the shape sizes per-head tables and hash planes (CTA's heads x d_head
+// projections overflowed past 2^63).
+absl::Status CheckAttentionShape(absl::string_view device,
+                                 const servesim::v1::AttentionShape& model);
+
 // Calibration lengths and instances with defaults (128 .. 2048; 4).
 std::vector<int64_t> CalibrationLengths(const servesim::v1::PruneCalibrationSpec& c);
 int CalibrationInstances(const servesim::v1::PruneCalibrationSpec& c);

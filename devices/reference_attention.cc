@@ -47,6 +47,13 @@ absl::Status CheckAttentionShapes(const AttentionCall& call) {
     return absl::InvalidArgumentError(absl::StrCat(
         "d_head differs: q has ", call.q.shape[2], ", k has ", call.k.shape[2]));
   }
+  // model.d_head's range: the kernels' fixed-point dot products (d_head x
+  // 2^46 at SpAtten's 24 bits) and per-slot buffers (AttAcc's l_split x
+  // d_head) are sized for it.
+  if (call.q.shape[2] > kMaxAttentionDHead) {
+    return absl::InvalidArgumentError(absl::StrCat("d_head = ", call.q.shape[2],
+                                                   "; expected at most ", kMaxAttentionDHead));
+  }
   if (call.q.shape[0] % call.k.shape[0] != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("q has ", call.q.shape[0], " heads, not a multiple of k's ",

@@ -11,9 +11,13 @@
 
 namespace servesim::devices {
 
+// The largest head dimension a kernel takes: model.d_head's range.
+inline constexpr int64_t kMaxAttentionDHead = 4096;
+
 // INVALID_ARGUMENT, naming the tensor and dimension, unless q is
 // [heads, q_len, d], k and v are [kv_heads, kv_len, d], heads is a multiple
-// of kv_heads, 1 <= q_len <= kv_len and byte sizes match the shapes.
+// of kv_heads, 1 <= q_len <= kv_len, d <= kMaxAttentionDHead and byte
+// sizes match the shapes.
 absl::Status CheckAttentionShapes(const AttentionCall& call);
 
 absl::StatusOr<AttentionResult> ExactAttention(const AttentionCall& call);

@@ -706,12 +706,35 @@ TEST(AttAccBadInputTest, BadSpecNamesTheField) {
   // memory: int32 geometry multiplies to a pool whose KV block count is
   // past int64). 2^34 B x 64 is exactly the limit.
   spec = Spec();
-  spec.mutable_attacc()->mutable_attacc()->set_rows_per_bank(16384 * 64);
+  spec.mutable_attacc()->mutable_attacc()->set_rows_per_bank(1 << 20);
   EXPECT_TRUE(CreateDevice(spec).ok());
-  spec.mutable_attacc()->mutable_attacc()->set_rows_per_bank(16384 * 64 + 1);
-  check(spec, "rows_per_bank = 1.04858e+06; expected a stack of at most 2^40 bytes (1 TiB); "
-              "channels x pseudo_channels x ranks x bank_groups x banks_per_group x "
-              "rows_per_bank x row_bytes = 1.09951e+12");
+  spec.mutable_attacc()->mutable_attacc()->set_row_bytes(2048);
+  check(spec, "attacc device: stack capacity = 2.19902e+12; expected at most 2^40 bytes (1 TiB)");
+  // Each geometry field has a range (on an agent the client sends them; a
+  // channel count near 2^31 overflowed Estimate's per-channel arrays).
+  spec = Spec();
+  spec.mutable_attacc()->mutable_attacc()->set_channels(2147483647);
+  check(spec, "attacc device: channels = 2.14748e+09; expected in [1, 64]");
+  spec = Spec();
+  spec.mutable_attacc()->mutable_attacc()->set_stacks(4097);
+  check(spec, "attacc device: stacks = 4097; expected in [1, 4096]");
+  spec = Spec();
+  spec.mutable_attacc()->mutable_attacc()->set_pseudo_channels(9);
+  check(spec, "attacc device: pseudo_channels = 9; expected in [1, 8]");
+}
+
+TEST(AttAccBadInputTest, HeadItemsPerOpAreBounded) {
+  // 4,097 sequences x 65,536 query heads (what an agent's client may send)
+  // once overflowed the int32 per-stack head counts; 2^28 items, the most
+  // a scenario makes (65,536 sequences x 4,096 heads), is the limit.
+  const auto d = Make();
+  const std::vector<AttentionSeq> seqs(4097, AttentionSeq{1, 0});
+  const absl::Status over = EstimateStatus(*d, Attention(seqs, 65536, 1, 1));
+  EXPECT_EQ(over.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(over.message(),
+            "attacc device: attention op of 4097 sequences x 65536 query heads = 268500992 "
+            "head items; expected at most 268435456");
+  EXPECT_TRUE(EstimateStatus(*d, Attention({{1, 0}, {1, 7}}, 65536, 1, 1)).ok());
 }
 
 TEST(AttAccMemoTest, WarmDeviceEqualsColdDeviceStepByStep) {

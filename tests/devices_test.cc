@@ -545,5 +545,58 @@ TEST(CheckAttentionOpsTest, EveryAttentionOnlyDeviceRejectsTheSameBadOps) {
   EXPECT_TRUE(CheckAttentionOps("x", {}, 0).ok());
 }
 
+TEST(CheckAttentionShapeTest, EveryPruningDeviceBoundsItsModelShape) {
+  // An agent's client sends the spec: CTA's heads x d_head hash planes of
+  // 2^30 x 2^30 once overflowed int64, and SpAtten indexed layer
+  // INT32_MIN - 1. Each field set must be in the scenario model's range.
+  std::vector<std::pair<std::string, servesim::v1::DeviceSpec>> specs(4);
+  specs[0].first = "cta";
+  *specs[0].second.mutable_cta()->mutable_cta() = *CtaPreset("cta_0");
+  specs[1].first = "topick";
+  *specs[1].second.mutable_topick()->mutable_topick() = *TopickPreset("topick");
+  specs[2].first = "spatten";
+  *specs[2].second.mutable_spatten()->mutable_spatten() = *SpattenPreset("spatten");
+  specs[3].first = "lad";
+  *specs[3].second.mutable_lad()->mutable_lad() = *LadPreset("lad_1.5");
+  auto model = [](servesim::v1::DeviceSpec* spec) {
+    return spec->has_cta()       ? spec->mutable_cta()->mutable_model()
+           : spec->has_topick()  ? spec->mutable_topick()->mutable_model()
+           : spec->has_spatten() ? spec->mutable_spatten()->mutable_model()
+                                 : spec->mutable_lad()->mutable_model();
+  };
+  for (auto& [kind, spec] : specs) {
+    SCOPED_TRACE(kind);
+    auto* m = model(&spec);
+    m->set_layers(1024);
+    m->set_heads(4096);
+    m->set_d_head(64);
+    EXPECT_TRUE(CreateDevice(spec).ok());
+    m->set_heads(1073741824);
+    EXPECT_EQ(CreateDevice(spec).status().message(),
+              kind + " device: model.heads = 1073741824; expected in [1, 4096]");
+    m->set_heads(16);
+    m->set_layers(-2147483647 - 1);
+    EXPECT_EQ(CreateDevice(spec).status().message(),
+              kind + " device: model.layers = -2147483648; expected in [1, 1024]");
+    m->set_layers(24);
+    m->set_d_head(4097);
+    EXPECT_EQ(CreateDevice(spec).status().message(),
+              kind + " device: model.d_head = 4097; expected in [1, 4096]");
+  }
+  EXPECT_TRUE(CheckAttentionShape("x", servesim::v1::AttentionShape()).ok());
+}
+
+TEST(CheckAttentionShapesTest, HeadDimensionAtMost4096) {
+  // Kernels size fixed-point sums and per-slot buffers for model.d_head's
+  // range; a tensor past it is refused before any of them runs.
+  AttentionCall call;
+  call.q = Tensor::Zeros(ElementType::kFp32, {1, 1, 4097});
+  call.k = call.v = Tensor::Zeros(ElementType::kFp32, {1, 2, 4097});
+  EXPECT_EQ(CheckAttentionShapes(call).message(), "d_head = 4097; expected at most 4096");
+  call.q = Tensor::Zeros(ElementType::kFp32, {1, 1, 4096});
+  call.k = call.v = Tensor::Zeros(ElementType::kFp32, {1, 2, 4096});
+  EXPECT_TRUE(CheckAttentionShapes(call).ok());
+}
+
 }  // namespace
 }  // namespace servesim::devices

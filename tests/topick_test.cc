@@ -580,6 +580,12 @@ TEST(TopickBadInputTest, BadSpecsNameTheField) {
   s = Spec();
   s.mutable_topick()->mutable_topick()->set_operand_bits(16);
   expect(s, "operand_bits");
+  // 30-bit operands made d x qmax x 2^29 overflow int64 at d = 128.
+  s = Spec();
+  s.mutable_topick()->mutable_topick()->set_chunk_bits(10);
+  s.mutable_topick()->mutable_topick()->set_operand_bits(30);
+  EXPECT_EQ(TopickDevice::Create(s).status().message(),
+            "topick device: chunk_bits = 10; expected in [1, 8]");
   s = Spec("baseline");
   s.mutable_topick()->mutable_topick()->set_on_demand_k(true);
   expect(s, "on_demand_k");

@@ -153,6 +153,7 @@ const char* OpKindName(OpKind k) {
 }
 
 constexpr double kMaxStackBytes = 1099511627776.0;  // 2^40
+constexpr int64_t kMaxHeadItems = int64_t{1} << 28;
 
 absl::Status Bad(absl::string_view field, double v, absl::string_view expected) {
   return absl::InvalidArgumentError(
@@ -253,16 +254,24 @@ absl::StatusOr<std::unique_ptr<Device>> AttAccDevice::Create(const servesim::v1:
     return Bad("dtype", dtype, "DTYPE_FP16 or DTYPE_INT8");
   }
   const int64_t elem = dtype == servesim::v1::DTYPE_INT8 ? 1 : 2;
-  for (auto [v, name] : {std::pair<int64_t, const char*>{a.stacks(), "stacks"},
-                         {a.channels(), "channels"},
-                         {a.pseudo_channels(), "pseudo_channels"},
-                         {a.ranks(), "ranks"},
-                         {a.bank_groups(), "bank_groups"},
-                         {a.banks_per_group(), "banks_per_group"},
-                         {a.rows_per_bank(), "rows_per_bank"},
-                         {a.row_bytes(), "row_bytes"},
-                         {a.column_bytes(), "column_bytes"},
-                         {a.t_ccds(), "t_ccds"},
+  // The geometry: each field within 4-8x of HBM3's (16 channels, 2 pseudo
+  // channels, 2 ranks, 4 x 4 banks, 16,384 rows of 1 KiB, 32-byte columns)
+  // and of AttAcc's 40 stacks, so that the per-channel and per-stack arrays
+  // of Estimate and the buffers of Execute stay small and every count fits
+  // an integer; on an agent these come from the client.
+  for (auto [v, name, hi] :
+       {std::tuple<int64_t, const char*, int64_t>{a.stacks(), "stacks", 4096},
+        {a.channels(), "channels", 64},
+        {a.pseudo_channels(), "pseudo_channels", 8},
+        {a.ranks(), "ranks", 16},
+        {a.bank_groups(), "bank_groups", 16},
+        {a.banks_per_group(), "banks_per_group", 16},
+        {a.rows_per_bank(), "rows_per_bank", 1 << 20},
+        {a.row_bytes(), "row_bytes", 1 << 16},
+        {a.column_bytes(), "column_bytes", 1 << 12}}) {
+    if (v < 1 || v > hi) return Bad(name, static_cast<double>(v), absl::StrCat("in [1, ", hi, "]"));
+  }
+  for (auto [v, name] : {std::pair<int64_t, const char*>{a.t_ccds(), "t_ccds"},
                          {a.t_ccdl(), "t_ccdl"},
                          {a.t_refi(), "t_refi"},
                          {a.t_pim_move(), "t_pim_move"},
@@ -278,11 +287,9 @@ absl::StatusOr<std::unique_ptr<Device>> AttAccDevice::Create(const servesim::v1:
                              a.ranks() * a.bank_groups() * a.banks_per_group() *
                              a.rows_per_bank() * a.row_bytes();
   if (stack_bytes > kMaxStackBytes) {
-    return Bad("rows_per_bank", a.rows_per_bank(),
-               absl::StrCat("a stack of at most 2^40 bytes (1 TiB); channels x pseudo_channels "
-                            "x ranks x bank_groups x banks_per_group x rows_per_bank x "
-                            "row_bytes = ",
-                            stack_bytes));
+    return Bad("stack capacity", stack_bytes,
+               "at most 2^40 bytes (1 TiB): channels x pseudo_channels x ranks x bank_groups x "
+               "banks_per_group x rows_per_bank x row_bytes");
   }
   for (auto [v, name] : {std::pair<int64_t, const char*>{a.t_rcd(), "t_rcd"},
                          {a.t_rp(), "t_rp"},
@@ -613,6 +620,14 @@ absl::Status AttAccDevice::AttentionCost(const Op& op, OwnPlacement* own, Cost* 
                                                    op.heads, "]"));
   }
   const int64_t nseq = static_cast<int64_t>(op.seqs.size());
+  // The general schedule counts query heads per stack and per channel in
+  // int32: 2^28 items (sequences x query heads), a batch of 65,536 with
+  // 4,096 heads, is the most a scenario can make and the most taken.
+  if (nseq * (he - hb) > kMaxHeadItems) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "attacc device: attention op of ", nseq, " sequences x ", he - hb,
+        " query heads = ", nseq * (he - hb), " head items; expected at most ", kMaxHeadItems));
+  }
   for (int64_t s = 0; s < nseq; ++s) {
     const AttentionSeq& q = op.seqs[s];
     if (q.new_tokens != 1) {

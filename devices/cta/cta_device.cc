@@ -508,6 +508,7 @@ absl::StatusOr<std::unique_ptr<Device>> CtaDevice::Create(const servesim::v1::De
       fidelity > servesim::v1::PRUNE_FIDELITY_FULL) {
     return Bad("fidelity", fidelity, "PRUNE_FIDELITY_ANALYTIC, _CALIBRATED or _FULL");
   }
+  RETURN_IF_ERROR(CheckAttentionShape("cta", ds.model()));
   const auto& m = ds.model();
   if (fidelity == servesim::v1::PRUNE_FIDELITY_FULL && (!m.has_layers() || m.layers() < 1)) {
     return absl::InvalidArgumentError(absl::StrCat(

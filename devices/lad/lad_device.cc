@@ -488,6 +488,7 @@ absl::StatusOr<std::unique_ptr<Device>> LadDevice::Create(const servesim::v1::De
   if (fidelity < servesim::v1::PRUNE_FIDELITY_UNSPECIFIED || fidelity > servesim::v1::PRUNE_FIDELITY_FULL) {
     return Bad("fidelity", fidelity, "PRUNE_FIDELITY_ANALYTIC, _CALIBRATED or _FULL");
   }
+  RETURN_IF_ERROR(CheckAttentionShape("lad", ds.model()));
   if (fidelity == servesim::v1::PRUNE_FIDELITY_FULL) {
     const auto& m = ds.model();
     if (!m.has_layers() || !m.has_heads() || !m.has_d_head() || m.layers() < 1 ||

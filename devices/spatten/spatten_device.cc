@@ -375,6 +375,7 @@ absl::StatusOr<std::unique_ptr<Device>> SpattenDevice::Create(const servesim::v1
   if (fidelity < servesim::v1::PRUNE_FIDELITY_UNSPECIFIED || fidelity > servesim::v1::PRUNE_FIDELITY_FULL) {
     return Bad("fidelity", fidelity, "PRUNE_FIDELITY_ANALYTIC, _CALIBRATED or _FULL");
   }
+  RETURN_IF_ERROR(CheckAttentionShape("spatten", ds.model()));
   const auto& m = ds.model();
   if (fidelity == servesim::v1::PRUNE_FIDELITY_FULL &&
       (!m.has_layers() || !m.has_heads() || !m.has_d_head() || m.layers() < 1 || m.heads() < 1 ||

@@ -387,7 +387,7 @@ absl::StatusOr<std::unique_ptr<Device>> TopickDevice::Create(const servesim::v1:
         {t.multipliers_per_lane(), "multipliers_per_lane", 1, 65536},
         {t.hbm_channels(), "hbm_channels", 1, 1024},
         {t.scoreboard_entries(), "scoreboard_entries", 1, 1 << 20},
-        {t.chunk_bits(), "chunk_bits", 1, 10}}) {
+        {t.chunk_bits(), "chunk_bits", 1, 8}}) {
     if (v < lo || v > hi) return Bad(name, static_cast<double>(v), absl::StrCat("in [", lo, ", ", hi, "]"));
   }
   if (t.operand_bits() != 3 * t.chunk_bits()) {
@@ -436,6 +436,7 @@ absl::StatusOr<std::unique_ptr<Device>> TopickDevice::Create(const servesim::v1:
   if (fidelity < servesim::v1::PRUNE_FIDELITY_UNSPECIFIED || fidelity > servesim::v1::PRUNE_FIDELITY_FULL) {
     return Bad("fidelity", fidelity, "PRUNE_FIDELITY_ANALYTIC, _CALIBRATED or _FULL");
   }
+  RETURN_IF_ERROR(CheckAttentionShape("topick", ds.model()));
   if (fidelity == servesim::v1::PRUNE_FIDELITY_FULL) {
     const auto& m = ds.model();
     if (!m.has_layers() || !m.has_heads() || !m.has_d_head() || m.layers() < 1 ||
