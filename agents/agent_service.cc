@@ -15,6 +15,7 @@
 #include "devices/cta/cta_device.h"
 #include "devices/lad/lad_device.h"
 #include "devices/presets.h"
+#include "devices/reference_attention.h"
 #include "devices/registry.h"
 #include "devices/spatten/spatten_device.h"
 #include "devices/topick/topick_device.h"
@@ -323,10 +324,14 @@ grpc::Status AgentService::OpenSession(grpc::ServerContext* ctx,
   if (auto st = Authorize(ctx); !st.ok()) return st;
   auto h = Find(req->device_key());
   if (!h.ok()) return ToGrpcStatus(h.status());
-  if (req->kv_heads() < 1 || req->d_head() < 1) {
+  // A model's ranges (num_kv_heads <= num_heads <= 4096, d_head <= 4096):
+  // the session holds one K and one V list per KV head (2^40 heads made
+  // the agent's vector resize throw and terminate it).
+  if (req->kv_heads() < 1 || req->kv_heads() > 4096 || req->d_head() < 1 ||
+      req->d_head() > devices::kMaxAttentionDHead) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         absl::StrCat("kv_heads = ", req->kv_heads(), ", d_head = ", req->d_head(),
-                                     "; expected both >= 1"));
+                                     "; expected both in [1, 4096]"));
   }
   if (req->type() != v1::ELEMENT_TYPE_FP16 && req->type() != v1::ELEMENT_TYPE_FP32) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,

@@ -1345,6 +1345,28 @@ TEST(AgentLimitsTest, ExecuteWorkAndEmptyTensorExtentsAreBounded) {
 // All sessions' K and V together are held to max_kv_bytes: an append that
 // would pass it is refused with the figures, and closing a session gives its
 // bytes back.
+TEST(AgentLimitsTest, SessionShapeIsAModelShape) {
+  auto svc = DirectService(AgentServiceOptions{});
+  ASSERT_NE(svc, nullptr);
+  auto open = [&](int64_t kv_heads, int64_t d_head) {
+    grpc::ServerContext ctx;
+    v1::OpenSessionRequest o;
+    o.set_kv_heads(kv_heads);
+    o.set_d_head(d_head);
+    o.set_type(v1::ELEMENT_TYPE_FP16);
+    v1::OpenSessionResponse r;
+    return svc->OpenSession(&ctx, &o, &r);
+  };
+  EXPECT_TRUE(open(4096, 4096).ok());
+  // 2^40 KV heads once made the session's per-head lists throw on resize.
+  const grpc::Status huge = open(int64_t{1} << 40, 8);
+  EXPECT_EQ(huge.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(huge.error_message(),
+            "kv_heads = 1099511627776, d_head = 8; expected both in [1, 4096]");
+  EXPECT_EQ(open(2, 4097).error_message(), "kv_heads = 2, d_head = 4097; expected both in [1, 4096]");
+  EXPECT_EQ(open(0, 8).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+}
+
 TEST(AgentLimitsTest, SessionsShareOneKvBudget) {
   AgentServiceOptions opts;
   opts.max_tensor_bytes = 4096;
