@@ -153,6 +153,12 @@ const char* OpKindName(OpKind k) {
 }
 
 constexpr double kMaxStackBytes = 1099511627776.0;  // 2^40
+
+// A stack's capacity: the product of its geometry.
+double StackBytesOf(const AttAccSpec& a) {
+  return static_cast<double>(a.channels()) * a.pseudo_channels() * a.ranks() * a.bank_groups() *
+         a.banks_per_group() * a.rows_per_bank() * a.row_bytes();
+}
 constexpr int64_t kMaxHeadItems = int64_t{1} << 28;
 
 absl::Status Bad(absl::string_view field, double v, absl::string_view expected) {
@@ -283,9 +289,7 @@ absl::StatusOr<std::unique_ptr<Device>> AttAccDevice::Create(const servesim::v1:
   // A stack's capacity, the product of the geometry: at most 1 TiB (64
   // times HBM3's 16 GiB), which keeps block and row counts far inside an
   // integer.
-  const double stack_bytes = static_cast<double>(a.channels()) * a.pseudo_channels() *
-                             a.ranks() * a.bank_groups() * a.banks_per_group() *
-                             a.rows_per_bank() * a.row_bytes();
+  const double stack_bytes = StackBytesOf(a);
   if (stack_bytes > kMaxStackBytes) {
     return Bad("stack capacity", stack_bytes,
                "at most 2^40 bytes (1 TiB): channels x pseudo_channels x ranks x bank_groups x "
@@ -399,11 +403,7 @@ AttAccDevice::AttAccDevice(const servesim::v1::AttAccDeviceSpec& spec) : spec_(s
 
 // ------------------------------------------------------------ geometry ----
 
-double AttAccDevice::StackBytes() const {
-  const AttAccSpec& a = spec_.attacc();
-  return static_cast<double>(a.channels()) * a.pseudo_channels() * a.ranks() * a.bank_groups() *
-         a.banks_per_group() * a.rows_per_bank() * a.row_bytes();
-}
+double AttAccDevice::StackBytes() const { return StackBytesOf(spec_.attacc()); }
 
 double AttAccDevice::InternalBandwidth() const {
   const AttAccSpec& a = spec_.attacc();

@@ -30,6 +30,11 @@ absl::Status Bad(absl::string_view field, double v, absl::string_view expected) 
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// What the DRAM delivers per PE clock cycle, all channels together.
+double BytesPerCycleOf(const TopickSpec& t) {
+  return t.hbm_channels() * t.channel_bandwidth_bytes_per_s() / t.clock_hz();
+}
+
 struct Request {
   int32_t token;  // position
   int8_t chunk;
@@ -406,8 +411,7 @@ absl::StatusOr<std::unique_ptr<Device>> TopickDevice::Create(const servesim::v1:
   }
   // The cycle-level kernel serves memory one cycle at a time: below 1/16
   // byte per cycle a head would take billions of cycles to simulate.
-  const double bytes_per_cycle =
-      t.hbm_channels() * t.channel_bandwidth_bytes_per_s() / t.clock_hz();
+  const double bytes_per_cycle = BytesPerCycleOf(t);
   if (!(bytes_per_cycle >= 1.0 / 16)) {
     return Bad("channel_bandwidth_bytes_per_s", t.channel_bandwidth_bytes_per_s(),
                absl::StrCat("at least clock_hz / (16 x hbm_channels) = ",
@@ -510,9 +514,7 @@ absl::Status TopickDevice::Calibrate() {
 
 // ------------------------------------------------------------ geometry ----
 
-double TopickDevice::BytesPerCycle() const {
-  return spec().hbm_channels() * spec().channel_bandwidth_bytes_per_s() / spec().clock_hz();
-}
+double TopickDevice::BytesPerCycle() const { return BytesPerCycleOf(spec()); }
 
 double TopickDevice::PowerW() const {
   const TopickSpec& t = spec();
