@@ -108,13 +108,20 @@ async function main() {
   const failures = [];
   const check = (ok, msg) => { if (!ok) failures.push(msg); };
 
-  const run = await startServesim(o);
-  let browser;
+  // Chromium starts before servesim does: on a loaded 2-core machine its
+  // start-up alone has taken longer than the paced run (CI once saw the page
+  // open after the run had ended, with one point to plot).
+  let browser = await chromium.launch({ executablePath: o.chromium, headless: true, args: ['--no-sandbox', '--disable-gpu'] });
+  const page = await browser.newPage({ viewport: { width: 1400, height: 1000 } });
+  // A first layout with text and a canvas, so font and graphics set-up on a
+  // fresh machine are done before the run's clock starts too.
+  await page.setContent('<p>servesim</p><canvas width="8" height="8"></canvas>');
+  log('browser ready');
+  let run;
   try {
+    run = await startServesim(o);
     const origin = new URL(run.base).origin;
     log(`dashboard at ${run.base}`);
-    browser = await chromium.launch({ executablePath: o.chromium, headless: true, args: ['--no-sandbox', '--disable-gpu'] });
-    const page = await browser.newPage({ viewport: { width: 1400, height: 1000 } });
     const offOrigin = [];
     const pageErrors = [];
     page.on('request', (r) => { if (new URL(r.url()).origin !== origin && !r.url().startsWith('data:')) offOrigin.push(r.url()); });
@@ -200,7 +207,7 @@ async function main() {
     if (ex) check(ex.code === 0, `servesim exited with ${ex.signal || ex.code}; stderr:\n${run.stderr()}`);
   } finally {
     if (browser) await browser.close().catch(() => {});
-    if (run.child.exitCode === null && run.child.signalCode === null) run.child.kill('SIGTERM');
+    if (run && run.child.exitCode === null && run.child.signalCode === null) run.child.kill('SIGTERM');
   }
   if (failures.length) {
     console.error(`FAIL:\n- ${failures.join('\n- ')}`);
