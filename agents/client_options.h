@@ -1,5 +1,5 @@
 // How the simulator reaches device agents (agents/remote_device.h). Kept
-// free of gRPC headers: cluster/scenario.h carries it.
+// free of gRPC headers: scenario/scenario.h carries it.
 #ifndef SERVESIM_AGENTS_CLIENT_OPTIONS_H_
 #define SERVESIM_AGENTS_CLIENT_OPTIONS_H_
 

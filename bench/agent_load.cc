@@ -1,5 +1,5 @@
 // servesim-agent-load: a bounded load test of one device agent on loopback
-// (issue 9). Starts `servesim-agent --device KIND --listen 127.0.0.1:0`,
+// Starts `servesim-agent --device KIND --listen 127.0.0.1:0`,
 // then N client threads (a channel each) call it as fast as they can:
 //  - Estimate: an iteration of GPT-3 175B's attention on the device (two
 //    head groups sharing a sequence list, as the simulator sends them), for

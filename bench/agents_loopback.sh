@@ -3,7 +3,7 @@
 # (DGX+AttAccs, one hour of trace) run in process, with its AttAcc device on
 # a servesim-agent process on loopback, and with both of its devices (xPU and
 # AttAcc) on agents. Prints each median wall time, the ratios to in process
-# (issue 4's target: <= 1.5 with AttAcc via agents) and the agents' call
+# (target: <= 1.5 with AttAcc via agents) and the agents' call
 # counts, and checks the outputs are byte-identical.
 # Usage: bench/agents_loopback.sh [RUNS] [SCENARIO] [-- extra servesim args]
 #        (after scripts/setup.sh)

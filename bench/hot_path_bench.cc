@@ -2,21 +2,21 @@
 // costing it. Run: build/bench/servesim_bench
 #include <benchmark/benchmark.h>
 
-#include "cluster/scenario.h"
+#include "scenario/scenario.h"
 #include "devices/registry.h"
 #include "scheduler/batching.h"
 #include "scheduler/planner.h"
 
 namespace {
 
-servesim::cluster::ResolvedScenario Gpt3Dgx() {
-  auto sc = servesim::cluster::ParseScenarioText(R"pb(
+servesim::scenario::ResolvedScenario Gpt3Dgx() {
+  auto sc = servesim::scenario::ParseScenarioText(R"pb(
     model { preset: "gpt3-175b" }
     cluster { xpu { preset: "a100-hbm3" } tensor_parallel: 8 }
     workload { saturated { num_requests: 1 input_tokens: 1 output_tokens: 1 } }
   )pb", "bench");
-  if (!sc.ok() || !servesim::cluster::Normalize(&*sc).ok()) std::abort();
-  auto r = servesim::cluster::Resolve(*sc);
+  if (!sc.ok() || !servesim::scenario::Normalize(&*sc).ok()) std::abort();
+  auto r = servesim::scenario::Resolve(*sc);
   if (!r.ok()) std::abort();
   return *r;
 }

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# How servesim's cost scales (issue 8): the Azure conversation hour with
+# How servesim's cost scales: the Azure conversation hour with
 # GPT-3 175B, every decode iteration modelled, on SCENARIO (default: 4
 # DGX+AttAcc replicas). Three sweeps, one run each, pinned to one core:
 #  - the trace's arrival rate x1, x4, x16 (workload.rate_scale: the same

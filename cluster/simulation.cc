@@ -18,6 +18,15 @@ namespace sg4 = simgrid::s4u;
 namespace servesim::cluster {
 namespace {
 
+using metrics::IterationRecord;
+using metrics::LiveIteration;
+using metrics::LiveSink;
+using metrics::MetricsCollector;
+using metrics::MetricsOptions;
+using metrics::TimelineIteration;
+using scenario::ResolvedScenario;
+using workload::RequestStream;
+
 // A message on a mailbox: a request, or the end-of-stream count.
 struct Message {
   scheduler::RequestSpec request;
@@ -390,8 +399,9 @@ void BuildPlatform(const ResolvedScenario& sc, sg4::NetZone** zone_out,
 }  // namespace
 
 absl::StatusOr<RunResult> RunSimulation(const ResolvedScenario& sc,
-                                        const Workload& workload, const RunOptions& options) {
-  std::unique_ptr<RequestStream> stream = StreamOf(workload);
+                                        const workload::Workload& workload,
+                                        const RunOptions& options) {
+  std::unique_ptr<RequestStream> stream = workload::StreamOf(workload);
   return RunSimulation(sc, *stream, options);
 }
 
@@ -445,7 +455,7 @@ absl::StatusOr<RunResult> RunSimulation(const ResolvedScenario& sc,
     std::shared_ptr<devices::Device> attention =
         sc.attention_shared != nullptr ? sc.attention_shared : sc.attention_agent;
     if (sc.has_attention_device && attention == nullptr) {
-      ASSIGN_OR_RETURN(attention, CreateAttentionDevice(sc));
+      ASSIGN_OR_RETURN(attention, scenario::CreateAttentionDevice(sc));
     }
     engines.push_back(std::make_unique<Engine>(&sh, static_cast<int>(r), std::move(device),
                                                std::move(attention)));

@@ -7,9 +7,10 @@
 // cluster.frontend link class); each xPU has an `r<i>.xpu<j>.link` of the
 // interconnect class to its replica's switch.
 //
-// Actors (few and long-lived, ../shared/TOOLCHAIN.md):
+// Actors (few and long-lived: SimGrid handles ~100k messages per wall second,
+// ~10 KiB per actor):
 //  - source (on clients): pulls each request from the workload's
-//    RequestStream (cluster/workload.h; the trace is read as the run goes),
+//    RequestStream (workload/workload.h; the trace is read as the run goes),
 //    sleeps until its arrival and sends it to the router; its size on the
 //    wire is 4 bytes per prompt token.
 //  - router: routes each request (scheduler/router.h) and forwards it over
@@ -34,22 +35,22 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "cluster/live.h"
-#include "cluster/metrics.h"
-#include "cluster/scenario.h"
-#include "cluster/workload.h"
+#include "metrics/collector.h"
+#include "metrics/live_sink.h"
+#include "scenario/scenario.h"
+#include "workload/workload.h"
 
 namespace servesim::cluster {
 
 struct RunResult {
-  std::unique_ptr<MetricsCollector> metrics;
+  std::unique_ptr<metrics::MetricsCollector> metrics;
   double simulated_s = 0;  // SimGrid clock at the end
 };
 
 // How a run is watched; none of it changes results.
 struct RunOptions {
   std::vector<std::string> simgrid_args;  // extra --cfg=... / --log=...
-  LiveSink* live = nullptr;               // borrowed; may be null
+  metrics::LiveSink* live = nullptr;      // borrowed; may be null
   // > 0: at most `pace` simulated seconds per wall second. The driver
   // (never an actor) sleeps between SimGrid time steps to keep the pace.
   double pace = 0;
@@ -61,17 +62,19 @@ struct RunOptions {
   struct RunResult* partial = nullptr;
   // Where requests and iterations go as they become final (requests.csv,
   // iterations.csv); borrowed, may be null. Keep report.html's series.
-  RecordSink* sink = nullptr;
+  metrics::RecordSink* sink = nullptr;
   bool time_series = false;
 };
 
 // Runs the requests `requests` yields (pulled as the run goes). A stream
 // error (a bad trace row) stops the run like a failed iteration does.
-absl::StatusOr<RunResult> RunSimulation(const ResolvedScenario& scenario,
-                                        RequestStream& requests, const RunOptions& options);
+absl::StatusOr<RunResult> RunSimulation(const scenario::ResolvedScenario& scenario,
+                                        workload::RequestStream& requests,
+                                        const RunOptions& options);
 // The same over a materialised workload.
-absl::StatusOr<RunResult> RunSimulation(const ResolvedScenario& scenario,
-                                        const Workload& workload, const RunOptions& options);
+absl::StatusOr<RunResult> RunSimulation(const scenario::ResolvedScenario& scenario,
+                                        const workload::Workload& workload,
+                                        const RunOptions& options);
 
 }  // namespace servesim::cluster
 

@@ -51,7 +51,7 @@ struct ModelDims {
 };
 
 // Converts a resolved ModelSpec (every optional field set; see
-// cluster/scenario.h) to ModelDims.
+// scenario/scenario.h) to ModelDims.
 ModelDims ModelDimsFromSpec(const servesim::v1::ModelSpec& spec);
 
 }  // namespace servesim::devices

@@ -1,7 +1,7 @@
 // Named model and hardware presets (ramulator2's standard tables are the
 // model): facts from model cards and vendor datasheets, each cited in
 // presets.cc. A scenario names a preset and may override any field; the
-// normaliser (cluster/scenario.h) fills the fields it leaves unset.
+// normaliser (scenario/normalize.cc) fills the fields it leaves unset.
 #ifndef SERVESIM_DEVICES_PRESETS_H_
 #define SERVESIM_DEVICES_PRESETS_H_
 

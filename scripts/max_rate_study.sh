@@ -1,5 +1,5 @@
 #!/bin/sh
-# Max arrival rate under TBT SLOs (issue 8's example study): the Azure
+# Max arrival rate under TBT SLOs (an example study): the Azure
 # conversation and code traces on DGX_Base vs DGX+AttAcc (4 replicas of 8
 # A100-HBM3 GPUs, TP=8; AttAcc: 40 attacc_bank stacks, head-level pipelining
 # + FF co-processing), GPT-3 175B and LLaMA-65B, p99 TBT <= 30/50/70 ms and

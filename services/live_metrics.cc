@@ -146,7 +146,7 @@ void LiveMetrics::OnReject(int replica, scheduler::RejectReason why) {
       ->Increment();
 }
 
-void LiveMetrics::OnIteration(const cluster::LiveIteration& it) {
+void LiveMetrics::OnIteration(const metrics::LiveIteration& it) {
   Replica& x = replicas_[it.replica];
   x.iterations->Increment();
   x.queue->Set(static_cast<double>(it.queue_length));

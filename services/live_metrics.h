@@ -4,7 +4,7 @@
 // counters; labels `replica`, `device` (xpu, or the attention device's
 // kind) and `kind` (the device kind). dashboards/README.md lists them.
 //
-// The simulation only writes here (cluster/live.h); its results never read
+// The simulation only writes here (metrics/live_sink.h); its results never read
 // these metrics. Readers (the HTTP thread) go through prometheus-cpp's own
 // synchronisation.
 #ifndef SERVESIM_SERVICES_LIVE_METRICS_H_
@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "cluster/live.h"
+#include "metrics/live_sink.h"
 #include "prometheus/counter.h"
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
@@ -30,7 +30,7 @@ struct LiveMetricsConfig {
   double trace_s = 0;            // arrival time of the last request
 };
 
-class LiveMetrics : public cluster::LiveSink {
+class LiveMetrics : public metrics::LiveSink {
  public:
   explicit LiveMetrics(const LiveMetricsConfig& config);
 
@@ -42,7 +42,7 @@ class LiveMetrics : public cluster::LiveSink {
   void OnToken(int replica, double gap_s) override;
   void OnFinish(int replica, double e2e_s) override;
   void OnReject(int replica, scheduler::RejectReason why) override;
-  void OnIteration(const cluster::LiveIteration& it) override;
+  void OnIteration(const metrics::LiveIteration& it) override;
   void OnClock(double simulated_s, double wall_s) override;
   void OnDone(double simulated_s, double wall_s) override;
 

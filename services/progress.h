@@ -9,11 +9,11 @@
 #include <string>
 #include <vector>
 
-#include "cluster/live.h"
+#include "metrics/live_sink.h"
 
 namespace servesim::services {
 
-class ProgressBar : public cluster::LiveSink {
+class ProgressBar : public metrics::LiveSink {
  public:
   // `out` null: silent. `trace_s`: arrival time of the last request.
   ProgressBar(std::FILE* out, int64_t requests, double trace_s)
@@ -27,7 +27,7 @@ class ProgressBar : public cluster::LiveSink {
   void OnToken(int, double) override {}
   void OnFinish(int, double) override { ++done_; }
   void OnReject(int, scheduler::RejectReason) override { ++done_; }
-  void OnIteration(const cluster::LiveIteration&) override {}
+  void OnIteration(const metrics::LiveIteration&) override {}
   void OnClock(double simulated_s, double wall_s) override;
   void OnDone(double simulated_s, double wall_s) override;
 
@@ -41,9 +41,9 @@ class ProgressBar : public cluster::LiveSink {
 };
 
 // Forwards every call to each sink in order.
-class FanoutSink : public cluster::LiveSink {
+class FanoutSink : public metrics::LiveSink {
  public:
-  explicit FanoutSink(std::vector<cluster::LiveSink*> sinks) : sinks_(std::move(sinks)) {}
+  explicit FanoutSink(std::vector<metrics::LiveSink*> sinks) : sinks_(std::move(sinks)) {}
   void OnArrival(int r) override {
     for (auto* s : sinks_) s->OnArrival(r);
   }
@@ -59,7 +59,7 @@ class FanoutSink : public cluster::LiveSink {
   void OnReject(int r, scheduler::RejectReason w) override {
     for (auto* s : sinks_) s->OnReject(r, w);
   }
-  void OnIteration(const cluster::LiveIteration& it) override {
+  void OnIteration(const metrics::LiveIteration& it) override {
     for (auto* s : sinks_) s->OnIteration(it);
   }
   void OnClock(double sim, double wall) override {
@@ -70,7 +70,7 @@ class FanoutSink : public cluster::LiveSink {
   }
 
  private:
-  std::vector<cluster::LiveSink*> sinks_;
+  std::vector<metrics::LiveSink*> sinks_;
 };
 
 }  // namespace servesim::services

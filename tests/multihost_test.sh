@@ -1,5 +1,5 @@
 #!/bin/sh
-# Device agents on several hosts, really (issue 4): two network namespaces,
+# Device agents on several hosts, really: two network namespaces,
 # each joined to a third (the simulator's) by a veth pair, an agent in each
 # on its own address, and a scenario whose devices are split across them
 # (the xPU device on host A, the AttAcc device on host B). The outputs must

@@ -10,7 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "cluster/sweep.h"
+#include "studies/sweep.h"
 #include "gtest/gtest.h"
 
 #ifndef SERVESIM_BINARY
@@ -35,8 +35,8 @@ CommandResult RunCommand(const std::string& cmd) {
 }
 
 CommandResult RunServesim(const std::vector<std::string>& args) {
-  std::string cmd = cluster::ShellQuote(SERVESIM_BINARY);
-  for (const std::string& a : args) absl::StrAppend(&cmd, " ", cluster::ShellQuote(a));
+  std::string cmd = studies::ShellQuote(SERVESIM_BINARY);
+  for (const std::string& a : args) absl::StrAppend(&cmd, " ", studies::ShellQuote(a));
   return RunCommand(cmd);
 }
 

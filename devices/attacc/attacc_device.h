@@ -1,6 +1,6 @@
 // AttAcc: HBM3 processing-in-memory for decode attention (Park et al.,
 // "AttAcc! Unleashing the Power of PIM for Batched Transformer-based
-// Generative Model Inference", ASPLOS'24; ../shared/seeds/004_*.txt).
+// Generative Model Inference", ASPLOS'24).
 //
 // WHAT IS MODELLED
 // A pool of `stacks` 8-Hi HBM3 stacks. Each stack: `channels` legacy

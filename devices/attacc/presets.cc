@@ -3,8 +3,7 @@
 //
 // Sources:
 //  [P]     Park et al., "AttAcc! Unleashing the Power of PIM for Batched
-//          Transformer-based Generative Model Inference", ASPLOS'24
-//          (../shared/seeds/004_*.txt).
+//          Transformer-based Generative Model Inference", ASPLOS'24.
 //  [SIM]   The authors' simulator, github.com/scale-snu/attacc_simulator:
 //          pim_ramulator_src/HBM3-PIM.cpp (organisation and timing presets),
 //          pim_ramulator_src/trace_gen/gen_trace_attacc_{bank,bg,buffer}.py

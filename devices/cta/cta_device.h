@@ -1,6 +1,6 @@
 // CTA: Compressed Token Attention (Wang, Xu, Wang, Han, "CTA: Hardware-
 // Software Co-design for Compressed Token Attention Mechanism", HPCA'23;
-// slides in ../shared/seeds/001_*.txt).
+// from the slides).
 //
 // WHAT IS MODELLED
 // CTA removes semantic repetition among the tokens X (the d_model-wide

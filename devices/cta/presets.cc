@@ -2,8 +2,7 @@
 //
 // Sources:
 //  [CTA]    Wang et al., "CTA: Hardware-Software Co-design for Compressed
-//           Token Attention Mechanism", HPCA'23 (slides,
-//           ../shared/seeds/001_*.txt). The slides give the algorithm, the
+//           Token Attention Mechanism", HPCA'23 (slides). The slides give the algorithm, the
 //           four modules (systolic array, CIM, CAG, PAG) and the reductions
 //           RL/RA per accuracy setting, but NO hardware sizes, clock,
 //           memory or power: every such figure below is an ASSUMPTION.

@@ -1,7 +1,7 @@
 // LAD, Locality Aware Decoding: piecewise-linear exp, mode intervals and
 // intermediate caches so that only the "active" positions' K/V leave DRAM
 // ("LAD: Efficient Accelerator for Generative Inference of LLM with Locality
-// Aware Decoding"; ../shared/seeds/002_*.txt).
+// Aware Decoding", Wang et al.).
 //
 // WHAT IS MODELLED
 // FUNCTIONAL KERNEL (§III; LadHeadState::Step), decode attention of one

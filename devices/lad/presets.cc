@@ -2,7 +2,7 @@
 //
 // Sources:
 //  [LAD] "LAD: Efficient Accelerator for Generative Inference of LLM with
-//        Locality Aware Decoding" (../shared/seeds/002_*.txt).
+//        Locality Aware Decoding", Wang et al.
 //
 // Figure by figure:
 //  tiles 6, clock 1 GHz         [LAD] §V: 6 tiles sharing one HBM, 1 GHz.

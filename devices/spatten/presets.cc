@@ -2,7 +2,8 @@
 // set.
 //
 // Sources:
-//  [SA]     Wang et al., "SpAtten", HPCA'21 (../shared/seeds/003_*.txt).
+//  [SA]     Wang et al., "SpAtten: Efficient Sparse Attention Architecture with
+//           Cascade Token and Head Pruning", HPCA'21.
 //  [FGDRAM] O'Connor et al., MICRO'17: HBM2 3.9 pJ/bit (also LAD §V).
 //
 // Figure by figure:

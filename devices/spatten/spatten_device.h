@@ -1,7 +1,6 @@
 // SpAtten: cascade token and head pruning, local value pruning and
 // progressive quantisation (Wang et al., "SpAtten: Efficient Sparse
-// Attention Architecture with Cascade Token and Head Pruning", HPCA'21;
-// ../shared/seeds/003_*.txt).
+// Attention Architecture with Cascade Token and Head Pruning", HPCA'21).
 //
 // WHAT IS MODELLED
 // FUNCTIONAL KERNEL (§III, SpattenSession): one request's decode steps,

@@ -2,10 +2,12 @@
 // TopickSpec field is set.
 //
 // Sources:
-//  [TP]     Park et al., "Token-Picker", DAC'24 (../shared/seeds/000_*.txt).
+//  [TP]     Park et al., "Token-Picker: Accelerating Attention in Text
+//           Generation with Minimized Memory Transfer via Probability
+//           Estimation", DAC'24.
 //  [FGDRAM] O'Connor et al., "Fine-Grained DRAM", MICRO'17: HBM2 access
-//           energy 3.9 pJ/bit (the figure the LAD paper, ../shared/seeds/
-//           002_*.txt §V, uses for HBM2).
+//           energy 3.9 pJ/bit (the figure the LAD paper, §V, uses for
+//           HBM2).
 //
 // Figure by figure:
 //  pe_lanes 16                 [TP] §5.1.2: 16 PE lanes to use the HBM2

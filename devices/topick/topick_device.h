@@ -1,7 +1,7 @@
 // Token-Picker (ToPick): probability estimation with 4-bit K chunks and
 // out-of-order on-demand DRAM access (Park et al., "Token-Picker:
 // Accelerating Attention in Text Generation with Minimized Memory Transfer
-// via Probability Estimation", DAC'24; ../shared/seeds/000_*.txt).
+// via Probability Estimation", DAC'24).
 //
 // WHAT IS MODELLED
 // FUNCTIONAL KERNEL (§3, RunKernel / Execute), decode attention per query

@@ -1,6 +1,6 @@
 // libFuzzer target: the scenario pipeline `servesim validate` runs
-// (cluster/scenario.h): parse (protobuf text) -> --set overrides ->
-// normalise -> resolve, then the workload it describes (cluster/workload.h).
+// (scenario/scenario.h): parse (protobuf text) -> --set overrides ->
+// normalise -> resolve, then the workload it describes (workload/workload.h).
 //
 // Input: a scenario in text format. Comment lines of the form
 // `#set field.path=value` are also applied, in order, as `--set` overrides
@@ -21,8 +21,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
-#include "cluster/scenario.h"
-#include "cluster/workload.h"
+#include "scenario/scenario.h"
+#include "workload/workload.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/message.h"
 #include "servesim/v1/hardware.pb.h"
@@ -65,7 +65,7 @@ void Confine(Message* m) {
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  namespace sc = servesim::cluster;
+  namespace sc = servesim::scenario;
   const std::string text(reinterpret_cast<const char*>(data), size);
   auto loaded = sc::ParseScenarioText(text, "fuzz.pbtxt");
   if (!loaded.ok()) return 0;
@@ -79,7 +79,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   Confine(&loaded->proto);  // presets name no files, but be sure
   auto resolved = sc::Resolve(*loaded);
   if (!resolved.ok()) return 0;
-  auto workload = sc::LoadWorkload(resolved->proto.workload(), "", "", resolved->seed);
+  auto workload = servesim::workload::LoadWorkload(resolved->proto.workload(), "", "", resolved->seed);
   if (workload.ok()) {
     for (size_t i = 0; i < workload->requests.size(); ++i) {
       if (i > 0 && workload->requests[i].arrival_s < workload->requests[i - 1].arrival_s) {

@@ -1,4 +1,4 @@
-// libFuzzer target: one trace reader (cluster/workload.h) on arbitrary file
+// libFuzzer target: one trace reader (workload/trace_formats.h) on arbitrary file
 // contents. Built once per format (tests/fuzz/CMakeLists.txt defines
 // SERVESIM_TRACE_FORMAT): 1 Azure CSV, 2 Mooncake JSONL, 3 BurstGPT CSV,
 // 4 length CSV. Any input must give rows or an error status naming the file;
@@ -10,7 +10,7 @@
 #include <string>
 
 #include "absl/strings/string_view.h"
-#include "cluster/workload.h"
+#include "workload/workload.h"
 
 namespace {
 
@@ -24,7 +24,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const absl::string_view content(reinterpret_cast<const char*>(data), size);
   const std::string name = "fuzz.trace";
 #if SERVESIM_TRACE_FORMAT == 4
-  auto pairs = servesim::cluster::ParseLengthCsvContent(content, name);
+  auto pairs = servesim::workload::ParseLengthCsvContent(content, name);
   if (pairs.ok()) {
     for (const auto& p : *pairs) Check(p.input_tokens >= 1 && p.output_tokens >= 1);
   } else {
@@ -32,11 +32,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
 #else
 #if SERVESIM_TRACE_FORMAT == 1
-  auto trace = servesim::cluster::ParseAzureTrace(content, name);
+  auto trace = servesim::workload::ParseAzureTrace(content, name);
 #elif SERVESIM_TRACE_FORMAT == 2
-  auto trace = servesim::cluster::ParseMooncakeTrace(content, name);
+  auto trace = servesim::workload::ParseMooncakeTrace(content, name);
 #elif SERVESIM_TRACE_FORMAT == 3
-  auto trace = servesim::cluster::ParseBurstGptTrace(content, name);
+  auto trace = servesim::workload::ParseBurstGptTrace(content, name);
 #else
 #error "SERVESIM_TRACE_FORMAT must be 1..4"
 #endif

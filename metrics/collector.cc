@@ -1,0 +1,268 @@
+#include "metrics/collector.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <iostream>
+#include <memory>
+#include <utility>
+
+namespace servesim::metrics {
+namespace {
+
+// Invariants of the run (ids in order, observers on live requests).
+void Check(bool ok, const char* what) {
+  if (!ok) {
+    std::cerr << "servesim: metrics invariant violated: " << what << "\n";
+    std::abort();
+  }
+}
+
+}  // namespace
+
+// --------------------------------------------------------- collector ----
+
+class MetricsCollector::ReplicaObserver : public scheduler::RequestObserver {
+ public:
+  ReplicaObserver(MetricsCollector* m, int replica) : m_(m), replica_(replica) {}
+  void OnToken(const scheduler::RequestState& r, double now_s,
+               double gap_s) override {
+    RequestRecord& rec = m_->Live(r.spec.id);
+    rec.replica = replica_;
+    if (rec.first_token_s < 0) rec.first_token_s = now_s;
+    if (gap_s >= 0) m_->tbt_.Add(gap_s);
+  }
+  void OnFinish(const scheduler::RequestState& r, double now_s) override {
+    RequestRecord& rec = m_->Live(r.spec.id);
+    rec.finish_s = now_s;
+    rec.preemptions = r.preemptions;
+    rec.status = RequestStatus::kDone;
+    m_->NoteEvent(now_s);
+    m_->RetireFinished(false);
+  }
+  void OnReject(const scheduler::RequestSpec& r, scheduler::RejectReason why,
+                double now_s) override {
+    RequestRecord& rec = m_->Live(r.id);
+    rec.replica = replica_;
+    rec.status = why == scheduler::RejectReason::kTooLong
+                     ? RequestStatus::kRejectedTooLong
+                     : RequestStatus::kRejectedKv;
+    m_->NoteEvent(now_s);
+    m_->RetireFinished(false);
+  }
+
+ private:
+  MetricsCollector* m_;
+  int replica_;
+};
+
+MetricsCollector::MetricsCollector(const MetricsOptions& options)
+    : options_(options),
+      replicas_(static_cast<size_t>(std::max(1, options.replicas))),
+      ttft_(options.exact_percentile_max_samples),
+      tbt_(options.exact_percentile_max_samples),
+      tpot_(options.exact_percentile_max_samples),
+      e2e_(options.exact_percentile_max_samples) {}
+
+MetricsCollector::~MetricsCollector() = default;
+
+scheduler::RequestObserver* MetricsCollector::ObserverFor(int replica) {
+  while (static_cast<int>(observers_.size()) <= replica) {
+    observers_.push_back(std::make_unique<ReplicaObserver>(
+        this, static_cast<int>(observers_.size())));
+  }
+  return observers_[replica].get();
+}
+
+void MetricsCollector::OnArrival(const scheduler::RequestSpec& r) {
+  Check(r.id == front_id_ + static_cast<int64_t>(live_.size()),
+        "request ids must arrive in order 0, 1, 2, ...");
+  RequestRecord rec;
+  rec.id = r.id;
+  rec.arrival_s = r.arrival_s;
+  rec.input_tokens = r.input_tokens;
+  rec.output_tokens = r.output_tokens;
+  live_.push_back(rec);
+  max_live_ = std::max(max_live_, static_cast<int64_t>(live_.size()));
+}
+
+RequestRecord& MetricsCollector::Live(int64_t id) {
+  Check(id >= front_id_ && id < front_id_ + static_cast<int64_t>(live_.size()),
+        "an observer reported a request that is not in flight");
+  return live_[static_cast<size_t>(id - front_id_)];
+}
+
+void MetricsCollector::RetireFinished(bool all) {
+  while (!live_.empty() && (all || live_.front().status != RequestStatus::kPending)) {
+    Fold(live_.front());
+    if (options_.sink != nullptr) options_.sink->OnRequest(live_.front());
+    live_.pop_front();
+    ++front_id_;
+  }
+}
+
+void MetricsCollector::Fold(const RequestRecord& r) {
+  ++req_.requests;
+  switch (r.status) {
+    case RequestStatus::kRejectedTooLong:
+      ++req_.rejected;
+      ++req_.rejected_too_long;
+      return;
+    case RequestStatus::kRejectedKv:
+      ++req_.rejected;
+      ++req_.rejected_kv_capacity;
+      return;
+    case RequestStatus::kPending:
+      return;
+    case RequestStatus::kDone:
+      break;
+  }
+  ++req_.completed;
+  req_.preemptions += r.preemptions;
+  req_.input_tokens += r.input_tokens;
+  req_.output_tokens += r.output_tokens;
+  const double t = r.first_token_s - r.arrival_s;
+  ttft_.Add(t);
+  e2e_.Add(r.finish_s - r.arrival_s);
+  bool met = t <= options_.ttft_slo_s;
+  if (r.output_tokens > 1) {
+    const double per = (r.finish_s - r.first_token_s) /
+                       static_cast<double>(r.output_tokens - 1);
+    tpot_.Add(per);
+    met = met && per <= options_.tpot_slo_s;
+  }
+  req_.slo_met += met ? 1 : 0;
+}
+
+void MetricsCollector::AddIteration(const IterationRecord& it) {
+  Check(it.replica >= 0 && it.replica < static_cast<int>(replicas_.size()),
+        "iteration of an unknown replica");
+  ReplicaIterations& r = replicas_[static_cast<size_t>(it.replica)];
+  r.pending.push_back(it);
+  r.watermark_s = it.start_s;
+  r.idle = false;
+  ++buffered_;
+  max_buffered_ = std::max(max_buffered_, buffered_);
+  FlushIterations(false);
+}
+
+void MetricsCollector::MarkIdle(int replica, double now_s) {
+  ReplicaIterations& r = replicas_[static_cast<size_t>(replica)];
+  r.watermark_s = std::max(r.watermark_s, now_s);
+  r.idle = true;
+  FlushIterations(false);
+}
+
+void MetricsCollector::MarkDone(int replica) {
+  ReplicaIterations& r = replicas_[static_cast<size_t>(replica)];
+  r.watermark_s = std::numeric_limits<double>::infinity();
+  r.idle = false;
+  FlushIterations(false);
+}
+
+void MetricsCollector::FlushIterations(bool all) {
+  const double floor = floor_ && !all ? floor_() : -std::numeric_limits<double>::infinity();
+  const int n = static_cast<int>(replicas_.size());
+  while (true) {
+    // The earliest head, (start, replica) order.
+    int best = -1;
+    for (int q = 0; q < n; ++q) {
+      if (replicas_[q].pending.empty()) continue;
+      if (best < 0 || replicas_[q].pending.front().start_s < replicas_[best].pending.front().start_s) {
+        best = q;
+      }
+    }
+    if (best < 0) return;
+    const double s = replicas_[best].pending.front().start_s;
+    if (!all) {
+      // A replica with nothing buffered may still record an iteration that
+      // sorts before this one.
+      for (int q = 0; q < n; ++q) {
+        const ReplicaIterations& r = replicas_[q];
+        if (q == best || !r.pending.empty()) continue;
+        const double w = r.idle ? std::max(r.watermark_s, floor) : r.watermark_s;
+        if (w < s || (w == s && q < best)) return;
+      }
+    }
+    FoldIteration(replicas_[best].pending.front());
+    replicas_[best].pending.pop_front();
+    --buffered_;
+  }
+}
+
+void MetricsCollector::FoldIteration(const IterationRecord& it) {
+  ++iter_.iterations;
+  ++iter_.bound_iterations[static_cast<int>(it.bound)];
+  iter_.batch_sum += it.batch_size;
+  iter_.batch_size_max = std::max<int64_t>(iter_.batch_size_max, it.batch_size);
+  iter_.kv_blocks_max = std::max(iter_.kv_blocks_max, it.kv_blocks_used);
+  const double util = options_.kv_capacity_blocks > 0
+                          ? static_cast<double>(it.kv_blocks_used) /
+                                static_cast<double>(options_.kv_capacity_blocks)
+                          : 0;
+  iter_.kv_weighted += util * it.duration_s;
+  iter_.busy_s += it.duration_s;
+  iter_.energy_j += it.energy_j;
+  if (options_.time_series) series_.Add(it);
+  if (options_.sink != nullptr) options_.sink->OnIteration(it);
+}
+
+void MetricsCollector::Finish() {
+  FlushIterations(true);
+  RetireFinished(true);
+  std::stable_sort(timeline_.begin(), timeline_.end(), [](const auto& a, const auto& b) {
+    return a.start_s != b.start_s ? a.start_s < b.start_s : a.replica < b.replica;
+  });
+}
+
+Summary ComputeSummary(const MetricsCollector& metrics) {
+  Summary s;
+  const MetricsOptions& o = metrics.options();
+  const auto& rq = metrics.request_totals();
+  const auto& it = metrics.iteration_totals();
+  s.slo_ttft_s = o.ttft_slo_s;
+  s.slo_tpot_s = o.tpot_slo_s;
+  s.requests = rq.requests;
+  s.completed = rq.completed;
+  s.rejected = rq.rejected;
+  s.rejected_too_long = rq.rejected_too_long;
+  s.rejected_kv_capacity = rq.rejected_kv_capacity;
+  s.preemptions = rq.preemptions;
+  s.input_tokens = rq.input_tokens;
+  s.output_tokens = rq.output_tokens;
+  s.slo_met = rq.slo_met;
+  s.ttft_s = metrics.ttft().ToDistribution();
+  s.tpot_s = metrics.tpot().ToDistribution();
+  s.e2e_s = metrics.e2e().ToDistribution();
+  s.tbt_s = metrics.tbt().ToDistribution();
+  s.makespan_s = metrics.last_event_s();
+  if (s.makespan_s > 0) {
+    s.throughput_tokens_per_s = static_cast<double>(s.output_tokens) / s.makespan_s;
+    s.throughput_requests_per_s = static_cast<double>(s.completed) / s.makespan_s;
+    s.goodput_requests_per_s = static_cast<double>(s.slo_met) / s.makespan_s;
+  }
+  if (s.requests > 0) {
+    s.slo_attainment = static_cast<double>(s.slo_met) / static_cast<double>(s.requests);
+  }
+  s.iterations = it.iterations;
+  for (int i = 0; i < 5; ++i) s.bound_iterations[i] = it.bound_iterations[i];
+  s.batch_size_max = it.batch_size_max;
+  // max(used / capacity) is max(used) / capacity: division by a positive
+  // constant keeps the order.
+  s.kv_utilization_max = o.kv_capacity_blocks > 0
+                             ? static_cast<double>(it.kv_blocks_max) /
+                                   static_cast<double>(o.kv_capacity_blocks)
+                             : 0;
+  s.energy_j = it.energy_j;
+  if (s.iterations > 0) s.batch_size_mean = it.batch_sum / static_cast<double>(s.iterations);
+  s.device_busy_s = metrics.energy().device_busy_s;
+  s.device_dram_bytes = metrics.energy().device_dram_bytes;
+  if (it.busy_s > 0) s.kv_utilization_mean = it.kv_weighted / it.busy_s;
+  if (s.output_tokens > 0) {
+    s.energy_per_token_j = s.energy_j / static_cast<double>(s.output_tokens);
+  }
+  return s;
+}
+
+}  // namespace servesim::metrics

@@ -1,0 +1,196 @@
+// What a run measured, and the summary statistics users read.
+//
+// The collector is write-only from the simulation's side: engines report
+// tokens, finishes, rejections and iterations; nothing here feeds back into
+// a decision.
+//
+// Definitions (the README's "Metrics" section repeats them):
+//  - TTFT: first token time - arrival.
+//  - TBT: every gap between two consecutive tokens of one request, pooled
+//    over requests (a preempted request's stall is one long gap).
+//  - TPOT: (E2E - TTFT) / (output_tokens - 1); undefined for 1-token
+//    answers, which are left out of TPOT statistics.
+//  - E2E: finish - arrival.
+//  - SLO attainment: fraction of ALL arrived requests (rejected ones count as
+//    misses) with TTFT <= slo.ttft_s and TPOT <= slo.tpot_s (1-token answers:
+//    TTFT only). Goodput: those requests / makespan.
+//  - Makespan: first arrival (0) to the last finish or rejection.
+//  - Throughput: output tokens / makespan; requests/s: completed / makespan.
+//  - Percentiles: linear interpolation between closest ranks (numpy's
+//    default) while exact; above output.exact_percentile_max_samples
+//    samples, from a quantile sketch within 1e-4 (metrics/quantiles.h).
+//  - Batch size: mean and max over iterations of requests in the batch.
+//  - KV utilisation: blocks used / capacity after each iteration's
+//    scheduling; mean weighted by iteration duration, and max.
+//  - Energy: device energy of every iteration (compute, device memory,
+//    links); per token = energy / output tokens.
+//
+// Memory is bounded by the requests in flight, not the run's length:
+//  - a request's record lives from its arrival until it and every request
+//    with a smaller id are final; then it goes to the RecordSink
+//    (requests.csv, in id order) and into streaming sums;
+//  - iterations go to the sink in (start, replica) order through a k-way
+//    merge of per-replica buffers: engines run ahead of one another between
+//    arrivals (cluster/simulation.cc), so a record waits until no replica
+//    can still record an earlier one (bounded by that run-ahead);
+//  - sums over requests and iterations are taken in those orders, the
+//    orders the whole-run vectors were summed in, so they are bit-identical.
+#ifndef SERVESIM_METRICS_COLLECTOR_H_
+#define SERVESIM_METRICS_COLLECTOR_H_
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "devices/ops.h"
+#include "metrics/quantiles.h"
+#include "metrics/records.h"
+#include "metrics/time_series.h"
+#include "scheduler/batching.h"
+#include "scheduler/planner.h"
+
+namespace servesim::metrics {
+
+struct MetricsOptions {
+  int64_t exact_percentile_max_samples = 8'000'000;
+  double ttft_slo_s = 0, tpot_slo_s = 0;  // SLO attainment
+  int64_t kv_capacity_blocks = 0;         // KV utilisation
+  int replicas = 1;
+  bool time_series = false;    // keep report.html's series
+  RecordSink* sink = nullptr;  // borrowed; may be null
+};
+
+class MetricsCollector {
+ public:
+  explicit MetricsCollector(const MetricsOptions& options);
+  ~MetricsCollector();
+
+  // A request leaves the clients; ids come in order 0, 1, 2, ...
+  void OnArrival(const scheduler::RequestSpec& r);
+  // The observer an engine passes to its scheduler.
+  scheduler::RequestObserver* ObserverFor(int replica);
+
+  void AddIteration(const IterationRecord& it);
+  // Replica `replica` waits for work from `now_s`: its next iteration
+  // starts no earlier than now_s nor than arrival_floor() (below).
+  void MarkIdle(int replica, double now_s);
+  // Replica `replica` records no more iterations.
+  void MarkDone(int replica);
+  // The earliest time a request not yet received by an engine can reach
+  // one (the simulation's next arrival, or now while one is on its way).
+  void SetArrivalFloor(std::function<double()> floor) { floor_ = std::move(floor); }
+  // Ends the run: every buffered iteration and request (pending ones too)
+  // goes out, and timeline samples are put in (start, replica) order.
+  void Finish();
+
+  void AddTimeline(TimelineIteration it) { timeline_.push_back(std::move(it)); }
+  // `total`: the iteration's whole cost; `device`: the attention device's
+  // part of it.
+  void AddEnergy(const devices::Cost& total, const devices::Cost& device) {
+    energy_.device_compute += device.compute_energy_pj * 1e-12;
+    energy_.device_memory += device.dram_energy_pj * 1e-12;
+    energy_.xpu_compute += (total.compute_energy_pj - device.compute_energy_pj) * 1e-12;
+    energy_.xpu_memory += (total.dram_energy_pj - device.dram_energy_pj) * 1e-12;
+    energy_.links += total.link_energy_pj * 1e-12;
+    energy_.device_busy_s += device.time_s;
+    energy_.device_dram_bytes += device.dram_bytes;
+  }
+  const EnergyParts& energy() const { return energy_; }
+  const std::vector<TimelineIteration>& timeline() const { return timeline_; }
+  void NoteEvent(double t_s) {
+    if (t_s > last_event_s_) last_event_s_ = t_s;
+  }
+  double last_event_s() const { return last_event_s_; }
+  const MetricsOptions& options() const { return options_; }
+
+  // Streaming results (final after Finish).
+  struct RequestTotals {
+    int64_t requests = 0, completed = 0, rejected = 0;
+    int64_t rejected_too_long = 0, rejected_kv_capacity = 0;
+    int64_t preemptions = 0, input_tokens = 0, output_tokens = 0, slo_met = 0;
+  };
+  struct IterationTotals {
+    int64_t iterations = 0, batch_size_max = 0, kv_blocks_max = 0;
+    int64_t bound_iterations[5] = {0, 0, 0, 0, 0};
+    double batch_sum = 0, busy_s = 0, kv_weighted = 0, energy_j = 0;
+  };
+  const RequestTotals& request_totals() const { return req_; }
+  const IterationTotals& iteration_totals() const { return iter_; }
+  const QuantileAccumulator& ttft() const { return ttft_; }
+  const QuantileAccumulator& tbt() const { return tbt_; }
+  const QuantileAccumulator& tpot() const { return tpot_; }
+  const QuantileAccumulator& e2e() const { return e2e_; }
+  const TimeSeries& time_series() const { return series_; }
+
+  // Memory bounds, for tests: records and buffered iterations now, and the
+  // most there ever were.
+  int64_t live_requests() const { return static_cast<int64_t>(live_.size()); }
+  int64_t buffered_iterations() const { return buffered_; }
+  int64_t max_live_requests() const { return max_live_; }
+  int64_t max_buffered_iterations() const { return max_buffered_; }
+
+ private:
+  class ReplicaObserver;
+  struct ReplicaIterations {
+    std::deque<IterationRecord> pending;
+    double watermark_s = 0;  // no later record starts before it
+    bool idle = false;
+  };
+  RequestRecord& Live(int64_t id);
+  void RetireFinished(bool all);
+  void Fold(const RequestRecord& r);
+  void FlushIterations(bool all);
+  void FoldIteration(const IterationRecord& it);
+
+  MetricsOptions options_;
+  std::deque<RequestRecord> live_;  // ids front_id_, front_id_ + 1, ...
+  int64_t front_id_ = 0;
+  std::vector<ReplicaIterations> replicas_;
+  int64_t buffered_ = 0;
+  int64_t max_live_ = 0, max_buffered_ = 0;
+  std::function<double()> floor_;
+  RequestTotals req_;
+  IterationTotals iter_;
+  QuantileAccumulator ttft_, tbt_, tpot_, e2e_;
+  TimeSeries series_;
+  std::vector<TimelineIteration> timeline_;
+  EnergyParts energy_;
+  std::vector<std::unique_ptr<ReplicaObserver>> observers_;
+  double last_event_s_ = 0;
+};
+
+struct Summary {
+  int64_t requests = 0, completed = 0, rejected = 0;
+  int64_t rejected_too_long = 0, rejected_kv_capacity = 0;
+  int64_t preemptions = 0, iterations = 0;
+  int64_t input_tokens = 0, output_tokens = 0;
+  double makespan_s = 0;
+  double throughput_tokens_per_s = 0, throughput_requests_per_s = 0;
+  Distribution ttft_s, tbt_s, tpot_s, e2e_s;
+  double slo_ttft_s = 0, slo_tpot_s = 0;
+  int64_t slo_met = 0;
+  double slo_attainment = 0, goodput_requests_per_s = 0;
+  double batch_size_mean = 0;
+  int64_t batch_size_max = 0;
+  double kv_utilization_mean = 0, kv_utilization_max = 0;
+  double energy_j = 0, energy_per_token_j = 0;
+  // Iterations by what limited admission (BatchBound order).
+  int64_t bound_iterations[5] = {0, 0, 0, 0, 0};
+  // The attention device, when there is one: its busy time and memory
+  // reads over the run, and what it reports of itself at the end (e.g. the
+  // pruning ratios it measured; wall-clock figures excluded).
+  double device_busy_s = 0, device_dram_bytes = 0;
+  std::vector<std::pair<std::string, double>> device_parameters;
+};
+
+// From the collector's streaming results (after Finish); the SLOs and KV
+// capacity are the MetricsOptions'.
+Summary ComputeSummary(const MetricsCollector& metrics);
+
+}  // namespace servesim::metrics
+
+#endif  // SERVESIM_METRICS_COLLECTOR_H_

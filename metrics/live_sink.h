@@ -1,0 +1,48 @@
+// What a running simulation tells the outside world while it runs: live
+// metrics, a progress bar. Write-only: nothing a sink does can reach back
+// into the simulation, so results never depend on whether one is attached.
+//
+// Calls come from the simulation's thread (SimGrid runs actors one at a
+// time); a sink that is read from other threads synchronises itself.
+#ifndef SERVESIM_METRICS_LIVE_SINK_H_
+#define SERVESIM_METRICS_LIVE_SINK_H_
+
+#include <cstdint>
+#include <string>
+
+#include "devices/ops.h"
+#include "scheduler/batching.h"
+
+namespace servesim::metrics {
+
+// One iteration of one replica, as applied.
+struct LiveIteration {
+  int replica = 0;
+  double start_s = 0, duration_s = 0;
+  int64_t batch_size = 0;
+  int64_t queue_length = 0;  // waiting requests after scheduling
+  int64_t kv_blocks_used = 0, kv_blocks_total = 0;
+  int64_t preemptions_total = 0;  // replica's running total
+  // Busy time of the xPUs (one of the tensor-parallel group) and of the
+  // attention device, and what each moved and spent, whole iteration.
+  double xpu_busy_s = 0, device_busy_s = 0;
+  devices::Cost xpu, device;  // device: zero without an attention device
+};
+
+class LiveSink {
+ public:
+  virtual ~LiveSink() = default;
+  virtual void OnArrival(int replica) = 0;
+  virtual void OnFirstToken(int replica, double ttft_s) = 0;
+  virtual void OnToken(int replica, double gap_s) = 0;  // later tokens: TBT gap
+  virtual void OnFinish(int replica, double e2e_s) = 0;
+  virtual void OnReject(int replica, scheduler::RejectReason why) = 0;
+  virtual void OnIteration(const LiveIteration& it) = 0;
+  // Simulated time advanced to `simulated_s`; `wall_s` since the start.
+  virtual void OnClock(double simulated_s, double wall_s) = 0;
+  virtual void OnDone(double simulated_s, double wall_s) = 0;
+};
+
+}  // namespace servesim::metrics
+
+#endif  // SERVESIM_METRICS_LIVE_SINK_H_

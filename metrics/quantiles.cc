@@ -1,0 +1,281 @@
+#include "metrics/quantiles.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <iostream>
+#include <limits>
+#include <memory>
+#include <utility>
+
+#include "absl/base/casts.h"
+
+namespace servesim::metrics {
+namespace {
+
+// Invariants of the run (ids in order, observers on live requests).
+void Check(bool ok, const char* what) {
+  if (!ok) {
+    std::cerr << "servesim: metrics invariant violated: " << what << "\n";
+    std::abort();
+  }
+}
+
+}  // namespace
+
+// ------------------------------------------------------------ sketch ----
+
+QuantileSketch::QuantileSketch(double relative_error)
+    : relative_error_(relative_error),
+      gamma_((1 + relative_error) / (1 - relative_error)),
+      log_gamma_(std::log(gamma_)) {}
+
+int64_t QuantileSketch::Index(double value) const {
+  // +inf counts in the largest finite value's bucket (its index is ~35,000
+  // at 1% error), never a cast of inf.
+  return static_cast<int64_t>(
+      std::ceil(std::log(std::min(value, std::numeric_limits<double>::max())) / log_gamma_));
+}
+
+double QuantileSketch::Estimate(int64_t index) const {
+  return 2 * std::exp(static_cast<double>(index) * log_gamma_) / (gamma_ + 1);
+}
+
+void QuantileSketch::Add(double value) {
+  if (count_ == 0) {
+    min_ = max_ = value;
+  } else {
+    min_ = std::min(min_, value);
+    max_ = std::max(max_, value);
+  }
+  ++count_;
+  if (!(value >= kMinPositive)) {
+    ++zero_count_;
+    return;
+  }
+  // log() may round a value on a bucket's edge into its neighbour, which
+  // is off by at most an ulp more than the stated error.
+  int64_t i = Index(value);
+  if (counts_.empty()) {
+    offset_ = i;
+    counts_.assign(1, 0);
+  }
+  if (i < offset_) {
+    const int64_t grow = offset_ - i;
+    if (static_cast<int64_t>(counts_.size()) + grow > kMaxBuckets) {
+      i = offset_;  // collapsed into the lowest bucket
+    } else {
+      counts_.insert(counts_.begin(), static_cast<size_t>(grow), 0);
+      offset_ = i;
+    }
+  } else if (i >= offset_ + static_cast<int64_t>(counts_.size())) {
+    const int64_t size = i - offset_ + 1;
+    if (size > kMaxBuckets) {
+      // Collapse the lowest buckets into the new lowest one.
+      const int64_t drop = size - kMaxBuckets;
+      const int64_t keep_from = std::min<int64_t>(drop, static_cast<int64_t>(counts_.size()));
+      int64_t folded = 0;
+      for (int64_t k = 0; k < keep_from; ++k) folded += counts_[static_cast<size_t>(k)];
+      counts_.erase(counts_.begin(), counts_.begin() + keep_from);
+      offset_ += drop;
+      if (counts_.empty()) counts_.assign(1, 0);
+      counts_[0] += folded;
+    }
+    counts_.resize(static_cast<size_t>(i - offset_ + 1), 0);
+  }
+  ++counts_[static_cast<size_t>(i - offset_)];
+}
+
+void QuantileSketch::Merge(const QuantileSketch& other) {
+  Check(other.gamma_ == gamma_, "sketches of different accuracy merged");
+  if (other.count_ == 0) return;
+  if (count_ == 0) {
+    *this = other;
+    return;
+  }
+  min_ = std::min(min_, other.min_);
+  max_ = std::max(max_, other.max_);
+  count_ += other.count_;
+  zero_count_ += other.zero_count_;
+  if (other.counts_.empty()) return;
+  if (counts_.empty()) {
+    counts_ = other.counts_;
+    offset_ = other.offset_;
+    return;
+  }
+  const int64_t lo = std::min(offset_, other.offset_);
+  const int64_t hi = std::max(offset_ + static_cast<int64_t>(counts_.size()),
+                              other.offset_ + static_cast<int64_t>(other.counts_.size()));
+  std::vector<int64_t> merged(static_cast<size_t>(hi - lo), 0);
+  for (size_t k = 0; k < counts_.size(); ++k) merged[k + static_cast<size_t>(offset_ - lo)] += counts_[k];
+  for (size_t k = 0; k < other.counts_.size(); ++k) {
+    merged[k + static_cast<size_t>(other.offset_ - lo)] += other.counts_[k];
+  }
+  counts_ = std::move(merged);
+  offset_ = lo;
+  if (static_cast<int64_t>(counts_.size()) > kMaxBuckets) {
+    const size_t drop = counts_.size() - static_cast<size_t>(kMaxBuckets);
+    int64_t folded = 0;
+    for (size_t k = 0; k < drop; ++k) folded += counts_[k];
+    counts_.erase(counts_.begin(), counts_.begin() + static_cast<std::ptrdiff_t>(drop));
+    offset_ += static_cast<int64_t>(drop);
+    counts_[0] += folded;
+  }
+}
+
+double QuantileSketch::ValueAtRank(int64_t rank) const {
+  if (count_ == 0) return 0;
+  if (rank <= 0) return min_;
+  if (rank >= count_ - 1) return max_;
+  double value = 0;
+  if (rank < zero_count_) {
+    value = std::max(0.0, min_);
+  } else {
+    int64_t seen = zero_count_;
+    for (size_t k = 0; k < counts_.size(); ++k) {
+      seen += counts_[k];
+      if (rank < seen) {
+        value = Estimate(offset_ + static_cast<int64_t>(k));
+        break;
+      }
+    }
+  }
+  return std::clamp(value, min_, max_);
+}
+
+double QuantileSketch::Quantile(double q) const {
+  if (count_ == 0) return 0;
+  const double pos = q * static_cast<double>(count_ - 1);
+  const int64_t lo = static_cast<int64_t>(std::floor(pos));
+  const int64_t hi = std::min(lo + 1, count_ - 1);
+  const double a = ValueAtRank(lo), b = ValueAtRank(hi);
+  return a + (b - a) * (pos - static_cast<double>(lo));
+}
+
+// ------------------------------------------------------- accumulator ----
+
+void SortValues(std::vector<double>* values) {
+  std::vector<double>& v = *values;
+  const size_t n = v.size();
+  if (n < 4096) {
+    std::sort(v.begin(), v.end());
+    return;
+  }
+  // Order-preserving keys: flip every bit of negatives, the sign bit of the
+  // rest. Then stable passes of 11 bits (counts fit in L1), least
+  // significant first; a pass whose digit is the same everywhere is
+  // skipped. The keys' bits stay in `v` between passes (moved as bits,
+  // never used as numbers), so one extra buffer is all the sort needs.
+  auto bits = [](double d) { return absl::bit_cast<uint64_t>(d); };
+  auto as_double = [](uint64_t u) { return absl::bit_cast<double>(u); };
+  for (double& x : v) {
+    const uint64_t u = bits(x);
+    x = as_double((u >> 63) != 0 ? ~u : u | (uint64_t{1} << 63));
+  }
+  std::vector<uint64_t> tmp(n);
+  bool in_v = true;  // where the keys are now
+  constexpr int kBits = 11;
+  constexpr uint64_t kMask = (uint64_t{1} << kBits) - 1;
+  std::vector<size_t> count(size_t{1} << kBits);
+  auto key = [&](size_t i) { return in_v ? bits(v[i]) : tmp[i]; };
+  for (int shift = 0; shift < 64; shift += kBits) {
+    std::fill(count.begin(), count.end(), 0);
+    for (size_t i = 0; i < n; ++i) ++count[(key(i) >> shift) & kMask];
+    if (count[(key(0) >> shift) & kMask] == n) continue;  // one digit: nothing moves
+    size_t at = 0;
+    for (size_t& c : count) {
+      const size_t here = c;
+      c = at;
+      at += here;
+    }
+    if (in_v) {
+      for (double x : v) {
+        const uint64_t k = bits(x);
+        tmp[count[(k >> shift) & kMask]++] = k;
+      }
+    } else {
+      for (uint64_t k : tmp) v[count[(k >> shift) & kMask]++] = as_double(k);
+    }
+    in_v = !in_v;
+  }
+  for (size_t i = 0; i < n; ++i) {
+    const uint64_t k = in_v ? bits(v[i]) : tmp[i];
+    v[i] = as_double((k >> 63) != 0 ? k & ~(uint64_t{1} << 63) : ~k);
+  }
+}
+
+Distribution Summarize(std::vector<double>& v) {
+  SortValues(&v);
+  return SummarizeSorted(v);
+}
+
+Distribution SummarizeSorted(const std::vector<double>& v) {
+  Distribution d;
+  d.count = static_cast<int64_t>(v.size());
+  if (v.empty()) return d;
+  double sum = 0;
+  for (double x : v) sum += x;
+  d.mean = sum / static_cast<double>(v.size());
+  auto pct = [&](double q) {
+    const double pos = q * static_cast<double>(v.size() - 1);
+    const size_t lo = static_cast<size_t>(std::floor(pos));
+    const size_t hi = std::min(lo + 1, v.size() - 1);
+    return v[lo] + (v[hi] - v[lo]) * (pos - static_cast<double>(lo));
+  };
+  d.p50 = pct(0.50);
+  d.p90 = pct(0.90);
+  d.p99 = pct(0.99);
+  d.max = v.back();
+  return d;
+}
+
+QuantileAccumulator::QuantileAccumulator(int64_t exact_max_samples)
+    : exact_max_samples_(exact_max_samples) {}
+
+const std::vector<double>& QuantileAccumulator::sorted_values() const {
+  if (!sorted_valid_) {
+    sorted_.assign(values_.begin(), values_.end());
+    SortValues(&sorted_);
+    sorted_valid_ = true;
+  }
+  return sorted_;
+}
+
+void QuantileAccumulator::Add(double value) {
+  ++count_;
+  if (sorted_valid_) {
+    sorted_valid_ = false;
+    std::vector<double>().swap(sorted_);
+  }
+  if (sketch_ == nullptr) {
+    values_.push_back(value);
+    if (static_cast<int64_t>(values_.size()) <= exact_max_samples_) return;
+    sketch_ = std::make_unique<QuantileSketch>();
+    for (double v : values_) {
+      sketch_->Add(v);
+      sum_ += v;
+      max_ = std::max(max_, v);
+    }
+    std::deque<double>().swap(values_);
+    return;
+  }
+  sketch_->Add(value);
+  sum_ += value;
+  max_ = std::max(max_, value);
+}
+
+Distribution QuantileAccumulator::ToDistribution() const {
+  if (sketch_ == nullptr) return SummarizeSorted(sorted_values());
+  Distribution d;
+  d.exact = false;
+  d.count = count_;
+  d.mean = sum_ / static_cast<double>(count_);
+  d.p50 = sketch_->Quantile(0.50);
+  d.p90 = sketch_->Quantile(0.90);
+  d.p99 = sketch_->Quantile(0.99);
+  d.max = max_;
+  return d;
+}
+
+}  // namespace servesim::metrics

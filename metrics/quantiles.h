@@ -1,0 +1,104 @@
+// Summary statistics of one metric's samples: mean, p50, p90, p99 and max.
+//
+// Percentiles interpolate linearly between the closest ranks (numpy's
+// default) over the sorted values while a distribution has at most a given
+// number of samples (output.exact_percentile_max_samples, default 8M);
+// above, they come from a log-bucket quantile sketch (DDSketch, Masson et
+// al., VLDB 2019) whose every estimate is within kSketchRelativeError (1e-4)
+// of the exact value; the max stays exact and the mean is a running sum.
+#ifndef SERVESIM_METRICS_QUANTILES_H_
+#define SERVESIM_METRICS_QUANTILES_H_
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <vector>
+
+namespace servesim::metrics {
+
+// Relative error of the quantile sketch: every estimate v' of a value v
+// has |v' - v| <= kSketchRelativeError * v.
+inline constexpr double kSketchRelativeError = 1e-4;
+
+// DDSketch-style quantile sketch of non-negative samples: bucket i counts
+// the samples in (gamma^(i-1), gamma^i], gamma = (1 + a) / (1 - a), and
+// answers with 2 gamma^i / (gamma + 1), within relative error a of any
+// sample of the bucket. Samples below kMinPositive count as 0. At most
+// kMaxBuckets buckets (8 MiB): beyond, the lowest collapse into one, which
+// only loosens the smallest values' error. Mergeable.
+class QuantileSketch {
+ public:
+  static constexpr double kMinPositive = 1e-12;
+  static constexpr int64_t kMaxBuckets = int64_t{1} << 20;
+
+  explicit QuantileSketch(double relative_error = kSketchRelativeError);
+  void Add(double value);
+  void Merge(const QuantileSketch& other);
+  int64_t count() const { return count_; }
+  // The estimate of the `rank`-th smallest sample (0-based), clamped to
+  // the exact min and max.
+  double ValueAtRank(int64_t rank) const;
+  // Linear interpolation between closest ranks, as Summarize.
+  double Quantile(double q) const;
+  double relative_error() const { return relative_error_; }
+  size_t num_buckets() const { return counts_.size(); }
+
+ private:
+  int64_t Index(double value) const;
+  double Estimate(int64_t index) const;
+
+  double relative_error_;
+  double gamma_;
+  double log_gamma_;
+  int64_t count_ = 0;
+  int64_t zero_count_ = 0;
+  int64_t offset_ = 0;            // index of counts_[0]
+  std::vector<int64_t> counts_;
+  double min_ = 0, max_ = 0;
+};
+
+struct Distribution {
+  int64_t count = 0;
+  double mean = 0, p50 = 0, p90 = 0, p99 = 0, max = 0;
+  bool exact = true;  // false: percentiles from the sketch
+};
+// Sorts `values` in place.
+Distribution Summarize(std::vector<double>& values);
+// The same of values already sorted ascending.
+Distribution SummarizeSorted(const std::vector<double>& sorted);
+// Sorts ascending, as std::sort does (equal values are indistinguishable);
+// large vectors by an LSD radix sort on the values' bits, O(n): a run's
+// millions of TBT gaps sort in a few passes instead of n log n comparisons.
+// NaNs are not expected (the simulator makes none).
+void SortValues(std::vector<double>* values);
+
+// One metric's samples: kept while there are at most `exact_max_samples`
+// (percentiles exact, as Summarize), then folded into a QuantileSketch and
+// dropped.
+class QuantileAccumulator {
+ public:
+  explicit QuantileAccumulator(int64_t exact_max_samples);
+  void Add(double value);
+  Distribution ToDistribution() const;
+  bool exact() const { return sketch_ == nullptr; }
+  int64_t count() const { return count_; }
+  // The samples (exact mode only), in the order added.
+  const std::deque<double>& values() const { return values_; }
+  // The same, sorted ascending: sorted on the first call after an Add and
+  // kept, so the summary and the report sort millions of gaps once.
+  const std::vector<double>& sorted_values() const;
+  const QuantileSketch* sketch() const { return sketch_.get(); }
+
+ private:
+  int64_t exact_max_samples_;
+  int64_t count_ = 0;
+  std::deque<double> values_;  // chunked: no doubling spike as it grows
+  mutable std::vector<double> sorted_;
+  mutable bool sorted_valid_ = false;
+  std::unique_ptr<QuantileSketch> sketch_;
+  double sum_ = 0, max_ = 0;   // sketch mode
+};
+
+}  // namespace servesim::metrics
+
+#endif  // SERVESIM_METRICS_QUANTILES_H_

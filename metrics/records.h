@@ -1,0 +1,72 @@
+// What a run records, one row at a time: requests (requests.csv), replica
+// iterations (iterations.csv), the energy split, the sampled iteration
+// schedules (timeline.json), and the sink rows go to once final.
+#ifndef SERVESIM_METRICS_RECORDS_H_
+#define SERVESIM_METRICS_RECORDS_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "scheduler/batching.h"
+#include "scheduler/planner.h"
+
+namespace servesim::metrics {
+
+enum class RequestStatus : uint8_t { kPending, kDone, kRejectedTooLong, kRejectedKv };
+
+struct RequestRecord {
+  int64_t id = 0;
+  double arrival_s = 0;
+  double first_token_s = -1;
+  double finish_s = -1;
+  int64_t input_tokens = 0;
+  int64_t output_tokens = 0;
+  int32_t replica = -1;
+  int32_t preemptions = 0;
+  RequestStatus status = RequestStatus::kPending;
+};
+
+struct IterationRecord {
+  int32_t replica = 0;
+  double start_s = 0;
+  double duration_s = 0;
+  int32_t batch_size = 0;
+  int64_t prefill_tokens = 0;
+  int64_t decode_tokens = 0;
+  int64_t kv_blocks_used = 0;
+  double energy_j = 0;
+  scheduler::BatchBound bound = scheduler::BatchBound::kNone;
+  int64_t batch_cap = 0;  // SLO cap in force (0: none)
+  double xpu_busy_s = 0, device_busy_s = 0;  // for report.html's utilisation
+};
+
+// Energy of the whole run by where it went, joules.
+struct EnergyParts {
+  double xpu_compute = 0, xpu_memory = 0, device_compute = 0, device_memory = 0, links = 0;
+  // The attention device's work over the run (busy seconds, summed over
+  // replicas; bytes read from its memory).
+  double device_busy_s = 0, device_dram_bytes = 0;
+};
+
+// A sampled iteration's schedule for timeline.json.
+struct TimelineIteration {
+  int32_t replica = 0;
+  int64_t index = 0;  // the replica's iteration number
+  double start_s = 0, duration_s = 0;
+  int32_t batch_size = 0;
+  int64_t prefill_tokens = 0, decode_tokens = 0;
+  std::vector<scheduler::Span> spans;  // times from start_s
+};
+
+// Where rows go once final: requests in id order, iterations in (start_s,
+// replica) order (requests.csv and iterations.csv, reports/csv_writer.h).
+class RecordSink {
+ public:
+  virtual ~RecordSink() = default;
+  virtual void OnRequest(const RequestRecord& r) = 0;
+  virtual void OnIteration(const IterationRecord& it) = 0;
+};
+
+}  // namespace servesim::metrics
+
+#endif  // SERVESIM_METRICS_RECORDS_H_

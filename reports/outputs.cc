@@ -1,0 +1,73 @@
+#include "reports/outputs.h"
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "reports/report_html.h"
+#include "reports/timeline.h"
+
+namespace servesim::reports {
+namespace {
+
+absl::Status WriteFile(const std::filesystem::path& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << text;
+  out.close();
+  if (!out) {
+    return absl::UnavailableError(absl::StrCat(
+        path.string(), ": cannot write: ", std::strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status WriteOutputs(const std::string& dir, const scenario::ResolvedScenario& sc,
+                          const workload::Workload& wl, const metrics::MetricsCollector& metrics,
+                          const metrics::Summary& s, const RunInfo& info) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) {
+    return absl::UnavailableError(
+        absl::StrCat(dir, ": cannot create output folder: ", ec.message()));
+  }
+  const fs::path base(dir);
+  if (absl::Status st = WriteFile(base / "summary.json",
+                                  SummaryJson(sc, wl, s, info.simulated_s, info.partial));
+      !st.ok()) {
+    return st;
+  }
+  if (absl::Status st = WriteFile(
+          base / "run_info.json",
+          absl::StrCat("{\n  \"wall_time_s\": ", FormatFigure(info.wall_s),
+                       ",\n  \"realtime_factor\": ",
+                       FormatFigure(info.wall_s > 0 ? info.simulated_s / info.wall_s : 0),
+                       info.partial ? absl::StrCat(",\n  \"partial\": true,\n  \"error\": ",
+                                                   JsonString(info.error))
+                                    : "",
+                       info.agents_json.empty() ? "" : ",\n  \"agents\": " + info.agents_json,
+                       "\n}\n"));
+      !st.ok()) {
+    return st;
+  }
+  if (sc.proto.output().timeline()) {
+    if (absl::Status st = WriteFile(base / "timeline.json", TimelineJson(sc, metrics));
+        !st.ok()) {
+      return st;
+    }
+  }
+  if (sc.proto.output().report_html()) {
+    if (absl::Status st =
+            WriteFile(base / "report.html", ReportHtml(sc, metrics, s, info.simulated_s));
+        !st.ok()) {
+      return st;
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace servesim::reports

@@ -1,0 +1,183 @@
+#include "reports/summary.h"
+
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "devices/prune_common.h"
+
+namespace servesim::reports {
+namespace {
+
+using metrics::Distribution;
+using metrics::Summary;
+using scenario::ResolvedScenario;
+using workload::Workload;
+
+std::string Dist(const Distribution& d) {
+  return absl::StrCat("{\"count\": ", d.count, ", \"mean\": ", FormatFigure(d.mean),
+                      ", \"p50\": ", FormatFigure(d.p50), ", \"p90\": ", FormatFigure(d.p90),
+                      ", \"p99\": ", FormatFigure(d.p99), ", \"max\": ", FormatFigure(d.max), "}");
+}
+
+std::string Ms(double s) { return absl::StrFormat("%10.2f", s * 1e3); }
+
+}  // namespace
+
+std::string FormatFigure(double v) { return absl::StrFormat("%.9g", v); }
+
+std::string JsonString(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\t': out += "\\t"; break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20) {
+          out += absl::StrFormat("\\u%04x", c);
+        } else {
+          out += c;
+        }
+    }
+  }
+  return out + "\"";
+}
+
+std::string SummaryJson(const ResolvedScenario& sc, const Workload& wl,
+                        const Summary& s, double simulated_s, bool partial) {
+  const auto& p = sc.proto;
+  std::string j = partial ? "{\n  \"partial\": true,\n" : "{\n";
+  auto kv = [&](const std::string& k, const std::string& v, bool last = false) {
+    absl::StrAppend(&j, "  ", JsonString(k), ": ", v, last ? "\n" : ",\n");
+  };
+  kv("scenario", JsonString(p.name()));
+  kv("model", JsonString(sc.model.name));
+  kv("xpu", JsonString(p.cluster().xpu().preset()));
+  kv("replicas", absl::StrCat(sc.replicas));
+  kv("tensor_parallel", absl::StrCat(sc.tensor_parallel));
+  if (sc.has_attention_device) {
+    kv("attention_device", JsonString(sc.attention_label));
+    kv("overlap_policy", JsonString(scheduler::OverlapPolicyName(sc.planner.overlap)));
+  }
+  if (sc.tbt_slo_s > 0) kv("slo_tbt_s", FormatFigure(sc.tbt_slo_s));
+  kv("seed", absl::StrCat(sc.seed));
+  kv("workload", JsonString(wl.description));
+  kv("kv_capacity_blocks_per_replica", absl::StrCat(sc.kv.blocks));
+  kv("kv_capacity_tokens_per_replica", absl::StrCat(sc.kv.tokens));
+  kv("requests", absl::StrCat(s.requests));
+  kv("requests_completed", absl::StrCat(s.completed));
+  kv("requests_rejected", absl::StrCat(s.rejected));
+  kv("requests_rejected_too_long", absl::StrCat(s.rejected_too_long));
+  kv("requests_rejected_kv_capacity", absl::StrCat(s.rejected_kv_capacity));
+  kv("trace_rows_skipped_failed", absl::StrCat(wl.skipped_failed));
+  kv("trace_rows_outside_window", absl::StrCat(wl.outside_window));
+  kv("preemptions", absl::StrCat(s.preemptions));
+  kv("iterations", absl::StrCat(s.iterations));
+  kv("input_tokens", absl::StrCat(s.input_tokens));
+  kv("output_tokens", absl::StrCat(s.output_tokens));
+  kv("makespan_s", FormatFigure(s.makespan_s));
+  kv("simulated_time_s", FormatFigure(simulated_s));
+  kv("throughput_tokens_per_s", FormatFigure(s.throughput_tokens_per_s));
+  kv("throughput_requests_per_s", FormatFigure(s.throughput_requests_per_s));
+  kv("ttft_s", Dist(s.ttft_s));
+  kv("tbt_s", Dist(s.tbt_s));
+  kv("tpot_s", Dist(s.tpot_s));
+  kv("e2e_s", Dist(s.e2e_s));
+  // Only when a sketch answered (runs whose percentiles are all exact keep
+  // the file they always had, as complete runs have no "partial" key).
+  if (!s.ttft_s.exact || !s.tbt_s.exact || !s.tpot_s.exact || !s.e2e_s.exact) {
+    auto method = [](const Distribution& d) {
+      return d.exact ? std::string("\"exact\"")
+                     : absl::StrFormat("\"sketch(rel_err=%g)\"", metrics::kSketchRelativeError);
+    };
+    kv("percentiles", absl::StrCat("{\"ttft_s\": ", method(s.ttft_s), ", \"tbt_s\": ",
+                                   method(s.tbt_s), ", \"tpot_s\": ", method(s.tpot_s),
+                                   ", \"e2e_s\": ", method(s.e2e_s), "}"));
+  }
+  kv("slo_ttft_s", FormatFigure(s.slo_ttft_s));
+  kv("slo_tpot_s", FormatFigure(s.slo_tpot_s));
+  kv("slo_met_requests", absl::StrCat(s.slo_met));
+  kv("slo_attainment", FormatFigure(s.slo_attainment));
+  kv("goodput_requests_per_s", FormatFigure(s.goodput_requests_per_s));
+  kv("batch_size_mean", FormatFigure(s.batch_size_mean));
+  kv("batch_size_max", absl::StrCat(s.batch_size_max));
+  kv("kv_utilization_mean", FormatFigure(s.kv_utilization_mean));
+  kv("kv_utilization_max", FormatFigure(s.kv_utilization_max));
+  {
+    std::string b = "{";
+    for (int i = 0; i < 5; ++i) {
+      absl::StrAppend(&b, i ? ", " : "", "\"",
+                      scheduler::BatchBoundName(static_cast<scheduler::BatchBound>(i)),
+                      "\": ", s.bound_iterations[i]);
+    }
+    kv("batch_bound_iterations", b + "}");
+  }
+  kv("energy_j", FormatFigure(s.energy_j));
+  if (sc.has_attention_device) {
+    if (sc.attention_device.has_topick() || sc.attention_device.has_spatten() ||
+        sc.attention_device.has_cta() || sc.attention_device.has_lad()) {
+      const v1::DeviceSpec& d = sc.attention_device;
+      kv("attention_device_fidelity",
+         JsonString(devices::FidelityName(d.has_topick()    ? d.topick().fidelity()
+                                          : d.has_spatten() ? d.spatten().fidelity()
+                                          : d.has_cta()     ? d.cta().fidelity()
+                                                            : d.lad().fidelity())));
+    }
+    kv("attention_device_busy_s", FormatFigure(s.device_busy_s));
+    kv("attention_device_dram_bytes", FormatFigure(s.device_dram_bytes));
+    std::string d = "{";
+    for (size_t i = 0; i < s.device_parameters.size(); ++i) {
+      absl::StrAppend(&d, i ? ", " : "", JsonString(s.device_parameters[i].first), ": ",
+                      FormatFigure(s.device_parameters[i].second));
+    }
+    kv("attention_device_parameters", d + "}");
+  }
+  kv("energy_per_token_j", FormatFigure(s.energy_per_token_j), true);
+  j += "}\n";
+  return j;
+}
+
+std::string FormatSummaryTable(const ResolvedScenario& sc, const Workload& wl,
+                               const Summary& s, const RunInfo& info) {
+  std::string t;
+  absl::StrAppendFormat(&t, "servesim: %s\n", sc.proto.name());
+  absl::StrAppendFormat(&t, "  model      %s (%s)\n", sc.model.name,
+                        sc.model.bytes_per_element == 1 ? "int8" : "fp16");
+  absl::StrAppendFormat(&t, "  cluster    %d replica(s) x %d %s (TP=%d), KV %d tokens/replica\n",
+                        sc.replicas, sc.tensor_parallel,
+                        sc.proto.cluster().xpu().preset(), sc.tensor_parallel,
+                        sc.kv.tokens);
+  absl::StrAppendFormat(&t, "  workload   %s\n\n", wl.description);
+  absl::StrAppendFormat(&t, "  requests   %d arrived, %d done, %d rejected (%d too long, %d over KV capacity), %d preemptions\n",
+                        s.requests, s.completed, s.rejected, s.rejected_too_long,
+                        s.rejected_kv_capacity, s.preemptions);
+  absl::StrAppendFormat(&t, "  throughput %.1f tokens/s, %.3f requests/s over %.1f s\n",
+                        s.throughput_tokens_per_s, s.throughput_requests_per_s,
+                        s.makespan_s);
+  absl::StrAppendFormat(&t, "\n  latency (ms)     p50        p90        p99       mean\n");
+  auto row = [&](const char* name, const Distribution& d) {
+    absl::StrAppendFormat(&t, "  %-6s   %s %s %s %s\n", name, Ms(d.p50), Ms(d.p90),
+                          Ms(d.p99), Ms(d.mean));
+  };
+  row("TTFT", s.ttft_s);
+  row("TBT", s.tbt_s);
+  row("TPOT", s.tpot_s);
+  row("E2E", s.e2e_s);
+  absl::StrAppendFormat(&t, "\n  SLO        TTFT <= %.3g s and TPOT <= %.3g s: %.2f%% attained, goodput %.3f requests/s\n",
+                        s.slo_ttft_s, s.slo_tpot_s, 100 * s.slo_attainment,
+                        s.goodput_requests_per_s);
+  absl::StrAppendFormat(&t, "  batch      mean %.2f, max %d over %d iterations\n",
+                        s.batch_size_mean, s.batch_size_max, s.iterations);
+  absl::StrAppendFormat(&t, "  KV cache   mean %.1f%%, max %.1f%% used\n",
+                        100 * s.kv_utilization_mean, 100 * s.kv_utilization_max);
+  absl::StrAppendFormat(&t, "  energy     %.1f kJ, %.3f J per output token\n",
+                        s.energy_j / 1e3, s.energy_per_token_j);
+  absl::StrAppendFormat(&t, "  time       %.1f s simulated in %.2f s wall (%.0fx real time)\n",
+                        info.simulated_s, info.wall_s,
+                        info.wall_s > 0 ? info.simulated_s / info.wall_s : 0.0);
+  return t;
+}
+
+}  // namespace servesim::reports

@@ -1,0 +1,45 @@
+// The run's summary: the table printed on stdout, and summary.json. Every
+// number is printed with a fixed format, so the same run gives
+// byte-identical files; wall time never enters summary.json (it goes to
+// the table and to run_info.json, reports/outputs.h).
+#ifndef SERVESIM_REPORTS_SUMMARY_H_
+#define SERVESIM_REPORTS_SUMMARY_H_
+
+#include <string>
+
+#include "metrics/collector.h"
+#include "scenario/scenario.h"
+#include "workload/workload.h"
+
+namespace servesim::reports {
+
+struct RunInfo {
+  double wall_s = 0;
+  double simulated_s = 0;
+  // A run that stopped early (e.g. no device agent left): its error. The
+  // outputs then hold what was measured until then, and say so.
+  bool partial = false;
+  std::string error;
+  // Device agents: a JSON object of their call counts (memo hits/misses,
+  // retries, fail-overs), which differ between in-process and agent runs
+  // and so stay out of summary.json. Empty: none.
+  std::string agents_json;
+};
+
+// A JSON string literal for `s` (quotes and control characters escaped).
+std::string JsonString(const std::string& s);
+
+std::string FormatSummaryTable(const scenario::ResolvedScenario& sc, const workload::Workload& wl,
+                               const metrics::Summary& s, const RunInfo& info);
+// `partial`: the run stopped early; the file then starts with
+// "partial": true (complete runs never have the key).
+std::string SummaryJson(const scenario::ResolvedScenario& sc, const workload::Workload& wl,
+                        const metrics::Summary& s, double simulated_s, bool partial = false);
+
+// A figure as the outputs print it: "%.9g" (nine significant digits keep
+// every figure meaningful and the text stable).
+std::string FormatFigure(double v);
+
+}  // namespace servesim::reports
+
+#endif  // SERVESIM_REPORTS_SUMMARY_H_

@@ -1,0 +1,105 @@
+#include "reports/timeline.h"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "reports/summary.h"
+
+namespace servesim::reports {
+namespace {
+
+using metrics::MetricsCollector;
+using metrics::TimelineIteration;
+using scenario::ResolvedScenario;
+
+constexpr int kIterationTid = 0;
+// Track tids follow scheduler::Track, after the iterations' track.
+int Tid(scheduler::Track t) { return 1 + static_cast<int>(t); }
+constexpr int kNumTracks = 5;
+
+
+}  // namespace
+
+std::string TimelineJson(const ResolvedScenario& sc, const MetricsCollector& metrics) {
+  const int32_t detail = sc.proto.output().timeline_layers();
+  const int64_t layers = sc.model.num_layers;
+  const std::string device = sc.has_attention_device ? sc.attention_label : std::string();
+  std::string out = "{\"displayTimeUnit\":\"ms\",\"otherData\":{\"scenario\":";
+  absl::StrAppend(&out, JsonString(sc.proto.name()), ",\"overlap_policy\":\"",
+                  scheduler::OverlapPolicyName(sc.planner.overlap), "\"},\n\"traceEvents\":[\n");
+  // Metadata: process and thread names, in a fixed order.
+  bool first = true;
+  auto event = [&](const std::string& e) {
+    if (!first) out += ",\n";
+    first = false;
+    out += e;
+  };
+  for (int64_t r = 0; r < sc.replicas; ++r) {
+    event(absl::StrFormat(
+        R"({"ph":"M","name":"process_name","pid":%d,"tid":0,"args":{"name":"replica %d"}})", r,
+        r));
+    event(absl::StrFormat(
+        R"({"ph":"M","name":"thread_name","pid":%d,"tid":%d,"args":{"name":"iterations"}})", r,
+        kIterationTid));
+    for (int t = 0; t < kNumTracks; ++t) {
+      const auto track = static_cast<scheduler::Track>(t);
+      std::string name = scheduler::TrackName(track);
+      if (track == scheduler::Track::kXpu) {
+        name = absl::StrCat("xpu (", sc.tensor_parallel, " x ", sc.proto.cluster().xpu().preset(),
+                            ", one shown)");
+      } else if (track == scheduler::Track::kDevice) {
+        name = device;
+      }
+      if (!sc.has_attention_device && track != scheduler::Track::kXpu) continue;
+      event(absl::StrFormat(
+          R"({"ph":"M","name":"thread_name","pid":%d,"tid":%d,"args":{"name":%s}})", r, Tid(track),
+          JsonString(name)));
+      event(absl::StrFormat(
+          R"({"ph":"M","name":"thread_sort_index","pid":%d,"tid":%d,"args":{"sort_index":%d}})", r,
+          Tid(track), Tid(track)));
+    }
+  }
+  // Microseconds rounded to the printed nanosecond: ts + dur of one span
+  // never passes the next span's ts on the same track.
+  auto us = [](double s) { return std::round(s * 1e9) / 1e3; };
+  for (const TimelineIteration& it : metrics.timeline()) {
+    event(absl::StrFormat(
+        R"({"ph":"X","name":"iteration %d","cat":"iteration","pid":%d,"tid":%d,"ts":%.3f,"dur":%.3f,"args":{"batch_size":%d,"prefill_tokens":%d,"decode_tokens":%d}})",
+        it.index, it.replica, kIterationTid, us(it.start_s), us(it.start_s + it.duration_s) - us(it.start_s), it.batch_size,
+        it.prefill_tokens, it.decode_tokens));
+    // Layers past the detail limit: one span per track.
+    std::array<double, kNumTracks> lo, hi;
+    lo.fill(std::numeric_limits<double>::infinity());
+    hi.fill(-std::numeric_limits<double>::infinity());
+    for (const scheduler::Span& s : it.spans) {
+      const int t = static_cast<int>(s.track);
+      if (s.layer >= detail) {
+        lo[t] = std::min(lo[t], s.start_s);
+        hi[t] = std::max(hi[t], s.end_s);
+        continue;
+      }
+      const std::string name = s.group >= 0 ? absl::StrCat(std::string(s.name), " g", s.group)
+                                            : std::string(s.name);
+      event(absl::StrFormat(
+          R"({"ph":"X","name":%s,"cat":"%s","pid":%d,"tid":%d,"ts":%.3f,"dur":%.3f,"args":{"iteration":%d,"layer":%d,"group":%d}})",
+          JsonString(name), s.layer >= 0 ? "layer" : "once", it.replica, Tid(s.track),
+          us(it.start_s + s.start_s), us(it.start_s + s.end_s) - us(it.start_s + s.start_s), it.index,
+          s.layer, s.group));
+    }
+    for (int t = 0; t < kNumTracks; ++t) {
+      if (hi[t] <= lo[t]) continue;
+      event(absl::StrFormat(
+          R"({"ph":"X","name":"layers %d-%d","cat":"layers","pid":%d,"tid":%d,"ts":%.3f,"dur":%.3f,"args":{"iteration":%d}})",
+          detail, layers - 1, it.replica, 1 + t, us(it.start_s + lo[t]), us(it.start_s + hi[t]) - us(it.start_s + lo[t]),
+          it.index));
+    }
+  }
+  out += "\n]}\n";
+  return out;
+}
+
+}  // namespace servesim::reports

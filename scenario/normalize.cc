@@ -1,0 +1,195 @@
+// Normalising a scenario: presets and documented defaults filled in, so the
+// resolved scenario shows every value a run uses.
+#include <string>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "devices/attacc/attacc_device.h"
+#include "devices/cta/cta_device.h"
+#include "devices/lad/lad_device.h"
+#include "devices/presets.h"
+#include "devices/spatten/spatten_device.h"
+#include "devices/topick/topick_device.h"
+#include "scenario/scenario.h"
+
+namespace servesim::scenario {
+
+namespace {
+
+template <typename Msg>
+absl::Status FillFromPreset(
+    Msg* spec, absl::StatusOr<Msg> (*lookup)(absl::string_view),
+    const LoadedScenario& sc, absl::string_view field_path) {
+  if (spec->preset().empty()) return absl::OkStatus();
+  auto preset = lookup(spec->preset());
+  if (!preset.ok()) {
+    return absl::Status(preset.status().code(),
+                        absl::StrCat(sc.Where(absl::StrCat(field_path, ".preset")),
+                                     ": ", field_path, ".preset: ",
+                                     preset.status().message()));
+  }
+  devices::FillUnset(*preset, spec);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status Normalize(LoadedScenario* scenario) {
+  auto& p = scenario->proto;
+  if (!p.has_seed()) p.set_seed(1);
+  if (p.name().empty()) {
+    // Untitled scenarios are named after their file, without folder and
+    // extension, so tables and summary.json always say what ran.
+    std::string stem = scenario->path.substr(scenario->path.find_last_of('/') + 1);
+    if (absl::EndsWith(stem, ".pbtxt")) stem.resize(stem.size() - 6);
+    p.set_name(stem);
+  }
+
+  auto* m = p.mutable_model();
+  RETURN_IF_ERROR(FillFromPreset(m, &devices::ModelPreset, *scenario, "model"));
+  if (!m->has_name()) m->set_name(m->preset().empty() ? "custom" : m->preset());
+  if (!m->has_num_kv_heads() && m->has_num_heads()) m->set_num_kv_heads(m->num_heads());
+  if (m->ff_kind() == servesim::v1::FF_KIND_UNSPECIFIED) m->set_ff_kind(servesim::v1::FF_KIND_GELU);
+  if (m->dtype() == servesim::v1::DTYPE_UNSPECIFIED) m->set_dtype(servesim::v1::DTYPE_FP16);
+  if (!m->has_tied_embeddings()) m->set_tied_embeddings(false);
+
+  auto* c = p.mutable_cluster();
+  if (!c->has_replicas()) c->set_replicas(1);
+  if (!c->has_tensor_parallel()) c->set_tensor_parallel(1);
+  if (!c->has_memory_utilization()) c->set_memory_utilization(0.9);
+  RETURN_IF_ERROR(FillFromPreset(c->mutable_xpu(), &devices::XpuPreset, *scenario, "cluster.xpu"));
+  if (c->interconnect().preset().empty() && !c->interconnect().has_bandwidth_bytes_per_s()) {
+    c->mutable_interconnect()->set_preset("nvlink3");
+  }
+  if (c->frontend().preset().empty() && !c->frontend().has_bandwidth_bytes_per_s()) {
+    c->mutable_frontend()->set_preset("ethernet-100g");
+  }
+  RETURN_IF_ERROR(FillFromPreset(c->mutable_interconnect(), &devices::LinkPreset, *scenario, "cluster.interconnect"));
+  RETURN_IF_ERROR(FillFromPreset(c->mutable_frontend(), &devices::LinkPreset, *scenario, "cluster.frontend"));
+  // Explicit hardware without a preset still gets the documented defaults.
+  auto* x = c->mutable_xpu();
+  if (!x->has_compute_utilization()) x->set_compute_utilization(0.8);
+  if (!x->has_memory_utilization()) x->set_memory_utilization(0.85);
+  if (!x->has_kernel_overhead_s()) x->set_kernel_overhead_s(4e-6);
+  if (!x->has_dram_energy_pj_per_byte()) x->set_dram_energy_pj_per_byte(28.72);
+  if (!x->has_flop_energy_pj()) x->set_flop_energy_pj(0.16);
+  if (!x->has_int8_op_energy_pj()) x->set_int8_op_energy_pj(0.08);
+  if (!x->has_peak_flops_int8() && x->has_peak_flops_fp16()) {
+    x->set_peak_flops_int8(2 * x->peak_flops_fp16());
+  }
+  if (c->has_attacc()) {
+    auto* a = c->mutable_attacc();
+    if (a->preset().empty()) a->set_preset("attacc_bank");
+    RETURN_IF_ERROR(FillFromPreset(a, &devices::AttAccPreset, *scenario, "cluster.attacc"));
+    if (!a->has_attention_level_pipelining()) a->set_attention_level_pipelining(true);
+    if (a->link().preset().empty() && !a->link().has_bandwidth_bytes_per_s()) {
+      a->mutable_link()->set_preset("nvlink3");
+    }
+    RETURN_IF_ERROR(FillFromPreset(a->mutable_link(), &devices::LinkPreset, *scenario,
+                                   "cluster.attacc.link"));
+    if (!a->link().has_latency_s()) a->mutable_link()->set_latency_s(0);
+    if (!a->link().has_energy_pj_per_byte()) a->mutable_link()->set_energy_pj_per_byte(0);
+    if (c->overlap() == servesim::v1::OVERLAP_POLICY_UNSPECIFIED) {
+      c->set_overlap(servesim::v1::OVERLAP_POLICY_SERIAL);
+    }
+    if (!c->has_head_groups()) c->set_head_groups(8);
+    if (!c->has_ff_min_batch()) c->set_ff_min_batch(1);
+  }
+  if (c->has_attention_pool()) {
+    auto* pool = c->mutable_attention_pool();
+    // The device's model shape comes from the model (FULL fidelity runs
+    // every head of every layer).
+    auto shape = [&](servesim::v1::AttentionShape* s) {
+      if (!s->has_layers()) s->set_layers(static_cast<int32_t>(m->num_layers()));
+      if (!s->has_heads()) s->set_heads(static_cast<int32_t>(m->num_heads()));
+      if (!s->has_d_head()) s->set_d_head(static_cast<int32_t>(m->d_head()));
+    };
+    int channels = 8;
+    if (pool->has_spatten()) {
+      auto* sp = pool->mutable_spatten()->mutable_spatten();
+      if (sp->preset().empty()) sp->set_preset("spatten");
+      RETURN_IF_ERROR(FillFromPreset(sp, &devices::SpattenPreset, *scenario,
+                                     "cluster.attention_pool.spatten.spatten"));
+      shape(pool->mutable_spatten()->mutable_model());
+      channels = sp->hbm_channels();
+    } else if (pool->has_cta()) {
+      auto* ct = pool->mutable_cta()->mutable_cta();
+      if (ct->preset().empty()) ct->set_preset("cta_0");
+      RETURN_IF_ERROR(FillFromPreset(ct, &devices::CtaPreset, *scenario,
+                                     "cluster.attention_pool.cta.cta"));
+      shape(pool->mutable_cta()->mutable_model());
+      channels = ct->hbm_channels();
+    } else if (pool->has_lad()) {
+      auto* ld = pool->mutable_lad()->mutable_lad();
+      if (ld->preset().empty()) ld->set_preset("lad_1.5");
+      RETURN_IF_ERROR(FillFromPreset(ld, &devices::LadPreset, *scenario,
+                                     "cluster.attention_pool.lad.lad"));
+      shape(pool->mutable_lad()->mutable_model());
+      // 5 HBM2 cubes of 8 GiB: 40 channels' worth (the A100-40GB's 40 GiB).
+      channels = 40;
+    } else {
+      auto* tp = pool->mutable_topick()->mutable_topick();  // the default kind
+      if (tp->preset().empty()) tp->set_preset("topick");
+      RETURN_IF_ERROR(FillFromPreset(tp, &devices::TopickPreset, *scenario,
+                                     "cluster.attention_pool.topick.topick"));
+      shape(pool->mutable_topick()->mutable_model());
+      channels = tp->hbm_channels();
+    }
+    if (!pool->has_units()) pool->set_units(8);
+    // One 8 GiB (8-Hi, 8 Gb dies) HBM2 stack per 8 channels.
+    if (!pool->has_memory_bytes_per_unit()) {
+      pool->set_memory_bytes_per_unit(8.0 * (1 << 30) * std::max(1, channels / 8));
+    }
+    if (pool->link().preset().empty() && !pool->link().has_bandwidth_bytes_per_s()) {
+      pool->mutable_link()->set_preset("pcie4");
+    }
+    RETURN_IF_ERROR(FillFromPreset(pool->mutable_link(), &devices::LinkPreset, *scenario,
+                                   "cluster.attention_pool.link"));
+    if (!pool->link().has_latency_s()) pool->mutable_link()->set_latency_s(0);
+    if (!pool->link().has_energy_pj_per_byte()) pool->mutable_link()->set_energy_pj_per_byte(0);
+    if (c->overlap() == servesim::v1::OVERLAP_POLICY_UNSPECIFIED) {
+      c->set_overlap(servesim::v1::OVERLAP_POLICY_SERIAL);
+    }
+    if (!c->has_head_groups()) c->set_head_groups(8);
+  }
+  for (auto* link : {c->mutable_interconnect(), c->mutable_frontend()}) {
+    if (!link->has_latency_s()) link->set_latency_s(0);
+    if (!link->has_energy_pj_per_byte()) link->set_energy_pj_per_byte(0);
+  }
+
+  auto* s = p.mutable_scheduler();
+  if (s->batching() == servesim::v1::BATCHING_POLICY_UNSPECIFIED) {
+    s->set_batching(servesim::v1::BATCHING_POLICY_PREFILL_FIRST);
+  }
+  if (s->routing() == servesim::v1::ROUTING_POLICY_UNSPECIFIED) {
+    s->set_routing(servesim::v1::ROUTING_POLICY_ROUND_ROBIN);
+  }
+  if (!s->has_max_batch_size()) s->set_max_batch_size(256);
+  if (!s->has_max_tokens_per_iteration()) {
+    s->set_max_tokens_per_iteration(
+        s->batching() == servesim::v1::BATCHING_POLICY_CHUNKED_PREFILL ? 512 : 8192);
+  }
+  if (!s->has_kv_block_tokens()) s->set_kv_block_tokens(16);
+  if (!s->has_kv_watermark()) s->set_kv_watermark(0.01);
+
+  auto* slo = p.mutable_slo();
+  if (!slo->has_ttft_s()) slo->set_ttft_s(5.0);
+  if (!slo->has_tpot_s()) slo->set_tpot_s(0.1);
+
+  auto* o = p.mutable_output();
+  if (!o->has_requests_csv()) o->set_requests_csv(true);
+  if (!o->has_iterations_csv()) o->set_iterations_csv(true);
+  if (!o->has_timeline()) o->set_timeline(true);
+  if (!o->has_timeline_every()) o->set_timeline_every(500);
+  if (!o->has_timeline_max_iterations()) o->set_timeline_max_iterations(100);
+  if (!o->has_timeline_end_s()) o->set_timeline_end_s(1e30);
+  if (!o->has_timeline_layers()) o->set_timeline_layers(2);
+  if (!o->has_report_html()) o->set_report_html(true);
+
+  auto* w = p.mutable_workload();
+  if (!w->has_rate_scale()) w->set_rate_scale(1.0);
+  return absl::OkStatus();
+}
+
+}  // namespace servesim::scenario

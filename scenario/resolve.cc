@@ -1,0 +1,486 @@
+// Resolving a scenario: every value checked against its allowed range and
+// the configuration as a whole, then what the run needs derived (model
+// dimensions, KV capacity, devices, agents).
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "agents/remote_device.h"
+#include "common/status_macros.h"
+#include "devices/attacc/attacc_device.h"
+#include "devices/cta/cta_device.h"
+#include "devices/lad/lad_device.h"
+#include "devices/pool.h"
+#include "devices/presets.h"
+#include "devices/registry.h"
+#include "devices/spatten/spatten_device.h"
+#include "devices/topick/topick_device.h"
+#include "scenario/scenario.h"
+#include "scheduler/planner.h"
+
+namespace servesim::scenario {
+
+namespace {
+
+// Accumulates the first range error with its location.
+class Checker {
+ public:
+  explicit Checker(const LoadedScenario& sc) : sc_(sc) {}
+
+  template <typename T>
+  void Range(absl::string_view path, T v, T lo, T hi) {
+    if (!status_.ok()) return;
+    if (!(v >= lo && v <= hi)) {
+      Fail(path, v, absl::StrCat("allowed range [", lo, ", ", hi, "]"));
+    }
+  }
+  void Positive(absl::string_view path, double v) {
+    if (!status_.ok()) return;
+    if (!(v > 0) || !std::isfinite(v)) Fail(path, v, "expected > 0");
+  }
+  // (0, hi]: a positive figure with an upper limit (e.g. a memory size
+  // whose block count must fit an integer).
+  void PositiveAtMost(absl::string_view path, double v, double hi) {
+    if (!status_.ok()) return;
+    if (!(v > 0 && v <= hi)) Fail(path, v, absl::StrCat("allowed range (0, ", hi, "]"));
+  }
+  void NonNegative(absl::string_view path, double v) {
+    if (!status_.ok()) return;
+    if (!(v >= 0) || !std::isfinite(v)) Fail(path, v, "expected >= 0");
+  }
+  void Fraction(absl::string_view path, double v) {
+    if (!status_.ok()) return;
+    if (!(v > 0 && v <= 1)) Fail(path, v, "allowed range (0, 1]");
+  }
+  template <typename T>
+  void Fail(absl::string_view path, T v, absl::string_view what) {
+    if (!status_.ok()) return;
+    status_ = absl::InvalidArgumentError(
+        absl::StrCat(sc_.Where(path), ": ", path, " = ", v, ": ", what));
+  }
+  void Require(bool has, absl::string_view path, absl::string_view why) {
+    if (!status_.ok() || has) return;
+    status_ = absl::InvalidArgumentError(
+        absl::StrCat(sc_.Where(path), ": ", path, " is not set: ", why));
+  }
+  const absl::Status& status() const { return status_; }
+
+ private:
+  const LoadedScenario& sc_;
+  absl::Status status_;
+};
+
+// The largest memory an xPU or an attention unit may have: 1 PB, 10^4
+// times today's largest accelerator memories. It keeps KV block counts
+// (bytes / block bytes) far inside an integer.
+constexpr double kMaxMemoryBytes = 1e15;
+
+std::string Gb(double bytes) { return absl::StrFormat("%.2f GB", bytes / 1e9); }
+
+}  // namespace
+
+namespace {
+
+// --agent KIND=... replaces the scenario's list for devices of that kind.
+std::vector<std::string> AgentEndpoints(
+    const LoadedScenario& sc, const std::string& kind,
+    const google::protobuf::RepeatedPtrField<std::string>& from_scenario) {
+  auto it = sc.agent_endpoints.find(kind);
+  if (it != sc.agent_endpoints.end()) return it->second;
+  return {from_scenario.begin(), from_scenario.end()};
+}
+
+// Device agents: remote devices behind the same interface (agents/).
+absl::Status ConnectAgents(const LoadedScenario& sc, ResolvedScenario* out) {
+  const auto& c = sc.proto.cluster();
+  for (const auto& [kind, endpoints] : sc.agent_endpoints) {
+    if (kind != "gpu" && kind != out->attention_kind) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--agent ", kind, "=...: the scenario has no ", kind, " device (its devices: gpu",
+          out->has_attention_device ? absl::StrCat(", ", out->attention_kind) : "", ")"));
+    }
+  }
+  if (!out->has_attention_device && c.attention_endpoints_size() > 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        sc.Where("cluster.attention_endpoints"),
+        ": cluster.attention_endpoints is set but the cluster has no attention device "
+        "(cluster.attacc or cluster.attention_pool)"));
+  }
+  out->xpu_endpoints = AgentEndpoints(sc, "gpu", c.xpu_endpoints());
+  if (out->has_attention_device) {
+    out->attention_endpoints = AgentEndpoints(sc, out->attention_kind, c.attention_endpoints());
+  }
+  if (!out->xpu_endpoints.empty()) {
+    auto remote = agents::RemoteDevice::Create(out->xpu_device, out->xpu_endpoints,
+                                               sc.agent_client, "xPU device (gpu)");
+    if (!remote.ok()) return AnnotateFieldError(sc, remote.status());
+    out->remote_devices.push_back(remote->get());
+    out->xpu_agent = std::shared_ptr<devices::Device>(std::move(*remote));
+  }
+  if (!out->attention_endpoints.empty()) {
+    auto remote = agents::RemoteDevice::Create(
+        out->attention_device, out->attention_endpoints, sc.agent_client,
+        absl::StrCat("attention device (", out->attention_kind, ")"));
+    if (!remote.ok()) return AnnotateFieldError(sc, remote.status());
+    out->remote_devices.push_back(remote->get());
+    if (out->attention_units > 0) {
+      out->attention_shared = std::make_shared<devices::PooledDevice>(
+          std::move(*remote), out->attention_units, out->attention_memory_per_unit);
+    } else {
+      out->attention_agent = std::shared_ptr<devices::Device>(std::move(*remote));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<ResolvedScenario> Resolve(const LoadedScenario& sc) {
+  const auto& p = sc.proto;
+  Checker ck(sc);
+  const auto& m = p.model();
+  const char* kDims = "set model.preset or every model dimension";
+  ck.Require(m.has_num_layers(), "model.num_layers", kDims);
+  ck.Require(m.has_d_model(), "model.d_model", kDims);
+  ck.Require(m.has_num_heads(), "model.num_heads", kDims);
+  ck.Require(m.has_d_head(), "model.d_head", kDims);
+  ck.Require(m.has_d_ff(), "model.d_ff", kDims);
+  ck.Require(m.has_vocab_size(), "model.vocab_size", kDims);
+  ck.Require(m.has_max_context_tokens(), "model.max_context_tokens", kDims);
+  ck.Range<int64_t>("model.num_layers", m.num_layers(), 1, 1024);
+  ck.Range<int64_t>("model.d_model", m.d_model(), 1, 1 << 20);
+  ck.Range<int64_t>("model.num_heads", m.num_heads(), 1, 4096);
+  ck.Range<int64_t>("model.num_kv_heads", m.num_kv_heads(), 1, m.num_heads());
+  ck.Range<int64_t>("model.d_head", m.d_head(), 1, 4096);
+  {
+    const auto& o = p.output();
+    ck.Range<int32_t>("output.timeline_every", o.timeline_every(), 1, 1 << 30);
+    ck.Range<int32_t>("output.timeline_max_iterations", o.timeline_max_iterations(), 0,
+                      1000000);
+    ck.Range<int32_t>("output.timeline_layers", o.timeline_layers(), 0, 1024);
+    if (o.has_exact_percentile_max_samples()) {
+      ck.Range<int64_t>("output.exact_percentile_max_samples", o.exact_percentile_max_samples(),
+                        0, 1'000'000'000);
+    }
+    ck.NonNegative("output.timeline_start_s", o.timeline_start_s());
+    if (!(o.timeline_end_s() > o.timeline_start_s())) {
+      ck.Fail("output.timeline_end_s", o.timeline_end_s(),
+              absl::StrCat("expected > output.timeline_start_s (", o.timeline_start_s(), ")"));
+    }
+  }
+  ck.Range<int64_t>("model.d_ff", m.d_ff(), 1, 1 << 22);
+  ck.Range<int64_t>("model.vocab_size", m.vocab_size(), 1, 1 << 24);
+  ck.Range<int64_t>("model.max_context_tokens", m.max_context_tokens(), 2, 1 << 24);
+  if (ck.status().ok() && m.num_heads() % m.num_kv_heads() != 0) {
+    ck.Fail("model.num_kv_heads", m.num_kv_heads(),
+            absl::StrCat("must divide num_heads (", m.num_heads(), ")"));
+  }
+
+  const auto& c = p.cluster();
+  ck.Range<int32_t>("cluster.replicas", c.replicas(), 1, 4096);
+  ck.Range<int32_t>("cluster.tensor_parallel", c.tensor_parallel(), 1, 64);
+  const int64_t tp = c.tensor_parallel();
+  if (ck.status().ok() && m.num_heads() % tp != 0) {
+    ck.Fail("cluster.tensor_parallel", tp,
+            absl::StrCat("must divide model.num_heads (", m.num_heads(), ")"));
+  }
+  if (ck.status().ok() && m.d_ff() % tp != 0) {
+    ck.Fail("cluster.tensor_parallel", tp,
+            absl::StrCat("must divide model.d_ff (", m.d_ff(), ")"));
+  }
+  if (ck.status().ok() && m.num_kv_heads() % tp != 0 && tp % m.num_kv_heads() != 0) {
+    ck.Fail("cluster.tensor_parallel", tp,
+            absl::StrCat("must divide model.num_kv_heads (", m.num_kv_heads(),
+                         ") or be a multiple of it"));
+  }
+  const auto& x = c.xpu();
+  const char* kXpu = "set cluster.xpu.preset or every xPU figure";
+  ck.Require(x.has_peak_flops_fp16(), "cluster.xpu.peak_flops_fp16", kXpu);
+  ck.Require(x.has_memory_bytes(), "cluster.xpu.memory_bytes", kXpu);
+  ck.Require(x.has_memory_bw_bytes_per_s(), "cluster.xpu.memory_bw_bytes_per_s", kXpu);
+  ck.Positive("cluster.xpu.peak_flops_fp16", x.peak_flops_fp16());
+  ck.Positive("cluster.xpu.peak_flops_int8", x.peak_flops_int8());
+  ck.PositiveAtMost("cluster.xpu.memory_bytes", x.memory_bytes(), kMaxMemoryBytes);
+  ck.Positive("cluster.xpu.memory_bw_bytes_per_s", x.memory_bw_bytes_per_s());
+  ck.Fraction("cluster.xpu.compute_utilization", x.compute_utilization());
+  ck.Fraction("cluster.xpu.memory_utilization", x.memory_utilization());
+  ck.NonNegative("cluster.xpu.kernel_overhead_s", x.kernel_overhead_s());
+  ck.NonNegative("cluster.xpu.dram_energy_pj_per_byte", x.dram_energy_pj_per_byte());
+  ck.NonNegative("cluster.xpu.flop_energy_pj", x.flop_energy_pj());
+  ck.NonNegative("cluster.xpu.int8_op_energy_pj", x.int8_op_energy_pj());
+  for (const char* name : {"interconnect", "frontend"}) {
+    const auto& l = std::string(name) == "interconnect" ? c.interconnect() : c.frontend();
+    const std::string base = absl::StrCat("cluster.", name);
+    ck.Positive(absl::StrCat(base, ".bandwidth_bytes_per_s"), l.bandwidth_bytes_per_s());
+    ck.NonNegative(absl::StrCat(base, ".latency_s"), l.latency_s());
+    ck.NonNegative(absl::StrCat(base, ".energy_pj_per_byte"), l.energy_pj_per_byte());
+  }
+  ck.Fraction("cluster.memory_utilization", c.memory_utilization());
+
+  const auto& s = p.scheduler();
+  ck.Range<int64_t>("scheduler.max_batch_size", s.max_batch_size(), 1, 1 << 16);
+  ck.Range<int64_t>("scheduler.max_tokens_per_iteration", s.max_tokens_per_iteration(), 1, 1 << 22);
+  ck.Range<int64_t>("scheduler.kv_block_tokens", s.kv_block_tokens(), 1, 1024);
+  if (ck.status().ok() && !(s.kv_watermark() >= 0 && s.kv_watermark() < 0.5)) {
+    ck.Fail("scheduler.kv_watermark", s.kv_watermark(), "allowed range [0, 0.5)");
+  }
+  ck.Positive("slo.ttft_s", p.slo().ttft_s());
+  ck.Positive("slo.tpot_s", p.slo().tpot_s());
+  if (p.slo().has_tbt_s()) ck.Positive("slo.tbt_s", p.slo().tbt_s());
+  if (c.has_attacc()) {
+    ck.Range<int32_t>("cluster.attacc.stacks", c.attacc().stacks(), 1, 4096);
+    ck.Range<int32_t>("cluster.head_groups", c.head_groups(), 1,
+                      static_cast<int32_t>(std::max<int64_t>(1, m.num_heads())));
+    ck.Positive("cluster.attacc.link.bandwidth_bytes_per_s",
+                c.attacc().link().bandwidth_bytes_per_s());
+    ck.NonNegative("cluster.attacc.link.latency_s", c.attacc().link().latency_s());
+    ck.Range<int64_t>("cluster.ff_min_batch", c.ff_min_batch(), 1, 1 << 16);
+    if (c.has_ff_max_batch()) {
+      ck.Range<int64_t>("cluster.ff_max_batch", c.ff_max_batch(), c.ff_min_batch(), 1 << 16);
+    }
+  } else if (c.has_attention_pool()) {
+    const auto& pool = c.attention_pool();
+    ck.Range<int32_t>("cluster.attention_pool.units", pool.units(), 1, 1024);
+    ck.PositiveAtMost("cluster.attention_pool.memory_bytes_per_unit",
+                      pool.memory_bytes_per_unit(), kMaxMemoryBytes);
+    ck.Positive("cluster.attention_pool.link.bandwidth_bytes_per_s",
+                pool.link().bandwidth_bytes_per_s());
+    ck.NonNegative("cluster.attention_pool.link.latency_s", pool.link().latency_s());
+    ck.Range<int32_t>("cluster.head_groups", c.head_groups(), 1,
+                      static_cast<int32_t>(std::max<int64_t>(1, m.num_heads())));
+    if (c.overlap() == servesim::v1::OVERLAP_POLICY_HEAD_LEVEL_FF) {
+      ck.Fail("cluster.overlap", "HEAD_LEVEL_FF",
+              "feed-forward co-processing needs cluster.attacc's GEMV units; use SERIAL, "
+              "HEAD_LEVEL or BATCH_LEVEL with cluster.attention_pool");
+    }
+  } else if (c.overlap() != servesim::v1::OVERLAP_POLICY_UNSPECIFIED &&
+             c.overlap() != servesim::v1::OVERLAP_POLICY_SERIAL) {
+    ck.Fail("cluster.overlap", servesim::v1::OverlapPolicy_Name(c.overlap()),
+            "overlap policies other than SERIAL need cluster.attacc or "
+            "cluster.attention_pool (an attention device)");
+  }
+  if (c.has_attacc() && c.has_attention_pool()) {
+    ck.Fail("cluster.attention_pool", "set",
+            "at most one of cluster.attacc and cluster.attention_pool");
+  }
+  RETURN_IF_ERROR(ck.status());
+
+  ResolvedScenario out;
+  out.proto = p;
+  out.base_dir = sc.base_dir;
+  out.model = devices::ModelDimsFromSpec(m);
+  out.replicas = c.replicas();
+  out.tensor_parallel = tp;
+  out.seed = p.seed();
+  out.ttft_slo_s = p.slo().ttft_s();
+  out.tpot_slo_s = p.slo().tpot_s();
+  out.tbt_slo_s = p.slo().has_tbt_s() ? p.slo().tbt_s() : 0.0;
+  auto* gpu = out.xpu_device.mutable_gpu();
+  *gpu->mutable_xpu() = x;
+  *gpu->mutable_interconnect() = c.interconnect();
+  gpu->set_dtype(m.dtype());
+
+  // Memory: weights and the activation workspace must leave room for KV.
+  scheduler::IterationPlanner sizes(out.model, tp, /*device=*/nullptr);
+  out.weight_bytes_per_xpu = sizes.WeightBytesPerXpu();
+  out.activation_bytes_per_xpu = sizes.ActivationBytesPerXpu(s.max_tokens_per_iteration());
+  scheduler::KvCapacityInputs kin;
+  kin.memory_bytes_per_xpu = x.memory_bytes();
+  kin.xpus = tp;
+  kin.memory_utilization = c.memory_utilization();
+  kin.weight_bytes = out.model.WeightBytes();
+  kin.activation_bytes_per_xpu = out.activation_bytes_per_xpu;
+  kin.kv_bytes_per_token_per_xpu = sizes.KvBytesPerTokenPerXpu();
+  kin.block_tokens = s.kv_block_tokens();
+  out.planner.tensor_parallel = tp;
+  if (c.has_attacc()) {
+    // DGX+AttAccs (§4, §7.1): the xPUs hold the weights, the device pool the
+    // KV cache (and the FF slices of §6.2 co-processing).
+    out.has_attention_device = true;
+    auto* spec = out.attention_device.mutable_attacc();
+    *spec->mutable_attacc() = c.attacc();
+    spec->set_dtype(m.dtype());
+    out.attention_kind = "attacc";
+    out.attention_label = absl::StrCat(c.attacc().preset(), " x ", c.attacc().stacks(), " stacks");
+    out.attention_link = c.attacc().link();
+    auto device = devices::CreateDevice(out.attention_device);
+    if (!device.ok()) {
+      return absl::Status(device.status().code(),
+                          absl::StrCat(sc.Where("cluster.attacc"), ": ",
+                                       device.status().message()));
+    }
+    const devices::DeviceDescription desc = (*device)->Describe();
+    auto param = [&](absl::string_view name) {
+      for (const auto& [k, v] : desc.parameters) {
+        if (k == name) return v;
+      }
+      return 0.0;
+    };
+    out.device_memory_bytes = desc.memory_bytes;
+    const double stack_bytes = param("stack_bytes");
+    auto& pc = out.planner;
+    pc.overlap = c.overlap() == servesim::v1::OVERLAP_POLICY_HEAD_LEVEL
+                     ? scheduler::OverlapPolicy::kHeadLevel
+                 : c.overlap() == servesim::v1::OVERLAP_POLICY_HEAD_LEVEL_FF
+                     ? scheduler::OverlapPolicy::kHeadLevelFf
+                 : c.overlap() == servesim::v1::OVERLAP_POLICY_BATCH_LEVEL
+                     ? scheduler::OverlapPolicy::kBatchLevel
+                     : scheduler::OverlapPolicy::kSerial;
+    pc.head_groups = c.head_groups();
+    pc.link_bytes_per_s = c.attacc().link().bandwidth_bytes_per_s();
+    pc.link_latency_s = c.attacc().link().latency_s();
+    pc.link_energy_pj_per_byte = c.attacc().link().energy_pj_per_byte();
+    pc.xpu_bandwidth = x.memory_bw_bytes_per_s() * static_cast<double>(tp);
+    pc.device_bandwidth = param("internal_bandwidth_bytes_per_s");
+    pc.ff_min_batch = c.ff_min_batch();
+    pc.ff_max_batch = c.has_ff_max_batch() ? c.ff_max_batch() : s.max_batch_size();
+    // FF co-processing places f(min batch) of every FF matrix on the device
+    // and keeps 1 - f(max batch) on the xPUs (§6.2).
+    double ff_on_device = 0, ff_on_xpu = 1;
+    if (pc.overlap == scheduler::OverlapPolicy::kHeadLevelFf) {
+      scheduler::IterationPlanner fp(out.model, pc);
+      ff_on_device = fp.FfDeviceFraction(pc.ff_min_batch);
+      ff_on_xpu = 1 - fp.FfDeviceFraction(pc.ff_max_batch);
+    }
+    const double ff_bytes = static_cast<double>(out.model.num_layers) *
+                            static_cast<double>(out.model.FfParamsPerLayer()) *
+                            out.model.bytes_per_element;
+    out.device_ff_weight_bytes = ff_on_device * ff_bytes;
+    out.weight_bytes_per_xpu -= (1 - ff_on_xpu) * ff_bytes / static_cast<double>(tp);
+    const double kv_per_token = static_cast<double>(out.model.KvBytesPerToken());
+    const double kv_bytes = out.device_memory_bytes - out.device_ff_weight_bytes;
+    out.kv.usable_bytes_per_xpu = 0;
+    out.kv.blocks = scheduler::KvBlocksIn(kv_bytes, kv_per_token * s.kv_block_tokens());
+    out.kv.tokens = out.kv.blocks * s.kv_block_tokens();
+    // One head's KV, all layers, per position.
+    const double head_bytes = 2.0 * static_cast<double>(out.model.num_layers) *
+                              static_cast<double>(out.model.d_head) *
+                              out.model.bytes_per_element;
+    out.batching.placement_stacks = c.attacc().stacks();
+    out.batching.placement_capacity_tokens = static_cast<int64_t>(std::floor(
+        (stack_bytes - out.device_ff_weight_bytes / c.attacc().stacks()) / head_bytes));
+    out.batching.placement_kv_heads = static_cast<int>(out.model.num_kv_heads);
+    const double xpu_available = x.memory_bytes() * c.memory_utilization();
+    const double xpu_required = out.weight_bytes_per_xpu + out.activation_bytes_per_xpu;
+    if (xpu_required > xpu_available) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          sc.Where("cluster.tensor_parallel"), ": ", m.name(), " weights do not fit the ",
+          tp, " x ", x.preset(), " of a DGX+AttAcc replica: required ", Gb(xpu_required),
+          " per xPU vs available ", Gb(xpu_available)));
+    }
+  } else if (c.has_attention_pool()) {
+    // xPUs + a pool of token-pruning accelerators: the xPUs hold the
+    // weights, the pool the KV cache; its heads are split among the units.
+    const auto& pool = c.attention_pool();
+    out.has_attention_device = true;
+    if (pool.has_spatten()) {
+      *out.attention_device.mutable_spatten() = pool.spatten();
+      out.attention_kind = "spatten";
+      out.attention_label = absl::StrCat(pool.spatten().spatten().preset(), " x ", pool.units());
+    } else if (pool.has_cta()) {
+      *out.attention_device.mutable_cta() = pool.cta();
+      out.attention_kind = "cta";
+      out.attention_label = absl::StrCat(pool.cta().cta().preset(), " x ", pool.units());
+    } else if (pool.has_lad()) {
+      *out.attention_device.mutable_lad() = pool.lad();
+      out.attention_kind = "lad";
+      out.attention_label = absl::StrCat(pool.lad().lad().preset(), " x ", pool.units());
+    } else {
+      *out.attention_device.mutable_topick() = pool.topick();
+      out.attention_kind = "topick";
+      out.attention_label = absl::StrCat(pool.topick().topick().preset(), " x ", pool.units());
+    }
+    out.attention_units = pool.units();
+    out.attention_memory_per_unit = pool.memory_bytes_per_unit();
+    out.attention_link = pool.link();
+    out.device_memory_bytes = pool.memory_bytes_per_unit() * pool.units();
+    auto& pc = out.planner;
+    pc.overlap = c.overlap() == servesim::v1::OVERLAP_POLICY_HEAD_LEVEL
+                     ? scheduler::OverlapPolicy::kHeadLevel
+                 : c.overlap() == servesim::v1::OVERLAP_POLICY_BATCH_LEVEL
+                     ? scheduler::OverlapPolicy::kBatchLevel
+                     : scheduler::OverlapPolicy::kSerial;
+    pc.head_groups = c.head_groups();
+    pc.link_bytes_per_s = pool.link().bandwidth_bytes_per_s();
+    pc.link_latency_s = pool.link().latency_s();
+    pc.link_energy_pj_per_byte = pool.link().energy_pj_per_byte();
+    const double kv_per_token = static_cast<double>(out.model.KvBytesPerToken());
+    out.kv.usable_bytes_per_xpu = 0;
+    out.kv.blocks = scheduler::KvBlocksIn(out.device_memory_bytes,
+                                          kv_per_token * s.kv_block_tokens());
+    out.kv.tokens = out.kv.blocks * s.kv_block_tokens();
+    const double xpu_available = x.memory_bytes() * c.memory_utilization();
+    const double xpu_required = out.weight_bytes_per_xpu + out.activation_bytes_per_xpu;
+    if (xpu_required > xpu_available) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          sc.Where("cluster.tensor_parallel"), ": ", m.name(), " weights do not fit the ",
+          tp, " x ", x.preset(), " of the replica: required ", Gb(xpu_required),
+          " per xPU vs available ", Gb(xpu_available)));
+    }
+    // The device must accept this scenario's spec (e.g. FULL fidelity's
+    // model shape): fail here, with the field, rather than mid-run. (On
+    // agents, the agent checks it when the spec is bound.)
+    if (AgentEndpoints(sc, out.attention_kind, c.attention_endpoints()).empty()) {
+      auto dev = CreateAttentionDevice(out);
+      if (!dev.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            sc.Where(absl::StrCat("cluster.attention_pool.", out.attention_kind)), ": ",
+            dev.status().message()));
+      }
+      out.attention_shared = std::move(*dev);
+    }
+  } else {
+    out.kv = scheduler::ComputeKvCapacity(kin);
+  }
+  const double available = x.memory_bytes() * c.memory_utilization();
+  const double required = out.weight_bytes_per_xpu + out.activation_bytes_per_xpu;
+  if (out.kv.blocks < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        sc.Where("cluster.tensor_parallel"), ": ", m.name(),
+        " does not fit a replica of ", tp, " x ", x.preset().empty() ? "xPU" : x.preset(),
+        ": required ", Gb(required), " per xPU (weights ", Gb(out.weight_bytes_per_xpu),
+        " + activations ", Gb(out.activation_bytes_per_xpu), ") plus at least one KV block (",
+        Gb(double(kin.block_tokens) * kin.kv_bytes_per_token_per_xpu), ") vs available ",
+        Gb(available), " (memory ", Gb(x.memory_bytes()), " x cluster.memory_utilization ",
+        c.memory_utilization(), "); raise cluster.tensor_parallel or use a larger xPU"));
+  }
+
+  out.batching.policy = s.batching() == servesim::v1::BATCHING_POLICY_CHUNKED_PREFILL
+                            ? scheduler::BatchingPolicy::kChunkedPrefill
+                            : scheduler::BatchingPolicy::kPrefillFirst;
+  out.batching.max_batch_size = s.max_batch_size();
+  out.batching.max_tokens_per_iteration = s.max_tokens_per_iteration();
+  out.batching.kv_block_tokens = s.kv_block_tokens();
+  out.batching.kv_capacity_blocks = out.kv.blocks;
+  out.batching.kv_watermark = s.kv_watermark();
+  out.batching.max_context_tokens = m.max_context_tokens();
+  switch (s.routing()) {
+    case servesim::v1::ROUTING_POLICY_LEAST_OUTSTANDING:
+      out.routing = scheduler::RoutingPolicy::kLeastOutstanding;
+      break;
+    case servesim::v1::ROUTING_POLICY_LEAST_KV_LOAD:
+      out.routing = scheduler::RoutingPolicy::kLeastKvLoad;
+      break;
+    default:
+      out.routing = scheduler::RoutingPolicy::kRoundRobin;
+  }
+  RETURN_IF_ERROR(ConnectAgents(sc, &out));
+  return out;
+}
+
+absl::StatusOr<std::unique_ptr<devices::Device>> CreateAttentionDevice(
+    const ResolvedScenario& sc) {
+  if (sc.attention_shared != nullptr) {
+    return absl::FailedPreconditionError("the attention pool is shared: use attention_shared");
+  }
+  ASSIGN_OR_RETURN(auto device, devices::CreateDevice(sc.attention_device));
+  if (sc.attention_units <= 0) return device;
+  return std::unique_ptr<devices::Device>(std::make_unique<devices::PooledDevice>(
+      std::move(device), sc.attention_units, sc.attention_memory_per_unit));
+}
+
+}  // namespace servesim::scenario

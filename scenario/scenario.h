@@ -1,0 +1,131 @@
+// Scenario files: parse -> override -> normalise -> validate -> resolve
+// (Triton's model-config pipeline). load.cc parses and applies overrides,
+// normalize.cc fills presets and defaults, resolve.cc checks and derives.
+//
+//  - Load: protobuf text format; syntax errors and unknown fields are
+//    errors naming file:line:column. The parser records where each field
+//    was written, so later errors name the line too.
+//  - ApplyOverride: `field.path=value` for any scalar, enum (by value name,
+//    with or without its type prefix) or string field; setting a field
+//    inside a oneof selects that oneof member.
+//  - Normalize: fills presets (model, xPU, links) and documented defaults,
+//    so the resolved scenario shows every value the run uses.
+//  - Resolve: checks every value against its allowed range and the
+//    configuration as a whole (weights must fit the replica's memory, say
+//    required against available bytes), then derives what the run needs.
+// Every error is INVALID_ARGUMENT (NOT_FOUND for a missing file or preset)
+// and reads `<file>:<line>: <field.path> = <value>: <problem>; <allowed>`.
+#ifndef SERVESIM_SCENARIO_SCENARIO_H_
+#define SERVESIM_SCENARIO_SCENARIO_H_
+
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "agents/client_options.h"
+#include "devices/model.h"
+#include "google/protobuf/text_format.h"
+#include "scheduler/batching.h"
+#include "scheduler/kv_cache.h"
+#include "scheduler/planner.h"
+#include "scheduler/router.h"
+#include "servesim/v1/hardware.pb.h"
+#include "servesim/v1/scenario.pb.h"
+
+namespace servesim::agents {
+class RemoteDevice;
+}  // namespace servesim::agents
+
+namespace servesim::scenario {
+
+struct LoadedScenario {
+  servesim::v1::Scenario proto;
+  std::string path;      // as given
+  std::string base_dir;  // folder of `path`, for relative trace paths
+  std::shared_ptr<google::protobuf::TextFormat::ParseInfoTree> locations;
+  std::set<std::string> overridden;  // paths set by --set
+  // servesim run --agent KIND=HOST:PORT,...: endpoints by device kind; they
+  // replace the scenario's xpu_endpoints / attention_endpoints for devices
+  // of that kind. How to reach the agents (TLS, token, deadline).
+  std::map<std::string, std::vector<std::string>> agent_endpoints;
+  agents::ClientOptions agent_client;
+
+  // "file:line" of `field_path` (or of its nearest written ancestor;
+  // "file (--set)" for overridden fields; "file" if never written).
+  std::string Where(absl::string_view field_path) const;
+};
+
+absl::StatusOr<LoadedScenario> LoadScenarioFile(const std::string& path);
+absl::StatusOr<LoadedScenario> ParseScenarioText(const std::string& text,
+                                                 const std::string& path);
+
+absl::Status ApplyOverride(LoadedScenario* scenario,
+                           absl::string_view assignment);
+
+absl::Status Normalize(LoadedScenario* scenario);
+
+// Errors raised after parsing (e.g. by LoadWorkload) name the field path
+// first: "workload.poisson.rate_rps = 0; expected > 0". This prefixes such
+// a message with the field's "file:line: " so every scenario error reads
+// the same way. Other statuses pass through unchanged.
+absl::Status AnnotateFieldError(const LoadedScenario& scenario,
+                                const absl::Status& status);
+
+// Everything a run needs, derived from a normalised scenario.
+struct ResolvedScenario {
+  servesim::v1::Scenario proto;  // normalised
+  std::string base_dir;
+  devices::ModelDims model;
+  servesim::v1::DeviceSpec xpu_device;  // gpu spec for the replica's xPUs
+  int64_t replicas = 1;
+  int64_t tensor_parallel = 1;
+  scheduler::BatchingConfig batching;  // kv_capacity_blocks filled in
+  scheduler::RoutingPolicy routing = scheduler::RoutingPolicy::kRoundRobin;
+  scheduler::KvCapacity kv;
+  double weight_bytes_per_xpu = 0;
+  double activation_bytes_per_xpu = 0;
+  double ttft_slo_s = 0;
+  double tpot_slo_s = 0;
+  double tbt_slo_s = 0;  // 0: no SLO-limited batching
+  uint64_t seed = 1;
+  // Heterogeneous replicas (cluster.attacc set): the device spec, and the
+  // planner settings (device pointers are filled per replica at run time).
+  bool has_attention_device = false;
+  servesim::v1::DeviceSpec attention_device;
+  std::string attention_kind;       // "attacc", "topick", "spatten", "cta", "lad"
+  std::string attention_label;      // e.g. "attacc_bank x 40 stacks"
+  int attention_units = 0;          // > 0: a pool of that many accelerators
+  double attention_memory_per_unit = 0;
+  servesim::v1::LinkSpec attention_link;  // xPU <-> device, per xPU
+  // Pools: the device, created (and calibrated) once at resolution and
+  // shared by every replica's engine (devices are immutable, and per-
+  // request state is keyed by request id).
+  std::shared_ptr<devices::Device> attention_shared;
+  scheduler::PlannerConfig planner;
+  double device_memory_bytes = 0;      // the attention-device pool
+  double device_ff_weight_bytes = 0;   // FF slices placed on it (§6.2)
+  // Device agents: where the xPU and attention devices run when not in
+  // process (cluster.xpu_endpoints / attention_endpoints, or --agent).
+  std::vector<std::string> xpu_endpoints, attention_endpoints;
+  // The remote xPU device, shared by every replica's engine (a device is
+  // immutable), and the remote AttAcc device; pools of remote units are
+  // attention_shared. Null: in process.
+  std::shared_ptr<devices::Device> xpu_agent;
+  std::shared_ptr<devices::Device> attention_agent;
+  // Every remote device of the run (owned above), for their call counts.
+  std::vector<const agents::RemoteDevice*> remote_devices;
+};
+
+absl::StatusOr<ResolvedScenario> Resolve(const LoadedScenario& scenario);
+
+// The replica's attention device (a pool when attention_units > 0).
+absl::StatusOr<std::unique_ptr<devices::Device>> CreateAttentionDevice(
+    const ResolvedScenario& scenario);
+
+}  // namespace servesim::scenario
+
+#endif  // SERVESIM_SCENARIO_SCENARIO_H_

@@ -1,0 +1,190 @@
+#include "services/commands/scenario_args.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "common/status_macros.h"
+#include "devices/registry.h"
+
+namespace servesim::services {
+
+void AddScenarioFlags(FlagParser& flags, ScenarioArgs* args) {
+  flags.Positional([args](const std::string& a) -> std::string {
+    if (!args->scenario.empty()) return absl::StrCat("unexpected argument ", a);
+    args->scenario = a;
+    return "";
+  });
+  flags.Repeated("--set", &args->sets, "--set needs path=value");
+  flags.Value("--seed", "--seed needs a non-negative integer",
+              [args](const std::string& v) -> std::string {
+                if (!absl::SimpleAtoi(v, &args->seed)) return "--seed needs a non-negative integer";
+                args->has_seed = true;
+                return "";
+              });
+  flags.String("--trace", &args->trace, "--trace needs a file");
+}
+
+void AddAgentFlags(FlagParser& flags, ScenarioArgs* args) {
+  flags.Value("--agent", "--agent needs KIND=HOST:PORT[,HOST:PORT...]",
+              [args](const std::string& v) -> std::string {
+                const size_t k = v.find('=');
+                if (k == std::string::npos || k == 0 || k + 1 == v.size()) {
+                  return absl::StrCat("--agent ", v, ": expected KIND=HOST:PORT[,HOST:PORT...]");
+                }
+                const std::string kind = v.substr(0, k);
+                const auto kinds = devices::RegisteredDeviceKinds();
+                if (std::find(kinds.begin(), kinds.end(), kind) == kinds.end()) {
+                  return absl::StrCat("--agent ", v, ": unknown device kind '", kind,
+                                      "'; registered: ", absl::StrJoin(kinds, ", "));
+                }
+                if (args->agents.count(kind) != 0) {
+                  return absl::StrCat("--agent ", kind,
+                                      "=... given twice; list every endpoint of a kind in one "
+                                      "flag, comma-separated");
+                }
+                std::vector<std::string> eps =
+                    absl::StrSplit(v.substr(k + 1), ',', absl::SkipEmpty());
+                for (const std::string& e : eps) {
+                  const size_t colon = e.rfind(':');
+                  int port = -1;
+                  if (colon == std::string::npos || colon == 0 ||
+                      !absl::SimpleAtoi(e.substr(colon + 1), &port) || port < 1 || port > 65535) {
+                    return absl::StrCat("--agent ", v, ": endpoint '", e,
+                                        "'; expected HOST:PORT with PORT in [1, 65535]");
+                  }
+                }
+                args->agents[kind] = std::move(eps);
+                return "";
+              });
+  flags.String("--agent-tls-ca", &args->agent_client.tls_ca_file, "--agent-tls-ca needs a file");
+  flags.String("--agent-tls-cert", &args->agent_client.tls_cert_file,
+               "--agent-tls-cert needs a file");
+  flags.String("--agent-tls-key", &args->agent_client.tls_key_file, "--agent-tls-key needs a file");
+  flags.String("--agent-token-file", &args->agent_token_file, "--agent-token-file needs a file");
+  flags.Value("--agent-deadline", "--agent-deadline needs seconds in (0, 86400]",
+              [args](const std::string& v) -> std::string {
+                double& d = args->agent_client.deadline_s;
+                if (!absl::SimpleAtod(v, &d) || !(d > 0 && d <= 86400)) {
+                  return "--agent-deadline needs seconds in (0, 86400]";
+                }
+                return "";
+              });
+  flags.Value("--agent-lookahead", "--agent-lookahead needs a number of steps, 0..256",
+              [args](const std::string& v) -> std::string {
+                int& n = args->agent_client.lookahead_max;
+                if (!absl::SimpleAtoi(v, &n) || n < 0 || n > 256) {
+                  return "--agent-lookahead needs a number of steps, 0..256";
+                }
+                return "";
+              });
+}
+
+void AddSimGridFlags(FlagParser& flags, std::vector<std::string>* simgrid_args) {
+  for (const char* name : {"--cfg", "--log"}) {
+    const std::string flag = name;
+    flags.Inline(flag, flag + " takes --cfg=NAME:VALUE form",
+                 [flag, simgrid_args](const std::string& v) {
+                   simgrid_args->push_back(flag + "=" + v);
+                   return std::string();
+                 });
+  }
+}
+
+absl::StatusOr<Scenario> LoadAndResolve(const ScenarioArgs& a) {
+  ASSIGN_OR_RETURN(scenario::LoadedScenario sc, scenario::LoadScenarioFile(a.scenario));
+  for (const std::string& s : a.sets) RETURN_IF_ERROR(scenario::ApplyOverride(&sc, s));
+  if (a.has_seed) {
+    sc.proto.set_seed(a.seed);
+    sc.overridden.insert("seed");
+  }
+  if (!a.trace.empty()) {
+    // --trace paths are relative to the working folder, not the scenario.
+    auto* t = sc.proto.mutable_workload()->mutable_trace();
+    t->set_path(std::filesystem::absolute(a.trace).string());
+    sc.overridden.insert("workload.trace.path");
+  }
+  sc.agent_endpoints = a.agents;
+  sc.agent_client = a.agent_client;
+  if (!a.agent_token_file.empty()) {
+    std::ifstream in(a.agent_token_file);
+    std::stringstream text;
+    text << in.rdbuf();
+    std::string token = text.str().substr(0, text.str().find('\n'));
+    if (!in || token.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("--agent-token-file ", a.agent_token_file,
+                                                     ": cannot read a token from its first line"));
+    }
+    sc.agent_client.token = token;
+  }
+  RETURN_IF_ERROR(scenario::Normalize(&sc));
+  ASSIGN_OR_RETURN(auto resolved, scenario::Resolve(sc));
+  return Scenario{std::move(sc), std::move(resolved)};
+}
+
+absl::StatusOr<workload::Workload> ScanWorkloadOf(const Scenario& s) {
+  auto wl =
+      workload::ScanWorkload(s.resolved.proto.workload(), s.resolved.base_dir, "", s.resolved.seed);
+  if (!wl.ok()) return scenario::AnnotateFieldError(s.loaded, wl.status());
+  return wl;
+}
+
+absl::StatusOr<std::unique_ptr<workload::RequestStream>> OpenWorkloadOf(const Scenario& s) {
+  auto stream =
+      workload::OpenWorkload(s.resolved.proto.workload(), s.resolved.base_dir, "", s.resolved.seed);
+  if (!stream.ok()) return scenario::AnnotateFieldError(s.loaded, stream.status());
+  return stream;
+}
+
+std::vector<std::string> BaseOverrides(const ScenarioArgs& a) {
+  std::vector<std::string> sets = a.sets;
+  if (a.has_seed) sets.push_back(absl::StrCat("seed=", a.seed));
+  if (!a.trace.empty()) {
+    sets.push_back(
+        absl::StrCat("workload.trace.path=", std::filesystem::absolute(a.trace).string()));
+  }
+  return sets;
+}
+
+absl::StatusOr<Scenario> CheckPoint(const std::string& scenario_path,
+                                    const std::vector<std::string>& base,
+                                    const std::vector<std::pair<std::string, std::string>>& vary) {
+  ASSIGN_OR_RETURN(scenario::LoadedScenario ls, scenario::LoadScenarioFile(scenario_path));
+  for (const std::string& s : base) RETURN_IF_ERROR(scenario::ApplyOverride(&ls, s));
+  for (const auto& [field, value] : vary) {
+    const absl::Status st = scenario::ApplyOverride(&ls, absl::StrCat(field, "=", value));
+    if (!st.ok()) {
+      std::string msg(st.message());
+      const std::string prefix = absl::StrCat("--set ", field, ": ");
+      if (absl::StartsWith(msg, prefix)) msg = msg.substr(prefix.size());
+      return absl::InvalidArgumentError(absl::StrCat("--vary ", field, "=", value, ": ", msg));
+    }
+  }
+  auto annotate = [&](const absl::Status& st) {
+    if (vary.empty()) return st;
+    std::vector<std::string> v;
+    for (const auto& [f, x] : vary) v.push_back(absl::StrCat(f, "=", x));
+    return absl::Status(st.code(),
+                        absl::StrCat("--vary ", absl::StrJoin(v, " "), ": ", st.message()));
+  };
+  if (absl::Status st = scenario::Normalize(&ls); !st.ok()) return annotate(st);
+  auto resolved = scenario::Resolve(ls);
+  if (!resolved.ok()) return annotate(resolved.status());
+  Scenario out{std::move(ls), std::move(*resolved)};
+  auto wl = ScanWorkloadOf(out);
+  if (!wl.ok()) return annotate(wl.status());
+  return out;
+}
+
+std::string FormatGb(double bytes) { return absl::StrFormat("%.2f GB", bytes / 1e9); }
+
+std::string SelfBinary() { return std::filesystem::read_symlink("/proc/self/exe").string(); }
+
+}  // namespace servesim::services

@@ -1,0 +1,225 @@
+// `servesim search SCENARIO --slo ... (--vary-rate | --vary-replicas)`: the
+// largest arrival rate or the fewest replicas meeting an SLO
+// (studies/search.h), each probe a child run.
+#include "studies/search.h"
+
+#include <filesystem>
+#include <iostream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/status_macros.h"
+#include "services/commands/commands.h"
+#include "services/commands/points.h"
+#include "services/commands/scenario_args.h"
+#include "studies/sweep.h"
+
+namespace servesim::services {
+namespace {
+
+struct SearchFlags {
+  ScenarioArgs scenario_args;
+  std::string out;
+  std::string slo;
+  bool vary_rate = false, vary_replicas = false;
+  double attainment = 0.9, tolerance = 0.02;
+  int64_t max_replicas = 1024;
+  int jobs = 1;
+};
+
+}  // namespace
+
+int SearchCommand(const Args& args) {
+  SearchFlags o;
+  FlagParser flags;
+  AddScenarioFlags(flags, &o.scenario_args);
+  flags.String("--out", &o.out, "--out needs a folder");
+  flags.String("--slo", &o.slo, "--slo needs e.g. ttft_p99=2s,tbt_p99=50ms");
+  flags.Switch("--vary-rate", [&o] { o.vary_rate = true; });
+  flags.Switch("--vary-replicas", [&o] { o.vary_replicas = true; });
+  flags.Value("--attainment", "", [&o](const std::string& v) -> std::string {
+    if (!absl::SimpleAtod(v, &o.attainment) || !(o.attainment > 0) || !(o.attainment <= 1)) {
+      return absl::StrCat("--attainment ", v, ": expected a fraction in (0, 1]");
+    }
+    return "";
+  });
+  flags.Value("--tolerance", "", [&o](const std::string& v) -> std::string {
+    if (!absl::SimpleAtod(v, &o.tolerance) || !(o.tolerance > 0) || !(o.tolerance < 1)) {
+      return absl::StrCat("--tolerance ", v, ": expected a relative width in (0, 1)");
+    }
+    return "";
+  });
+  flags.Value("--max-replicas", "", [&o](const std::string& v) -> std::string {
+    if (!absl::SimpleAtoi(v, &o.max_replicas) || o.max_replicas < 1) {
+      return absl::StrCat("--max-replicas ", v, ": expected an integer >= 1");
+    }
+    return "";
+  });
+  AddJobsFlag(flags, &o.jobs);
+  if (auto exit = ParseFlags(flags, args)) return *exit;
+  if (o.scenario_args.scenario.empty()) return UsageError("search needs a scenario file");
+  if (o.slo.empty()) return UsageError("search needs --slo, e.g. ttft_p99=2s,tbt_p99=50ms");
+  if (o.vary_rate == o.vary_replicas) {
+    return UsageError("search needs exactly one of --vary-rate and --vary-replicas");
+  }
+  auto slo = studies::ParseSlo(o.slo);
+  if (!slo.ok()) return UsageError(std::string(slo.status().message()));
+  const std::string out = std::filesystem::absolute(o.out.empty() ? "out/search" : o.out).string();
+  const std::string scenario = std::filesystem::absolute(o.scenario_args.scenario).string();
+  auto hash = studies::ScenarioHash(scenario);
+  if (!hash.ok()) return Fail(hash.status());
+  std::vector<std::string> base = BaseOverrides(o.scenario_args);
+  // The per-request SLO that slo_attainment counts (sweep.h).
+  double ttft = 0, tpot = 0, tbt = 0;
+  for (const studies::SloLimit& l : *slo) {
+    double* slot = l.key == "ttft_s"   ? &ttft
+                   : l.key == "tpot_s" ? &tpot
+                   : l.key == "tbt_s"  ? &tbt
+                                       : nullptr;
+    if (slot != nullptr && (*slot == 0 || l.limit_s < *slot)) *slot = l.limit_s;
+  }
+  if (ttft > 0) base.push_back(absl::StrCat("slo.ttft_s=", studies::FormatValue(ttft)));
+  if (tpot > 0 || tbt > 0) {
+    base.push_back(absl::StrCat("slo.tpot_s=", studies::FormatValue(tpot > 0 ? tpot : tbt)));
+  }
+  // Probes need summary.json only.
+  base.push_back("output.iterations_csv=false");
+  base.push_back("output.timeline=false");
+  auto checked = CheckPoint(scenario, base, {});
+  if (!checked.ok()) return Fail(checked.status());
+  const auto& w = checked->resolved.proto.workload();
+  std::string field;
+  double start = 0;
+  if (o.vary_rate) {
+    if (w.has_trace()) {
+      field = "workload.rate_scale";
+      start = w.has_rate_scale() ? w.rate_scale() : 1.0;
+    } else if (w.has_poisson()) {
+      field = "workload.poisson.rate_rps", start = w.poisson().rate_rps();
+    } else if (w.has_gamma()) {
+      field = "workload.gamma.rate_rps", start = w.gamma().rate_rps();
+    } else if (w.has_constant()) {
+      field = "workload.constant.rate_rps", start = w.constant().rate_rps();
+    } else {
+      return Fail(absl::InvalidArgumentError(
+          "--vary-rate: the scenario's workload has no arrival rate (saturated: every request "
+          "at t=0); expected a trace, poisson, gamma or constant workload"));
+    }
+  } else {
+    field = "cluster.replicas";
+    start = static_cast<double>(checked->resolved.replicas);
+    if (o.max_replicas < checked->resolved.replicas) {
+      return UsageError(absl::StrCat("--max-replicas ", o.max_replicas,
+                                     " is below the scenario's cluster.replicas ",
+                                     checked->resolved.replicas));
+    }
+  }
+  const std::string short_field = field.substr(field.rfind('.') + 1);
+  struct Probe {
+    std::map<std::string, std::string> figures;
+    bool pass = false;
+    std::string reason;
+  };
+  std::map<double, Probe> probes;
+  auto spec_of = [&](double v) {
+    studies::PointSpec spec;
+    spec.scenario = scenario;
+    spec.scenario_hash = *hash;
+    spec.overrides = base;
+    spec.overrides.push_back(absl::StrCat(field, "=", studies::FormatValue(v)));
+    spec.vary = {{field, studies::FormatValue(v)}};
+    return spec;
+  };
+  auto dir_of = [&](double v) {
+    return absl::StrCat(out, "/probes/", short_field, "-", studies::FormatValue(v));
+  };
+  studies::Evaluate evaluate =
+      [&](const std::vector<double>& values) -> absl::StatusOr<std::vector<bool>> {
+    std::vector<studies::PointSpec> specs;
+    std::vector<std::string> dirs;
+    for (double v : values) {
+      ASSIGN_OR_RETURN(auto ok, CheckPoint(scenario, base, {{field, studies::FormatValue(v)}}));
+      (void)ok;
+      specs.push_back(spec_of(v));
+      dirs.push_back(dir_of(v));
+    }
+    int ran = 0;
+    RETURN_IF_ERROR(RunPoints(specs, dirs, o.jobs, &ran));
+    std::vector<bool> pass;
+    for (size_t i = 0; i < values.size(); ++i) {
+      ASSIGN_OR_RETURN(auto figures, studies::ReadSummaryFigures(dirs[i]));
+      Probe p;
+      ASSIGN_OR_RETURN(p.pass, studies::ProbePasses(figures, *slo, o.attainment, &p.reason));
+      p.figures = std::move(figures);
+      pass.push_back(p.pass);
+      probes[values[i]] = std::move(p);
+    }
+    return pass;
+  };
+  std::cout << absl::StrFormat("search: %s %s from %s (%s), SLO %s, attainment >= %g\n",
+                               o.vary_rate ? "max" : "min", field, studies::FormatValue(start),
+                               o.scenario_args.scenario, o.slo, o.attainment)
+            << std::flush;
+  auto result = o.vary_rate ? studies::SearchMaxRate(start, o.tolerance, o.jobs, evaluate)
+                            : studies::SearchMinReplicas(static_cast<int64_t>(start),
+                                                         o.max_replicas, o.jobs, evaluate);
+  if (!result.ok()) return Fail(result.status());
+  // The table: the sequential algorithm's probes, then the answer.
+  std::vector<std::string> header = {"step", "phase", field, "pass"};
+  for (const studies::SloLimit& l : *slo) header.push_back(absl::StrCat(l.name, "_s"));
+  for (const char* k : {"slo_attainment", "goodput_requests_per_s", "throughput_tokens_per_s",
+                        "requests", "completed"}) {
+    header.push_back(k);
+  }
+  header.push_back("reason");
+  studies::SweepTable table;
+  table.header = header;
+  auto row = [&](const std::string& step, const std::string& phase, double v) {
+    const Probe& p = probes.at(v);
+    std::vector<std::string> r = {step, phase, studies::FormatValue(v), p.pass ? "pass" : "fail"};
+    for (const studies::SloLimit& l : *slo)
+      r.push_back(p.figures.at(absl::StrCat(l.key, ".", l.field)));
+    for (const char* k : {"slo_attainment", "goodput_requests_per_s", "throughput_tokens_per_s",
+                          "requests", "requests_completed"}) {
+      r.push_back(p.figures.at(k));
+    }
+    r.push_back(p.reason);
+    table.rows.push_back(r);
+  };
+  for (size_t i = 0; i < result->path.size(); ++i) {
+    row(absl::StrCat(i + 1), result->path[i].phase, result->path[i].value);
+  }
+  row("", "answer", result->answer);
+  std::error_code ec;
+  std::filesystem::create_directories(out, ec);
+  if (absl::Status st = WriteTextFile(out + "/search.csv", studies::TableCsv(table)); !st.ok()) {
+    return Fail(st);
+  }
+  std::cout << studies::TableText(table);
+  const Probe& best = probes.at(result->answer);
+  if (o.vary_rate) {
+    std::cout << absl::StrFormat(
+        "answer: max %s = %s (%.4g x the scenario's %s) meets the SLO; the next probe up, %s, "
+        "does not (relative width %.3g <= tolerance %g)\n",
+        field, studies::FormatValue(result->answer), result->answer / start,
+        studies::FormatValue(start), studies::FormatValue(result->hi),
+        (result->hi - result->lo) / result->lo, o.tolerance);
+  } else {
+    std::cout << absl::StrFormat(
+        "answer: min %s = %s meets the SLO%s\n", field, studies::FormatValue(result->answer),
+        result->lo > 0 ? absl::StrCat("; ", studies::FormatValue(result->lo), " does not")
+                       : std::string(" (the least possible)"));
+  }
+  std::cout << absl::StrFormat(
+      "  at it: goodput %s requests/s, throughput %s tokens/s, slo_attainment %s\n"
+      "  wrote %s/search.csv (probes in %s/probes/)\n",
+      best.figures.at("goodput_requests_per_s"), best.figures.at("throughput_tokens_per_s"),
+      best.figures.at("slo_attainment"), out, out);
+  return 0;
+}
+
+}  // namespace servesim::services

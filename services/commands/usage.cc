@@ -1,0 +1,135 @@
+// The text of `servesim --help`.
+#include <iostream>
+
+#include "services/commands/commands.h"
+
+namespace servesim::services {
+namespace {
+
+constexpr char kUsage[] = R"(servesim - discrete-event simulator of LLM serving clusters
+
+Usage:
+  servesim run SCENARIO.pbtxt [options]   simulate and print the summary table
+  servesim validate SCENARIO.pbtxt [--set path=value ...]
+                                          parse and check; print the resolved
+                                          scenario and the replica memory plan
+  servesim presets [models|xpus|links|attacc|topick|spatten|cta|lad]
+                                          list presets with their parameters
+  servesim study attacc [--out DIR] [--trace FILE | --no-trace]
+                                          the AttAcc paper's evaluation (§7):
+                                          DGX_Base, DGX_Large, DGX+AttAccs x
+                                          policies x models x lengths x SLOs,
+                                          saturated, then the Azure trace
+  servesim sweep SCENARIO --vary field=v1,v2,... [--vary ...] [--set ...]
+                 [-j N] [--out DIR] [--emit-jobs FILE]
+                                          run the cross product of the --vary
+                                          lists, one child run per point into
+                                          DIR/points/ (default out/sweep);
+                                          finished points are not rerun; one
+                                          row per point in DIR/sweep.csv
+  servesim merge DIR... [--out DIR]       sweep.csv from finished points (after
+                                          running --emit-jobs lines elsewhere)
+  servesim search SCENARIO --slo ttft_p99=2s,tbt_p99=50ms
+                 (--vary-rate | --vary-replicas) [--attainment 0.9]
+                 [--tolerance 0.02] [--max-replicas 1024] [-j N] [--out DIR]
+                                          largest arrival rate (trace:
+                                          workload.rate_scale; synthetic:
+                                          its rate_rps) or fewest replicas
+                                          meeting the SLO; DIR/search.csv
+                                          (default out/search)
+  servesim plot TABLE.csv --x COL --y COL [--group COL[,COL...]]
+                 [--where COL=VALUE ...] [--title T] [--out FILE.svg]
+                                          a line chart (SVG) of a table
+                                          servesim wrote (sweep.csv,
+                                          search.csv, ...): one line per
+                                          group; default FILE: TABLE.svg
+  servesim help | --help                  this text
+
+Options of run (validate takes --set, --seed and --trace too):
+  --out DIR             write summary.json, run_info.json, requests.csv,
+                        iterations.csv, timeline.json and report.html into
+                        DIR (overrides output.dir)
+  --seed N              master seed (overrides the scenario's seed)
+  --trace FILE          replay FILE instead of the scenario's workload source
+                        (format inferred from its name and header)
+  --set path=value      set any scalar field of the scenario by its path,
+                        e.g. --set cluster.replicas=2
+                             --set scheduler.batching=CHUNKED_PREFILL
+                        (repeatable; applied in order, before defaults)
+  --quiet               do not print the summary table
+  --metrics [HOST:]PORT serve live Prometheus metrics at /metrics and the
+                        dashboard at / (port 0: any free; the address is
+                        printed on stderr). Loopback unless a HOST is given
+  --pace X              run at most X simulated seconds per wall second
+                        (default: as fast as possible); never changes results
+  --linger S            with --metrics: keep serving S wall seconds after the
+                        run ends
+  --web-dir DIR         the dashboard's files (default: dashboards/web)
+  --cfg=NAME:VALUE      passed to SimGrid (e.g. --cfg=network/model:CM02)
+  --log=SPEC            passed to SimGrid's logging
+                        (SERVESIM_SIMGRID_ARGS, space-separated, come first)
+
+Studies (docs/studies.md):
+  -j N                  child runs at once, 1 to the cores available (default 1);
+                        results do not depend on it
+  --vary field=v1,...   a field to vary (any --set path) and its values
+  --emit-jobs FILE      sweep: write one `servesim run` command line per point
+                        into FILE instead of running them (Slurm arrays, GNU
+                        parallel); then `servesim merge DIR`
+  --slo LIST            search: METRIC_STAT=LIMIT,... with METRIC ttft, tbt,
+                        tpot or e2e, STAT mean, p50, p90, p99 or max, LIMIT in
+                        s, ms or us. A probe passes when every statistic is
+                        within its limit and slo_attainment (per request: TTFT
+                        <= the ttft limit, TPOT <= the tpot limit, else the
+                        tbt limit) >= --attainment
+  --attainment F        search: required slo_attainment, in (0, 1] (default 0.9)
+  --tolerance F         --vary-rate: stop when (hi - lo) / lo <= F, in (0, 1)
+                        (default 0.02)
+
+Device agents (servesim-agent; docs/agents.md):
+  --agent KIND=HOST:PORT[,HOST:PORT...]
+                        run every device of KIND (gpu, attacc, topick,
+                        spatten, cta, lad) on these agents instead of in process
+                        (repeatable, one per kind; replaces the scenario's
+                        cluster.xpu_endpoints / attention_endpoints). Results
+                        are byte-identical; call counts go to run_info.json
+  --agent-tls-ca FILE   TLS to the agents: their certificates chain to FILE
+  --agent-tls-cert FILE with --agent-tls-key: a client certificate (PEM)
+  --agent-tls-key FILE
+  --agent-token-file FILE
+                        send 'authorization: Bearer <first line of FILE>'
+  --agent-deadline S    per-call deadline, seconds (default 30)
+  --agent-lookahead N   cap on the decode steps an Estimate call asks ahead
+                        (a miss asks 8, a prefetch 16; 0..256, default 64;
+                        0: none). Fewer round trips, same results
+
+Scenario files are protobuf text (schema: proto/servesim/v1/scenario.proto;
+examples: examples/*.pbtxt). Relative trace paths are resolved against the
+scenario file's folder. Exit status: 0 success, 1 bad input or failed run,
+2 bad command line.
+)";
+
+}  // namespace
+
+int PrintUsage() {
+  std::cout << kUsage;
+  return kExitOk;
+}
+
+}  // namespace servesim::services
+
+namespace servesim::services {
+
+std::optional<int> ParseFlags(FlagParser& flags, const Args& args) {
+  switch (flags.Parse(args)) {
+    case FlagParser::Result::kOk:
+      return std::nullopt;
+    case FlagParser::Result::kHelp:
+      return PrintUsage();
+    case FlagParser::Result::kError:
+      break;
+  }
+  return kExitUsage;
+}
+
+}  // namespace servesim::services

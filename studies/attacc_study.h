@@ -1,0 +1,79 @@
+// `servesim study attacc`: the AttAcc paper's evaluation (§7) inside
+// servesim.
+//
+// Systems (§7.1): DGX_Base (8 x A100-HBM3, 640 GB), DGX_Large (the same with
+// twice the memory, 1,280 GB) and DGX+AttAccs (DGX_Base holding the weights
+// plus 40 AttAcc stacks holding the KV cache) under three policies: serial
+// (naive), hl_pipe (head-level pipelining) and hl_pipe_ff (+ feed-forward
+// co-processing). Models: LLaMA-65B and GPT-3 175B in fp16, MT-NLG 530B in
+// int8. (L_in, L_out) in {(2048,128), (2048,512), (2048,2048)}; no SLO and
+// 30/50/70 ms per-token SLOs.
+//
+// Saturated mode, as the paper evaluates it: enough requests to keep the
+// batch full, every request at the batch's average length L_in + L_out/2.
+// The batch is the largest that memory holds (every request reserves
+// L_in + L_out tokens; on AttAcc every KV head must also fit its stack),
+// lowered by the SLO when the predicted decode iteration misses it. Decode
+// throughput = batch / iteration time (generation stages only, as the
+// paper's figures); end-to-end throughput adds the batch's prefill.
+// Memory is used in full (memory_utilization 1), as the paper's capacity
+// arithmetic does.
+//
+// Trace mode: each system serves the first 10 minutes of the Azure
+// conversation trace through the full simulator (one child process per run:
+// SimGrid allows one engine per process).
+#ifndef SERVESIM_STUDIES_ATTACC_STUDY_H_
+#define SERVESIM_STUDIES_ATTACC_STUDY_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace servesim::studies {
+
+struct StudyPoint {
+  std::string model, system, policy;
+  int64_t lin = 0, lout = 0;
+  double slo_ms = 0;  // 0: none
+  int64_t capacity_batch = 0;
+  int64_t max_batch = 0;
+  std::string batch_bound;  // capacity | slo
+  double throughput_tokens_per_s = 0;
+  double tbt_ms = 0;
+  double energy_j_per_token = 0;
+  double e2e_throughput_tokens_per_s = 0;
+  double prefill_s = 0;
+};
+
+struct StudyOptions {
+  std::vector<std::string> models = {"llama-65b", "gpt3-175b", "mt-nlg-530b"};
+  std::vector<std::pair<int64_t, int64_t>> lengths = {{2048, 128}, {2048, 512}, {2048, 2048}};
+  std::vector<double> slos_ms = {0, 30, 50, 70};
+  double trace_window_s = 600;  // trace mode: the first 10 minutes
+};
+
+// Every saturated point of the study.
+absl::StatusOr<std::vector<StudyPoint>> RunAttAccStudy(const StudyOptions& options);
+
+std::string StudyCsv(const std::vector<StudyPoint>& points);
+// The table users read, with speedups over DGX_Base and DGX_Large.
+std::string StudyTable(const std::vector<StudyPoint>& points);
+
+struct StudyTraceRun {
+  std::string model, system, policy;
+  std::string summary_json;  // the run's summary.json
+};
+
+// Runs `trace_path` through each model x system x policy, one child process
+// each. `servesim_binary` is the path of this program (for the children).
+absl::StatusOr<std::vector<StudyTraceRun>> RunAttAccTraceStudy(
+    const StudyOptions& options, const std::string& servesim_binary,
+    const std::string& trace_path, const std::string& work_dir);
+
+std::string TraceStudyTable(const std::vector<StudyTraceRun>& rows);
+std::string TraceStudyCsv(const std::vector<StudyTraceRun>& rows);
+
+}  // namespace servesim::studies
+
+#endif  // SERVESIM_STUDIES_ATTACC_STUDY_H_

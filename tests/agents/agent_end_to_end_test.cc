@@ -1,0 +1,433 @@
+// Device agents end to end, with real servesim-agent processes: outputs
+// byte-identical to in process, an agent killed mid-run, token, TLS and
+// graceful shutdown, command-line errors.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <limits>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "agents/agent_server.h"
+#include "agents/agent_service.h"
+#include "agents/convert.h"
+#include "agents/remote_device.h"
+#include "devices/attacc/attacc_device.h"
+#include "devices/attention_data.h"
+#include "devices/lad/lad_device.h"
+#include "devices/presets.h"
+#include "devices/registry.h"
+#include "devices/topick/topick_device.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/generic/generic_stub.h"
+#include "grpcpp/support/byte_buffer.h"
+#include "studies/sweep.h"
+#include "gtest/gtest.h"
+#include "tests/test_util.h"
+
+#ifndef SERVESIM_BINARY
+#error "SERVESIM_BINARY must name the servesim executable"
+#endif
+#ifndef SERVESIM_AGENT_BINARY
+#error "SERVESIM_AGENT_BINARY must name the servesim-agent executable"
+#endif
+#include "tests/agents/agent_test_util.h"
+
+#ifndef SERVESIM_BINARY
+#error "SERVESIM_BINARY must name the servesim executable"
+#endif
+#ifndef SERVESIM_AGENT_BINARY
+#error "SERVESIM_AGENT_BINARY must name the servesim-agent executable"
+#endif
+
+namespace servesim::agents {
+namespace {
+
+namespace fs = std::filesystem;
+namespace v1 = servesim::v1;
+using devices::AttentionSeq;
+using devices::Cost;
+using devices::Op;
+using devices::OpKind;
+using test::AttAccSpec;
+using test::Bits;
+using test::ExpectSameBits;
+using test::FastClient;
+using test::FreshDir;
+using test::GpuSpec;
+using test::LocalAgent;
+using test::MakeCerts;
+using test::Ramp;
+using test::SampleOps;
+using test::StartLocal;
+using test_util::ReadFile;
+using test_util::WriteFile;
+
+// ---------------------------------------------------- real processes ----
+
+using servesim::studies::ShellQuote;
+
+struct Proc {
+  pid_t pid = -1;
+  std::string address;  // agents: where they listen
+  std::string log;
+};
+
+// Starts servesim-agent on a free loopback port; waits for its address.
+Proc StartAgent(const std::string& dir, const std::string& kind,
+                const std::vector<std::string>& extra = {}) {
+  static int n = 0;
+  Proc p;
+  p.log = absl::StrCat(dir, "/agent", n++, ".log");
+  // Created here, before the child runs: a loaded machine may poll it
+  // before the child gets to open it.
+  ::close(::open(p.log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644));
+  p.pid = fork();
+  if (p.pid == 0) {
+    const int fd = ::open(p.log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(fd, 2);
+    dup2(fd, 1);
+    std::vector<std::string> args = {SERVESIM_AGENT_BINARY, "--device", kind, "--listen",
+                                     "127.0.0.1:0"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  for (int i = 0; i < 300 && p.address.empty(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    const std::string log = ReadFile(p.log);
+    const size_t at = log.find(" on ");
+    const size_t end = log.find('\n', at == std::string::npos ? 0 : at);
+    if (at != std::string::npos && end != std::string::npos) {
+      p.address = log.substr(at + 4, std::min(end, log.find(' ', at + 4)) - at - 4);
+    }
+  }
+  EXPECT_FALSE(p.address.empty()) << ReadFile(p.log);
+  return p;
+}
+
+int Stop(Proc& p, int sig) {
+  if (p.pid <= 0) return -1;
+  kill(p.pid, sig);
+  int status = 0;
+  waitpid(p.pid, &status, 0);
+  p.pid = -1;
+  return status;
+}
+
+struct Agents {
+  std::vector<Proc> procs;
+  ~Agents() {
+    for (Proc& p : procs) Stop(p, SIGKILL);
+  }
+  std::string List(size_t from, size_t to) const {
+    std::vector<std::string> a;
+    for (size_t i = from; i < to; ++i) a.push_back(procs[i].address);
+    return absl::StrJoin(a, ",");
+  }
+};
+
+struct Result {
+  int code = -1;
+  std::string out;
+};
+
+Result RunServesim(const std::vector<std::string>& args) {
+  std::string cmd = ShellQuote(SERVESIM_BINARY);
+  for (const std::string& a : args) absl::StrAppend(&cmd, " ", ShellQuote(a));
+  absl::StrAppend(&cmd, " 2>&1");
+  Result r;
+  FILE* pipe = popen(cmd.c_str(), "r");
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, pipe)) > 0) r.out.append(buf, n);
+  const int status = pclose(pipe);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+void ExpectSameOutputs(const std::string& a, const std::string& b) {
+  for (const char* f : {"summary.json", "requests.csv", "iterations.csv"}) {
+    const std::string fa = ReadFile(a + "/" + f);
+    EXPECT_FALSE(fa.empty()) << a << "/" << f;
+    EXPECT_TRUE(fa == ReadFile(b + "/" + f)) << f << " differs: " << a << " vs " << b;
+  }
+}
+
+std::string SmallGpuScenario(const std::string& dir, const std::string& cluster_extra = "",
+                             const std::string& name = "gpu.pbtxt") {
+  const std::string path = dir + "/" + name;
+  WriteFile(path, absl::StrCat(
+                      "name: \"agents\"\n"
+                      "model { preset: \"llama2-7b\" }\n"
+                      "cluster { replicas: 2 xpu { preset: \"a100-80gb\" } ",
+                      cluster_extra, " }\n"
+                      "workload {\n  poisson { rate_rps: 20 }\n  num_requests: 200\n"
+                      "  lengths { sampled_from: \"",
+                      SERVESIM_SOURCE_DIR,
+                      "/examples/traces/sharegpt_8k_filtered_stats_llama2_tokenizer.csv\" }\n}\n"
+                      "scheduler { batching: BATCHING_POLICY_CHUNKED_PREFILL }\n"));
+  return path;
+}
+
+constexpr char kAttAccExample[] =
+    SERVESIM_SOURCE_DIR "/examples/attacc/gpt3_175b_dgx_attacc_azure_conv.pbtxt";
+
+TEST(AgentEndToEndTest, GpuOutputsAreByteIdenticalWithOneAndTwoAgents) {
+  const std::string dir = FreshDir();
+  const std::string sc = SmallGpuScenario(dir);
+  Agents ag;
+  for (int i = 0; i < 2; ++i) ag.procs.push_back(StartAgent(dir, "gpu"));
+  const Result in = RunServesim({"run", sc, "--quiet", "--out", dir + "/in"});
+  ASSERT_EQ(in.code, 0) << in.out;
+  const Result one =
+      RunServesim({"run", sc, "--quiet", "--out", dir + "/one", "--agent", "gpu=" + ag.List(0, 1)});
+  ASSERT_EQ(one.code, 0) << one.out;
+  const Result two =
+      RunServesim({"run", sc, "--quiet", "--out", dir + "/two", "--agent", "gpu=" + ag.List(0, 2)});
+  ASSERT_EQ(two.code, 0) << two.out;
+  ExpectSameOutputs(dir + "/in", dir + "/one");
+  ExpectSameOutputs(dir + "/in", dir + "/two");
+  const std::string info = ReadFile(dir + "/two/run_info.json");
+  EXPECT_TRUE(absl::StrContains(info, "\"device\": \"xPU device (gpu)\"")) << info;
+  EXPECT_TRUE(absl::StrContains(info, "\"memo_hits\": ")) << info;
+  EXPECT_FALSE(absl::StrContains(info, "\"memo_hits\": 0,")) << info;
+  EXPECT_FALSE(absl::StrContains(ReadFile(dir + "/in/run_info.json"), "agents"));
+  // The scenario can name the endpoints itself.
+  SmallGpuScenario(dir, absl::StrCat("xpu_endpoints: \"", ag.procs[1].address, "\""),
+                   "named.pbtxt");
+  const Result named = RunServesim({"run", dir + "/named.pbtxt", "--quiet", "--out", dir + "/named"});
+  ASSERT_EQ(named.code, 0) << named.out;
+  ExpectSameOutputs(dir + "/in", dir + "/named");
+  // Flags name what is wrong.
+  Result bad = RunServesim({"run", sc, "--agent", "tpu=127.0.0.1:1"});
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_TRUE(absl::StrContains(bad.out, "unknown device kind 'tpu'")) << bad.out;
+  bad = RunServesim({"run", sc, "--agent", "gpu=localhost"});
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_TRUE(absl::StrContains(bad.out, "HOST:PORT")) << bad.out;
+  bad = RunServesim({"run", sc, "--agent", "attacc=127.0.0.1:5"});
+  EXPECT_EQ(bad.code, 1);
+  EXPECT_TRUE(absl::StrContains(bad.out, "the scenario has no attacc device")) << bad.out;
+}
+
+TEST(AgentEndToEndTest, AttAccOutputsAreByteIdenticalWithOneAndTwoAgentsPerKind) {
+  const std::string dir = FreshDir();
+  Agents ag;
+  for (const char* kind : {"gpu", "gpu", "attacc", "attacc"}) ag.procs.push_back(StartAgent(dir, kind));
+  const std::vector<std::string> base = {"run", kAttAccExample, "--quiet", "--set",
+                                         "workload.window_end_s=300"};
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> a = base;
+    a.insert(a.end(), extra.begin(), extra.end());
+    return RunServesim(a);
+  };
+  const Result in = with({"--out", dir + "/in"});
+  ASSERT_EQ(in.code, 0) << in.out;
+  const Result one = with({"--out", dir + "/one", "--agent", "attacc=" + ag.List(2, 3)});
+  ASSERT_EQ(one.code, 0) << one.out;
+  const Result two = with({"--out", dir + "/two", "--agent", "gpu=" + ag.List(0, 2), "--agent",
+                           "attacc=" + ag.List(2, 4)});
+  ASSERT_EQ(two.code, 0) << two.out;
+  ExpectSameOutputs(dir + "/in", dir + "/one");
+  ExpectSameOutputs(dir + "/in", dir + "/two");
+  const std::string info = ReadFile(dir + "/two/run_info.json");
+  EXPECT_TRUE(absl::StrContains(info, "attention device (attacc)")) << info;
+}
+
+TEST(AgentEndToEndTest, CtaPoolOutputsAreByteIdenticalOnAnAgent) {
+  // GPT-2 medium + one CTA unit in FULL fidelity: the agent binds the
+  // scenario's spec and re-hashes each request's tokens itself.
+  const std::string dir = FreshDir();
+  Agents ag;
+  ag.procs.push_back(StartAgent(dir, "cta"));
+  const std::string scenario = dir + "/s.pbtxt";
+  WriteFile(scenario,
+            "model { preset: \"gpt2-medium\" }\n"
+            "cluster { xpu { preset: \"a100-80gb\" } attention_pool {\n"
+            "  cta { fidelity: PRUNE_FIDELITY_FULL calibration { lengths: 256 } } units: 1 } }\n"
+            "workload { saturated { num_requests: 3 input_tokens: 120 output_tokens: 8 } }\n");
+  const Result in = RunServesim({"run", scenario, "--quiet", "--out", dir + "/in"});
+  ASSERT_EQ(in.code, 0) << in.out;
+  const Result one = RunServesim(
+      {"run", scenario, "--quiet", "--out", dir + "/one", "--agent", "cta=" + ag.List(0, 1)});
+  ASSERT_EQ(one.code, 0) << one.out;
+  ExpectSameOutputs(dir + "/in", dir + "/one");
+  const std::string info = ReadFile(dir + "/one/run_info.json");
+  EXPECT_TRUE(absl::StrContains(info, "attention device (cta)")) << info;
+}
+
+TEST(AgentEndToEndTest, LadFullPoolKeepsItsStateInTheAgent) {
+  // A FULL-fidelity LAD pool of 2 units on one agent: the per-request LAD
+  // state (counters, modes, centres, caches A-F of every head) lives in the
+  // agent's bound device between decode steps, and the outputs are the
+  // in-process run's byte for byte.
+  const std::string dir = FreshDir();
+  const std::string sc = dir + "/lad.pbtxt";
+  WriteFile(sc,
+            "model { preset: \"gpt2-medium\" }\n"
+            "cluster { xpu { preset: \"a100-80gb\" } attention_pool { units: 2 lad {\n"
+            "  fidelity: PRUNE_FIDELITY_FULL calibration { lengths: 128 lengths: 256 instances: 2 }\n"
+            "} } }\n"
+            "workload { saturated { num_requests: 3 input_tokens: 150 output_tokens: 12 } }\n");
+  Agents ag;
+  ag.procs.push_back(StartAgent(dir, "lad"));
+  const Result in = RunServesim({"run", sc, "--quiet", "--out", dir + "/in"});
+  ASSERT_EQ(in.code, 0) << in.out;
+  const Result one =
+      RunServesim({"run", sc, "--quiet", "--out", dir + "/one", "--agent", "lad=" + ag.List(0, 1)});
+  ASSERT_EQ(one.code, 0) << one.out;
+  ExpectSameOutputs(dir + "/in", dir + "/one");
+  const std::string info = ReadFile(dir + "/one/run_info.json");
+  EXPECT_TRUE(absl::StrContains(info, "attention device (lad)")) << info;
+  EXPECT_TRUE(absl::StrContains(ReadFile(dir + "/one/summary.json"), "\"active_fraction\": "));
+}
+
+double SimulatedSeconds(const std::string& summary) {
+  const std::string key = "\"simulated_time_s\": ";
+  const size_t at = summary.find(key);
+  double v = 0;
+  if (at != std::string::npos) {
+    (void)absl::SimpleAtod(summary.substr(at + key.size(), summary.find_first_of(",\n", at + key.size()) - at - key.size()), &v);
+  }
+  return v;
+}
+
+TEST(AgentEndToEndTest, KilledAgentFailsOverOrStopsWithPartialResults) {
+  const std::string dir = FreshDir();
+  const std::string sc = SmallGpuScenario(dir);
+  const Result in = RunServesim({"run", sc, "--quiet", "--out", dir + "/in"});
+  ASSERT_EQ(in.code, 0) << in.out;
+  const double simulated = SimulatedSeconds(ReadFile(dir + "/in/summary.json"));
+  ASSERT_GT(simulated, 0);
+  // Paced to take ~3 wall seconds (pacing never changes results); the agent
+  // is killed after 1 s.
+  const std::string pace = absl::StrCat(simulated / 3.0);
+  {
+    Agents ag;
+    ag.procs.push_back(StartAgent(dir, "gpu"));
+    ag.procs.push_back(StartAgent(dir, "gpu"));
+    auto run = std::async(std::launch::async, [&] {
+      return RunServesim({"run", sc, "--quiet", "--out", dir + "/failover", "--pace", pace,
+                          "--agent", "gpu=" + ag.List(0, 2)});
+    });
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+    Stop(ag.procs[0], SIGKILL);
+    const Result r = run.get();
+    ASSERT_EQ(r.code, 0) << r.out;
+    ExpectSameOutputs(dir + "/in", dir + "/failover");
+    const std::string info = ReadFile(dir + "/failover/run_info.json");
+    EXPECT_FALSE(absl::StrContains(info, "\"failovers\": 0,")) << info;
+  }
+  {
+    Agents ag;
+    ag.procs.push_back(StartAgent(dir, "gpu"));
+    const std::string addr = ag.procs[0].address;
+    auto run = std::async(std::launch::async, [&] {
+      return RunServesim({"run", sc, "--quiet", "--out", dir + "/lost", "--pace", pace,
+                          "--agent", "gpu=" + addr, "--agent-deadline", "2"});
+    });
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+    Stop(ag.procs[0], SIGKILL);
+    const Result r = run.get();
+    EXPECT_EQ(r.code, 1) << r.out;
+    EXPECT_TRUE(absl::StrContains(r.out, "xPU device (gpu)")) << r.out;
+    EXPECT_TRUE(absl::StrContains(r.out, addr)) << r.out;
+    EXPECT_TRUE(absl::StrContains(r.out, "no agent endpoint left")) << r.out;
+    EXPECT_TRUE(absl::StrContains(r.out, "partial results")) << r.out;
+    const std::string summary = ReadFile(dir + "/lost/summary.json");
+    EXPECT_TRUE(absl::StartsWith(summary, "{\n  \"partial\": true,")) << summary;
+    const double stopped_at = SimulatedSeconds(summary);
+    EXPECT_GT(stopped_at, 0);
+    EXPECT_LT(stopped_at, simulated);
+    const std::string info = ReadFile(dir + "/lost/run_info.json");
+    EXPECT_TRUE(absl::StrContains(info, "\"partial\": true")) << info;
+    EXPECT_TRUE(absl::StrContains(info, addr)) << info;
+    EXPECT_FALSE(absl::StrContains(ReadFile(dir + "/in/summary.json"), "partial"));
+  }
+}
+
+TEST(AgentEndToEndTest, AgentTokenTlsAndGracefulShutdown) {
+  const std::string dir = FreshDir();
+  const std::string sc = SmallGpuScenario(dir);
+  const Result in = RunServesim({"run", sc, "--quiet", "--out", dir + "/in"});
+  ASSERT_EQ(in.code, 0) << in.out;
+  if (std::system("command -v openssl >/dev/null") != 0) GTEST_SKIP() << "openssl not found";
+  ASSERT_TRUE(MakeCerts(dir));
+  WriteFile(dir + "/token", "tok-123\n");
+  WriteFile(dir + "/wrong", "tok-999\n");
+  Agents ag;
+  ag.procs.push_back(StartAgent(dir, "gpu", {"--tls-cert", dir + "/server.crt", "--tls-key",
+                                              dir + "/server.key", "--tls-client-ca",
+                                              dir + "/ca.crt", "--token-file", dir + "/token"}));
+  const std::vector<std::string> tls = {"--agent-tls-ca", dir + "/ca.crt", "--agent-tls-cert",
+                                        dir + "/client.crt", "--agent-tls-key",
+                                        dir + "/client.key"};
+  std::vector<std::string> args = {"run", sc, "--quiet", "--out", dir + "/tls", "--agent",
+                                   "gpu=" + ag.procs[0].address, "--agent-token-file",
+                                   dir + "/token"};
+  args.insert(args.end(), tls.begin(), tls.end());
+  const Result ok = RunServesim(args);
+  ASSERT_EQ(ok.code, 0) << ok.out;
+  ExpectSameOutputs(dir + "/in", dir + "/tls");
+  args[8] = dir + "/wrong";
+  args[4] = dir + "/wrong_out";
+  const Result wrong = RunServesim(args);
+  EXPECT_EQ(wrong.code, 1);
+  EXPECT_TRUE(absl::StrContains(wrong.out, "wrong bearer token")) << wrong.out;
+  // SIGTERM: a clean stop.
+  const int status = Stop(ag.procs[0], SIGTERM);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  EXPECT_TRUE(absl::StrContains(ReadFile(ag.procs[0].log), "stopped after")) << ReadFile(ag.procs[0].log);
+}
+
+TEST(AgentEndToEndTest, AgentCommandLineErrors) {
+  auto run = [](const std::string& args) {
+    Result r;
+    FILE* pipe = popen((ShellQuote(SERVESIM_AGENT_BINARY) + " " + args + " 2>&1").c_str(), "r");
+    char buf[4096];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, pipe)) > 0) r.out.append(buf, n);
+    const int status = pclose(pipe);
+    r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    return r;
+  };
+  Result r = run("--help");
+  EXPECT_EQ(r.code, 0);
+  EXPECT_TRUE(absl::StrContains(r.out, "--tls-client-ca")) << r.out;
+  r = run("--preset a100-80gb");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(absl::StrContains(r.out, "--device KIND is required")) << r.out;
+  r = run("--device tpu");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_TRUE(absl::StrContains(r.out, "unknown kind")) << r.out;
+  r = run("--device gpu --preset nope");
+  EXPECT_EQ(r.code, 1);
+  r = run("--device gpu --listen 127.0.0.1:99999");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(absl::StrContains(r.out, "[0, 65535]")) << r.out;
+  r = run("--device gpu --max-message-bytes 5");
+  EXPECT_EQ(r.code, 2);
+}
+
+}  // namespace
+}  // namespace servesim::agents

@@ -1,0 +1,593 @@
+// Device agents: the DeviceAgent service and RemoteDevice in process (bad
+// requests, token, TLS, memo and lookahead, sessions, fail-over).
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <limits>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "agents/agent_server.h"
+#include "agents/agent_service.h"
+#include "agents/convert.h"
+#include "agents/remote_device.h"
+#include "devices/attacc/attacc_device.h"
+#include "devices/attention_data.h"
+#include "devices/lad/lad_device.h"
+#include "devices/presets.h"
+#include "devices/registry.h"
+#include "devices/topick/topick_device.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/generic/generic_stub.h"
+#include "grpcpp/support/byte_buffer.h"
+#include "studies/sweep.h"
+#include "gtest/gtest.h"
+#include "tests/test_util.h"
+
+#ifndef SERVESIM_BINARY
+#error "SERVESIM_BINARY must name the servesim executable"
+#endif
+#ifndef SERVESIM_AGENT_BINARY
+#error "SERVESIM_AGENT_BINARY must name the servesim-agent executable"
+#endif
+#include "tests/agents/agent_test_util.h"
+
+#ifndef SERVESIM_BINARY
+#error "SERVESIM_BINARY must name the servesim executable"
+#endif
+#ifndef SERVESIM_AGENT_BINARY
+#error "SERVESIM_AGENT_BINARY must name the servesim-agent executable"
+#endif
+
+namespace servesim::agents {
+namespace {
+
+namespace fs = std::filesystem;
+namespace v1 = servesim::v1;
+using devices::AttentionSeq;
+using devices::Cost;
+using devices::Op;
+using devices::OpKind;
+using test::AttAccSpec;
+using test::Bits;
+using test::ExpectSameBits;
+using test::FastClient;
+using test::FreshDir;
+using test::GpuSpec;
+using test::LocalAgent;
+using test::MakeCerts;
+using test::Ramp;
+using test::SampleOps;
+using test::StartLocal;
+using test_util::ReadFile;
+using test_util::WriteFile;
+
+// ------------------------------------------------- service, in process ----
+
+TEST(AgentServiceTest, RemoteEstimatesAreBitIdenticalAndMemoised) {
+  for (const v1::DeviceSpec& spec : {GpuSpec(), AttAccSpec()}) {
+    // The agent's own device is another preset: the client binds its spec.
+    v1::DeviceSpec own = spec;
+    if (own.has_gpu()) *own.mutable_gpu()->mutable_xpu() = *devices::XpuPreset("h100-sxm-80gb");
+    auto agent = StartLocal(own);
+    ASSERT_NE(agent, nullptr);
+    auto remote = RemoteDevice::Create(spec, {agent->address()}, FastClient(), "test device");
+    ASSERT_TRUE(remote.ok()) << remote.status();
+    auto local = devices::CreateDevice(spec);
+    ASSERT_TRUE(local.ok());
+    SampleOps s(/*gemm_and_elementwise=*/spec.has_gpu());
+    std::vector<Cost> want(s.ops.size()), got(s.ops.size());
+    ASSERT_TRUE((*local)->Estimate(s.ops, absl::MakeSpan(want)).ok());
+    ASSERT_TRUE((*remote)->Estimate(s.ops, absl::MakeSpan(got)).ok());
+    for (size_t i = 0; i < want.size(); ++i) ExpectSameBits(want[i], got[i]);
+    // Again: every op from the memo, no call.
+    std::fill(got.begin(), got.end(), Cost{});
+    ASSERT_TRUE((*remote)->Estimate(s.ops, absl::MakeSpan(got)).ok());
+    for (size_t i = 0; i < want.size(); ++i) ExpectSameBits(want[i], got[i]);
+    RemoteStats st = (*remote)->Stats();
+    EXPECT_EQ(st.estimate_calls, 2);
+    EXPECT_EQ(st.estimate_rpcs, 1);
+    EXPECT_EQ(st.ops_memo_misses, static_cast<int64_t>(s.ops.size()));
+    EXPECT_EQ(st.ops_memo_hits, static_cast<int64_t>(s.ops.size()));
+    // One sequence longer: only the attention ops miss.
+    s.seqs[1].past_tokens += 1;
+    ASSERT_TRUE((*local)->Estimate(s.ops, absl::MakeSpan(want)).ok());
+    ASSERT_TRUE((*remote)->Estimate(s.ops, absl::MakeSpan(got)).ok());
+    for (size_t i = 0; i < want.size(); ++i) ExpectSameBits(want[i], got[i]);
+    st = (*remote)->Stats();
+    EXPECT_EQ(st.ops_memo_misses, static_cast<int64_t>(s.ops.size()) + 2);
+    // Describe is the bound device's.
+    const devices::DeviceDescription d = (*remote)->Describe();
+    const devices::DeviceDescription l = (*local)->Describe();
+    EXPECT_EQ(d.parameters, l.parameters);
+    EXPECT_EQ(d.kind, l.kind);
+  }
+}
+
+// A run of decode iterations over an unchanged batch: every cost is the
+// in-process one, bit for bit. The first call asks 8 steps ahead; a call
+// within 6 steps of the prediction's end extends it by 16 asynchronously,
+// so only the first call waits for the agent. A changed batch makes one
+// blocking call and a new prediction. (The test waits for each extension,
+// so the counts do not depend on timing.)
+TEST(AgentServiceTest, LookaheadAnswersUnchangedBatchesAhead) {
+  for (const v1::DeviceSpec& spec : {GpuSpec(), AttAccSpec()}) {
+    auto agent = StartLocal(spec);
+    ASSERT_NE(agent, nullptr);
+    auto remote = RemoteDevice::Create(spec, {agent->address()}, FastClient(), "test device");
+    ASSERT_TRUE(remote.ok()) << remote.status();
+    auto local = devices::CreateDevice(spec);
+    ASSERT_TRUE(local.ok());
+    SampleOps s(/*gemm_and_elementwise=*/spec.has_gpu());
+    std::vector<Cost> want(s.ops.size()), got(s.ops.size());
+    auto step = [&] {
+      ASSERT_TRUE((*local)->Estimate(s.ops, absl::MakeSpan(want)).ok());
+      ASSERT_TRUE((*remote)->Estimate(s.ops, absl::MakeSpan(got)).ok());
+      (*remote)->WaitForPrefetches();
+      for (size_t i = 0; i < want.size(); ++i) ExpectSameBits(want[i], got[i]);
+      for (AttentionSeq& q : s.seqs) q.past_tokens += 1;
+    };
+    // Calls 3 and 19 (steps 2 and 18) extend the horizon to 24 and 40.
+    for (int i = 0; i < 30; ++i) step();
+    RemoteStats st = (*remote)->Stats();
+    EXPECT_EQ(st.estimate_calls, 30);
+    EXPECT_EQ(st.estimate_rpcs, 3);
+    EXPECT_EQ(st.prefetch_rpcs, 2);
+    EXPECT_EQ(st.prefetch_failures, 0);
+    // Two attention ops per step are predictable.
+    EXPECT_EQ(st.predicted_ops, 2 * 40);
+    // A sequence leaves: one blocking call, then an extension at step 2.
+    s.seqs.pop_back();
+    for (Op& op : s.ops) {
+      if (op.kind == OpKind::kAttention) op.seqs = s.seqs;
+    }
+    for (int i = 0; i < 10; ++i) step();
+    st = (*remote)->Stats();
+    EXPECT_EQ(st.estimate_rpcs - st.prefetch_rpcs, 2);
+    EXPECT_EQ(st.prefetch_rpcs, 3);
+    EXPECT_EQ(st.predicted_ops, 2 * (40 + 24));
+    // Off: one round trip per call.
+    ClientOptions off = FastClient();
+    off.lookahead_max = 0;
+    auto plain = RemoteDevice::Create(spec, {agent->address()}, off, "test device");
+    ASSERT_TRUE(plain.ok());
+    for (int i = 0; i < 4; ++i) {
+      ASSERT_TRUE((*plain)->Estimate(s.ops, absl::MakeSpan(got)).ok());
+      for (AttentionSeq& q : s.seqs) q.past_tokens += 1;
+    }
+    EXPECT_EQ((*plain)->Stats().estimate_rpcs, 4);
+    EXPECT_EQ((*plain)->Stats().predicted_ops, 0);
+  }
+}
+
+// A FULL-fidelity device reports the mean of what it was asked, so asking
+// it ahead would change its outputs: it says so (lookahead_ok false) and the
+// agent answers no lookahead steps; ANALYTIC answers them.
+TEST(AgentServiceTest, LookaheadOnlyWhereAnsweringAheadChangesNothing) {
+  for (auto fidelity : {v1::PRUNE_FIDELITY_FULL, v1::PRUNE_FIDELITY_ANALYTIC}) {
+    v1::DeviceSpec spec;
+    *spec.mutable_topick()->mutable_topick() = *devices::TopickPreset("topick");
+    spec.mutable_topick()->set_fidelity(fidelity);
+    auto* m = spec.mutable_topick()->mutable_model();
+    m->set_layers(1), m->set_heads(2), m->set_d_head(64);
+    auto agent = StartLocal(spec);
+    ASSERT_NE(agent, nullptr);
+    std::vector<AttentionSeq> seqs{{1, 100, 7}};
+    Op op;
+    op.kind = OpKind::kAttention;
+    op.stage = devices::Stage::kAttention;
+    op.heads = 2, op.kv_heads = 2, op.d_head = 64;
+    op.seqs = seqs;
+    v1::EstimateRequest req;
+    EncodeOps({&op, 1}, &req);
+    req.set_lookahead(4);
+    v1::EstimateResponse resp;
+    grpc::ClientContext ctx;
+    auto stub = v1::DeviceAgent::NewStub(
+        grpc::CreateChannel(agent->address(), grpc::InsecureChannelCredentials()));
+    ASSERT_TRUE(stub->Estimate(&ctx, req, &resp).ok());
+    const bool full = fidelity == v1::PRUNE_FIDELITY_FULL;
+    EXPECT_EQ(resp.lookahead_answered(), full ? 0 : 4);
+    EXPECT_EQ(resp.costs_size(), full ? 1 : 5);
+    auto local = devices::CreateDevice(spec);
+    ASSERT_TRUE(local.ok());
+    EXPECT_EQ((*local)->Describe().lookahead_ok, !full);
+  }
+}
+
+grpc::Status RawEstimate(const std::string& address, const v1::EstimateRequest& req,
+                         const std::string& token = "") {
+  auto stub = v1::DeviceAgent::NewStub(
+      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  if (!token.empty()) ctx.AddMetadata("authorization", "Bearer " + token);
+  v1::EstimateResponse resp;
+  return stub->Estimate(&ctx, req, &resp);
+}
+
+TEST(AgentServiceTest, BadRequestsGetTheirStatusCodes) {
+  AgentServiceOptions opts;
+  opts.max_tensor_bytes = 4096;
+  auto agent = StartLocal(AttAccSpec(), opts);
+  ASSERT_NE(agent, nullptr);
+  const std::string addr = agent->address();
+  // Unknown op kind, and a kind the device does not implement.
+  v1::EstimateRequest req;
+  req.add_ops()->set_kind(static_cast<v1::OpKind>(42));
+  grpc::Status st = RawEstimate(addr, req);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::UNIMPLEMENTED) << st.error_message();
+  req.mutable_ops(0)->set_kind(v1::OP_KIND_ELEMENTWISE);
+  st = RawEstimate(addr, req);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::UNIMPLEMENTED) << st.error_message();
+  EXPECT_TRUE(absl::StrContains(st.error_message(), "attacc")) << st.error_message();
+  // Negative lengths.
+  SampleOps s(false);
+  req.Clear();
+  EncodeOps(s.ops, &req);
+  req.mutable_seq_lists(0)->set_past_tokens(1, -1);
+  st = RawEstimate(addr, req);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_TRUE(absl::StrContains(st.error_message(), "past_tokens = -1")) << st.error_message();
+  req.mutable_seq_lists(0)->set_past_tokens(1, 10);
+  req.mutable_ops(0)->set_m(-3);
+  EXPECT_EQ(RawEstimate(addr, req).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  // The device's own check: heads not a multiple of kv_heads.
+  req.mutable_ops(0)->set_m(0);
+  req.mutable_ops(0)->set_kv_heads(7);
+  EXPECT_EQ(RawEstimate(addr, req).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  // Lookahead out of range, then in range: the ops' costs, then two steps
+  // of the two attention ops, each the cost of the shifted op.
+  req.mutable_ops(0)->set_kv_heads(96);
+  req.set_lookahead(-1);
+  st = RawEstimate(addr, req);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_TRUE(absl::StrContains(st.error_message(), "lookahead = -1; expected 0..256"))
+      << st.error_message();
+  req.set_lookahead(257);
+  EXPECT_EQ(RawEstimate(addr, req).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  {
+    v1::EstimateRequest la;
+    EncodeOps(s.ops, &la);
+    la.set_lookahead(2);
+    v1::EstimateResponse resp;
+    grpc::ClientContext ctx;
+    auto stub = v1::DeviceAgent::NewStub(
+        grpc::CreateChannel(addr, grpc::InsecureChannelCredentials()));
+    ASSERT_TRUE(stub->Estimate(&ctx, la, &resp).ok());
+    EXPECT_EQ(resp.lookahead_answered(), 2);
+    ASSERT_EQ(resp.costs_size(), 3 + 2 * 2);
+    auto dev = devices::CreateDevice(AttAccSpec());
+    ASSERT_TRUE(dev.ok());
+    for (int j = 1; j <= 2; ++j) {
+      std::vector<AttentionSeq> later = s.seqs;
+      for (AttentionSeq& q : later) q.past_tokens += j;
+      std::vector<Op> ops(s.ops.begin(), s.ops.begin() + 2);
+      for (Op& op : ops) op.seqs = later;
+      std::vector<Cost> want(2);
+      ASSERT_TRUE((*dev)->Estimate(ops, absl::MakeSpan(want)).ok());
+      for (int i = 0; i < 2; ++i) {
+        ExpectSameBits(want[i], DecodeCost(resp.costs(3 + 2 * (j - 1) + i)));
+      }
+    }
+  }
+  req.set_lookahead(0);
+  // Unknown device key.
+  req.set_device_key("0123456789abcdef");
+  EXPECT_EQ(RawEstimate(addr, req).error_code(), grpc::StatusCode::NOT_FOUND);
+  // A spec of another kind.
+  auto stub = v1::DeviceAgent::NewStub(grpc::CreateChannel(addr, grpc::InsecureChannelCredentials()));
+  {
+    grpc::ClientContext ctx;
+    v1::DescribeRequest d;
+    *d.mutable_spec() = GpuSpec();
+    v1::DescribeResponse r;
+    st = stub->Describe(&ctx, d, &r);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_TRUE(absl::StrContains(st.error_message(), "hosts 'attacc'")) << st.error_message();
+  }
+  // Execute: shape mismatch, data size mismatch, tensor over the limit.
+  auto execute = [&](const devices::Tensor& q, const devices::Tensor& k, const devices::Tensor& v) {
+    grpc::ClientContext ctx;
+    v1::ExecuteRequest e;
+    EncodeTensor(q, e.mutable_q());
+    EncodeTensor(k, e.mutable_k());
+    EncodeTensor(v, e.mutable_v());
+    v1::ExecuteResponse r;
+    return stub->Execute(&ctx, e, &r);
+  };
+  using devices::ElementType;
+  const auto q = Ramp(ElementType::kFp16, {2, 1, 8}, 0.1f);
+  const auto k = Ramp(ElementType::kFp16, {2, 4, 8}, 0.2f);
+  const auto v = Ramp(ElementType::kFp16, {2, 4, 8}, 0.3f);
+  EXPECT_EQ(execute(q, k, Ramp(ElementType::kFp16, {2, 4, 6}, 0.3f)).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  auto big = Ramp(ElementType::kFp32, {2, 64, 16}, 0.2f);  // 8 KiB > 4 KiB
+  st = execute(q, big, big);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << st.error_message();
+  EXPECT_TRUE(absl::StrContains(st.error_message(), "--max-tensor-bytes")) << st.error_message();
+  {
+    grpc::ClientContext ctx;
+    v1::ExecuteRequest e;
+    EncodeTensor(q, e.mutable_q());
+    EncodeTensor(k, e.mutable_k());
+    EncodeTensor(v, e.mutable_v());
+    e.mutable_v()->mutable_data()->pop_back();
+    v1::ExecuteResponse r;
+    EXPECT_EQ(stub->Execute(&ctx, e, &r).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  }
+  // Sessions: unknown id, bad shapes, lost appends.
+  {
+    grpc::ClientContext ctx;
+    v1::StepRequest sr;
+    sr.set_session_id("nope");
+    v1::StepResponse r;
+    EXPECT_EQ(stub->Step(&ctx, sr, &r).error_code(), grpc::StatusCode::NOT_FOUND);
+  }
+  {
+    grpc::ClientContext ctx;
+    v1::OpenSessionRequest o;
+    o.set_kv_heads(0);
+    o.set_d_head(8);
+    o.set_type(v1::ELEMENT_TYPE_FP16);
+    v1::OpenSessionResponse r;
+    EXPECT_EQ(stub->OpenSession(&ctx, o, &r).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  }
+  // The agent is still serving after all that.
+  req.Clear();
+  EncodeOps(s.ops, &req);
+  EXPECT_TRUE(RawEstimate(addr, req).ok());
+}
+
+TEST(AgentServiceTest, BearerTokenIsCheckedOnEveryCall) {
+  AgentServiceOptions opts;
+  opts.token = "s3cret";
+  auto agent = StartLocal(GpuSpec(), opts);
+  ASSERT_NE(agent, nullptr);
+  v1::EstimateRequest req;
+  SampleOps s;
+  EncodeOps(s.ops, &req);
+  EXPECT_EQ(RawEstimate(agent->address(), req).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(RawEstimate(agent->address(), req, "wrong").error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_TRUE(RawEstimate(agent->address(), req, "s3cret").ok());
+  ClientOptions o = FastClient();
+  o.token = "wrong";
+  auto bad = RemoteDevice::Create(GpuSpec(), {agent->address()}, o, "gpu under test");
+  ASSERT_TRUE(bad.ok());
+  std::vector<Cost> c(s.ops.size());
+  absl::Status st = (*bad)->Estimate(s.ops, absl::MakeSpan(c));
+  EXPECT_EQ(st.code(), absl::StatusCode::kUnauthenticated) << st;
+  EXPECT_TRUE(absl::StrContains(st.message(), "gpu under test")) << st;
+  o.token = "s3cret";
+  auto good = RemoteDevice::Create(GpuSpec(), {agent->address()}, o, "gpu");
+  ASSERT_TRUE(good.ok());
+  EXPECT_TRUE((*good)->Estimate(s.ops, absl::MakeSpan(c)).ok());
+}
+
+TEST(AgentServiceTest, TlsWithServerAndClientCertificates) {
+  const std::string dir = FreshDir();
+  if (std::system("command -v openssl >/dev/null") != 0) GTEST_SKIP() << "openssl not found";
+  ASSERT_TRUE(MakeCerts(dir));
+  AgentServerOptions server;
+  server.tls_cert_file = dir + "/server.crt";
+  server.tls_key_file = dir + "/server.key";
+  server.tls_client_ca_file = dir + "/ca.crt";
+  auto agent = StartLocal(GpuSpec(), {}, server);
+  ASSERT_NE(agent, nullptr);
+  SampleOps s;
+  std::vector<Cost> c(s.ops.size());
+  ClientOptions o = FastClient();
+  o.attempts_per_endpoint = 1;
+  o.tls_ca_file = dir + "/ca.crt";
+  o.tls_cert_file = dir + "/client.crt";
+  o.tls_key_file = dir + "/client.key";
+  auto good = RemoteDevice::Create(GpuSpec(), {agent->address()}, o, "gpu");
+  ASSERT_TRUE(good.ok()) << good.status();
+  EXPECT_TRUE((*good)->Estimate(s.ops, absl::MakeSpan(c)).ok());
+  // No client certificate: the handshake fails.
+  ClientOptions no_cert = o;
+  no_cert.tls_cert_file.clear();
+  no_cert.tls_key_file.clear();
+  auto anon = RemoteDevice::Create(GpuSpec(), {agent->address()}, no_cert, "gpu");
+  ASSERT_TRUE(anon.ok());
+  EXPECT_FALSE((*anon)->Estimate(s.ops, absl::MakeSpan(c)).ok());
+  // The server's certificate does not chain to this CA.
+  ClientOptions wrong_ca = o;
+  wrong_ca.tls_ca_file = dir + "/other.crt";
+  auto untrusted = RemoteDevice::Create(GpuSpec(), {agent->address()}, wrong_ca, "gpu");
+  ASSERT_TRUE(untrusted.ok());
+  EXPECT_FALSE((*untrusted)->Estimate(s.ops, absl::MakeSpan(c)).ok());
+  // Plain text to a TLS agent.
+  auto plain = RemoteDevice::Create(GpuSpec(), {agent->address()}, FastClient(), "gpu");
+  ASSERT_TRUE(plain.ok());
+  EXPECT_FALSE((*plain)->Estimate(s.ops, absl::MakeSpan(c)).ok());
+  // Missing files are named.
+  ClientOptions missing = o;
+  missing.tls_ca_file = dir + "/nope.crt";
+  auto m = RemoteDevice::Create(GpuSpec(), {agent->address()}, missing, "gpu");
+  ASSERT_FALSE(m.ok());
+  EXPECT_TRUE(absl::StrContains(m.status().message(), "nope.crt")) << m.status();
+}
+
+TEST(AgentServiceTest, HealthServiceReportsServing) {
+  auto agent = StartLocal(GpuSpec());
+  ASSERT_NE(agent, nullptr);
+  auto channel = grpc::CreateChannel(agent->address(), grpc::InsecureChannelCredentials());
+  grpc::GenericStub stub(channel);
+  for (const std::string service : {"", "servesim.v1.DeviceAgent"}) {
+    // grpc.health.v1.HealthCheckRequest{service}: field 1, length-delimited.
+    std::string bytes;
+    if (!service.empty()) bytes = absl::StrCat("\x0a", std::string(1, char(service.size())), service);
+    grpc::Slice slice(bytes);
+    grpc::ByteBuffer req(&slice, 1), resp;
+    grpc::ClientContext ctx;
+    std::promise<grpc::Status> done;
+    stub.UnaryCall(&ctx, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &req, &resp,
+                   [&](grpc::Status st) { done.set_value(st); });
+    ASSERT_TRUE(done.get_future().get().ok());
+    std::vector<grpc::Slice> slices;
+    ASSERT_TRUE(resp.Dump(&slices).ok());
+    std::string out;
+    for (const auto& s : slices) out.append(reinterpret_cast<const char*>(s.begin()), s.size());
+    EXPECT_EQ(out, std::string("\x08\x01", 2)) << "status SERVING for '" << service << "'";
+  }
+}
+
+TEST(AgentServiceTest, SessionsMatchExecuteAndSurviveAnAgentRestart) {
+  auto agent = StartLocal(GpuSpec());
+  ASSERT_NE(agent, nullptr);
+  const int port = agent->running.port;
+  auto remote = RemoteDevice::Create(GpuSpec(), {agent->address()}, FastClient(), "gpu");
+  ASSERT_TRUE(remote.ok());
+  auto local = devices::CreateDevice(GpuSpec());
+  ASSERT_TRUE(local.ok());
+  using devices::ElementType;
+  const auto k1 = Ramp(ElementType::kFp16, {2, 5, 8}, 0.2f), v1t = Ramp(ElementType::kFp16, {2, 5, 8}, 0.3f);
+  const auto k2 = Ramp(ElementType::kFp16, {2, 3, 8}, 0.4f), v2t = Ramp(ElementType::kFp16, {2, 3, 8}, 0.5f);
+  const auto q = Ramp(ElementType::kFp16, {4, 1, 8}, 0.7f);
+  // In process, over the concatenated KV.
+  devices::AttentionCall call;
+  call.q = q;
+  call.k = devices::Tensor::Zeros(ElementType::kFp16, {2, 8, 8});
+  call.v = devices::Tensor::Zeros(ElementType::kFp16, {2, 8, 8});
+  for (int64_t h = 0; h < 2; ++h) {
+    for (int64_t p = 0; p < 8; ++p) {
+      for (int64_t d = 0; d < 8; ++d) {
+        const auto& ks = p < 5 ? k1 : k2;
+        const auto& vs = p < 5 ? v1t : v2t;
+        const int64_t n = p < 5 ? 5 : 3, pp = p < 5 ? p : p - 5;
+        call.k.Set((h * 8 + p) * 8 + d, ks.At((h * n + pp) * 8 + d));
+        call.v.Set((h * 8 + p) * 8 + d, vs.At((h * n + pp) * 8 + d));
+      }
+    }
+  }
+  auto want = (*local)->Execute(call);
+  ASSERT_TRUE(want.ok()) << want.status();
+  auto executed = (*remote)->Execute(call);
+  ASSERT_TRUE(executed.ok()) << executed.status();
+  EXPECT_EQ(executed->out.bytes, want->out.bytes);
+
+  auto session = (*remote)->OpenSession(7, 2, 8, ElementType::kFp16);
+  ASSERT_TRUE(session.ok()) << session.status();
+  ASSERT_TRUE((*session)->AppendKv(k1, v1t).ok());
+  ASSERT_TRUE((*session)->AppendKv(k2, v2t).ok());
+  auto got = (*session)->Step(q);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->out.bytes, want->out.bytes);
+  EXPECT_EQ(got->stats.kv_positions, want->stats.kv_positions);
+  // The agent restarts on the same port: its sessions are gone.
+  agent.reset();
+  AgentServerOptions same_port;
+  same_port.listen = absl::StrCat("127.0.0.1:", port);
+  agent = StartLocal(GpuSpec(), {}, same_port);
+  ASSERT_NE(agent, nullptr);
+  got = (*session)->Step(q);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->out.bytes, want->out.bytes);
+  EXPECT_EQ((*remote)->Stats().session_rebuilds, 1);
+  EXPECT_GE((*remote)->Stats().rebinds + (*remote)->Stats().retries, 1);
+}
+
+TEST(AgentServiceTest, LadSessionsKeepTheirStateAcrossSteps) {
+  // LAD's kernel keeps its per-head state (counters, modes, centres,
+  // caches A-F) in the agent between a session's steps: a session that
+  // appends one K/V row and steps, 20 times, answers what an in-process LAD
+  // device gives for the same session, bit for bit; the history matters (a
+  // stateless call answers differently at some step).
+  v1::DeviceSpec spec;
+  *spec.mutable_lad()->mutable_lad() = *devices::LadPreset("lad_1.5");
+  spec.mutable_lad()->set_fidelity(v1::PRUNE_FIDELITY_ANALYTIC);
+  auto agent = StartLocal(spec);
+  ASSERT_NE(agent, nullptr);
+  auto remote = RemoteDevice::Create(spec, {agent->address()}, FastClient(), "lad");
+  ASSERT_TRUE(remote.ok()) << remote.status();
+  auto local = devices::CreateDevice(spec);
+  ASSERT_TRUE(local.ok());
+  devices::AttentionDataParams p;
+  p.d_head = 32;
+  auto gen = devices::AttentionDataGenerator::Create(p);
+  ASSERT_TRUE(gen.ok());
+  using devices::ElementType;
+  auto session = (*remote)->OpenSession(3, 1, 32, ElementType::kFp32);
+  ASSERT_TRUE(session.ok()) << session.status();
+  const int64_t l0 = 60;
+  int differs = 0;
+  for (int64_t l = l0; l < l0 + 20; ++l) {
+    auto call = gen->DecodeStep({0, 0, 0}, l);
+    ASSERT_TRUE(call.ok());
+    // The rows the session does not hold yet.
+    const int64_t from = l == l0 ? 0 : l - 1;
+    devices::Tensor k = devices::Tensor::Zeros(ElementType::kFp32, {1, l - from, 32});
+    devices::Tensor v = devices::Tensor::Zeros(ElementType::kFp32, {1, l - from, 32});
+    for (int64_t i = 0; i < (l - from) * 32; ++i) {
+      k.Set(i, call->k.At(from * 32 + i));
+      v.Set(i, call->v.At(from * 32 + i));
+    }
+    ASSERT_TRUE((*session)->AppendKv(k, v).ok());
+    auto got = (*session)->Step(call->q);
+    ASSERT_TRUE(got.ok()) << got.status();
+    auto stateless = (*local)->Execute(*call);
+    call->session = 1;
+    auto want = (*local)->Execute(*call);
+    ASSERT_TRUE(want.ok());
+    ASSERT_TRUE(stateless.ok());
+    EXPECT_EQ(got->out.bytes, want->out.bytes) << l;
+    differs += stateless->out.bytes != want->out.bytes ? 1 : 0;
+  }
+  EXPECT_GT(differs, 0);
+}
+
+TEST(AgentServiceTest, FailsOverAndNamesTheEndpointsWhenNoneIsLeft) {
+  auto a = StartLocal(GpuSpec());
+  auto b = StartLocal(GpuSpec());
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  const std::string addr_a = a->address(), addr_b = b->address();
+  auto remote = RemoteDevice::Create(GpuSpec(), {addr_a, addr_b}, FastClient(), "xPU device (gpu)");
+  ASSERT_TRUE(remote.ok());
+  auto local = devices::CreateDevice(GpuSpec());
+  SampleOps s;
+  std::vector<Cost> want(s.ops.size()), got(s.ops.size());
+  for (int i = 0; i < 4; ++i) {  // round-robin: both agents answer
+    s.seqs[0].past_tokens = 100 + i;
+    ASSERT_TRUE((*remote)->Estimate(s.ops, absl::MakeSpan(got)).ok());
+  }
+  EXPECT_GE(a->service->calls(), 2);
+  EXPECT_GE(b->service->calls(), 2);
+  a.reset();  // agent A goes away
+  for (int i = 0; i < 4; ++i) {
+    s.seqs[0].past_tokens = 200 + i;
+    ASSERT_TRUE((*local)->Estimate(s.ops, absl::MakeSpan(want)).ok());
+    absl::Status st = (*remote)->Estimate(s.ops, absl::MakeSpan(got));
+    ASSERT_TRUE(st.ok()) << st;
+    for (size_t j = 0; j < want.size(); ++j) ExpectSameBits(want[j], got[j]);
+  }
+  EXPECT_GE((*remote)->Stats().failovers, 1);
+  b.reset();
+  s.seqs[0].past_tokens = 300;
+  absl::Status st = (*remote)->Estimate(s.ops, absl::MakeSpan(got));
+  EXPECT_EQ(st.code(), absl::StatusCode::kUnavailable);
+  EXPECT_TRUE(absl::StrContains(st.message(), "xPU device (gpu)")) << st;
+  EXPECT_TRUE(absl::StrContains(st.message(), addr_a)) << st;
+  EXPECT_TRUE(absl::StrContains(st.message(), addr_b)) << st;
+}
+
+}  // namespace
+}  // namespace servesim::agents

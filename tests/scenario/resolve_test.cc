@@ -1,0 +1,481 @@
+// Resolve (scenario/scenario.h): every value against its allowed range,
+// presets, and the configuration as a whole (weights must fit memory, KV
+// capacity, attention pools), with messages that name the file and line.
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <initializer_list>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "scenario/scenario.h"
+#include "servesim/v1/scenario.pb.h"
+#include "tests/scenario/scenario_test_util.h"
+
+namespace servesim::scenario {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::StartsWith;
+using servesim::v1::BATCHING_POLICY_CHUNKED_PREFILL;
+using servesim::v1::BATCHING_POLICY_PREFILL_FIRST;
+using test::kExplicitModel;
+using test::kPath;
+using test::kValid;
+using test::Normalized;
+using test::Parse;
+using test::ParseAndResolve;
+
+// ----------------------------------------------------- value ranges ----
+
+TEST(ScenarioRangeTest, ReplicasZero) {
+  std::string text = kValid;
+  text.replace(text.find("replicas: 2"), 11, "replicas: 0");
+  absl::StatusOr<ResolvedScenario> r = ParseAndResolve(text);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(std::string(r.status().message()),
+            "s.pbtxt:6: cluster.replicas = 0: allowed range [1, 4096]");
+}
+
+TEST(ScenarioRangeTest, TensorParallelMustDivideHeads) {
+  // 96 heads: 3 divides them (and d_ff 49,152), so TP 5 is the bad value.
+  const std::string text =
+      "model { preset: \"gpt3-175b\" }\n"
+      "cluster {\n"
+      "  xpu { preset: \"a100-80gb\" }\n"
+      "  tensor_parallel: 5\n"
+      "}\n";
+  absl::StatusOr<ResolvedScenario> r = ParseAndResolve(text);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(std::string(r.status().message()),
+            "s.pbtxt:4: cluster.tensor_parallel = 5: must divide "
+            "model.num_heads (96)");
+}
+
+TEST(ScenarioRangeTest, TensorParallelThreeDividesGpt3ButDoesNotFit) {
+  // 96 heads, 96 KV heads and d_ff 49,152 all split three ways; what fails
+  // is memory: 349.14 GB / 3 = 116.38 GB of weights per 80 GiB xPU.
+  const std::string text =
+      "model { preset: \"gpt3-175b\" }\n"
+      "cluster {\n"
+      "  xpu { preset: \"a100-80gb\" }\n"
+      "  tensor_parallel: 3\n"
+      "}\n";
+  absl::StatusOr<ResolvedScenario> r = ParseAndResolve(text);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(r.status().message()),
+              StartsWith("s.pbtxt:4: GPT-3 175B does not fit a replica of 3 x "
+                         "a100-80gb: required "));
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("(weights 116.38 GB"));
+}
+
+TEST(ScenarioRangeTest, TensorParallelMustDivideFeedForward) {
+  std::string text = kExplicitModel;
+  text.replace(text.find("num_kv_heads: 5"), 15, "num_kv_heads: 4");
+  text.replace(text.find("d_ff: 3072"), 10, "d_ff: 3070");
+  text.replace(text.find("cluster {"), 9, "cluster { tensor_parallel: 4");
+  absl::StatusOr<ResolvedScenario> r = ParseAndResolve(text);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(std::string(r.status().message()),
+            "s.pbtxt:11: cluster.tensor_parallel = 4: must divide model.d_ff (3070)");
+}
+
+TEST(ScenarioRangeTest, TensorParallelAboveLimit) {
+  std::string text = kValid;
+  text.replace(text.find("tensor_parallel: 1"), 18, "tensor_parallel: 128");
+  absl::StatusOr<ResolvedScenario> r = ParseAndResolve(text);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(std::string(r.status().message()),
+            "s.pbtxt:7: cluster.tensor_parallel = 128: allowed range [1, 64]");
+}
+
+TEST(ScenarioRangeTest, KvWatermark) {
+  const std::string text = std::string(kValid) + "scheduler {\n  kv_watermark: 0.7\n}\n";
+  absl::StatusOr<ResolvedScenario> r = ParseAndResolve(text);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(std::string(r.status().message()),
+            "s.pbtxt:12: scheduler.kv_watermark = 0.7: allowed range [0, 0.5)");
+}
+
+TEST(ScenarioRangeTest, XpuComputeUtilization) {
+  std::string text = kValid;
+  text.replace(text.find("xpu { preset: \"a100-80gb\" }"), 27,
+               "xpu { preset: \"a100-80gb\"\n    compute_utilization: 1.5 }");
+  absl::StatusOr<ResolvedScenario> r = ParseAndResolve(text);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(std::string(r.status().message()),
+            "s.pbtxt:9: cluster.xpu.compute_utilization = 1.5: allowed range (0, 1]");
+}
+
+TEST(ScenarioRangeTest, MemoryBytesHaveAnUpperLimit) {
+  // Found by scenario_fuzz: 1e96 bytes of xPU memory made a KV block count
+  // past int64 (undefined behaviour in the conversion). 1 PB is the limit,
+  // for an xPU and for an attention unit alike; 1 PB itself resolves.
+  auto xpu = ParseAndResolve(kValid, {"cluster.xpu.memory_bytes=1e96"});
+  ASSERT_FALSE(xpu.ok());
+  EXPECT_EQ(xpu.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(std::string(xpu.status().message()),
+            "s.pbtxt (--set cluster.xpu.memory_bytes): cluster.xpu.memory_bytes = 1e+96: "
+            "allowed range (0, 1e+15]");
+  auto at_limit = ParseAndResolve(kValid, {"cluster.xpu.memory_bytes=1e15"});
+  ASSERT_TRUE(at_limit.ok()) << at_limit.status();
+  EXPECT_GT(at_limit->kv.blocks, 0);
+  EXPECT_LT(at_limit->kv.blocks, scheduler::kMaxKvBlocks);
+  // --set refuses inf itself; a file can still write it.
+  std::string text = kValid;
+  text.replace(text.find("xpu { preset: \"a100-80gb\" }"), 27,
+               "xpu { preset: \"a100-80gb\"\n    memory_bytes: inf }");
+  auto inf = ParseAndResolve(text);
+  ASSERT_FALSE(inf.ok());
+  EXPECT_EQ(std::string(inf.status().message()),
+            "s.pbtxt:9: cluster.xpu.memory_bytes = inf: allowed range (0, 1e+15]");
+
+  auto unit = ParseAndResolve(
+      "model { preset: \"gpt2-medium\" }\n"
+      "cluster { xpu { preset: \"a100-80gb\" } attention_pool { topick { } } }\n",
+      {"cluster.attention_pool.memory_bytes_per_unit=2e15"});
+  ASSERT_FALSE(unit.ok());
+  EXPECT_EQ(std::string(unit.status().message()),
+            "s.pbtxt (--set cluster.attention_pool.memory_bytes_per_unit): "
+            "cluster.attention_pool.memory_bytes_per_unit = 2e+15: allowed range (0, 1e+15]");
+}
+
+TEST(ScenarioRangeTest, SloTpotZero) {
+  const std::string text = std::string(kValid) + "slo { ttft_s: 1\n  tpot_s: 0 }\n";
+  absl::StatusOr<ResolvedScenario> r = ParseAndResolve(text);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(std::string(r.status().message()), "s.pbtxt:12: slo.tpot_s = 0: expected > 0");
+}
+
+TEST(ScenarioRangeTest, ClusterMemoryUtilization) {
+  std::string text = kValid;
+  text.replace(text.find("  replicas: 2\n"), 14,
+               "  replicas: 2\n  memory_utilization: 0\n");
+  absl::StatusOr<ResolvedScenario> r = ParseAndResolve(text);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(std::string(r.status().message()),
+            "s.pbtxt:7: cluster.memory_utilization = 0: allowed range (0, 1]");
+}
+
+TEST(ScenarioRangeTest, KvHeadsMustDivideHeads) {
+  absl::StatusOr<ResolvedScenario> r = ParseAndResolve(kExplicitModel);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(std::string(r.status().message()),
+            "s.pbtxt:5: model.num_kv_heads = 5: must divide num_heads (12)");
+}
+
+TEST(ScenarioRangeTest, KvHeadsAboveHeads) {
+  std::string text = kExplicitModel;
+  text.replace(text.find("num_kv_heads: 5"), 15, "num_kv_heads: 24");
+  absl::StatusOr<ResolvedScenario> r = ParseAndResolve(text);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(std::string(r.status().message()),
+            "s.pbtxt:5: model.num_kv_heads = 24: allowed range [1, 12]");
+}
+
+TEST(ScenarioRangeTest, ExplicitModelWithDividingKvHeadsResolves) {
+  std::string text = kExplicitModel;
+  text.replace(text.find("num_kv_heads: 5"), 15, "num_kv_heads: 4");
+  absl::StatusOr<ResolvedScenario> r = ParseAndResolve(text);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->model.num_kv_heads, 4);
+  EXPECT_EQ(r->proto.model().name(), "custom");
+}
+
+TEST(ScenarioRangeTest, MissingModelDimensionNamesTheFirstOne) {
+  std::string text = kExplicitModel;
+  text.erase(text.find("  d_model: 768\n"), 15);
+  absl::StatusOr<ResolvedScenario> r = ParseAndResolve(text);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  // d_model was not written: the location is the model block's line.
+  EXPECT_EQ(std::string(r.status().message()),
+            "s.pbtxt:1: model.d_model is not set: set model.preset or every "
+            "model dimension");
+}
+
+TEST(ScenarioRangeTest, MissingXpuFigureWithoutPreset) {
+  const std::string text =
+      "model { preset: \"llama2-7b\" }\n"
+      "cluster {\n"
+      "  replicas: 1\n"
+      "}\n";
+  absl::StatusOr<ResolvedScenario> r = ParseAndResolve(text);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(std::string(r.status().message()),
+            "s.pbtxt:2: cluster.xpu.peak_flops_fp16 is not set: set "
+            "cluster.xpu.preset or every xPU figure");
+}
+
+// ------------------------------------------------------------ presets ----
+
+TEST(ScenarioPresetTest, UnknownModelPreset) {
+  std::string text = kValid;
+  text.replace(text.find("llama2-7b"), 9, "gpt5");
+  absl::StatusOr<ResolvedScenario> r = ParseAndResolve(text);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(std::string(r.status().message()),
+            "s.pbtxt:3: model.preset: unknown model preset \"gpt5\"; known: "
+            "gpt2-large, gpt2-medium, gpt2-xl, gpt3-175b, llama-65b, "
+            "llama2-13b, llama2-70b, llama2-7b, mt-nlg-530b, opt-13b, "
+            "opt-6.7b, opt-66b");
+}
+
+TEST(ScenarioPresetTest, UnknownXpuPreset) {
+  std::string text = kValid;
+  text.replace(text.find("a100-80gb"), 9, "tpu-v9");
+  absl::StatusOr<ResolvedScenario> r = ParseAndResolve(text);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(std::string(r.status().message()),
+            "s.pbtxt:8: cluster.xpu.preset: unknown xpu preset \"tpu-v9\"; "
+            "known: a100-40gb, a100-80gb, a100-hbm3, h100-sxm-80gb");
+}
+
+TEST(ScenarioPresetTest, UnknownLinkPreset) {
+  std::string text = kValid;
+  text.replace(text.find("  tensor_parallel: 1\n"), 21,
+               "  tensor_parallel: 1\n  interconnect {\n    preset: \"nvlink9\"\n  }\n");
+  absl::StatusOr<ResolvedScenario> r = ParseAndResolve(text);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(std::string(r.status().message()),
+            "s.pbtxt:9: cluster.interconnect.preset: unknown link preset "
+            "\"nvlink9\"; known: ethernet-100g, ethernet-400g, nvlink3, "
+            "nvlink4, pcie4, pcie5");
+}
+
+TEST(ScenarioPresetTest, UnknownFrontendPreset) {
+  std::string text = kValid;
+  text.replace(text.find("  replicas: 2\n"), 14,
+               "  replicas: 2\n  frontend { preset: \"carrier-pigeon\" }\n");
+  absl::StatusOr<ResolvedScenario> r = ParseAndResolve(text);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(r.status().message()),
+              StartsWith("s.pbtxt:7: cluster.frontend.preset: unknown link "
+                         "preset \"carrier-pigeon\"; known: ethernet-100g"));
+}
+
+// ------------------------------------------------- whole configuration ----
+
+TEST(ScenarioResolveTest, Gpt3DoesNotFitOneA100_40GB) {
+  const std::string text =
+      "name: \"too big\"\n"
+      "model { preset: \"gpt3-175b\" }\n"
+      "cluster {\n"
+      "  replicas: 1\n"
+      "  tensor_parallel: 1\n"
+      "  xpu { preset: \"a100-40gb\" }\n"
+      "}\n";
+  absl::StatusOr<ResolvedScenario> r = ParseAndResolve(text);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  // Weights: 174,568,476,672 parameters x 2 bytes = 349.14 GB. Activations
+  // for 8,192 tokens: 2 x (12288 + 3 x 96 x 128 + 49152) x 8192 x 2 bytes
+  // = 3.22 GB. One KV block: 16 x 2 x 96 x 96 x 128 x 2 = 0.08 GB.
+  // Available: 40 GiB = 42,949,672,960 bytes x 0.9 = 38.65 GB.
+  EXPECT_EQ(std::string(r.status().message()),
+            "s.pbtxt:5: GPT-3 175B does not fit a replica of 1 x a100-40gb: "
+            "required 352.36 GB per xPU (weights 349.14 GB + activations "
+            "3.22 GB) plus at least one KV block (0.08 GB) vs available "
+            "38.65 GB (memory 42.95 GB x cluster.memory_utilization 0.9); "
+            "raise cluster.tensor_parallel or use a larger xPU");
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("required"));
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("available"));
+}
+
+TEST(ScenarioResolveTest, DoesNotFitNamesClusterLineWhenTensorParallelUnset) {
+  const std::string text =
+      "model { preset: \"gpt3-175b\" }\n"
+      "cluster {\n"
+      "  xpu { preset: \"a100-40gb\" }\n"
+      "}\n";
+  absl::StatusOr<ResolvedScenario> r = ParseAndResolve(text);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(r.status().message()),
+              StartsWith("s.pbtxt:2: GPT-3 175B does not fit a replica of 1 x "
+                         "a100-40gb: required 352.36 GB"));
+}
+
+TEST(ScenarioResolveTest, Gpt3KvCapacityOnEightA100Hbm3) {
+  const std::string text =
+      "model { preset: \"gpt3-175b\" }\n"
+      "cluster { tensor_parallel: 8 xpu { preset: \"a100-hbm3\" } }\n";
+  absl::StatusOr<ResolvedScenario> r = ParseAndResolve(text);
+  ASSERT_TRUE(r.ok()) << r.status();
+  // Per xPU: 85,899,345,920 x 0.9 = 77,309,411,328 usable; weights
+  // 349,136,953,344 / 8 = 43,642,119,168; activations for 8,192 tokens
+  // 2 x (12288 + 36 x 128 + 6144) x 8192 x 2 = 754,974,720; KV per token
+  // per xPU 2 x 96 layers x 12 heads x 128 x 2 = 589,824 bytes, a block of
+  // 16 tokens 9,437,184 bytes. 32,912,317,440 / 9,437,184 = 3487.5 -> 3487.
+  EXPECT_DOUBLE_EQ(r->weight_bytes_per_xpu, 43642119168.0);
+  EXPECT_DOUBLE_EQ(r->activation_bytes_per_xpu, 754974720.0);
+  EXPECT_DOUBLE_EQ(r->kv.usable_bytes_per_xpu, 32912317440.0);
+  EXPECT_EQ(r->kv.blocks, 3487);
+  EXPECT_EQ(r->kv.tokens, 55792);
+  EXPECT_EQ(r->batching.kv_capacity_blocks, 3487);
+  EXPECT_EQ(r->tensor_parallel, 8);
+  EXPECT_EQ(r->replicas, 1);
+  EXPECT_EQ(r->model.num_layers, 96);
+}
+
+TEST(ScenarioResolveTest, AttentionPoolHoldsTheKvAndTakesTheModelShape) {
+  // GPT-2 medium on one A100 with 2 ToPick units (defaults: 8 GiB each, one
+  // HBM2 stack of 8 channels; pcie4 link). KV per token: 2 x 24 layers x 16
+  // heads x 64 x 2 bytes = 98,304; 2 x 8 GiB / (98,304 x 16) = 10,922.7 ->
+  // 10,922 blocks.
+  const std::string text =
+      "model { preset: \"gpt2-medium\" }\n"
+      "cluster { xpu { preset: \"a100-80gb\" } attention_pool { topick { } units: 2 } }\n";
+  absl::StatusOr<ResolvedScenario> r = ParseAndResolve(text);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->has_attention_device);
+  EXPECT_EQ(r->attention_kind, "topick");
+  EXPECT_EQ(r->attention_label, "topick x 2");
+  EXPECT_EQ(r->attention_units, 2);
+  EXPECT_DOUBLE_EQ(r->device_memory_bytes, 2 * 8.0 * (1 << 30));
+  EXPECT_EQ(r->kv.blocks, 10922);
+  const auto& dev = r->proto.cluster().attention_pool().topick();
+  EXPECT_EQ(dev.topick().preset(), "topick");
+  EXPECT_EQ(dev.model().layers(), 24);
+  EXPECT_EQ(dev.model().heads(), 16);
+  EXPECT_EQ(dev.model().d_head(), 64);
+  EXPECT_EQ(r->attention_link.preset(), "pcie4");
+  ASSERT_NE(r->attention_shared, nullptr);
+  EXPECT_DOUBLE_EQ(r->attention_shared->Describe().memory_bytes, 2 * 8.0 * (1 << 30));
+  // SpAtten: 16 channels, so 16 GiB a unit by default.
+  absl::StatusOr<ResolvedScenario> sp = ParseAndResolve(
+      "model { preset: \"gpt2-medium\" }\n"
+      "cluster { xpu { preset: \"a100-80gb\" } attention_pool { spatten { } units: 1 } }\n");
+  ASSERT_TRUE(sp.ok()) << sp.status();
+  EXPECT_EQ(sp->attention_kind, "spatten");
+  EXPECT_DOUBLE_EQ(sp->device_memory_bytes, 16.0 * (1 << 30));
+  // CTA: preset cta_0 by default, the model's shape, 8 channels: 8 GiB; a
+  // bad width names the field (at the scenario's line).
+  absl::StatusOr<ResolvedScenario> ct = ParseAndResolve(
+      "model { preset: \"gpt2-medium\" }\n"
+      "cluster { xpu { preset: \"a100-80gb\" } attention_pool { cta { } units: 2 } }\n");
+  ASSERT_TRUE(ct.ok()) << ct.status();
+  EXPECT_EQ(ct->attention_kind, "cta");
+  EXPECT_EQ(ct->attention_label, "cta_0 x 2");
+  const auto& cd = ct->proto.cluster().attention_pool().cta();
+  EXPECT_EQ(cd.cta().preset(), "cta_0");
+  EXPECT_DOUBLE_EQ(cd.cta().kv1_width(), 0.6);
+  EXPECT_EQ(cd.model().layers(), 24);
+  EXPECT_EQ(cd.model().heads(), 16);
+  EXPECT_EQ(cd.model().d_head(), 64);
+  EXPECT_DOUBLE_EQ(ct->device_memory_bytes, 2 * 8.0 * (1 << 30));
+  absl::StatusOr<ResolvedScenario> bad = ParseAndResolve(
+      "model { preset: \"gpt2-medium\" }\n"
+      "cluster { xpu { preset: \"a100-80gb\" } attention_pool { cta { cta { kv2_width: -1 } } } }\n");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(bad.status().message(), HasSubstr("cta device: kv2_width = -1"));
+  // LAD: its 5 HBM2 cubes, 40 GiB a unit; the model shape from LLaMA-2-7B.
+  absl::StatusOr<ResolvedScenario> ld = ParseAndResolve(
+      "model { preset: \"llama2-7b\" }\n"
+      "cluster { xpu { preset: \"a100-40gb\" } attention_pool { lad { } units: 1 } }\n");
+  ASSERT_TRUE(ld.ok()) << ld.status();
+  EXPECT_EQ(ld->attention_kind, "lad");
+  EXPECT_EQ(ld->attention_label, "lad_1.5 x 1");
+  EXPECT_DOUBLE_EQ(ld->device_memory_bytes, 40.0 * (1 << 30));
+  const auto& lm = ld->proto.cluster().attention_pool().lad();
+  EXPECT_EQ(lm.lad().tiles(), 6);
+  EXPECT_EQ(lm.model().layers(), 32);
+  EXPECT_EQ(lm.model().heads(), 32);
+  EXPECT_EQ(lm.model().d_head(), 128);
+}
+
+TEST(ScenarioResolveTest, AttentionPoolBadInputNamesTheField) {
+  auto text = [](const char* pool, const char* cluster) {
+    return absl::StrCat("model { preset: \"gpt2-medium\" }\n",
+                        "cluster { xpu { preset: \"a100-80gb\" } attention_pool { topick { } ",
+                        pool, " } ", cluster, " }\n");
+  };
+  auto run = [&](const char* pool, const char* cluster) {
+    return ParseAndResolve(text(pool, cluster));
+  };
+  auto units = run("units: 0", "");
+  ASSERT_FALSE(units.ok());
+  EXPECT_THAT(units.status().message(), HasSubstr("cluster.attention_pool.units"));
+  EXPECT_THAT(units.status().message(), HasSubstr("[1, 1024]"));
+  auto ff = run("", "overlap: OVERLAP_POLICY_HEAD_LEVEL_FF");
+  ASSERT_FALSE(ff.ok());
+  EXPECT_THAT(ff.status().message(), HasSubstr("cluster.attacc's GEMV units"));
+  auto both = run("", "attacc { }");
+  ASSERT_FALSE(both.ok());
+  EXPECT_THAT(both.status().message(), HasSubstr("at most one of cluster.attacc"));
+  auto preset = run("", "");
+  ASSERT_TRUE(preset.ok()) << preset.status();
+  auto bad = ParseAndResolve(text("", ""),
+                             {"cluster.attention_pool.topick.topick.preset=nope"});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(bad.status().message(), HasSubstr("cluster.attention_pool.topick.topick.preset"));
+}
+
+TEST(ScenarioResolveTest, Llama2_70bTensorParallelAboveKvHeadsResolves) {
+  const std::string text =
+      "model { preset: \"llama2-70b\" }\n"
+      "cluster { tensor_parallel: 16 xpu { preset: \"a100-80gb\" } }\n";
+  absl::StatusOr<ResolvedScenario> r = ParseAndResolve(text);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->tensor_parallel, 16);
+  EXPECT_EQ(r->model.num_kv_heads, 8);
+  EXPECT_GT(r->kv.blocks, 0);
+}
+
+TEST(ScenarioResolveTest, TensorParallelNeitherDividingNorMultipleOfKvHeads) {
+  // 12 heads, 4 KV heads, d_ff 3072: TP 6 divides the heads and d_ff but is
+  // neither a divisor nor a multiple of the 4 KV heads.
+  std::string text = kExplicitModel;
+  text.replace(text.find("num_kv_heads: 5"), 15, "num_kv_heads: 4");
+  text.replace(text.find("cluster {"), 9, "cluster { tensor_parallel: 6");
+  absl::StatusOr<ResolvedScenario> r = ParseAndResolve(text);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(std::string(r.status().message()),
+            "s.pbtxt:11: cluster.tensor_parallel = 6: must divide "
+            "model.num_kv_heads (4) or be a multiple of it");
+}
+
+TEST(ScenarioResolveTest, ResolvedFieldsFollowTheScenario) {
+  const std::string text = std::string(kValid) +
+                           "scheduler { batching: BATCHING_POLICY_CHUNKED_PREFILL "
+                           "routing: ROUTING_POLICY_LEAST_KV_LOAD }\n"
+                           "slo { ttft_s: 2 tpot_s: 0.05 }\nseed: 9\n";
+  absl::StatusOr<ResolvedScenario> r = ParseAndResolve(text);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->replicas, 2);
+  EXPECT_EQ(r->seed, 9u);
+  EXPECT_EQ(r->batching.policy, scheduler::BatchingPolicy::kChunkedPrefill);
+  EXPECT_EQ(r->batching.max_tokens_per_iteration, 512);
+  EXPECT_EQ(r->batching.max_context_tokens, 4096);
+  EXPECT_EQ(r->routing, scheduler::RoutingPolicy::kLeastKvLoad);
+  EXPECT_DOUBLE_EQ(r->ttft_slo_s, 2.0);
+  EXPECT_DOUBLE_EQ(r->tpot_slo_s, 0.05);
+  ASSERT_TRUE(r->xpu_device.has_gpu());
+  EXPECT_EQ(r->xpu_device.gpu().xpu().preset(), "a100-80gb");
+  EXPECT_EQ(r->xpu_device.gpu().interconnect().preset(), "nvlink3");
+}
+
+}  // namespace
+}  // namespace servesim::scenario

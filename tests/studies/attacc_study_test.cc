@@ -1,0 +1,145 @@
+// The AttAcc study (§7) reproduces the paper's qualitative results: the
+// system ordering, the effect of sequence length, and SLO-limited batches.
+#include <map>
+#include <string>
+#include <tuple>
+
+#include "studies/attacc_study.h"
+#include "gtest/gtest.h"
+
+namespace servesim::studies {
+namespace {
+
+using Key = std::tuple<std::string, std::string, std::string, int64_t, int64_t, double>;
+
+std::map<Key, StudyPoint> RunStudy() {
+  auto points = RunAttAccStudy(StudyOptions{});
+  EXPECT_TRUE(points.ok()) << points.status();
+  std::map<Key, StudyPoint> m;
+  for (const StudyPoint& p : *points) {
+    m[{p.model, p.system, p.policy, p.lin, p.lout, p.slo_ms}] = p;
+  }
+  return m;
+}
+
+class StudyTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { points_ = new std::map<Key, StudyPoint>(RunStudy()); }
+  static void TearDownTestSuite() { delete points_; }
+  static const StudyPoint& At(const std::string& model, const std::string& system,
+                              const std::string& policy, int64_t lout, double slo = 0) {
+    return points_->at({model, system, policy, 2048, lout, slo});
+  }
+  static std::map<Key, StudyPoint>* points_;
+};
+std::map<Key, StudyPoint>* StudyTest::points_ = nullptr;
+
+const char* kModels[] = {"llama-65b", "gpt3-175b", "mt-nlg-530b"};
+
+TEST_F(StudyTest, HasEveryPoint) {
+  // 3 models x 5 system/policy pairs x 3 lengths x 4 SLO settings.
+  EXPECT_EQ(points_->size(), 3u * 5 * 3 * 4);
+}
+
+TEST_F(StudyTest, AttAccBeatsLargeBeatsBaseWithoutSlo) {
+  for (const char* m : kModels) {
+    for (int64_t lout : {128, 512, 2048}) {
+      const double base = At(m, "dgx_base", "serial", lout).throughput_tokens_per_s;
+      const double large = At(m, "dgx_large", "serial", lout).throughput_tokens_per_s;
+      const double attacc = At(m, "dgx_attacc", "hl_pipe_ff", lout).throughput_tokens_per_s;
+      EXPECT_GT(large, base) << m << " " << lout;
+      EXPECT_GT(attacc, large) << m << " " << lout;
+      // §7.2: DGX+AttAccs holds the batch DGX_Large holds (same 1,280 GB).
+      EXPECT_NEAR(double(At(m, "dgx_attacc", "hl_pipe", lout).max_batch),
+                  double(At(m, "dgx_large", "serial", lout).max_batch),
+                  0.05 * At(m, "dgx_large", "serial", lout).max_batch)
+          << m << " " << lout;
+    }
+  }
+}
+
+TEST_F(StudyTest, HeadLevelPipeliningHelpsAndStaysWithinThePapersRange) {
+  for (const char* m : kModels) {
+    for (int64_t lout : {128, 512, 2048}) {
+      const double serial = At(m, "dgx_attacc", "serial", lout).throughput_tokens_per_s;
+      const double hl = At(m, "dgx_attacc", "hl_pipe", lout).throughput_tokens_per_s;
+      EXPECT_GT(hl, serial) << m;
+      EXPECT_LT(hl / serial, 1.25) << m;  // the paper: up to 1.15x
+    }
+  }
+}
+
+TEST_F(StudyTest, GainsOverDgxBaseGrowWithSequenceLengthForLlama) {
+  // §7.2: longer sequences shrink the batch, so AttAcc's gain grows.
+  auto gain = [](int64_t lout) {
+    return At("llama-65b", "dgx_attacc", "hl_pipe_ff", lout).throughput_tokens_per_s /
+           At("llama-65b", "dgx_base", "serial", lout).throughput_tokens_per_s;
+  };
+  EXPECT_LT(gain(128), gain(2048));
+}
+
+TEST_F(StudyTest, EndToEndGainsGrowWithOutputLengthForEveryModelAndPolicy) {
+  // §7.2 / Figure 13 time whole requests (prefill + decode): the prompt's
+  // prefill runs on the xPUs in every system, so the longer the output, the
+  // larger the share AttAcc accelerates, and the larger the gain, over both
+  // baselines. (Decode-only gains stay roughly flat for GPT-3: the
+  // capacity-bound batch ratio is the same at every length; see README.)
+  for (const char* m : kModels) {
+    for (const char* policy : {"serial", "hl_pipe", "hl_pipe_ff"}) {
+      double last_base = 0, last_large = 0;
+      for (int64_t lout : {128, 512, 2048}) {
+        const double attacc = At(m, "dgx_attacc", policy, lout).e2e_throughput_tokens_per_s;
+        const double over_base =
+            attacc / At(m, "dgx_base", "serial", lout).e2e_throughput_tokens_per_s;
+        const double over_large =
+            attacc / At(m, "dgx_large", "serial", lout).e2e_throughput_tokens_per_s;
+        EXPECT_GT(over_base, last_base) << m << " " << policy << " " << lout;
+        EXPECT_GT(over_large, last_large) << m << " " << policy << " " << lout;
+        EXPECT_GT(over_large, 1.0) << m << " " << policy << " " << lout;
+        last_base = over_base;
+        last_large = over_large;
+      }
+    }
+  }
+}
+
+TEST_F(StudyTest, TightSloBindsTheGpuBatchAndMultipliesTheGain) {
+  // §7.3: at 30 ms the GPU systems' batches are SLO-bound and tiny, so the
+  // gain of DGX+AttAccs is far larger than without an SLO.
+  const StudyPoint& large30 = At("gpt3-175b", "dgx_large", "serial", 2048, 30);
+  EXPECT_EQ(large30.batch_bound, "slo");
+  EXPECT_LT(large30.max_batch, 10);
+  EXPECT_LE(large30.tbt_ms, 30.0);
+  const StudyPoint& attacc30 = At("gpt3-175b", "dgx_attacc", "hl_pipe_ff", 2048, 30);
+  EXPECT_LE(attacc30.tbt_ms, 30.0);
+  const double gain30 = attacc30.throughput_tokens_per_s / large30.throughput_tokens_per_s;
+  const double gain_none =
+      At("gpt3-175b", "dgx_attacc", "hl_pipe_ff", 2048).throughput_tokens_per_s /
+      At("gpt3-175b", "dgx_large", "serial", 2048).throughput_tokens_per_s;
+  EXPECT_GT(gain30, 4 * gain_none);
+}
+
+TEST_F(StudyTest, AttAccCutsEnergyPerToken) {
+  // §7.4: up to 66.7% / 65.9% / 66.8% less energy than DGX_Base.
+  for (const char* m : kModels) {
+    const double base = At(m, "dgx_base", "serial", 2048).energy_j_per_token;
+    const double attacc = At(m, "dgx_attacc", "hl_pipe", 2048).energy_j_per_token;
+    EXPECT_LT(attacc, 0.5 * base) << m;
+  }
+}
+
+TEST_F(StudyTest, CsvHasTheDocumentedColumns) {
+  auto points = RunAttAccStudy(StudyOptions{{"llama-65b"}, {{2048, 128}}, {0, 30}});
+  ASSERT_TRUE(points.ok());
+  const std::string csv = StudyCsv(*points);
+  EXPECT_EQ(csv.substr(0, csv.find('\n')),
+            "model,system,policy,lin,lout,slo_ms,max_batch,batch_bound,"
+            "throughput_tokens_per_s,tbt_ms,energy_j_per_token,capacity_batch,prefill_s,"
+            "e2e_throughput_tokens_per_s");
+  // slo_ms is empty without an SLO.
+  EXPECT_NE(csv.find("llama-65b,dgx_base,serial,2048,128,,"), std::string::npos);
+  EXPECT_NE(csv.find("llama-65b,dgx_base,serial,2048,128,30,"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace servesim::studies

@@ -1,0 +1,799 @@
+#include "workload/workload.h"
+
+#include <cmath>
+#include <cstdint>
+#include <fstream>
+#include <initializer_list>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "gtest/gtest.h"
+#include "servesim/v1/scenario.pb.h"
+
+#ifndef SERVESIM_SOURCE_DIR
+#error "SERVESIM_SOURCE_DIR must name the repository root"
+#endif
+
+namespace servesim::workload {
+namespace {
+
+using scheduler::RequestSpec;
+using servesim::v1::WorkloadSpec;
+
+#define SERVESIM_TRACES_ SERVESIM_SOURCE_DIR "/examples/traces/"
+constexpr char kAzureConv[] =
+    SERVESIM_TRACES_ "AzureLLMInferenceTrace_conv.csv";
+constexpr char kAzureCode[] =
+    SERVESIM_TRACES_ "AzureLLMInferenceTrace_code.csv";
+constexpr char kMooncake[] = SERVESIM_TRACES_ "synthetic_trace.jsonl";
+constexpr char kBurstGpt[] = SERVESIM_TRACES_ "burstgpt_slice.csv";
+constexpr char kShareGpt[] =
+    SERVESIM_TRACES_ "sharegpt_8k_filtered_stats_llama2_tokenizer.csv";
+#undef SERVESIM_TRACES_
+
+// `status` has `code` and its message contains every piece.
+::testing::AssertionResult IsError(
+    const absl::Status& status, absl::StatusCode code,
+    std::initializer_list<absl::string_view> pieces) {
+  if (status.code() != code) {
+    return ::testing::AssertionFailure()
+           << "code " << absl::StatusCodeToString(status.code())
+           << ", expected " << absl::StatusCodeToString(code) << ": "
+           << status.message();
+  }
+  for (absl::string_view piece : pieces) {
+    if (!absl::StrContains(status.message(), piece)) {
+      return ::testing::AssertionFailure() << "message \"" << status.message()
+                                           << "\" lacks \"" << piece << "\"";
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+// Writes `content` to a fresh file under the test temp dir; returns its path.
+std::string WriteTemp(absl::string_view name, absl::string_view content) {
+  const std::string path =
+      absl::StrCat(::testing::TempDir(), "workload_test_", name);
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(content.data(), static_cast<std::streamsize>(content.size()));
+  return path;
+}
+
+int64_t SumInput(const TraceFile& trace) {
+  int64_t sum = 0;
+  for (const TraceRow& row : trace.rows) sum += row.input_tokens;
+  return sum;
+}
+
+int64_t SumOutput(const TraceFile& trace) {
+  int64_t sum = 0;
+  for (const TraceRow& row : trace.rows) sum += row.output_tokens;
+  return sum;
+}
+
+// ------------------------------------------------------------ real files --
+
+TEST(AzureTraceTest, ConvFile) {
+  const auto trace = ReadAzureTrace(kAzureConv);
+  ASSERT_TRUE(trace.ok()) << trace.status();
+  ASSERT_EQ(trace->rows.size(), 19366u);
+  EXPECT_EQ(trace->skipped_failed, 0);
+  EXPECT_EQ(SumInput(*trace), 22361870);
+  EXPECT_EQ(SumOutput(*trace), 4088665);
+  EXPECT_EQ(trace->rows[0].timestamp_s, 0.0);
+  EXPECT_EQ(trace->rows[0].input_tokens, 374);
+  EXPECT_EQ(trace->rows[0].output_tokens, 44);
+  // 18:15:50.9951690 - 18:15:46.6805900.
+  EXPECT_NEAR(trace->rows[1].timestamp_s, 4.3145790, 1e-9);
+  // 19:14:08.4025270 - 18:15:46.6805900.
+  EXPECT_NEAR(trace->rows.back().timestamp_s, 3501.7219370, 1e-9);
+  EXPECT_EQ(trace->rows.back().input_tokens, 197);
+  EXPECT_EQ(trace->rows.back().output_tokens, 183);
+}
+
+TEST(TraceContentTest, ParsersNameTheGivenFileAndLine) {
+  auto azure = ParseAzureTrace(
+      "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+      "2023-11-16 18:15:46.6805900,374,44\n"
+      "2023-11-16 18:15:50.9951690,396,0\n",
+      "upload.csv");
+  ASSERT_EQ(azure.status().code(), absl::StatusCode::kInvalidArgument) << azure.status();
+  EXPECT_TRUE(absl::StartsWith(azure.status().message(), "upload.csv:3: GeneratedTokens is"))
+      << azure.status();
+  auto mooncake = ParseMooncakeTrace(
+      "{\"timestamp\": 0, \"input_length\": 10, \"output_length\": 2, \"hash_ids\": [0]}\n"
+      "{\"timestamp\": 1, \"input_length\": 20, \"output_length\": 3, \"hash_ids\": [1]}\n",
+      "m.jsonl");
+  ASSERT_TRUE(mooncake.ok()) << mooncake.status();
+  ASSERT_EQ(mooncake->rows.size(), 2u);
+  EXPECT_EQ(mooncake->rows[1].input_tokens, 20);
+  EXPECT_DOUBLE_EQ(mooncake->rows[1].timestamp_s, 0.001);
+  auto pairs = ParseLengthCsvContent("num_prefill_tokens,num_decode_tokens\n12,34\n", "l.csv");
+  ASSERT_TRUE(pairs.ok()) << pairs.status();
+  ASSERT_EQ(pairs->size(), 1u);
+  EXPECT_EQ((*pairs)[0].output_tokens, 34);
+  auto burst = ParseBurstGptTrace("", "b.csv");
+  EXPECT_TRUE(absl::StartsWith(burst.status().message(), "b.csv:1: file is empty"))
+      << burst.status();
+}
+
+TEST(AzureTraceTest, CodeFile) {
+  const auto trace = ReadAzureTrace(kAzureCode);
+  ASSERT_TRUE(trace.ok()) << trace.status();
+  ASSERT_EQ(trace->rows.size(), 8819u);
+  EXPECT_EQ(SumInput(*trace), 18059974);
+  EXPECT_EQ(SumOutput(*trace), 245896);
+  // 18:17:04.0319600 - 18:17:03.9799600.
+  EXPECT_NEAR(trace->rows[1].timestamp_s, 0.052, 1e-9);
+  // 19:14:19.9280160 - 18:17:03.9799600.
+  EXPECT_NEAR(trace->rows.back().timestamp_s, 3435.948056, 1e-9);
+}
+
+TEST(AzureTraceTest, LoadWorkloadInfersFormat) {
+  WorkloadSpec spec;
+  spec.mutable_trace()->set_path("traces/AzureLLMInferenceTrace_conv.csv");
+  const auto workload =
+      LoadWorkload(spec, SERVESIM_SOURCE_DIR "/examples", "", 1);
+  ASSERT_TRUE(workload.ok()) << workload.status();
+  EXPECT_EQ(workload->requests.size(), 19366u);
+  EXPECT_EQ(workload->rows_read, 19366);
+  EXPECT_EQ(workload->skipped_failed, 0);
+  EXPECT_EQ(workload->outside_window, 0);
+  EXPECT_EQ(workload->description,
+            absl::StrCat("azure trace ", SERVESIM_SOURCE_DIR,
+                         "/examples/traces/AzureLLMInferenceTrace_conv.csv "
+                         "(19366 rows)"));
+  EXPECT_EQ(workload->requests[0].arrival_s, 0.0);
+  EXPECT_NEAR(workload->requests[1].arrival_s, 4.3145790, 1e-9);
+  EXPECT_NEAR(workload->requests.back().arrival_s, 3501.7219370, 1e-9);
+  for (size_t i = 0; i < workload->requests.size(); ++i) {
+    ASSERT_EQ(workload->requests[i].id, static_cast<int64_t>(i));
+  }
+}
+
+TEST(MooncakeTraceTest, SyntheticFile) {
+  const auto trace = ReadMooncakeTrace(kMooncake);
+  ASSERT_TRUE(trace.ok()) << trace.status();
+  ASSERT_EQ(trace->rows.size(), 3993u);
+  EXPECT_EQ(SumInput(*trace), 61194628);
+  EXPECT_EQ(SumOutput(*trace), 595432);
+  // The first two rows share timestamp 0: spread over that millisecond.
+  EXPECT_EQ(trace->rows[0].timestamp_s, 0.0);
+  EXPECT_EQ(trace->rows[0].input_tokens, 40160);
+  EXPECT_DOUBLE_EQ(trace->rows[1].timestamp_s, 0.0005);
+  EXPECT_EQ(trace->rows[1].input_tokens, 36640);
+  EXPECT_DOUBLE_EQ(trace->rows[2].timestamp_s, 0.040);
+  EXPECT_DOUBLE_EQ(trace->rows.back().timestamp_s, 1022.025);
+}
+
+TEST(MooncakeTraceTest, LoadWorkloadByExtension) {
+  WorkloadSpec spec;
+  spec.mutable_trace()->set_path(kMooncake);
+  const auto workload = LoadWorkload(spec, "/nonexistent", "", 1);
+  ASSERT_TRUE(workload.ok()) << workload.status();
+  EXPECT_EQ(workload->requests.size(), 3993u);
+  EXPECT_TRUE(absl::StartsWith(workload->description, "mooncake trace "));
+  EXPECT_DOUBLE_EQ(workload->requests[1].arrival_s, 0.0005);
+}
+
+TEST(BurstGptTraceTest, SliceSkipsFailedRows) {
+  const auto trace = ReadBurstGptTrace(kBurstGpt);
+  ASSERT_TRUE(trace.ok()) << trace.status();
+  EXPECT_EQ(trace->rows.size(), 383u);
+  EXPECT_EQ(trace->skipped_failed, 17);
+  EXPECT_EQ(SumInput(*trace), 208189);
+  EXPECT_EQ(SumOutput(*trace), 110612);
+  EXPECT_EQ(trace->rows[0].timestamp_s, 5.0);
+  EXPECT_EQ(trace->rows[0].input_tokens, 472);
+  EXPECT_EQ(trace->rows[0].output_tokens, 18);
+  EXPECT_EQ(trace->rows.back().timestamp_s, 37274.0);
+}
+
+TEST(BurstGptTraceTest, LoadWorkloadCountsRowsAndShifts) {
+  WorkloadSpec spec;
+  spec.mutable_trace()->set_path(kBurstGpt);
+  const auto workload = LoadWorkload(spec, "", "", 1);
+  ASSERT_TRUE(workload.ok()) << workload.status();
+  EXPECT_EQ(workload->rows_read, 400);
+  EXPECT_EQ(workload->skipped_failed, 17);
+  EXPECT_EQ(workload->requests.size(), 383u);
+  EXPECT_EQ(workload->requests[0].arrival_s, 0.0);
+  EXPECT_EQ(workload->requests.back().arrival_s, 37269.0);
+  EXPECT_EQ(workload->description,
+            absl::StrCat("burstgpt trace ", kBurstGpt,
+                         " (400 rows, 17 failed skipped)"));
+}
+
+TEST(LengthCsvTest, ShareGptFile) {
+  const auto pairs = ReadLengthCsv(kShareGpt);
+  ASSERT_TRUE(pairs.ok()) << pairs.status();
+  ASSERT_EQ(pairs->size(), 30731u);
+  EXPECT_EQ((*pairs)[0].input_tokens, 74);
+  EXPECT_EQ((*pairs)[0].output_tokens, 918);
+  EXPECT_EQ(pairs->back().input_tokens, 2285);
+  EXPECT_EQ(pairs->back().output_tokens, 363);
+  int64_t in = 0, out = 0;
+  for (const LengthPair& pair : *pairs) {
+    in += pair.input_tokens;
+    out += pair.output_tokens;
+  }
+  EXPECT_EQ(in, 71911571);
+  EXPECT_EQ(out, 13481988);
+}
+
+// ------------------------------------------------------- format details --
+
+TEST(AzureTraceTest, CrlfBlankLinesAndFractionWidths) {
+  const std::string path =
+      WriteTemp("azure_widths.csv",
+                "TIMESTAMP,ContextTokens,GeneratedTokens\r\n"
+                "2024-02-28 23:59:59,10,1\r\n"            // no fraction
+                "2024-02-29 00:00:00.5,20,2\r\n"          // leap day, 1 digit
+                "2024-03-01 00:00:00.123456789,30,3\r\n"  // 9 digits
+                "\r\n");
+  const auto trace = ReadAzureTrace(path);
+  ASSERT_TRUE(trace.ok()) << trace.status();
+  ASSERT_EQ(trace->rows.size(), 3u);
+  EXPECT_EQ(trace->rows[0].timestamp_s, 0.0);
+  EXPECT_NEAR(trace->rows[1].timestamp_s, 1.5, 1e-12);
+  EXPECT_NEAR(trace->rows[2].timestamp_s, 1.0 + 86400.0 + 0.123456789, 1e-9);
+  EXPECT_EQ(trace->rows[2].output_tokens, 3);
+}
+
+TEST(AzureTraceTest, YearAndMonthBoundaries) {
+  const std::string path = WriteTemp(
+      "azure_years.csv",
+      "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+      "1999-12-31 23:59:59.0,1,1\n"
+      "2000-03-01 00:00:00.0,1,1\n"  // 2000 is a leap year: 61 days later
+      "2100-03-01 00:00:00.0,1,1");  // 2100 is not; no final newline
+  const auto trace = ReadAzureTrace(path);
+  ASSERT_TRUE(trace.ok()) << trace.status();
+  ASSERT_EQ(trace->rows.size(), 3u);
+  EXPECT_EQ(trace->rows[1].timestamp_s, 1.0 + 60 * 86400.0);
+  // 36524 days from 2000-03-01 to 2100-03-01 (25 leap days, 2100 not one).
+  EXPECT_EQ(trace->rows[2].timestamp_s, 1.0 + (60 + 36524) * 86400.0);
+}
+
+TEST(AzureTraceTest, EarlierRowsAreSortedAndShifted) {
+  const std::string path = WriteTemp("azure_unsorted.csv",
+                                     "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                                     "2023-11-16 10:00:05.0,1,11\n"
+                                     "2023-11-16 10:00:00.0,2,22\n"
+                                     "2023-11-16 10:00:10.0,3,33\n");
+  const auto trace = ReadAzureTrace(path);
+  ASSERT_TRUE(trace.ok()) << trace.status();
+  EXPECT_EQ(trace->rows[1].timestamp_s, -5.0);
+
+  WorkloadSpec spec;
+  spec.mutable_trace()->set_path(path);
+  spec.mutable_trace()->set_format(servesim::v1::TRACE_FORMAT_AZURE);
+  const auto workload = LoadWorkload(spec, "", "", 1);
+  ASSERT_TRUE(workload.ok()) << workload.status();
+  ASSERT_EQ(workload->requests.size(), 3u);
+  EXPECT_EQ(workload->requests[0].arrival_s, 0.0);
+  EXPECT_EQ(workload->requests[0].input_tokens, 2);
+  EXPECT_EQ(workload->requests[1].arrival_s, 5.0);
+  EXPECT_EQ(workload->requests[1].input_tokens, 1);
+  EXPECT_EQ(workload->requests[2].arrival_s, 10.0);
+  EXPECT_EQ(workload->requests[2].id, 2);
+}
+
+TEST(MooncakeTraceTest, BucketsSpreadInFileOrderAndUnknownKeysIgnored) {
+  const std::string path = WriteTemp(
+      "mooncake_buckets.jsonl",
+      "{\"timestamp\": 5, \"input_length\": 1, \"output_length\": 1, "
+      "\"hash_ids\": [1, 2, 3]}\n"
+      "\n"
+      "{\"input_length\": 2, \"output_length\": 2, \"timestamp\": 3, "
+      "\"note\": \"a, \\\"b\\\"\", \"x\": {\"y\": [true, null]}}\n"
+      "{\"timestamp\": 5, \"input_length\": 3, \"output_length\": 3}\n"
+      "{\"timestamp\": 5, \"input_length\": 4, \"output_length\": 4, "
+      "\"hash_ids\": []}\n");
+  const auto trace = ReadMooncakeTrace(path);
+  ASSERT_TRUE(trace.ok()) << trace.status();
+  ASSERT_EQ(trace->rows.size(), 4u);
+  EXPECT_DOUBLE_EQ(trace->rows[0].timestamp_s, 0.005);
+  EXPECT_DOUBLE_EQ(trace->rows[1].timestamp_s, 0.003);
+  EXPECT_DOUBLE_EQ(trace->rows[2].timestamp_s, (5 + 1.0 / 3) / 1000);
+  EXPECT_DOUBLE_EQ(trace->rows[3].timestamp_s, (5 + 2.0 / 3) / 1000);
+  EXPECT_EQ(trace->rows[3].input_tokens, 4);
+}
+
+TEST(BurstGptTraceTest, ColumnsByNameFloatTimestamps) {
+  const std::string path =
+      WriteTemp("burstgpt_cols.csv",
+                "Log Type,Response tokens,Timestamp,Request tokens\r\n"
+                "API log,7,1.5,100\r\n"
+                "API log,0,2,0\r\n"
+                "API log,9,2.25,200\r\n");
+  const auto trace = ReadBurstGptTrace(path);
+  ASSERT_TRUE(trace.ok()) << trace.status();
+  ASSERT_EQ(trace->rows.size(), 2u);
+  EXPECT_EQ(trace->skipped_failed, 1);
+  EXPECT_EQ(trace->rows[0].timestamp_s, 1.5);
+  EXPECT_EQ(trace->rows[0].input_tokens, 100);
+  EXPECT_EQ(trace->rows[0].output_tokens, 7);
+  EXPECT_EQ(trace->rows[1].timestamp_s, 2.25);
+}
+
+TEST(BurstGptTraceTest, InferredFromHeader) {
+  const std::string path =
+      WriteTemp("burstgpt_infer.txt",
+                "Timestamp,Model,Request tokens,Response tokens\n"
+                "3,GPT-4,10,20\n");
+  WorkloadSpec spec;
+  spec.mutable_trace()->set_path(path);
+  const auto workload = LoadWorkload(spec, "", "", 1);
+  ASSERT_TRUE(workload.ok()) << workload.status();
+  EXPECT_TRUE(absl::StartsWith(workload->description, "burstgpt trace "));
+  EXPECT_EQ(workload->requests.size(), 1u);
+}
+
+// ------------------------------------------------------------ bad input --
+
+TEST(BadInputTest, NonNumericTokenCount) {
+  const std::string path = WriteTemp("bad_nonnumeric.csv",
+                                     "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                                     "2023-11-16 18:15:46.6805900,374,44\n"
+                                     "2023-11-16 18:15:47.0,12x,44\n");
+  EXPECT_TRUE(IsError(
+      ReadAzureTrace(path).status(), absl::StatusCode::kInvalidArgument,
+      {path, ":3:", "ContextTokens is \"12x\"", "expected an integer in [1, 2147483647]"}));
+}
+
+TEST(BadInputTest, NegativeTokenCount) {
+  const std::string path = WriteTemp("bad_negative.csv",
+                                     "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                                     "2023-11-16 18:15:46.6805900,374,-3\n");
+  EXPECT_TRUE(
+      IsError(ReadAzureTrace(path).status(), absl::StatusCode::kInvalidArgument,
+              {absl::StrCat(path,
+                            ":2: GeneratedTokens is \"-3\"; expected an "
+                            "integer in [1, 2147483647]")}));
+}
+
+TEST(BadInputTest, TokenCountPastTwoToTheThirtyOne) {
+  // 2^31 - 1 is the last count allowed; one more is an error naming the
+  // row (5e18 input tokens once overflowed a request's wire size).
+  const std::string path = WriteTemp("bad_huge.csv",
+                                     "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                                     "2023-11-16 18:15:46.6805900,2147483647,44\n"
+                                     "2023-11-16 18:15:47.0,2147483648,44\n");
+  EXPECT_TRUE(IsError(ReadAzureTrace(path).status(), absl::StatusCode::kInvalidArgument,
+                      {absl::StrCat(path,
+                                    ":3: ContextTokens is \"2147483648\"; expected an "
+                                    "integer in [1, 2147483647]")}));
+}
+
+TEST(BadInputTest, ZeroTokenCount) {
+  const std::string azure =
+      WriteTemp("bad_zero.csv",
+                "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                "2023-11-16 18:15:46.6805900,374,1\n"
+                "2023-11-16 18:15:47.6805900,374,0\n");
+  EXPECT_TRUE(IsError(ReadAzureTrace(azure).status(),
+                      absl::StatusCode::kInvalidArgument,
+                      {azure, ":3:", "GeneratedTokens is \"0\""}));
+  const std::string lengths = WriteTemp(
+      "bad_zero_lengths.csv", "num_prefill_tokens,num_decode_tokens\n0,5\n");
+  EXPECT_TRUE(IsError(ReadLengthCsv(lengths).status(),
+                      absl::StatusCode::kInvalidArgument,
+                      {lengths, ":2:", "num_prefill_tokens is \"0\""}));
+}
+
+TEST(BadInputTest, BadTimestamps) {
+  for (const char* timestamp :
+       {"2023-11-16 25:00:00.0", "2023-02-29 00:00:00.0",
+        "2023-11-16 18:15:46.1234567890", "2023-11-16 18:15:46.",
+        "2023/11/16 18:15:46.0", "1700000000", "2023-11-16 18:15:4a.0"}) {
+    const std::string path =
+        WriteTemp("bad_timestamp.csv",
+                  absl::StrCat("TIMESTAMP,ContextTokens,GeneratedTokens\n",
+                               timestamp, ",1,1\n"));
+    EXPECT_TRUE(IsError(ReadAzureTrace(path).status(),
+                        absl::StatusCode::kInvalidArgument,
+                        {path, ":2:", "TIMESTAMP is", "YYYY-MM-DD HH:MM:SS"}))
+        << timestamp;
+  }
+  const std::string burst =
+      WriteTemp("bad_burst_timestamp.csv",
+                "Timestamp,Request tokens,Response tokens\n1,2,3\nnan,2,3\n");
+  EXPECT_TRUE(IsError(ReadBurstGptTrace(burst).status(),
+                      absl::StatusCode::kInvalidArgument,
+                      {burst, ":3:", "Timestamp is \"nan\""}));
+}
+
+TEST(BadInputTest, MissingColumn) {
+  const std::string path =
+      WriteTemp("bad_missing_column.csv",
+                "TIMESTAMP,ContextTokens\n2023-11-16 18:15:46.6805900,374\n");
+  EXPECT_TRUE(
+      IsError(ReadAzureTrace(path).status(), absl::StatusCode::kInvalidArgument,
+              {path, ":1:", "no \"GeneratedTokens\" column",
+               "expected columns TIMESTAMP,ContextTokens,GeneratedTokens"}));
+}
+
+TEST(BadInputTest, WrongHeader) {
+  const std::string path =
+      WriteTemp("bad_header.csv", "time,req,resp\n1,2,3\n");
+  EXPECT_TRUE(IsError(
+      ReadBurstGptTrace(path).status(), absl::StatusCode::kInvalidArgument,
+      {path,
+       ":1:", "expected columns Timestamp,Request tokens,Response tokens"}));
+  // Nothing to infer the format from either.
+  WorkloadSpec spec;
+  spec.mutable_trace()->set_path(path);
+  EXPECT_TRUE(IsError(LoadWorkload(spec, "", "", 1).status(),
+                      absl::StatusCode::kInvalidArgument,
+                      {path, ":1:", "cannot infer the trace format", "azure",
+                       "burstgpt", "mooncake"}));
+}
+
+TEST(BadInputTest, WrongFieldCountAndQuotes) {
+  const std::string count =
+      WriteTemp("bad_count.csv",
+                "Timestamp,Model,Request tokens,Response tokens\n1,GPT-4,2,3\n"
+                "2,GPT,4,2,3\n");
+  EXPECT_TRUE(IsError(ReadBurstGptTrace(count).status(),
+                      absl::StatusCode::kInvalidArgument,
+                      {count, ":3:", "row has 5 fields; expected 4"}));
+  const std::string quoted =
+      WriteTemp("bad_quoted.csv",
+                "Timestamp,Model,Request tokens,Response tokens\n"
+                "1,\"GPT, 4\",2,3\n");
+  EXPECT_TRUE(IsError(ReadBurstGptTrace(quoted).status(),
+                      absl::StatusCode::kInvalidArgument,
+                      {quoted, ":2:", "quoted CSV fields are not supported"}));
+}
+
+TEST(BadInputTest, EmptyFileAndHeaderOnly) {
+  const std::string empty = WriteTemp("bad_empty.csv", "");
+  EXPECT_TRUE(IsError(ReadAzureTrace(empty).status(),
+                      absl::StatusCode::kInvalidArgument,
+                      {empty, ":1:", "file is empty"}));
+  const std::string header = WriteTemp(
+      "bad_header_only.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\r\n");
+  EXPECT_TRUE(IsError(ReadAzureTrace(header).status(),
+                      absl::StatusCode::kInvalidArgument,
+                      {header, ":2:", "no data rows"}));
+  const std::string jsonl = WriteTemp("bad_empty.jsonl", "\n\n");
+  EXPECT_TRUE(IsError(ReadMooncakeTrace(jsonl).status(),
+                      absl::StatusCode::kInvalidArgument,
+                      {jsonl, ":3:", "no data rows"}));
+}
+
+TEST(BadInputTest, MissingFile) {
+  const std::string path = ::testing::TempDir() + "workload_test_nope.csv";
+  EXPECT_TRUE(IsError(ReadAzureTrace(path).status(),
+                      absl::StatusCode::kNotFound, {path}));
+  WorkloadSpec spec;
+  spec.mutable_trace()->set_path("workload_test_nope.csv");
+  EXPECT_TRUE(IsError(LoadWorkload(spec, ::testing::TempDir(), "", 1).status(),
+                      absl::StatusCode::kNotFound, {path}));
+  EXPECT_TRUE(IsError(ReadLengthCsv(::testing::TempDir()).status(),
+                      absl::StatusCode::kInvalidArgument,
+                      {::testing::TempDir(), "is a directory"}));
+}
+
+TEST(BadInputTest, MooncakeMissingKeyAndMalformed) {
+  const std::string missing = WriteTemp(
+      "bad_missing_key.jsonl",
+      "{\"timestamp\": 0, \"input_length\": 5, \"output_length\": 1}\n"
+      "{\"timestamp\": 1, \"input_length\": 5, \"hash_ids\": [1]}\n");
+  EXPECT_TRUE(IsError(ReadMooncakeTrace(missing).status(),
+                      absl::StatusCode::kInvalidArgument,
+                      {missing, ":2:", "no \"output_length\" key"}));
+  const std::string malformed = WriteTemp(
+      "bad_malformed.jsonl",
+      "{\"timestamp\": 0, \"input_length\": 5 \"output_length\": 1}\n");
+  EXPECT_TRUE(IsError(ReadMooncakeTrace(malformed).status(),
+                      absl::StatusCode::kInvalidArgument,
+                      {malformed, ":1:", "malformed JSON"}));
+  const std::string negative = WriteTemp(
+      "bad_negative_ts.jsonl",
+      "{\"timestamp\": -1, \"input_length\": 5, \"output_length\": 1}\n");
+  EXPECT_TRUE(IsError(ReadMooncakeTrace(negative).status(),
+                      absl::StatusCode::kInvalidArgument,
+                      {negative, ":1:", "timestamp is \"-1\""}));
+}
+
+TEST(BadInputTest, BurstGptZeroRequestTokens) {
+  const std::string path = WriteTemp(
+      "bad_burst_zero.csv",
+      "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+      "5,ChatGPT,472,18,490,Conversation log\n"
+      "6,ChatGPT,0,0,0,Conversation log\n"
+      "7,ChatGPT,0,12,12,Conversation log\n");
+  EXPECT_TRUE(IsError(
+      ReadBurstGptTrace(path).status(), absl::StatusCode::kInvalidArgument,
+      {path, ":4:", "Request tokens is \"0\"", "Response tokens is 12"}));
+}
+
+TEST(BadInputTest, AllBurstGptRowsFailed) {
+  const std::string path =
+      WriteTemp("bad_all_failed.csv",
+                "Timestamp,Request tokens,Response tokens\n1,5,0\n2,6,0\n");
+  WorkloadSpec spec;
+  spec.mutable_trace()->set_path(path);
+  EXPECT_TRUE(IsError(LoadWorkload(spec, "", "", 1).status(),
+                      absl::StatusCode::kInvalidArgument,
+                      {path, "all 2 rows are failed requests"}));
+}
+
+// ------------------------------------------------------------ synthetic --
+
+WorkloadSpec Poisson(double rate, int64_t n) {
+  WorkloadSpec spec;
+  auto* synthetic = &spec;
+  synthetic->mutable_poisson()->set_rate_rps(rate);
+  synthetic->set_num_requests(n);
+  synthetic->mutable_lengths()->mutable_fixed()->set_input_tokens(512);
+  synthetic->mutable_lengths()->mutable_fixed()->set_output_tokens(128);
+  return spec;
+}
+
+WorkloadSpec Constant(double rate, int64_t n) {
+  WorkloadSpec spec = Poisson(rate, n);
+  spec.mutable_constant()->set_rate_rps(rate);
+  return spec;
+}
+
+bool SameRequests(const std::vector<RequestSpec>& a,
+                  const std::vector<RequestSpec>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i].id != b[i].id || a[i].arrival_s != b[i].arrival_s ||
+        a[i].input_tokens != b[i].input_tokens ||
+        a[i].output_tokens != b[i].output_tokens) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// Mean and coefficient of variation of the gaps between arrivals.
+std::pair<double, double> GapStats(const std::vector<RequestSpec>& requests) {
+  double sum = 0, sum_sq = 0;
+  const double n = static_cast<double>(requests.size() - 1);
+  for (size_t i = 1; i < requests.size(); ++i) {
+    const double gap = requests[i].arrival_s - requests[i - 1].arrival_s;
+    sum += gap;
+    sum_sq += gap * gap;
+  }
+  const double mean = sum / n;
+  const double variance = sum_sq / n - mean * mean;
+  return {mean, std::sqrt(variance) / mean};
+}
+
+TEST(SyntheticTest, PoissonIsDeterministicPerSeed) {
+  const WorkloadSpec spec = Poisson(8, 1000);
+  const auto a = LoadWorkload(spec, "", "", 1);
+  const auto b = LoadWorkload(spec, "", "", 1);
+  const auto c = LoadWorkload(spec, "", "", 2);
+  ASSERT_TRUE(a.ok() && b.ok() && c.ok()) << a.status();
+  EXPECT_TRUE(SameRequests(a->requests, b->requests));
+  EXPECT_FALSE(SameRequests(a->requests, c->requests));
+  EXPECT_EQ(a->requests.size(), 1000u);
+  EXPECT_EQ(a->rows_read, 1000);
+  EXPECT_EQ(a->requests[0].arrival_s, 0.0);
+  EXPECT_EQ(a->requests[999].id, 999);
+  EXPECT_EQ(a->requests[5].input_tokens, 512);
+  EXPECT_EQ(a->requests[5].output_tokens, 128);
+  EXPECT_EQ(a->description,
+            "poisson 8 req/s, 1000 requests, lengths 512 in / 128 out tokens");
+}
+
+TEST(SyntheticTest, PoissonMeanGap) {
+  const auto workload = LoadWorkload(Poisson(8, 20000), "", "", 1);
+  ASSERT_TRUE(workload.ok()) << workload.status();
+  const auto [mean, cv] = GapStats(workload->requests);
+  EXPECT_NEAR(mean, 0.125, 0.02 * 0.125);
+  EXPECT_NEAR(cv, 1.0, 0.05);
+}
+
+TEST(SyntheticTest, GammaCv) {
+  WorkloadSpec spec = Poisson(8, 200000);
+  spec.mutable_gamma()->set_rate_rps(8);
+  spec.mutable_gamma()->set_cv(2);
+  const auto workload = LoadWorkload(spec, "", "", 1);
+  ASSERT_TRUE(workload.ok()) << workload.status();
+  const auto [mean, cv] = GapStats(workload->requests);
+  EXPECT_NEAR(mean, 0.125, 0.02 * 0.125);
+  EXPECT_NEAR(cv, 2.0, 0.05 * 2.0);
+  EXPECT_TRUE(absl::StartsWith(workload->description, "gamma 8 req/s cv 2, "));
+}
+
+TEST(SyntheticTest, ConstantArrivalsAreExact) {
+  const auto workload = LoadWorkload(Constant(8, 100), "", "", 1);
+  ASSERT_TRUE(workload.ok()) << workload.status();
+  ASSERT_EQ(workload->requests.size(), 100u);
+  for (size_t i = 0; i < 100; ++i) {
+    EXPECT_EQ(workload->requests[i].arrival_s, static_cast<double>(i) / 8);
+  }
+}
+
+TEST(SyntheticTest, SampledLengthsComeFromTheFile) {
+  WorkloadSpec spec = Poisson(8, 1000);
+  spec.mutable_lengths()->set_sampled_from(
+      "traces/sharegpt_8k_filtered_stats_llama2_tokenizer.csv");
+  const auto workload =
+      LoadWorkload(spec, SERVESIM_SOURCE_DIR "/examples", "", 1);
+  ASSERT_TRUE(workload.ok()) << workload.status();
+  const auto pairs = ReadLengthCsv(kShareGpt);
+  ASSERT_TRUE(pairs.ok());
+  std::set<std::pair<int64_t, int64_t>> known;
+  for (const LengthPair& p : *pairs)
+    known.insert({p.input_tokens, p.output_tokens});
+  std::set<std::pair<int64_t, int64_t>> drawn;
+  for (const RequestSpec& r : workload->requests) {
+    ASSERT_TRUE(known.count({r.input_tokens, r.output_tokens}))
+        << r.input_tokens << "," << r.output_tokens;
+    drawn.insert({r.input_tokens, r.output_tokens});
+  }
+  EXPECT_GT(drawn.size(), 900u);  // with replacement, from 30,731 rows
+  EXPECT_EQ(workload->description,
+            absl::StrCat("poisson 8 req/s, 1000 requests, lengths from ",
+                         SERVESIM_SOURCE_DIR,
+                         "/examples/traces/"
+                         "sharegpt_8k_filtered_stats_llama2_tokenizer.csv"));
+  // Lengths and arrivals are separate streams: fixed lengths, same arrivals.
+  const auto fixed = LoadWorkload(Poisson(8, 1000), "", "", 1);
+  ASSERT_TRUE(fixed.ok());
+  for (size_t i = 0; i < 1000; ++i) {
+    ASSERT_EQ(fixed->requests[i].arrival_s, workload->requests[i].arrival_s);
+  }
+}
+
+TEST(SyntheticTest, Saturated) {
+  WorkloadSpec spec;
+  spec.mutable_saturated()->set_num_requests(64);
+  spec.mutable_saturated()->set_input_tokens(2048);
+  spec.mutable_saturated()->set_output_tokens(256);
+  const auto workload = LoadWorkload(spec, "", "", 1);
+  ASSERT_TRUE(workload.ok()) << workload.status();
+  ASSERT_EQ(workload->requests.size(), 64u);
+  for (size_t i = 0; i < 64; ++i) {
+    EXPECT_EQ(workload->requests[i].id, static_cast<int64_t>(i));
+    EXPECT_EQ(workload->requests[i].arrival_s, 0.0);
+    EXPECT_EQ(workload->requests[i].input_tokens, 2048);
+    EXPECT_EQ(workload->requests[i].output_tokens, 256);
+  }
+  EXPECT_EQ(workload->description,
+            "saturated 64 requests at t=0, 2048 in / 256 out tokens");
+}
+
+TEST(SyntheticTest, RateScaleHalvesArrivals) {
+  WorkloadSpec spec = Poisson(8, 500);
+  const auto base = LoadWorkload(spec, "", "", 3);
+  spec.set_rate_scale(2);
+  const auto scaled = LoadWorkload(spec, "", "", 3);
+  ASSERT_TRUE(base.ok() && scaled.ok());
+  for (size_t i = 0; i < 500; ++i) {
+    ASSERT_DOUBLE_EQ(scaled->requests[i].arrival_s,
+                     base->requests[i].arrival_s / 2);
+  }
+  EXPECT_TRUE(absl::StrContains(scaled->description, "rate_scale 2"));
+}
+
+TEST(SyntheticTest, WindowAndMaxRequests) {
+  // Arrivals 0, 0.1, ..., 9.9 s.
+  WorkloadSpec spec = Constant(10, 100);
+  spec.set_window_start_s(2);
+  spec.set_window_end_s(5);
+  auto workload = LoadWorkload(spec, "", "", 1);
+  ASSERT_TRUE(workload.ok()) << workload.status();
+  EXPECT_EQ(workload->requests.size(), 30u);  // 2.0 .. 4.9
+  EXPECT_EQ(workload->outside_window, 70);
+  EXPECT_EQ(workload->requests[0].arrival_s, 0.0);
+  EXPECT_NEAR(workload->requests.back().arrival_s, 2.9, 1e-12);
+
+  spec.set_max_requests(10);
+  workload = LoadWorkload(spec, "", "", 1);
+  ASSERT_TRUE(workload.ok()) << workload.status();
+  ASSERT_EQ(workload->requests.size(), 10u);
+  EXPECT_EQ(workload->outside_window, 90);
+  EXPECT_EQ(workload->rows_read, 100);
+  EXPECT_EQ(workload->requests[9].id, 9);
+  EXPECT_NEAR(workload->requests[9].arrival_s, 0.9, 1e-12);
+
+  // rate_scale applies first: arrivals 0 .. 4.95 s, window [2, 5) keeps 60.
+  spec.clear_max_requests();
+  spec.set_rate_scale(2);
+  workload = LoadWorkload(spec, "", "", 1);
+  ASSERT_TRUE(workload.ok()) << workload.status();
+  EXPECT_EQ(workload->requests.size(), 60u);
+  EXPECT_EQ(workload->outside_window, 40);
+}
+
+TEST(SyntheticTest, MaxRequestsOnTrace) {
+  WorkloadSpec spec;
+  spec.mutable_trace()->set_path(kAzureConv);
+  spec.set_max_requests(100);
+  const auto workload = LoadWorkload(spec, "", "", 1);
+  ASSERT_TRUE(workload.ok()) << workload.status();
+  EXPECT_EQ(workload->requests.size(), 100u);
+  EXPECT_EQ(workload->outside_window, 19266);
+  EXPECT_EQ(workload->rows_read, 19366);
+}
+
+TEST(SyntheticTest, EmptyWindowIsAnError) {
+  WorkloadSpec spec = Constant(10, 100);
+  spec.set_window_start_s(50);
+  spec.set_window_end_s(60);
+  EXPECT_TRUE(IsError(LoadWorkload(spec, "", "", 1).status(),
+                      absl::StatusCode::kInvalidArgument,
+                      {"kept none of the 100 requests"}));
+}
+
+TEST(SyntheticTest, TraceOverrideReplacesSource) {
+  const auto workload =
+      LoadWorkload(Poisson(8, 10), "/elsewhere", kBurstGpt, 1);
+  ASSERT_TRUE(workload.ok()) << workload.status();
+  EXPECT_EQ(workload->requests.size(), 383u);
+  WorkloadSpec spec;
+  spec.mutable_trace()->set_path("missing.csv");
+  const auto overridden = LoadWorkload(spec, "/elsewhere", kMooncake, 1);
+  ASSERT_TRUE(overridden.ok()) << overridden.status();
+  EXPECT_EQ(overridden->requests.size(), 3993u);
+}
+
+TEST(SyntheticTest, SpecValidation) {
+  const auto expect_invalid = [](const WorkloadSpec& spec,
+                                 absl::string_view message) {
+    EXPECT_TRUE(IsError(LoadWorkload(spec, "", "", 1).status(),
+                        absl::StatusCode::kInvalidArgument, {message}))
+        << spec.ShortDebugString();
+  };
+  expect_invalid(Poisson(0, 10),
+                 "workload.poisson.rate_rps = 0; expected > 0");
+  expect_invalid(Constant(-1, 10),
+                 "workload.constant.rate_rps = -1; expected > 0");
+  WorkloadSpec spec = Poisson(8, 10);
+  spec.mutable_gamma()->set_rate_rps(8);
+  expect_invalid(spec, "workload.gamma.cv = 0; expected > 0");
+  expect_invalid(Poisson(8, 0), "workload.num_requests = 0");
+  spec = Poisson(8, 10);
+  spec.mutable_lengths()
+      ->mutable_fixed()
+      ->set_output_tokens(0);
+  expect_invalid(spec,
+                 "workload.lengths.fixed.output_tokens = 0; "
+                 "expected 1..2147483647");
+  spec = Poisson(8, 10);
+  spec.clear_lengths();
+  expect_invalid(spec, "workload.lengths is not set");
+  spec = Poisson(8, 10);
+  spec.clear_poisson();
+  expect_invalid(spec, "workload has no source");
+  spec = Poisson(8, 10);
+  spec.set_rate_scale(0);
+  expect_invalid(spec, "workload.rate_scale = 0; expected > 0");
+  spec = Poisson(8, 10);
+  spec.set_window_start_s(10);
+  spec.set_window_end_s(10);
+  expect_invalid(spec,
+                 "workload.window_end_s = 10; expected > "
+                 "workload.window_start_s (10)");
+  spec = Poisson(8, 10);
+  spec.set_max_requests(0);
+  expect_invalid(spec, "workload.max_requests = 0; expected >= 1");
+  spec.Clear();
+  spec.mutable_saturated()->set_num_requests(4);
+  spec.mutable_saturated()->set_input_tokens(0);
+  spec.mutable_saturated()->set_output_tokens(1);
+  expect_invalid(spec, "workload.saturated.input_tokens = 0; expected 1..2147483647");
+  spec.mutable_saturated()->set_input_tokens(int64_t{5'000'000'000'000'000'000});
+  expect_invalid(spec,
+                 "workload.saturated.input_tokens = 5000000000000000000; expected 1..2147483647");
+  expect_invalid(WorkloadSpec(), "workload has no source");
+}
+
+}  // namespace
+}  // namespace servesim::workload
