@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "google/protobuf/text_format.h"
 
 namespace servesim::devices {
 
@@ -79,6 +80,68 @@ const char* FidelityName(servesim::v1::PruneFidelity f) {
     default:
       return "analytic";
   }
+}
+
+const char* RatioSource(servesim::v1::PruneFidelity f, const char* analytic_source) {
+  switch (f) {
+    case servesim::v1::PRUNE_FIDELITY_CALIBRATED:
+      return "calibrated";
+    case servesim::v1::PRUNE_FIDELITY_FULL:
+      return "measured";
+    default:
+      return analytic_source;
+  }
+}
+
+const char* RatioSourceOf(const servesim::v1::DeviceSpec& d) {
+  if (d.has_topick()) return RatioSource(d.topick().fidelity(), "paper");
+  if (d.has_spatten()) return RatioSource(d.spatten().fidelity(), "paper");
+  if (d.has_cta()) return RatioSource(d.cta().fidelity(), "paper");
+  if (d.has_lad()) return RatioSource(d.lad().fidelity(), "assumption");
+  return nullptr;
+}
+
+namespace {
+
+// A scalar field's value as text (TextFormat's form), for messages.
+std::string FieldText(const google::protobuf::Message& m,
+                      const google::protobuf::FieldDescriptor* f) {
+  std::string text;
+  google::protobuf::TextFormat::PrintFieldValueToString(m, f, -1, &text);
+  return text;
+}
+
+}  // namespace
+
+absl::Status CheckAnalyticKnobs(absl::string_view device, const google::protobuf::Message& spec,
+                                const google::protobuf::Message& preset,
+                                std::initializer_list<absl::string_view> knobs) {
+  const google::protobuf::Descriptor* d = spec.GetDescriptor();
+  for (absl::string_view knob : knobs) {
+    const google::protobuf::FieldDescriptor* f = d->FindFieldByName(std::string(knob));
+    if (f == nullptr || f->is_repeated()) {
+      return absl::InternalError(absl::StrCat(device, ": no scalar field ", knob));
+    }
+    const std::string mine = FieldText(spec, f), theirs = FieldText(preset, f);
+    if (mine == theirs) continue;
+    const std::string preset_name = FieldText(preset, d->FindFieldByName("preset"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        device, " device: ", knob, " = ", mine, " differs from preset ", preset_name, "'s ", theirs,
+        ", and fidelity ANALYTIC charges that preset's table of ratios, which holds only for ",
+        theirs, "; set fidelity: PRUNE_FIDELITY_CALIBRATED or PRUNE_FIDELITY_FULL to model ", knob,
+        " = ", mine, " (the functional kernel then measures the ratios), or use a preset whose ",
+        knob, " is ", mine));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckAnalyticUnused(absl::string_view device, const google::protobuf::Message& part,
+                                 absl::string_view field) {
+  if (part.ByteSizeLong() == 0) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      device, " device: ", field, " is set, but fidelity ANALYTIC charges the preset's table and "
+      "runs no kernel on data; set fidelity: PRUNE_FIDELITY_CALIBRATED or PRUNE_FIDELITY_FULL to "
+      "use it, or remove it"));
 }
 
 int64_t OpHeadCount(const Op& op) {

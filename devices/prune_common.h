@@ -1,10 +1,12 @@
-// Shared by the token-pruning devices (topick, spatten): the keep/prune
-// profile their fidelity modes feed the cycle model with, and the attention
-// data their kernels run on in CALIBRATED and FULL modes.
+// Shared by the token-pruning and compression devices (topick, spatten,
+// cta, lad): the keep/prune profile their fidelity modes feed the cycle
+// model with, the attention data their kernels run on in CALIBRATED and
+// FULL modes, and what ANALYTIC mode can honour.
 #ifndef SERVESIM_DEVICES_PRUNE_COMMON_H_
 #define SERVESIM_DEVICES_PRUNE_COMMON_H_
 
 #include <atomic>
+#include <initializer_list>
 #include <cstdint>
 #include <list>
 #include <memory>
@@ -22,6 +24,7 @@
 #include "devices/attention_data.h"
 #include "devices/ops.h"
 #include "devices/tensor.h"
+#include "google/protobuf/message.h"
 #include "servesim/v1/hardware.pb.h"
 
 namespace servesim::devices {
@@ -56,6 +59,37 @@ absl::StatusOr<std::unique_ptr<AttentionSource>> MakeAttentionSource(
     const servesim::v1::AttentionDataSpec& spec, int64_t d_head);
 
 const char* FidelityName(servesim::v1::PruneFidelity f);
+
+// Where a fidelity mode's keep/prune ratios come from, as the outputs label
+// them: ANALYTIC, the preset's table (`analytic_source`: "paper" for the
+// papers' reported averages, "assumption" where the paper gives none);
+// CALIBRATED, the functional kernel run on the attention data at start-up
+// ("calibrated"); FULL, the mean over the steps the kernel ran
+// ("measured").
+const char* RatioSource(servesim::v1::PruneFidelity f, const char* analytic_source);
+
+// RatioSource of a pruning or compression device's spec (topick, spatten,
+// cta: the papers' figures; lad: assumptions, as its presets.cc says);
+// nullptr for other devices.
+const char* RatioSourceOf(const servesim::v1::DeviceSpec& spec);
+
+// ANALYTIC fidelity charges the ratios of the preset's table, and those
+// hold only for the preset's algorithm knobs (a threshold, pruning ratios,
+// hash widths). Refuses `spec` when one of `knobs` (field names of the
+// spec message) differs from `preset`'s value, naming the knob, both values
+// and the modes that model it; hardware knobs (clocks, widths, bandwidth)
+// are honoured by the cycle model in every mode and are not listed.
+absl::Status CheckAnalyticKnobs(absl::string_view device, const google::protobuf::Message& spec,
+                                const google::protobuf::Message& preset,
+                                std::initializer_list<absl::string_view> knobs);
+// The same for a part of a device spec that describes what the kernel
+// measures (the attention data, CTA's token data): set under ANALYTIC,
+// which measures nothing, it is refused rather than ignored. (The
+// calibration lengths are a setting of CALIBRATED and FULL, not of the
+// device, and are accepted in any mode, so one scenario can sweep the
+// fidelity.)
+absl::Status CheckAnalyticUnused(absl::string_view device, const google::protobuf::Message& part,
+                                 absl::string_view field);
 
 // The query heads an attention op covers on this device: [head_begin,
 // head_end) or all of them.

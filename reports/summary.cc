@@ -124,6 +124,8 @@ std::string SummaryJson(const ResolvedScenario& sc, const Workload& wl,
                                           : d.has_spatten() ? d.spatten().fidelity()
                                           : d.has_cta()     ? d.cta().fidelity()
                                                             : d.lad().fidelity())));
+      // Where the keep/prune ratios charged (and listed below) come from.
+      kv("attention_device_ratios_source", JsonString(devices::RatioSourceOf(d)));
     }
     kv("attention_device_busy_s", FormatFigure(s.device_busy_s));
     kv("attention_device_dram_bytes", FormatFigure(s.device_dram_bytes));

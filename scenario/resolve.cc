@@ -427,9 +427,21 @@ absl::StatusOr<ResolvedScenario> Resolve(const LoadedScenario& sc) {
     if (AgentEndpoints(sc, out.attention_kind, c.attention_endpoints()).empty()) {
       auto dev = CreateAttentionDevice(out);
       if (!dev.ok()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            sc.Where(absl::StrCat("cluster.attention_pool.", out.attention_kind)), ": ",
-            dev.status().message()));
+        // "<kind> device: <field> = ...": name that field's line (or its
+        // --set), else the pool's.
+        const std::string pool_path = absl::StrCat("cluster.attention_pool.", out.attention_kind);
+        std::string where = sc.Where(pool_path);
+        const absl::string_view msg = dev.status().message();
+        const std::string prefix = absl::StrCat(out.attention_kind, " device: ");
+        if (absl::StartsWith(msg, prefix)) {
+          const absl::string_view rest = msg.substr(prefix.size());
+          const absl::string_view field = rest.substr(0, rest.find(' '));
+          const std::string spec_path = absl::StrCat(pool_path, ".", out.attention_kind, ".", field);
+          if (sc.overridden.count(spec_path) > 0 || sc.Where(spec_path) != sc.Where(pool_path)) {
+            where = sc.Where(spec_path);
+          }
+        }
+        return absl::InvalidArgumentError(absl::StrCat(where, ": ", msg));
       }
       out.attention_shared = std::move(*dev);
     }

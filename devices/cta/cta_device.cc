@@ -552,6 +552,11 @@ absl::StatusOr<std::unique_ptr<Device>> CtaDevice::Create(const servesim::v1::De
   if (fidelity == servesim::v1::PRUNE_FIDELITY_ANALYTIC ||
       fidelity == servesim::v1::PRUNE_FIDELITY_UNSPECIFIED) {
     ASSIGN_OR_RETURN(auto row, CtaAnalyticFractions(t.preset()));
+    ASSIGN_OR_RETURN(const servesim::v1::CtaSpec preset, CtaPreset(t.preset()));
+    RETURN_IF_ERROR(CheckAnalyticKnobs("cta", t, preset,
+                                       {"compress", "query_hashes", "query_width", "kv1_hashes",
+                                        "kv1_width", "kv2_hashes", "kv2_width"}));
+    RETURN_IF_ERROR(CheckAnalyticUnused("cta", ds.tokens(), "tokens"));
     dev->profile_.lengths = {1.0};
     dev->profile_.rows = {{row[0], row[1], 0.0}};
     dev->profile_.Tabulate();

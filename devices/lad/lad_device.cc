@@ -514,6 +514,11 @@ absl::StatusOr<std::unique_ptr<Device>> LadDevice::Create(const servesim::v1::De
   } else if (fidelity == servesim::v1::PRUNE_FIDELITY_ANALYTIC ||
              fidelity == servesim::v1::PRUNE_FIDELITY_UNSPECIFIED) {
     ASSIGN_OR_RETURN(auto row, LadAnalyticFractions(t.preset()));
+    ASSIGN_OR_RETURN(const servesim::v1::LadSpec preset, LadPreset(t.preset()));
+    RETURN_IF_ERROR(CheckAnalyticKnobs("lad", t, preset,
+                                       {"pwl_intervals", "pwl_min", "pwl_gamma", "recent_exact",
+                                        "centre_cos", "large_mode_min_interval"}));
+    RETURN_IF_ERROR(CheckAnalyticUnused("lad", ds.data(), "data"));
     dev->profile_.lengths = {1.0};
     dev->profile_.rows = {std::vector<double>(row.begin(), row.end())};
     dev->profile_.Tabulate();

@@ -388,6 +388,13 @@ absl::StatusOr<std::unique_ptr<Device>> SpattenDevice::Create(const servesim::v1
   if (fidelity == servesim::v1::PRUNE_FIDELITY_ANALYTIC ||
       fidelity == servesim::v1::PRUNE_FIDELITY_UNSPECIFIED) {
     ASSIGN_OR_RETURN(Row row, SpattenAnalyticRow(t.preset()));
+    ASSIGN_OR_RETURN(const servesim::v1::SpattenSpec preset, SpattenPreset(t.preset()));
+    RETURN_IF_ERROR(CheckAnalyticKnobs(
+        "spatten", t, preset,
+        {"token_ratio_start", "token_ratio_end", "token_front_unpruned", "head_ratio_start",
+         "head_ratio_end", "head_front_unpruned", "value_ratio", "msb_bits", "lsb_bits",
+         "lsb_threshold"}));
+    RETURN_IF_ERROR(CheckAnalyticUnused("spatten", ds.data(), "data"));
     dev->profile_.lengths = {1.0};
     dev->profile_.rows = {std::vector<double>(row.begin(), row.end())};
     dev->profile_.Tabulate();

@@ -461,6 +461,10 @@ absl::StatusOr<std::unique_ptr<Device>> TopickDevice::Create(const servesim::v1:
   if (fidelity == servesim::v1::PRUNE_FIDELITY_ANALYTIC ||
       fidelity == servesim::v1::PRUNE_FIDELITY_UNSPECIFIED) {
     ASSIGN_OR_RETURN(auto row, TopickAnalyticFractions(t.preset()));
+    ASSIGN_OR_RETURN(const TopickSpec preset, TopickPreset(t.preset()));
+    RETURN_IF_ERROR(CheckAnalyticKnobs(
+        "topick", t, preset, {"estimation", "on_demand_k", "threshold", "operand_bits", "chunk_bits"}));
+    RETURN_IF_ERROR(CheckAnalyticUnused("topick", ds.data(), "data"));
     dev->profile_.lengths = {1.0};
     dev->profile_.rows = {{row[0], row[1], row[2]}};
     dev->profile_.Tabulate();

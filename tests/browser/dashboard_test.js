@@ -45,10 +45,11 @@ function skip(msg) {
 // playwright-core from tests/browser/node_modules (scripts/setup_dashboard_tests.sh)
 // or, failing that, `npm ci` into --npm-dir from the pinned package-lock.json.
 function loadPlaywright(npmDir) {
-  // The pinned playwright-core declares engines.node >= 20 (Debian 12's own
-  // nodejs is 18; the machines this project runs on have Node 20).
+  // The pinned playwright-core (1.61, the last release for Node 18) runs on
+  // Debian 12's own nodejs 18 as on newer Node.
   const major = Number(process.versions.node.split('.')[0]);
-  if (major < 20) skip(`playwright-core ${require('./package.json').dependencies['playwright-core']} needs Node >= 20; this is ${process.versions.node}`);
+  const wanted = require('./package.json').dependencies['playwright-core'];
+  if (major < 18) throw new Error(`playwright-core ${wanted} needs Node >= 18; this is ${process.versions.node}`);
   const tryLoad = (dir) => {
     try { return require(require.resolve('playwright-core', { paths: [dir] })); } catch { return null; }
   };

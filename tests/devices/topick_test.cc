@@ -45,8 +45,16 @@ std::unique_ptr<TopickDevice> Make(const servesim::v1::DeviceSpec& spec) {
   return std::unique_ptr<TopickDevice>(static_cast<TopickDevice*>(d->release()));
 }
 
+// A device with threshold `thr` for its functional kernel. ANALYTIC holds
+// only for the preset's threshold, so any other is CALIBRATED (one short
+// length keeps the start-up calibration cheap).
 std::unique_ptr<TopickDevice> MakeThr(double thr, const char* preset = "topick") {
   auto spec = Spec(preset);
+  if (thr != spec.topick().topick().threshold()) {
+    spec.mutable_topick()->set_fidelity(PRUNE_FIDELITY_CALIBRATED);
+    spec.mutable_topick()->mutable_calibration()->add_lengths(64);
+    spec.mutable_topick()->mutable_calibration()->set_instances(1);
+  }
   spec.mutable_topick()->mutable_topick()->set_threshold(thr);
   return Make(spec);
 }

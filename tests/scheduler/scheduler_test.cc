@@ -348,21 +348,36 @@ class PlannerTest : public ::testing::Test {
   std::unique_ptr<devices::Device> device_;
 };
 
-TEST_F(PlannerTest, Gpt3DecodeAtBatch64MatchesAttAcc) {
-  // AttAcc §3.2: GPT-3 175B on a DGX of A100-HBM3 takes ~80 ms per output
-  // token at batch 64 (L_in = L_out = 2048); we require 50-100 ms at L~2048.
+TEST_F(PlannerTest, Gpt3DecodeOnDgxA100Hbm3AtBatch64) {
+  // AttAcc §3.2's configuration: GPT-3 175B on a DGX of A100-HBM3 (TP = 8),
+  // batch 64, (L_in, L_out) = (2048, 2048), whose decode iterations see
+  // L = 2048..4096 (3072 on average). The paper reports ~80 ms per output
+  // token there, more than half of it attention. The roofline's figures are
+  // pinned (docs/devices/gpu.md prints them): 57.1 ms at L ~ 2048 (attention
+  // 27.6 ms) and 70.6 ms at L ~ 3072 (attention 41.1 ms, 58%).
   auto model = devices::ModelDimsFromSpec(*devices::ModelPreset("gpt3-175b"));
   IterationPlanner planner(model, 8, device_.get());
+  struct Point {
+    int64_t first_past;
+    double time_ms, attention_ms;
+  };
+  for (const Point& p : {Point{2016, 57.1, 27.6}, Point{3040, 70.6, 41.1}}) {
+    std::vector<int64_t> past(64);
+    for (int i = 0; i < 64; ++i) past[i] = p.first_past + i;  // L = past + 1 .. past + 64
+    auto c = planner.Plan(Decode(past));
+    ASSERT_TRUE(c.ok());
+    const double attention_ms =
+        c->stages[static_cast<int>(devices::Stage::kAttention)].time_s * 1e3;
+    std::printf("GPT-3 175B decode, batch 64, L %lld..%lld, DGX A100-HBM3: %.2f ms "
+                "(attention %.2f ms)\n", static_cast<long long>(p.first_past + 1),
+                static_cast<long long>(p.first_past + 64), c->time_s * 1e3, attention_ms);
+    EXPECT_NEAR(c->time_s * 1e3, p.time_ms, 0.02 * p.time_ms) << p.first_past;
+    EXPECT_NEAR(attention_ms, p.attention_ms, 0.02 * p.attention_ms) << p.first_past;
+  }
   std::vector<int64_t> past(64);
-  for (int i = 0; i < 64; ++i) past[i] = 2016 + i;  // L = 2017..2080
+  for (int i = 0; i < 64; ++i) past[i] = 2016 + i;
   auto cost = planner.Plan(Decode(past));
   ASSERT_TRUE(cost.ok());
-  EXPECT_GT(cost->time_s, 0.050);
-  EXPECT_LT(cost->time_s, 0.100);
-  // AttAcc Fig. 4(c): attention is a large share of the time at batch 64.
-  const double attention =
-      cost->stages[static_cast<int>(devices::Stage::kAttention)].time_s;
-  EXPECT_GT(attention / cost->time_s, 0.35);
   // The FC layers read every weight once per iteration per xPU (12 d^2 / 8
   // per layer) plus their [64 x k] inputs and [64 x n] outputs:
   // QKV 12288->4608, projection 1536->12288, FF1 12288->6144, FF2 6144->12288.
@@ -376,8 +391,6 @@ TEST_F(PlannerTest, Gpt3DecodeAtBatch64MatchesAttAcc) {
   const double activations =
       64.0 * ((12288 + 4608) + (1536 + 12288) + (12288 + 6144) + (6144 + 12288));
   EXPECT_DOUBLE_EQ(fc_bytes, 96 * 2 * (weights + activations));
-  std::printf("GPT-3 175B decode, batch 64, L~2048, DGX A100-HBM3: %.2f ms "
-              "(attention %.2f ms)\n", cost->time_s * 1e3, attention * 1e3);
 }
 
 TEST_F(PlannerTest, LayerOpsFollowMegatronSplit) {

@@ -451,12 +451,15 @@ TEST(CliTest, LadPoolRunsEveryFidelityDeterministically) {
   EXPECT_EQ(full_a, full_b);
   EXPECT_EQ(ReadFile(dir + "/full_a/requests.csv"), ReadFile(dir + "/full_b/requests.csv"));
   EXPECT_TRUE(absl::StrContains(full_a, "\"attention_device_fidelity\": \"full\"")) << full_a;
+  EXPECT_TRUE(absl::StrContains(full_a, "\"attention_device_ratios_source\": \"measured\""));
   EXPECT_TRUE(absl::StrContains(full_a, "\"attention_device\": \"lad_1.5 x 1\""));
   EXPECT_TRUE(absl::StrContains(full_a, "\"active_fraction\": "));
   EXPECT_TRUE(absl::StrContains(full_a, "\"prefetch_hit_ratio\": "));
   EXPECT_EQ(number(full_a, "requests_completed"), 4);
   const std::string calibrated = run("cal", {fidelity + "CALIBRATED"});
   const std::string analytic = run("analytic", {fidelity + "ANALYTIC"});
+  EXPECT_TRUE(absl::StrContains(calibrated, "\"attention_device_ratios_source\": \"calibrated\""));
+  EXPECT_TRUE(absl::StrContains(analytic, "\"attention_device_ratios_source\": \"assumption\""));
   const std::string ideal =
       run("ideal", {fidelity + "ANALYTIC", "cluster.attention_pool.lad.lad.preset=ideal"});
   EXPECT_TRUE(absl::StrContains(calibrated, "\"attention_device_fidelity\": \"calibrated\""));

@@ -1,5 +1,6 @@
 // The AttAcc study (§7) reproduces the paper's qualitative results: the
 // system ordering, the effect of sequence length, and SLO-limited batches.
+#include <algorithm>
 #include <map>
 #include <string>
 #include <tuple>
@@ -126,6 +127,56 @@ TEST_F(StudyTest, AttAccCutsEnergyPerToken) {
     const double attacc = At(m, "dgx_attacc", "hl_pipe", 2048).energy_j_per_token;
     EXPECT_LT(attacc, 0.5 * base) << m;
   }
+}
+
+// docs/devices/attacc.md's headline table, pinned: a model change that moves
+// a figure fails here, and the table is updated with it. Each is the best
+// over the three lengths, as the table says.
+TEST_F(StudyTest, HeadlineTableOfTheDocs) {
+  auto best = [](const char* m, auto figure) {
+    double b = 0;
+    for (int64_t lout : {128, 512, 2048}) b = std::max(b, figure(m, lout));
+    return b;
+  };
+  auto tput = [](const char* m, const char* system, const char* policy, int64_t lout,
+                 double slo = 0) { return At(m, system, policy, lout, slo).throughput_tokens_per_s; };
+  const double kRel = 0.02;  // the table prints 3 significant digits
+  const double over_base[] = {3.42, 3.82, 6.46};
+  const double over_large[] = {2.70, 2.21, 1.88};
+  const double hl_over_serial[] = {1.15, 1.09, 1.18};
+  const double ff_over_hl[] = {1.02, 1.02, 1.01};
+  const double energy_saving[] = {0.70, 0.69, 0.78};  // hl_pipe vs DGX_Base
+  for (int i = 0; i < 3; ++i) {
+    const char* m = kModels[i];
+    SCOPED_TRACE(m);
+    EXPECT_NEAR(best(m, [&](const char* m, int64_t l) {
+                  return tput(m, "dgx_attacc", "hl_pipe_ff", l) / tput(m, "dgx_base", "serial", l);
+                }),
+                over_base[i], kRel * over_base[i]);
+    EXPECT_NEAR(best(m, [&](const char* m, int64_t l) {
+                  return tput(m, "dgx_attacc", "hl_pipe_ff", l) / tput(m, "dgx_large", "serial", l);
+                }),
+                over_large[i], kRel * over_large[i]);
+    EXPECT_NEAR(best(m, [&](const char* m, int64_t l) {
+                  return tput(m, "dgx_attacc", "hl_pipe", l) / tput(m, "dgx_attacc", "serial", l);
+                }),
+                hl_over_serial[i], 0.005 + kRel * 0.1);
+    EXPECT_NEAR(best(m, [&](const char* m, int64_t l) {
+                  return tput(m, "dgx_attacc", "hl_pipe_ff", l) / tput(m, "dgx_attacc", "hl_pipe", l);
+                }),
+                ff_over_hl[i], 0.006);
+    EXPECT_NEAR(best(m, [&](const char* m, int64_t l) {
+                  return 1 - At(m, "dgx_attacc", "hl_pipe", l).energy_j_per_token /
+                                 At(m, "dgx_base", "serial", l).energy_j_per_token;
+                }),
+                energy_saving[i], 0.006);
+  }
+  // GPT-3 at a 30 ms SLO, (2048, 2048): 12.0x over DGX_Large, batch 48 vs 4.
+  const StudyPoint& attacc30 = At("gpt3-175b", "dgx_attacc", "hl_pipe_ff", 2048, 30);
+  const StudyPoint& large30 = At("gpt3-175b", "dgx_large", "serial", 2048, 30);
+  EXPECT_NEAR(attacc30.throughput_tokens_per_s / large30.throughput_tokens_per_s, 12.0, 0.24);
+  EXPECT_EQ(attacc30.max_batch, 48);
+  EXPECT_EQ(large30.max_batch, 4);
 }
 
 TEST_F(StudyTest, CsvHasTheDocumentedColumns) {
