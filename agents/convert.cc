@@ -74,6 +74,8 @@ void EncodeOps(absl::Span<const Op> ops, v1::EstimateRequest* request) {
     o->set_flops_per_element(op.flops_per_element);
     o->set_bytes(op.bytes);
     o->set_participants(op.participants);
+    o->set_tokens(op.tokens);
+    o->set_sequences(op.sequences);
     o->set_seq_list(-1);
     o->set_stack_list(-1);
     if (!op.seqs.empty()) {
@@ -235,6 +237,14 @@ absl::Status DecodeOps(const v1::EstimateRequest& request, DecodedOps* out) {
     op.flops_per_element = o.flops_per_element();
     op.bytes = o.bytes();
     op.participants = o.participants();
+    if (o.tokens() < 0 || o.tokens() > kMaxGemmDim || o.sequences() < 0 ||
+        o.sequences() > kMaxGemmDim) {
+      return absl::InvalidArgumentError(absl::StrCat("ops[", i, "]: tokens = ", o.tokens(),
+                                                     ", sequences = ", o.sequences(),
+                                                     "; expected 0..", kMaxGemmDim));
+    }
+    op.tokens = o.tokens();
+    op.sequences = o.sequences();
     // Lists belong to attention ops; other kinds ignore them (proto3
     // leaves an unset index at 0).
     if (op.kind == OpKind::kAttention && o.seq_list() >= 0) {

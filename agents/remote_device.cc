@@ -315,8 +315,8 @@ void RemoteDevice::KeysLocked(absl::Span<const Op> ops, std::vector<MemoKey>* ke
     }
     k.kind = static_cast<uint8_t>(op.kind);
     k.stage = static_cast<uint8_t>(op.stage);
-    k.ints = {op.m, op.n, op.k, op.heads, op.kv_heads, op.d_head, op.head_begin, op.head_end,
-              op.elements};
+    k.ints = {op.m,        op.n,        op.k,        op.heads,  op.kv_heads,  op.d_head,
+              op.head_begin, op.head_end, op.elements, op.tokens, op.sequences};
     k.bits = {absl::bit_cast<uint64_t>(op.bytes_per_element),
               absl::bit_cast<uint64_t>(op.flops_per_element), absl::bit_cast<uint64_t>(op.bytes)};
     k.participants = op.participants;

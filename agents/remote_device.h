@@ -147,7 +147,8 @@ class RemoteDevice : public devices::Device {
   // An op's inputs with its sequence and stack lists by interned id (0:
   // none).
   struct MemoKey {
-    std::array<int64_t, 9> ints{};   // m, n, k, heads, kv_heads, d_head, head range, elements
+    // m, n, k, heads, kv_heads, d_head, head range, elements, tokens, sequences
+    std::array<int64_t, 11> ints{};
     std::array<uint64_t, 3> bits{};  // bytes_per_element, flops_per_element, bytes
     int32_t participants = 0;
     uint32_t seq_list = 0, stack_list = 0;

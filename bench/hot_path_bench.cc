@@ -3,6 +3,7 @@
 #include <benchmark/benchmark.h>
 
 #include "scenario/scenario.h"
+#include "devices/gpu/profile.h"
 #include "devices/registry.h"
 #include "scheduler/batching.h"
 #include "scheduler/planner.h"
@@ -45,7 +46,7 @@ void BM_ScheduleDecode(benchmark::State& state) {
   cfg.max_context_tokens = 1 << 30;
   servesim::scheduler::ReplicaScheduler s(cfg);
   for (int i = 0; i < state.range(0); ++i) {
-    s.Add({i, 0, 500, 1 << 29}, 0, nullptr);
+    s.Add({i, 0, 500, 1 << 29, {}}, 0, nullptr);
   }
   double now = 0;
   for (auto _ : state) {
@@ -58,5 +59,21 @@ void BM_ScheduleDecode(benchmark::State& state) {
 BENCHMARK(BM_ScheduleDecode)->Arg(64)->Arg(256);
 
 }  // namespace
+
+// Loading the shipped profile bundle (RTX PRO 6000, Llama-3.1-8B, TP1:
+// 19,364 attention rows, 1,368 dense and 80 per-sequence rows, the skew
+// fit), uncached, from the repository root (bench/replay.sh runs it there).
+void BM_GpuProfileLoad(benchmark::State& state) {
+  const std::string dir = "examples/vllm/profiles/RTXPRO6000/meta-llama/Llama-3.1-8B/bf16/tp1";
+  for (auto _ : state) {
+    auto p = servesim::devices::GpuProfile::Load(dir);
+    if (!p.ok()) {
+      state.SkipWithError(std::string(p.status().message()).c_str());
+      break;
+    }
+    benchmark::DoNotOptimize(p->get());
+  }
+}
+BENCHMARK(BM_GpuProfileLoad)->Unit(benchmark::kMillisecond);
 
 BENCHMARK_MAIN();

@@ -170,6 +170,8 @@ class Engine {
         }
       }
     }
+    sh_->metrics->AddPrefixCache(scheduler_.prefix_hit_tokens(),
+                                 scheduler_.prefix_query_tokens());
     sh_->metrics->MarkDone(replica_);
   }
 
@@ -198,10 +200,12 @@ class Engine {
     }
     ASSIGN_OR_RETURN(cost_, planner_.Plan(batch));
     const scheduler::IterationCost* cost = &cost_;
+    // The engine's host time per step that does not overlap the xPUs.
+    const double duration = cost->time_s + sh_->sc->step_overhead_s;
     IterationRecord it;
     it.replica = replica_;
     it.start_s = start;
-    it.duration_s = cost->time_s;
+    it.duration_s = duration;
     it.batch_size = static_cast<int32_t>(batch.entries.size());
     it.prefill_tokens = batch.prefill_tokens;
     it.decode_tokens = batch.decode_tokens;
@@ -211,6 +215,7 @@ class Engine {
     it.batch_cap = batch_cap_;
     it.xpu_busy_s = cost->xpu_busy_s;
     it.device_busy_s = cost->device_busy_s;
+    it.waiting = scheduler_.num_waiting();
     sh_->metrics->AddIteration(it);
     sh_->metrics->AddEnergy(cost->total, cost->device_total);
     RETURN_IF_ERROR(SampleTimeline(batch, it));
@@ -218,7 +223,7 @@ class Engine {
       LiveIteration li;
       li.replica = replica_;
       li.start_s = start;
-      li.duration_s = cost->time_s;
+      li.duration_s = duration;
       li.batch_size = it.batch_size;
       li.queue_length = scheduler_.num_waiting();
       li.kv_blocks_used = it.kv_blocks_used;
@@ -237,7 +242,7 @@ class Engine {
       }
       sh_->live->OnIteration(li);
     }
-    return cost->time_s;
+    return duration;
   }
 
   // Forwards to the metrics observer and counts finishes.

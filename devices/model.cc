@@ -12,8 +12,16 @@ int64_t ModelDims::FfParamsPerLayer() const {
   return (ff_kind == FfKind::kSwiGlu ? 3 : 2) * d_model * d_ff;
 }
 
+// GELU models (GPT, OPT) use LayerNorm, weight and bias; SwiGLU ones
+// (LLaMA, Qwen, Mistral) RMSNorm, a weight only; Qwen3 adds a per-head
+// RMSNorm of Q and K (d_head weights each).
+int64_t ModelDims::NormParams() const {
+  return ff_kind == FfKind::kSwiGlu ? d_model : 2 * d_model;
+}
+
 int64_t ModelDims::ParamsPerLayer() const {
-  return AttentionParamsPerLayer() + FfParamsPerLayer() + 2 * 2 * d_model;
+  return AttentionParamsPerLayer() + FfParamsPerLayer() + 2 * NormParams() +
+         (qk_norm ? 2 * d_head : 0);
 }
 
 int64_t ModelDims::EmbeddingParams() const {
@@ -21,7 +29,7 @@ int64_t ModelDims::EmbeddingParams() const {
 }
 
 int64_t ModelDims::TotalParams() const {
-  return num_layers * ParamsPerLayer() + EmbeddingParams() + 2 * d_model;
+  return num_layers * ParamsPerLayer() + EmbeddingParams() + NormParams();
 }
 
 ModelDims ModelDimsFromSpec(const servesim::v1::ModelSpec& spec) {
@@ -39,7 +47,20 @@ ModelDims ModelDimsFromSpec(const servesim::v1::ModelSpec& spec) {
   m.max_context_tokens = spec.max_context_tokens();
   m.bytes_per_element = spec.dtype() == servesim::v1::DTYPE_INT8 ? 1 : 2;
   m.tied_embeddings = spec.tied_embeddings();
+  m.dtype = spec.dtype() == servesim::v1::DTYPE_UNSPECIFIED ? servesim::v1::DTYPE_FP16 : spec.dtype();
+  m.qk_norm = spec.qk_norm();
   return m;
+}
+
+const char* DTypeName(servesim::v1::DType dtype) {
+  switch (dtype) {
+    case servesim::v1::DTYPE_INT8:
+      return "int8";
+    case servesim::v1::DTYPE_BF16:
+      return "bf16";
+    default:
+      return "fp16";
+  }
 }
 
 }  // namespace servesim::devices

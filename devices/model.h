@@ -30,12 +30,15 @@ struct ModelDims {
   FfKind ff_kind = FfKind::kGelu;
   int64_t vocab_size = 0;
   int64_t max_context_tokens = 0;
-  int64_t bytes_per_element = 2;  // 2 for fp16, 1 for int8
+  int64_t bytes_per_element = 2;  // 2 for fp16 and bf16, 1 for int8
+  servesim::v1::DType dtype = servesim::v1::DTYPE_FP16;
+  bool qk_norm = false;  // per-head RMSNorm of Q and K (Qwen3)
   bool tied_embeddings = false;
 
   // Parameter counts.
   int64_t AttentionParamsPerLayer() const;
   int64_t FfParamsPerLayer() const;
+  int64_t NormParams() const;      // one norm's weights (and biases)
   int64_t ParamsPerLayer() const;  // attention + FF + 2 norms
   int64_t EmbeddingParams() const;  // token embedding (+ LM head if untied)
   int64_t TotalParams() const;
@@ -53,6 +56,9 @@ struct ModelDims {
 // Converts a resolved ModelSpec (every optional field set; see
 // scenario/scenario.h) to ModelDims.
 ModelDims ModelDimsFromSpec(const servesim::v1::ModelSpec& spec);
+
+// "fp16", "bf16" or "int8".
+const char* DTypeName(servesim::v1::DType dtype);
 
 }  // namespace servesim::devices
 

@@ -15,6 +15,7 @@ std::string_view StageName(Stage stage) {
     case Stage::kResidual: return "residual";
     case Stage::kAllReduce: return "allreduce";
     case Stage::kLmHead: return "lm_head";
+    case Stage::kFinalNorm: return "final_norm";
     case Stage::kCount: break;
   }
   return "unknown";

@@ -37,6 +37,7 @@ enum class Stage : uint8_t {
   kResidual,
   kAllReduce,
   kLmHead,
+  kFinalNorm,  // the norm after the last layer
   kCount,
 };
 inline constexpr int kNumStages = static_cast<int>(Stage::kCount);
@@ -78,6 +79,10 @@ struct Op {
   // kAllReduce: payload each participant contributes, and the group size.
   double bytes = 0;
   int participants = 1;
+  // The iteration's tokens and scheduled sequences, for devices that cost an
+  // op by them (measured profiles, devices/gpu/profile.h); 0: not given.
+  int64_t tokens = 0;
+  int64_t sequences = 0;
 };
 
 // What an op costs on one device. Energies in pJ, sizes in bytes.

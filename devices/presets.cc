@@ -34,6 +34,15 @@ using google::protobuf::Reflection;
 //          FF = 4d; vocab 50,272; context 2048; tied embeddings.
 //  [GPT2]  Radford et al., "Language Models are Unsupervised Multitask
 //          Learners", 2019, Table 2; d_head 64, FF 4d, context 1024.
+//  [HF]    The released config.json of each model on the Hugging Face hub
+//          (num_hidden_layers, hidden_size, num_attention_heads,
+//          num_key_value_heads, head_dim, intermediate_size, vocab_size,
+//          max_position_embeddings, tie_word_embeddings, torch_dtype):
+//          meta-llama/Llama-3.1-8B, -70B, -405B; meta-llama/Llama-3.2-1B, -3B;
+//          Qwen/Qwen3-8B, -14B, -32B (qk_norm: Qwen3 normalises each Q and K
+//          head); codellama/CodeLlama-34b-hf; mistralai/Mistral-7B-v0.3 (no
+//          sliding window, unlike v0.1). Llama-3.1 and Qwen3 contexts are
+//          their max_position_embeddings (131,072 and 40,960). All bf16.
 // AttAcc's evaluation (§7) uses GPT-3 175B, LLaMA 65B and MT-NLG 530B.
 constexpr absl::string_view kModelPresets[][2] = {
     {"gpt3-175b",  // [GPT3]
@@ -51,15 +60,15 @@ constexpr absl::string_view kModelPresets[][2] = {
     {"llama2-7b",  // [LLAMA2]
      R"pb(name: "LLaMA-2 7B" num_layers: 32 d_model: 4096 num_heads: 32
           num_kv_heads: 32 d_head: 128 d_ff: 11008 ff_kind: FF_KIND_SWIGLU
-          vocab_size: 32000 max_context_tokens: 4096 tied_embeddings: false)pb"},
+          vocab_size: 32000 max_context_tokens: 4096 tied_embeddings: false hf_name: "meta-llama/Llama-2-7b-hf")pb"},
     {"llama2-13b",  // [LLAMA2]
      R"pb(name: "LLaMA-2 13B" num_layers: 40 d_model: 5120 num_heads: 40
           num_kv_heads: 40 d_head: 128 d_ff: 13824 ff_kind: FF_KIND_SWIGLU
-          vocab_size: 32000 max_context_tokens: 4096 tied_embeddings: false)pb"},
+          vocab_size: 32000 max_context_tokens: 4096 tied_embeddings: false hf_name: "meta-llama/Llama-2-13b-hf")pb"},
     {"llama2-70b",  // [LLAMA2]
      R"pb(name: "LLaMA-2 70B" num_layers: 80 d_model: 8192 num_heads: 64
           num_kv_heads: 8 d_head: 128 d_ff: 28672 ff_kind: FF_KIND_SWIGLU
-          vocab_size: 32000 max_context_tokens: 4096 tied_embeddings: false)pb"},
+          vocab_size: 32000 max_context_tokens: 4096 tied_embeddings: false hf_name: "meta-llama/Llama-2-70b-hf")pb"},
     {"opt-6.7b",  // [OPT]
      R"pb(name: "OPT-6.7B" num_layers: 32 d_model: 4096 num_heads: 32
           num_kv_heads: 32 d_head: 128 d_ff: 16384 ff_kind: FF_KIND_GELU
@@ -84,6 +93,56 @@ constexpr absl::string_view kModelPresets[][2] = {
      R"pb(name: "GPT-2 XL" num_layers: 48 d_model: 1600 num_heads: 25
           num_kv_heads: 25 d_head: 64 d_ff: 6400 ff_kind: FF_KIND_GELU
           vocab_size: 50257 max_context_tokens: 1024 tied_embeddings: true)pb"},
+    {"llama3.1-8b",  // [HF]
+     R"pb(name: "Llama-3.1-8B" num_layers: 32 d_model: 4096 num_heads: 32
+          num_kv_heads: 8 d_head: 128 d_ff: 14336 ff_kind: FF_KIND_SWIGLU
+          vocab_size: 128256 max_context_tokens: 131072 tied_embeddings: false
+          dtype: DTYPE_BF16 hf_name: "meta-llama/Llama-3.1-8B")pb"},
+    {"llama3.1-70b",  // [HF]
+     R"pb(name: "Llama-3.1-70B" num_layers: 80 d_model: 8192 num_heads: 64
+          num_kv_heads: 8 d_head: 128 d_ff: 28672 ff_kind: FF_KIND_SWIGLU
+          vocab_size: 128256 max_context_tokens: 131072 tied_embeddings: false
+          dtype: DTYPE_BF16 hf_name: "meta-llama/Llama-3.1-70B")pb"},
+    {"llama3.1-405b",  // [HF]
+     R"pb(name: "Llama-3.1-405B" num_layers: 126 d_model: 16384 num_heads: 128
+          num_kv_heads: 8 d_head: 128 d_ff: 53248 ff_kind: FF_KIND_SWIGLU
+          vocab_size: 128256 max_context_tokens: 131072 tied_embeddings: false
+          dtype: DTYPE_BF16 hf_name: "meta-llama/Llama-3.1-405B")pb"},
+    {"llama3.2-1b",  // [HF]
+     R"pb(name: "Llama-3.2-1B" num_layers: 16 d_model: 2048 num_heads: 32
+          num_kv_heads: 8 d_head: 64 d_ff: 8192 ff_kind: FF_KIND_SWIGLU
+          vocab_size: 128256 max_context_tokens: 131072 tied_embeddings: true
+          dtype: DTYPE_BF16 hf_name: "meta-llama/Llama-3.2-1B")pb"},
+    {"llama3.2-3b",  // [HF]
+     R"pb(name: "Llama-3.2-3B" num_layers: 28 d_model: 3072 num_heads: 24
+          num_kv_heads: 8 d_head: 128 d_ff: 8192 ff_kind: FF_KIND_SWIGLU
+          vocab_size: 128256 max_context_tokens: 131072 tied_embeddings: true
+          dtype: DTYPE_BF16 hf_name: "meta-llama/Llama-3.2-3B")pb"},
+    {"qwen3-8b",  // [HF]
+     R"pb(name: "Qwen3-8B" num_layers: 36 d_model: 4096 num_heads: 32
+          num_kv_heads: 8 d_head: 128 d_ff: 12288 ff_kind: FF_KIND_SWIGLU
+          vocab_size: 151936 max_context_tokens: 40960 tied_embeddings: false
+          qk_norm: true dtype: DTYPE_BF16 hf_name: "Qwen/Qwen3-8B")pb"},
+    {"qwen3-14b",  // [HF]
+     R"pb(name: "Qwen3-14B" num_layers: 40 d_model: 5120 num_heads: 40
+          num_kv_heads: 8 d_head: 128 d_ff: 17408 ff_kind: FF_KIND_SWIGLU
+          vocab_size: 151936 max_context_tokens: 40960 tied_embeddings: false
+          qk_norm: true dtype: DTYPE_BF16 hf_name: "Qwen/Qwen3-14B")pb"},
+    {"qwen3-32b",  // [HF]
+     R"pb(name: "Qwen3-32B" num_layers: 64 d_model: 5120 num_heads: 64
+          num_kv_heads: 8 d_head: 128 d_ff: 25600 ff_kind: FF_KIND_SWIGLU
+          vocab_size: 151936 max_context_tokens: 40960 tied_embeddings: false
+          qk_norm: true dtype: DTYPE_BF16 hf_name: "Qwen/Qwen3-32B")pb"},
+    {"codellama-34b",  // [HF]
+     R"pb(name: "CodeLlama-34B" num_layers: 48 d_model: 8192 num_heads: 64
+          num_kv_heads: 8 d_head: 128 d_ff: 22016 ff_kind: FF_KIND_SWIGLU
+          vocab_size: 32000 max_context_tokens: 16384 tied_embeddings: false
+          dtype: DTYPE_BF16 hf_name: "codellama/CodeLlama-34b-Instruct-hf")pb"},
+    {"mistral-7b",  // [HF]
+     R"pb(name: "Mistral-7B-v0.3" num_layers: 32 d_model: 4096 num_heads: 32
+          num_kv_heads: 8 d_head: 128 d_ff: 14336 ff_kind: FF_KIND_SWIGLU
+          vocab_size: 32768 max_context_tokens: 32768 tied_embeddings: false
+          dtype: DTYPE_BF16 hf_name: "mistralai/Mistral-7B-v0.3")pb"},
 };
 
 // ------------------------------------------------------------------ xPUs ----
@@ -95,6 +154,31 @@ constexpr absl::string_view kModelPresets[][2] = {
 //          3.35 TB/s per GPU, 312 TFLOPS (8 GPUs: 26.8 TB/s, 2.5 PFLOPS).
 //  [H100]  NVIDIA H100 Tensor Core GPU datasheet (SXM5): 989.4 TFLOPS FP16
 //          and 1,979 TOPS INT8 dense; 80 GB HBM3 at 3.35 TB/s.
+//          (Datasheets give dense rates as half the "with sparsity" ones.)
+//  [H100P] The same datasheet, H100 PCIe: 756 TFLOPS BF16/FP16, 1,513 TFLOPS
+//          FP8, 1,513 TOPS INT8; 80 GB HBM2e at 2.0 TB/s; 350 W.
+//  [H200]  NVIDIA H200 Tensor Core GPU datasheet (SXM): H100 SXM's tensor
+//          rates (989 TFLOPS BF16, 1,979 FP8/INT8) with 141 GB HBM3e at
+//          4.8 TB/s; 700 W.
+//  [B200]  NVIDIA DGX B200 / HGX B200 datasheets: per GPU 2.25 PFLOPS
+//          BF16/FP16, 4.5 PFLOPS FP8 and INT8 dense (half the sparse 4.5/9),
+//          180 GB HBM3e at 8 TB/s; 1,000 W.
+//  [L40S]  NVIDIA L40S datasheet: 362.05 TFLOPS BF16/FP16, 733 TFLOPS FP8,
+//          733 TOPS INT8 dense; 48 GB GDDR6 at 864 GB/s; 350 W.
+//  [ADA]   NVIDIA Ada Lovelace architecture whitepaper, GeForce RTX 4090:
+//          165.2 TFLOPS FP16/BF16 with FP32 accumulate (what bf16 inference
+//          uses; GeForce runs it at half the FP16-accumulate rate), 330.3
+//          FP8, 660.6 TOPS INT8 dense; 24 GB GDDR6X at 1,008 GB/s; 450 W.
+//  [RTX6K] NVIDIA RTX PRO 6000 Blackwell Server Edition datasheet: 96 GB
+//          GDDR7 at 1,597 GB/s (the workstation card lists 1,792), 600 W,
+//          4 PFLOPS FP4 with sparsity. Dense FP4 is half that and each wider
+//          type halves it again (Blackwell's tensor-core ratios, as B200's):
+//          1 PFLOPS FP8, 0.5 PFLOPS BF16/FP16 (DERIVED, not a listed figure).
+//  [MI300X] AMD Instinct MI300X datasheet: 1,307.4 TFLOPS BF16/FP16 and
+//          2,614.9 TFLOPS FP8 / TOPS INT8 dense; 192 GB HBM3 at 5.3 TB/s;
+//          750 W.
+//  A100 has no FP8 (peak_flops_fp8 0). TDPs: A100 SXM 400 W [A100], H100
+//  SXM 700 W [H100].
 // Utilisation caps 0.8 (compute) and 0.85 (memory) are the AttAcc
 // simulator's MAX_COMPUTE_UTIL / MAX_OFF_MEM_BW_UTIL (scale-snu/
 // attacc_simulator, src/config.py).
@@ -115,17 +199,38 @@ constexpr absl::string_view kXpuCommon =
          flop_energy_pj: 0.16 int8_op_energy_pj: 0.08)pb";
 constexpr absl::string_view kXpuPresets[][2] = {
     {"a100-40gb",  // [A100]
-     R"pb(peak_flops_fp16: 312e12 peak_flops_int8: 624e12
-          memory_bytes: 42949672960 memory_bw_bytes_per_s: 1555e9)pb"},
+     R"pb(peak_flops_fp16: 312e12 peak_flops_int8: 624e12 peak_flops_fp8: 0
+          memory_bytes: 42949672960 memory_bw_bytes_per_s: 1555e9 tdp_w: 400 profile_name: "A100")pb"},
     {"a100-80gb",  // [A100]
-     R"pb(peak_flops_fp16: 312e12 peak_flops_int8: 624e12
-          memory_bytes: 85899345920 memory_bw_bytes_per_s: 2039e9)pb"},
+     R"pb(peak_flops_fp16: 312e12 peak_flops_int8: 624e12 peak_flops_fp8: 0
+          memory_bytes: 85899345920 memory_bw_bytes_per_s: 2039e9 tdp_w: 400 profile_name: "A100")pb"},
     {"a100-hbm3",  // [ATTACC]
-     R"pb(peak_flops_fp16: 312e12 peak_flops_int8: 624e12
-          memory_bytes: 85899345920 memory_bw_bytes_per_s: 3.35e12)pb"},
+     R"pb(peak_flops_fp16: 312e12 peak_flops_int8: 624e12 peak_flops_fp8: 0
+          memory_bytes: 85899345920 memory_bw_bytes_per_s: 3.35e12 tdp_w: 400)pb"},
     {"h100-sxm-80gb",  // [H100]
-     R"pb(peak_flops_fp16: 989.4e12 peak_flops_int8: 1979e12
-          memory_bytes: 85899345920 memory_bw_bytes_per_s: 3.35e12)pb"},
+     R"pb(peak_flops_fp16: 989.4e12 peak_flops_int8: 1979e12 peak_flops_fp8: 1979e12
+          memory_bytes: 85899345920 memory_bw_bytes_per_s: 3.35e12 tdp_w: 700 profile_name: "H100")pb"},
+    {"h100-pcie-80gb",  // [H100P]
+     R"pb(peak_flops_fp16: 756e12 peak_flops_int8: 1513e12 peak_flops_fp8: 1513e12
+          memory_bytes: 85899345920 memory_bw_bytes_per_s: 2.0e12 tdp_w: 350 profile_name: "H100PCIe")pb"},
+    {"h200-sxm-141gb",  // [H200]
+     R"pb(peak_flops_fp16: 989.4e12 peak_flops_int8: 1979e12 peak_flops_fp8: 1979e12
+          memory_bytes: 151397597184 memory_bw_bytes_per_s: 4.8e12 tdp_w: 700 profile_name: "H200")pb"},
+    {"b200-180gb",  // [B200]
+     R"pb(peak_flops_fp16: 2.25e15 peak_flops_int8: 4.5e15 peak_flops_fp8: 4.5e15
+          memory_bytes: 193273528320 memory_bw_bytes_per_s: 8e12 tdp_w: 1000 profile_name: "B200")pb"},
+    {"l40s",  // [L40S]
+     R"pb(peak_flops_fp16: 362.05e12 peak_flops_int8: 733e12 peak_flops_fp8: 733e12
+          memory_bytes: 51539607552 memory_bw_bytes_per_s: 864e9 tdp_w: 350 profile_name: "L40S")pb"},
+    {"rtx-4090",  // [ADA]
+     R"pb(peak_flops_fp16: 165.2e12 peak_flops_int8: 660.6e12 peak_flops_fp8: 330.3e12
+          memory_bytes: 25769803776 memory_bw_bytes_per_s: 1008e9 tdp_w: 450 profile_name: "RTX4090")pb"},
+    {"rtx-pro-6000",  // [RTX6K]
+     R"pb(peak_flops_fp16: 500e12 peak_flops_int8: 1000e12 peak_flops_fp8: 1000e12
+          memory_bytes: 103079215104 memory_bw_bytes_per_s: 1597e9 tdp_w: 600 profile_name: "RTXPRO6000")pb"},
+    {"mi300x",  // [MI300X]
+     R"pb(peak_flops_fp16: 1307.4e12 peak_flops_int8: 2614.9e12 peak_flops_fp8: 2614.9e12
+          memory_bytes: 206158430208 memory_bw_bytes_per_s: 5.3e12 tdp_w: 750 profile_name: "MI300X")pb"},
 };
 
 // ----------------------------------------------------------------- links ----

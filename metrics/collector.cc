@@ -256,6 +256,8 @@ Summary ComputeSummary(const MetricsCollector& metrics) {
                              : 0;
   s.energy_j = it.energy_j;
   if (s.iterations > 0) s.batch_size_mean = it.batch_sum / static_cast<double>(s.iterations);
+  s.prefix_hit_tokens = metrics.prefix_hit_tokens();
+  s.prefix_query_tokens = metrics.prefix_query_tokens();
   s.device_busy_s = metrics.energy().device_busy_s;
   s.device_dram_bytes = metrics.energy().device_dram_bytes;
   if (it.busy_s > 0) s.kv_utilization_mean = it.kv_weighted / it.busy_s;

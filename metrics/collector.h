@@ -100,6 +100,13 @@ class MetricsCollector {
     energy_.device_dram_bytes += device.dram_bytes;
   }
   const EnergyParts& energy() const { return energy_; }
+  // A replica's prefix-cache totals, added as it ends.
+  void AddPrefixCache(int64_t hit_tokens, int64_t query_tokens) {
+    prefix_hit_tokens_ += hit_tokens;
+    prefix_query_tokens_ += query_tokens;
+  }
+  int64_t prefix_hit_tokens() const { return prefix_hit_tokens_; }
+  int64_t prefix_query_tokens() const { return prefix_query_tokens_; }
   const std::vector<TimelineIteration>& timeline() const { return timeline_; }
   void NoteEvent(double t_s) {
     if (t_s > last_event_s_) last_event_s_ = t_s;
@@ -161,6 +168,7 @@ class MetricsCollector {
   EnergyParts energy_;
   std::vector<std::unique_ptr<ReplicaObserver>> observers_;
   double last_event_s_ = 0;
+  int64_t prefix_hit_tokens_ = 0, prefix_query_tokens_ = 0;
 };
 
 struct Summary {
@@ -185,6 +193,9 @@ struct Summary {
   // pruning ratios it measured; wall-clock figures excluded).
   double device_busy_s = 0, device_dram_bytes = 0;
   std::vector<std::pair<std::string, double>> device_parameters;
+  // Prefix caching: prompt tokens admissions found cached, and prompt
+  // tokens admitted (hit rate = hit / query); both 0 without caching.
+  int64_t prefix_hit_tokens = 0, prefix_query_tokens = 0;
 };
 
 // From the collector's streaming results (after Finish); the SLOs and KV

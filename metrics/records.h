@@ -37,6 +37,7 @@ struct IterationRecord {
   double energy_j = 0;
   scheduler::BatchBound bound = scheduler::BatchBound::kNone;
   int64_t batch_cap = 0;  // SLO cap in force (0: none)
+  int64_t waiting = 0;    // requests still waiting after scheduling
   double xpu_busy_s = 0, device_busy_s = 0;  // for report.html's utilisation
 };
 

@@ -79,6 +79,8 @@ void AppendIterationRow(const IterationRecord& it, std::string* out) {
   p = buf;
   sep(',');
   int_(it.batch_cap);
+  sep(',');
+  int_(it.waiting);
   sep('\n');
   out->append(buf, p);
 }
@@ -117,7 +119,7 @@ absl::StatusOr<std::unique_ptr<CsvRecordWriter>> CsvRecordWriter::Open(
   if (o.iterations_csv()) {
     if (absl::Status st = open(w->iterations_, "iterations.csv",
                                "replica,start_s,duration_s,batch_size,prefill_tokens,"
-                               "decode_tokens,kv_blocks_used,energy_j,batch_bound,batch_cap\n");
+                               "decode_tokens,kv_blocks_used,energy_j,batch_bound,batch_cap,waiting\n");
         !st.ok()) {
       return st;
     }

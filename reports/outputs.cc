@@ -6,6 +6,7 @@
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "reports/report_html.h"
 #include "reports/timeline.h"
 
@@ -21,6 +22,13 @@ absl::Status WriteFile(const std::filesystem::path& path, const std::string& tex
         path.string(), ": cannot write: ", std::strerror(errno)));
   }
   return absl::OkStatus();
+}
+
+std::string FallbacksJson(const std::vector<std::string>& fallbacks) {
+  if (fallbacks.empty()) return "";
+  std::vector<std::string> items;
+  for (const std::string& f : fallbacks) items.push_back("    " + JsonString(f));
+  return absl::StrCat(",\n  \"fallbacks\": [\n", absl::StrJoin(items, ",\n"), "\n  ]");
 }
 
 }  // namespace
@@ -50,7 +58,8 @@ absl::Status WriteOutputs(const std::string& dir, const scenario::ResolvedScenar
                                                    JsonString(info.error))
                                     : "",
                        info.agents_json.empty() ? "" : ",\n  \"agents\": " + info.agents_json,
-                       "\n}\n"));
+                       info.profile_json.empty() ? "" : ",\n  \"profile\": " + info.profile_json,
+                       FallbacksJson(info.fallbacks), "\n}\n"));
       !st.ok()) {
     return st;
   }

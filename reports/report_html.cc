@@ -152,13 +152,18 @@ std::string LineChartSvg(const std::string& title, const std::string& x_label,
     for (size_t i = 0; i < s.x.size() && i < s.y.size(); ++i) {
       absl::StrAppendFormat(&pts, "%.1f,%.1f ", px(s.x[i]), py(s.y[i]));
     }
+    if (s.line) {
+      absl::StrAppendFormat(&svg,
+                            "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"1.5\" "
+                            "points=\"%s\"/>\n",
+                            color, pts);
+    }
     absl::StrAppendFormat(&svg,
-                          "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"1.5\" "
-                          "points=\"%s\"/>\n<rect x=\"%g\" y=\"%g\" width=\"10\" height=\"10\" "
+                          "<rect x=\"%g\" y=\"%g\" width=\"10\" height=\"10\" "
                           "fill=\"%s\"/><text x=\"%g\" y=\"%g\">%s</text>\n",
-                          color, pts, kLeft + pw + 10, kTop + 16.0 * k, color, kLeft + pw + 24,
+                          kLeft + pw + 10, kTop + 16.0 * k, color, kLeft + pw + 24,
                           kTop + 16.0 * k + 9, Esc(s.name));
-    for (size_t i = 0; markers && i < s.x.size() && i < s.y.size(); ++i) {
+    for (size_t i = 0; (markers || !s.line) && i < s.x.size() && i < s.y.size(); ++i) {
       absl::StrAppendFormat(&svg, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"2.5\" fill=\"%s\"/>\n",
                             px(s.x[i]), py(s.y[i]), color);
     }

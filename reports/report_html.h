@@ -22,6 +22,7 @@ std::string ReportHtml(const scenario::ResolvedScenario& sc,
 struct Series {
   std::string name;
   std::vector<double> x, y;
+  bool line = true;  // false: the points only (a scatter)
 };
 // A line chart; empty series are skipped. Axes span the data. `markers`:
 // a dot at each point too.

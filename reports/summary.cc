@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "devices/model.h"
 #include "devices/prune_common.h"
 
 namespace servesim::reports {
@@ -114,6 +115,14 @@ std::string SummaryJson(const ResolvedScenario& sc, const Workload& wl,
     }
     kv("batch_bound_iterations", b + "}");
   }
+  if (sc.batching.prefix_caching) {
+    kv("prefix_cache_hit_tokens", absl::StrCat(s.prefix_hit_tokens));
+    kv("prefix_cache_query_tokens", absl::StrCat(s.prefix_query_tokens));
+    kv("prefix_cache_hit_rate",
+       FormatFigure(s.prefix_query_tokens > 0 ? static_cast<double>(s.prefix_hit_tokens) /
+                                                    static_cast<double>(s.prefix_query_tokens)
+                                              : 0.0));
+  }
   kv("energy_j", FormatFigure(s.energy_j));
   if (sc.has_attention_device) {
     if (sc.attention_device.has_topick() || sc.attention_device.has_spatten() ||
@@ -146,7 +155,7 @@ std::string FormatSummaryTable(const ResolvedScenario& sc, const Workload& wl,
   std::string t;
   absl::StrAppendFormat(&t, "servesim: %s\n", sc.proto.name());
   absl::StrAppendFormat(&t, "  model      %s (%s)\n", sc.model.name,
-                        sc.model.bytes_per_element == 1 ? "int8" : "fp16");
+                        devices::DTypeName(sc.model.dtype));
   absl::StrAppendFormat(&t, "  cluster    %d replica(s) x %d %s (TP=%d), KV %d tokens/replica\n",
                         sc.replicas, sc.tensor_parallel,
                         sc.proto.cluster().xpu().preset(), sc.tensor_parallel,

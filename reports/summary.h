@@ -6,6 +6,7 @@
 #define SERVESIM_REPORTS_SUMMARY_H_
 
 #include <string>
+#include <vector>
 
 #include "metrics/collector.h"
 #include "scenario/scenario.h"
@@ -24,6 +25,13 @@ struct RunInfo {
   // retries, fail-overs), which differ between in-process and agent runs
   // and so stay out of summary.json. Empty: none.
   std::string agents_json;
+  // The xPU's profile bundle: a JSON object of its folder, fingerprint and
+  // lookups (answered, beyond the measured grid, with no measured layer).
+  // Empty: none.
+  std::string profile_json;
+  // Every fallback the run took (ResolvedScenario::fallbacks, and a
+  // replay's unrecorded knobs).
+  std::vector<std::string> fallbacks;
 };
 
 // A JSON string literal for `s` (quotes and control characters escaped).

@@ -53,6 +53,7 @@ absl::Status Normalize(LoadedScenario* scenario) {
   if (m->ff_kind() == servesim::v1::FF_KIND_UNSPECIFIED) m->set_ff_kind(servesim::v1::FF_KIND_GELU);
   if (m->dtype() == servesim::v1::DTYPE_UNSPECIFIED) m->set_dtype(servesim::v1::DTYPE_FP16);
   if (!m->has_tied_embeddings()) m->set_tied_embeddings(false);
+  if (!m->has_qk_norm()) m->set_qk_norm(false);
 
   auto* c = p.mutable_cluster();
   if (!c->has_replicas()) c->set_replicas(1);
@@ -75,6 +76,8 @@ absl::Status Normalize(LoadedScenario* scenario) {
   if (!x->has_dram_energy_pj_per_byte()) x->set_dram_energy_pj_per_byte(28.72);
   if (!x->has_flop_energy_pj()) x->set_flop_energy_pj(0.16);
   if (!x->has_int8_op_energy_pj()) x->set_int8_op_energy_pj(0.08);
+  if (!x->has_peak_flops_fp8()) x->set_peak_flops_fp8(0);  // none unless given
+  if (!x->has_tdp_w()) x->set_tdp_w(0);                    // unknown unless given
   if (!x->has_peak_flops_int8() && x->has_peak_flops_fp16()) {
     x->set_peak_flops_int8(2 * x->peak_flops_fp16());
   }
@@ -165,13 +168,25 @@ absl::Status Normalize(LoadedScenario* scenario) {
   if (s->routing() == servesim::v1::ROUTING_POLICY_UNSPECIFIED) {
     s->set_routing(servesim::v1::ROUTING_POLICY_ROUND_ROBIN);
   }
+  const bool v1 = s->batching() == servesim::v1::BATCHING_POLICY_VLLM_V1;
   if (!s->has_max_batch_size()) s->set_max_batch_size(256);
   if (!s->has_max_tokens_per_iteration()) {
+    // vLLM v1 serving an API on a GPU under 70 GB: 2048 tokens per step.
     s->set_max_tokens_per_iteration(
-        s->batching() == servesim::v1::BATCHING_POLICY_CHUNKED_PREFILL ? 512 : 8192);
+        s->batching() == servesim::v1::BATCHING_POLICY_CHUNKED_PREFILL ? 512
+        : v1                                                            ? 2048
+                                                                        : 8192);
   }
   if (!s->has_kv_block_tokens()) s->set_kv_block_tokens(16);
-  if (!s->has_kv_watermark()) s->set_kv_watermark(0.01);
+  if (!s->has_kv_watermark()) s->set_kv_watermark(v1 ? 0.0 : 0.01);
+  if (!s->has_prefix_caching()) s->set_prefix_caching(v1);
+  if (!s->has_num_kv_blocks()) s->set_num_kv_blocks(0);
+  if (!s->has_long_prefill_token_threshold()) s->set_long_prefill_token_threshold(0);
+  if (!s->has_step_overhead_s()) s->set_step_overhead_s(0);
+  // vLLM keeps CUDA graphs, the CUDA context, NCCL and cuBLAS workspaces
+  // besides weights, activations and KV: about 1 GiB on one GPU
+  // (docs/fidelity.md, "KV capacity").
+  if (!s->has_runtime_reserve_bytes()) s->set_runtime_reserve_bytes(v1 ? 1073741824.0 : 0.0);
 
   auto* slo = p.mutable_slo();
   if (!slo->has_ttft_s()) slo->set_ttft_s(5.0);

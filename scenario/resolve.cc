@@ -1,7 +1,9 @@
 // Resolving a scenario: every value checked against its allowed range and
 // the configuration as a whole, then what the run needs derived (model
 // dimensions, KV capacity, devices, agents).
+#include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -13,6 +15,7 @@
 #include "common/status_macros.h"
 #include "devices/attacc/attacc_device.h"
 #include "devices/cta/cta_device.h"
+#include "devices/gpu/profile.h"
 #include "devices/lad/lad_device.h"
 #include "devices/pool.h"
 #include "devices/presets.h"
@@ -95,6 +98,77 @@ std::vector<std::string> AgentEndpoints(
 }
 
 // Device agents: remote devices behind the same interface (agents/).
+// cluster.profile: the bundle folder <root>/<gpu>/<model>/<variant>/tp<TP>,
+// loaded (once per process) and referenced from the xPU's device spec. A
+// missing bundle is an error when cluster.profile.required is set, else a
+// fallback to the roofline that run_info.json lists.
+absl::Status ResolveProfile(const LoadedScenario& sc, const servesim::v1::ModelSpec& m,
+                            const servesim::v1::XpuSpec& x, int64_t tp, ResolvedScenario* out) {
+  namespace fs = std::filesystem;
+  const servesim::v1::ProfileSpec& ps = sc.proto.cluster().profile();
+  if (ps.root().empty()) return absl::OkStatus();
+  const std::string where = sc.Where("cluster.profile.root");
+  fs::path root(ps.root());
+  if (root.is_relative()) root = fs::path(sc.base_dir) / root;
+  const std::string gpu = !ps.gpu().empty() ? ps.gpu() : x.profile_name();
+  const std::string model = !ps.model().empty() ? ps.model() : m.hf_name();
+  const std::string variant =
+      !ps.variant().empty() ? ps.variant()
+                            : (m.dtype() == servesim::v1::DTYPE_BF16 ? "bf16" : "fp16");
+  auto missing = [&](const std::string& what) -> absl::Status {
+    if (ps.required()) {
+      return absl::NotFoundError(absl::StrCat(where, ": cluster.profile: ", what));
+    }
+    out->fallbacks.push_back(absl::StrCat("profile: ", what, "; GPU costs from the roofline"));
+    return absl::OkStatus();
+  };
+  if (gpu.empty()) {
+    return missing(absl::StrCat("the xPU", x.preset().empty() ? "" : " preset " + x.preset(),
+                                " names no profile (set cluster.profile.gpu)"));
+  }
+  if (model.empty()) {
+    return missing(absl::StrCat("model ", m.name(),
+                                " has no hf_name (set cluster.profile.model, e.g. "
+                                "meta-llama/Llama-3.1-8B)"));
+  }
+  const fs::path variant_dir = root / gpu / model / variant;
+  std::error_code ec;
+  if (!fs::is_directory(variant_dir, ec)) {
+    return missing(absl::StrCat("no bundle folder ", variant_dir.string()));
+  }
+  const fs::path dir = variant_dir / absl::StrCat("tp", tp);
+  if (!fs::is_directory(dir, ec)) {
+    std::vector<std::string> tps;
+    for (const auto& e : fs::directory_iterator(variant_dir, ec)) {
+      if (e.is_directory() && absl::StartsWith(e.path().filename().string(), "tp")) {
+        tps.push_back(e.path().filename().string());
+      }
+    }
+    std::sort(tps.begin(), tps.end());
+    return missing(absl::StrCat("no ", dir.filename().string(), " folder in ", variant_dir.string(),
+                                " for cluster.tensor_parallel = ", tp, " (it has: ",
+                                tps.empty() ? "none" : absl::StrJoin(tps, ", "), ")"));
+  }
+  auto profile = devices::GpuProfile::Get(fs::absolute(dir).lexically_normal().string());
+  if (!profile.ok()) {
+    return absl::Status(profile.status().code(),
+                        absl::StrCat(where, ": cluster.profile: ", profile.status().message()));
+  }
+  out->profile = *profile;
+  auto* ref = out->xpu_device.mutable_gpu()->mutable_profile();
+  ref->set_dir((*profile)->dir());
+  ref->set_fingerprint((*profile)->fingerprint());
+  const devices::ModelDims& d = out->model;
+  const int64_t heads = d.num_heads / tp, kv = std::max<int64_t>(1, d.num_kv_heads / tp);
+  ref->set_d_model(d.d_model);
+  ref->set_qkv_n((heads + 2 * kv) * d.d_head);
+  ref->set_attn_out_k(heads * d.d_head);
+  ref->set_ff1_n(d.FfInputMatrices() * (d.d_ff / tp));
+  ref->set_ff2_k(d.d_ff / tp);
+  ref->set_lm_head_n((d.vocab_size + tp - 1) / tp);
+  return absl::OkStatus();
+}
+
 absl::Status ConnectAgents(const LoadedScenario& sc, ResolvedScenario* out) {
   const auto& c = sc.proto.cluster();
   for (const auto& [kind, endpoints] : sc.agent_endpoints) {
@@ -228,6 +302,11 @@ absl::StatusOr<ResolvedScenario> Resolve(const LoadedScenario& sc) {
   if (ck.status().ok() && !(s.kv_watermark() >= 0 && s.kv_watermark() < 0.5)) {
     ck.Fail("scheduler.kv_watermark", s.kv_watermark(), "allowed range [0, 0.5)");
   }
+  ck.Range<int64_t>("scheduler.num_kv_blocks", s.num_kv_blocks(), 0, scheduler::kMaxKvBlocks);
+  ck.Range<int64_t>("scheduler.long_prefill_token_threshold", s.long_prefill_token_threshold(), 0,
+                    1 << 22);
+  ck.Range<double>("scheduler.step_overhead_s", s.step_overhead_s(), 0, 1);
+  ck.Range<double>("scheduler.runtime_reserve_bytes", s.runtime_reserve_bytes(), 0, 1e15);
   ck.Positive("slo.ttft_s", p.slo().ttft_s());
   ck.Positive("slo.tpot_s", p.slo().tpot_s());
   if (p.slo().has_tbt_s()) ck.Positive("slo.tbt_s", p.slo().tbt_s());
@@ -283,17 +362,35 @@ absl::StatusOr<ResolvedScenario> Resolve(const LoadedScenario& sc) {
   *gpu->mutable_xpu() = x;
   *gpu->mutable_interconnect() = c.interconnect();
   gpu->set_dtype(m.dtype());
+  RETURN_IF_ERROR(ResolveProfile(sc, m, x, tp, &out));
+  if (!x.roofline().empty()) {
+    // Per-class caps are checked by the device; report them here, located.
+    if (auto d = devices::CreateDevice(out.xpu_device); !d.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(sc.Where("cluster.xpu.roofline"), ": ", d.status().message()));
+    }
+  }
 
   // Memory: weights and the activation workspace must leave room for KV.
   scheduler::IterationPlanner sizes(out.model, tp, /*device=*/nullptr);
   out.weight_bytes_per_xpu = sizes.WeightBytesPerXpu();
   out.activation_bytes_per_xpu = sizes.ActivationBytesPerXpu(s.max_tokens_per_iteration());
+  if (s.batching() == servesim::v1::BATCHING_POLICY_VLLM_V1) {
+    // vLLM sizes the KV cache after a profiling forward pass of a full token
+    // budget and a sampler pass of max_num_seqs dummy requests: the peak
+    // holds the layer's activations and the logits in fp32 (vocab per
+    // sequence, plus the softmax copy).
+    out.activation_bytes_per_xpu +=
+        2.0 * 4.0 * static_cast<double>(s.max_batch_size()) *
+        static_cast<double>((m.vocab_size() + tp - 1) / tp);
+  }
+  out.runtime_reserve_bytes_per_xpu = s.runtime_reserve_bytes();
   scheduler::KvCapacityInputs kin;
   kin.memory_bytes_per_xpu = x.memory_bytes();
   kin.xpus = tp;
   kin.memory_utilization = c.memory_utilization();
   kin.weight_bytes = out.model.WeightBytes();
-  kin.activation_bytes_per_xpu = out.activation_bytes_per_xpu;
+  kin.activation_bytes_per_xpu = out.activation_bytes_per_xpu + out.runtime_reserve_bytes_per_xpu;
   kin.kv_bytes_per_token_per_xpu = sizes.KvBytesPerTokenPerXpu();
   kin.block_tokens = s.kv_block_tokens();
   out.planner.tensor_parallel = tp;
@@ -447,15 +544,28 @@ absl::StatusOr<ResolvedScenario> Resolve(const LoadedScenario& sc) {
     }
   } else {
     out.kv = scheduler::ComputeKvCapacity(kin);
+    if (s.num_kv_blocks() > 0) {
+      // The engine's own figure (vLLM's num_gpu_blocks) replaces the memory
+      // model's.
+      out.kv.blocks = s.num_kv_blocks();
+      out.kv.tokens = out.kv.blocks * s.kv_block_tokens();
+      out.kv.usable_bytes_per_xpu =
+          static_cast<double>(out.kv.blocks) * s.kv_block_tokens() * kin.kv_bytes_per_token_per_xpu;
+    }
   }
   const double available = x.memory_bytes() * c.memory_utilization();
-  const double required = out.weight_bytes_per_xpu + out.activation_bytes_per_xpu;
+  const double required = out.weight_bytes_per_xpu + out.activation_bytes_per_xpu +
+                          out.runtime_reserve_bytes_per_xpu;
   if (out.kv.blocks < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
         sc.Where("cluster.tensor_parallel"), ": ", m.name(),
         " does not fit a replica of ", tp, " x ", x.preset().empty() ? "xPU" : x.preset(),
         ": required ", Gb(required), " per xPU (weights ", Gb(out.weight_bytes_per_xpu),
-        " + activations ", Gb(out.activation_bytes_per_xpu), ") plus at least one KV block (",
+        " + activations ", Gb(out.activation_bytes_per_xpu),
+        out.runtime_reserve_bytes_per_xpu > 0
+            ? absl::StrCat(" + runtime reserve ", Gb(out.runtime_reserve_bytes_per_xpu))
+            : std::string(),
+        ") plus at least one KV block (",
         Gb(double(kin.block_tokens) * kin.kv_bytes_per_token_per_xpu), ") vs available ",
         Gb(available), " (memory ", Gb(x.memory_bytes()), " x cluster.memory_utilization ",
         c.memory_utilization(), "); raise cluster.tensor_parallel or use a larger xPU"));
@@ -463,7 +573,12 @@ absl::StatusOr<ResolvedScenario> Resolve(const LoadedScenario& sc) {
 
   out.batching.policy = s.batching() == servesim::v1::BATCHING_POLICY_CHUNKED_PREFILL
                             ? scheduler::BatchingPolicy::kChunkedPrefill
+                        : s.batching() == servesim::v1::BATCHING_POLICY_VLLM_V1
+                            ? scheduler::BatchingPolicy::kVllmV1
                             : scheduler::BatchingPolicy::kPrefillFirst;
+  out.batching.prefix_caching = s.prefix_caching();
+  out.batching.long_prefill_token_threshold = s.long_prefill_token_threshold();
+  out.step_overhead_s = s.step_overhead_s();
   out.batching.max_batch_size = s.max_batch_size();
   out.batching.max_tokens_per_iteration = s.max_tokens_per_iteration();
   out.batching.kv_block_tokens = s.kv_block_tokens();

@@ -27,6 +27,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "agents/client_options.h"
+#include "devices/gpu/profile.h"
 #include "devices/model.h"
 #include "google/protobuf/text_format.h"
 #include "scheduler/batching.h"
@@ -81,6 +82,12 @@ struct ResolvedScenario {
   std::string base_dir;
   devices::ModelDims model;
   servesim::v1::DeviceSpec xpu_device;  // gpu spec for the replica's xPUs
+  // The xPU's measured profile bundle (cluster.profile); null: the roofline.
+  std::shared_ptr<const devices::GpuProfile> profile;
+  // What the run fell back to where the scenario asked for more (a profile
+  // bundle that is not there, a knob a replayed run did not record): for
+  // run_info.json and a warning on stderr.
+  std::vector<std::string> fallbacks;
   int64_t replicas = 1;
   int64_t tensor_parallel = 1;
   scheduler::BatchingConfig batching;  // kv_capacity_blocks filled in
@@ -88,6 +95,8 @@ struct ResolvedScenario {
   scheduler::KvCapacity kv;
   double weight_bytes_per_xpu = 0;
   double activation_bytes_per_xpu = 0;
+  double runtime_reserve_bytes_per_xpu = 0;  // scheduler.runtime_reserve_bytes
+  double step_overhead_s = 0;                // scheduler.step_overhead_s, per iteration
   double ttft_slo_s = 0;
   double tpot_slo_s = 0;
   double tbt_slo_s = 0;  // 0: no SLO-limited batching

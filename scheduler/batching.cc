@@ -36,6 +36,80 @@ ReplicaScheduler::ReplicaScheduler(const BatchingConfig& config)
         config.placement_stacks, config.placement_capacity_tokens,
         config.placement_kv_heads);
   }
+  if (config.prefix_caching) prefix_ = std::make_unique<PrefixCache>(&kv_);
+}
+
+namespace {
+
+// splitmix64's finaliser (as workload/prefix.h mixes trace hashes).
+uint64_t Mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+}  // namespace
+
+uint64_t ReplicaScheduler::BlockKey(int32_t slot, int64_t b) const {
+  const RequestState& r = table_[slot];
+  uint64_t key;
+  if (r.spec.block_hashes != nullptr && b < static_cast<int64_t>(r.spec.block_hashes->size())) {
+    key = (*r.spec.block_hashes)[static_cast<size_t>(b)];
+  } else {
+    // Past what the trace says (or without it): the request's own content,
+    // which only this request, re-prefilling after a preemption, can find.
+    key = Mix(Mix(static_cast<uint64_t>(r.spec.id) ^ 0x6f7c0ffeeULL) ^ static_cast<uint64_t>(b));
+  }
+  return key == 0 ? 1 : key;  // 0 marks a private block
+}
+
+PrefixCache::Match ReplicaScheduler::PrefixMatch(int32_t slot) {
+  const RequestState& r = table_[slot];
+  // Leave at least one token to compute (vLLM recomputes the last).
+  const int64_t max_blocks = (r.prompt_tokens - 1) / config_.kv_block_tokens;
+  key_scratch_.clear();
+  for (int64_t b = 0; b < max_blocks; ++b) key_scratch_.push_back(BlockKey(slot, b));
+  return prefix_->Lookup(key_scratch_, max_blocks);
+}
+
+void ReplicaScheduler::TakePrefix(int32_t slot, const PrefixCache::Match& match) {
+  RequestState& r = table_[slot];
+  prefix_->Acquire(key_scratch_, match.blocks);
+  r.block_keys.assign(key_scratch_.begin(), key_scratch_.begin() + match.blocks);
+  r.blocks = match.blocks;
+  r.hashed_blocks = match.blocks;
+  const int64_t cached = match.blocks * config_.kv_block_tokens;
+  r.prefilled = cached;
+  r.context_tokens = cached;
+  prefix_hit_tokens_ += cached;
+  prefix_query_tokens_ += r.prompt_tokens;
+}
+
+bool ReplicaScheduler::Grow(int32_t slot, int64_t tokens) {
+  RequestState& r = table_[slot];
+  const int64_t need = BlocksFor(tokens) - r.blocks;
+  if (need <= 0) return true;
+  if (prefix_ != nullptr) {
+    if (!prefix_->AllocateFresh(need)) return false;
+    r.block_keys.resize(r.block_keys.size() + static_cast<size_t>(need), 0);
+  } else if (!kv_.TryAllocate(need)) {
+    return false;
+  }
+  r.blocks += need;
+  return true;
+}
+
+void ReplicaScheduler::RegisterFull(int32_t slot, int64_t tokens) {
+  RequestState& r = table_[slot];
+  const int64_t full = std::min<int64_t>(tokens / config_.kv_block_tokens, r.blocks);
+  for (int64_t b = r.hashed_blocks; b < full; ++b) {
+    uint64_t& k = r.block_keys[static_cast<size_t>(b)];
+    if (k != 0) continue;
+    const uint64_t key = BlockKey(slot, b);
+    if (prefix_->Register(key)) k = key;
+  }
+  r.hashed_blocks = std::max(r.hashed_blocks, full);
 }
 
 int32_t ReplicaScheduler::NewSlot(const RequestSpec& spec) {
@@ -48,7 +122,10 @@ int32_t ReplicaScheduler::NewSlot(const RequestSpec& spec) {
     table_.emplace_back();
   }
   RequestState& r = table_[slot];
+  std::vector<uint64_t> keys = std::move(r.block_keys);  // keep the capacity
   r = RequestState{};
+  keys.clear();
+  r.block_keys = std::move(keys);
   r.spec = spec;
   r.prompt_tokens = spec.input_tokens;
   return slot;
@@ -88,13 +165,16 @@ bool ReplicaScheduler::TryAdmit(int32_t slot, int64_t tokens_so_far) {
     batch_.bound = BatchBound::kSlo;
     return false;
   }
+  PrefixCache::Match match;
+  if (prefix_ != nullptr) match = PrefixMatch(slot);
+  const int64_t cached = match.blocks * config_.kv_block_tokens;
   if (config_.policy == BatchingPolicy::kPrefillFirst && tokens_so_far > 0 &&
-      tokens_so_far + r.prompt_tokens > config_.max_tokens_per_iteration) {
+      tokens_so_far + r.prompt_tokens - cached > config_.max_tokens_per_iteration) {
     batch_.bound = BatchBound::kTokenBudget;
     return false;
   }
-  const int64_t need = BlocksFor(r.prompt_tokens);
-  if (kv_.free() - need < watermark_blocks_) {
+  const int64_t need = BlocksFor(r.prompt_tokens) - match.blocks;
+  if (kv_.free() - match.evictable - need < watermark_blocks_) {
     batch_.bound = BatchBound::kCapacity;
     return false;
   }
@@ -103,18 +183,31 @@ bool ReplicaScheduler::TryAdmit(int32_t slot, int64_t tokens_so_far) {
     batch_.bound = BatchBound::kCapacity;
     return false;
   }
-  kv_.TryAllocate(need);
-  r.blocks = need;
-  r.running = true;
+  queued_blocks_ -= BlocksFor(r.prompt_tokens);
   r.prefilled = 0;
   r.context_tokens = 0;
-  queued_blocks_ -= need;
+  if (prefix_ != nullptr) TakePrefix(slot, match);
+  Grow(slot, r.prompt_tokens);  // checked above
+  r.running = true;
   running_.push_back(slot);
   return true;
 }
 
 void ReplicaScheduler::ReleaseResources(RequestState& r, int32_t slot) {
-  kv_.Release(r.blocks);
+  if (prefix_ != nullptr) {
+    // Last block first, so that a prompt's leading blocks are evicted last.
+    for (auto it = r.block_keys.rbegin(); it != r.block_keys.rend(); ++it) {
+      if (*it != 0) {
+        prefix_->Release(*it);
+      } else {
+        kv_.Release(1);
+      }
+    }
+    r.block_keys.clear();
+    r.hashed_blocks = 0;
+  } else {
+    kv_.Release(r.blocks);
+  }
   r.blocks = 0;
   if (placement_ != nullptr) placement_->Release(slot);
 }
@@ -134,17 +227,13 @@ void ReplicaScheduler::Preempt(int32_t slot) {
 }
 
 bool ReplicaScheduler::ReserveDecodeSlot(int32_t slot) {
-  RequestState& r = table_[slot];
-  const int64_t need = BlocksFor(r.context_tokens + 1) - r.blocks;
-  if (need <= 0) return true;
-  while (!kv_.TryAllocate(need)) {
+  while (!Grow(slot, table_[slot].context_tokens + 1)) {
     // Victim: the most recently admitted running request.
     const int32_t victim = running_.back();
     running_.pop_back();
     Preempt(victim);
     if (victim == slot) return false;
   }
-  r.blocks += need;
   return true;
 }
 
@@ -168,16 +257,22 @@ const Batch& ReplicaScheduler::Schedule(double now_s) {
   (void)now_s;  // FCFS needs no clock; kept for SLO-aware policies.
   batch_.Clear();
   const int64_t budget = config_.max_tokens_per_iteration;
+  if (config_.policy == BatchingPolicy::kVllmV1) {
+    ScheduleVllmV1();
+    return batch_;
+  }
 
   if (config_.policy == BatchingPolicy::kPrefillFirst) {
     // Whole prompts of newly admitted requests, FCFS.
     int64_t tokens = 0;
     while (!waiting_.empty()) {
       const int32_t slot = waiting_.front();
-      const int64_t p = table_[slot].prompt_tokens;
       if (!TryAdmit(slot, tokens)) break;  // head-of-line blocks: FCFS
       waiting_.pop_front();
-      batch_.entries.push_back(BatchEntry{slot, p, 0, true, true, Stacks(slot), table_[slot].spec.id});
+      const RequestState& r = table_[slot];
+      const int64_t p = r.prompt_tokens - r.prefilled;  // less what the cache held
+      batch_.entries.push_back(
+          BatchEntry{slot, p, r.prefilled, true, true, Stacks(slot), r.spec.id});
       tokens += p;
       batch_.prefill_tokens += p;
       ++batch_.emitting;
@@ -213,14 +308,98 @@ const Batch& ReplicaScheduler::Schedule(double now_s) {
     if (!TryAdmit(slot, 0)) break;
     waiting_.pop_front();
     const RequestState& r = table_[slot];
-    const int64_t chunk = std::min(r.prompt_tokens, left);
-    const bool last = chunk == r.prompt_tokens;
-    batch_.entries.push_back(BatchEntry{slot, chunk, 0, true, last, Stacks(slot), table_[slot].spec.id});
+    const int64_t chunk = std::min(r.prompt_tokens - r.prefilled, left);
+    const bool last = r.prefilled + chunk == r.prompt_tokens;
+    batch_.entries.push_back(
+        BatchEntry{slot, chunk, r.prefilled, true, last, Stacks(slot), r.spec.id});
     batch_.prefill_tokens += chunk;
     batch_.emitting += last ? 1 : 0;
     left -= chunk;
   }
   return batch_;
+}
+
+void ReplicaScheduler::ScheduleVllmV1() {
+  int64_t budget = config_.max_tokens_per_iteration;
+  const int64_t threshold = config_.long_prefill_token_threshold;
+  bool preempted = false;
+  // Running requests first, in admission order (index loop: preemption pops
+  // from the back).
+  for (size_t i = 0; i < running_.size() && budget > 0; ++i) {
+    const int32_t slot = running_[i];
+    const RequestState& r = table_[slot];
+    const bool prefill = r.prefilled < r.prompt_tokens;
+    int64_t n = prefill ? r.prompt_tokens - r.prefilled : 1;
+    if (prefill && threshold > 0) n = std::min(n, threshold);
+    n = std::min(n, budget);
+    const int64_t past = prefill ? r.prefilled : r.context_tokens;
+    bool scheduled = true;
+    while (!Grow(slot, past + n)) {
+      const int32_t victim = running_.back();
+      running_.pop_back();
+      Preempt(victim);
+      preempted = true;
+      if (victim == slot) {
+        scheduled = false;
+        break;
+      }
+    }
+    if (!scheduled) break;  // it was the last running request
+    const bool emits = !prefill || past + n == r.prompt_tokens;
+    batch_.entries.push_back(BatchEntry{slot, n, past, prefill, emits, Stacks(slot), r.spec.id});
+    (prefill ? batch_.prefill_tokens : batch_.decode_tokens) += n;
+    batch_.emitting += emits ? 1 : 0;
+    budget -= n;
+  }
+  if (preempted) {
+    batch_.bound = BatchBound::kCapacity;
+    return;
+  }
+  // Then waiting requests, FCFS.
+  while (!waiting_.empty()) {
+    if (budget <= 0) {
+      batch_.bound = BatchBound::kTokenBudget;
+      break;
+    }
+    const int64_t running = static_cast<int64_t>(running_.size());
+    if (running >= config_.max_batch_size) {
+      batch_.bound = BatchBound::kMaxBatch;
+      break;
+    }
+    if (batch_cap_ > 0 && running >= batch_cap_) {
+      batch_.bound = BatchBound::kSlo;
+      break;
+    }
+    const int32_t slot = waiting_.front();
+    RequestState& r = table_[slot];
+    PrefixCache::Match match;
+    if (prefix_ != nullptr) match = PrefixMatch(slot);
+    const int64_t cached = match.blocks * config_.kv_block_tokens;
+    int64_t n = r.prompt_tokens - cached;
+    if (threshold > 0) n = std::min(n, threshold);
+    n = std::min(n, budget);
+    const int64_t fresh = BlocksFor(cached + n) - match.blocks;
+    const bool fits = prefix_ != nullptr ? prefix_->CanAllocate(match, fresh)
+                                         : fresh <= kv_.free() - watermark_blocks_;
+    if (!fits || (placement_ != nullptr &&
+                  !placement_->Place(slot, r.spec.input_tokens + r.spec.output_tokens))) {
+      batch_.bound = BatchBound::kCapacity;
+      break;
+    }
+    waiting_.pop_front();
+    queued_blocks_ -= BlocksFor(r.prompt_tokens);
+    r.prefilled = 0;
+    r.context_tokens = 0;
+    if (prefix_ != nullptr) TakePrefix(slot, match);
+    Grow(slot, cached + n);  // checked above
+    r.running = true;
+    running_.push_back(slot);
+    const bool emits = cached + n == r.prompt_tokens;
+    batch_.entries.push_back(BatchEntry{slot, n, cached, true, emits, Stacks(slot), r.spec.id});
+    batch_.prefill_tokens += n;
+    batch_.emitting += emits ? 1 : 0;
+    budget -= n;
+  }
 }
 
 int64_t ReplicaScheduler::MeanContextTokens() const {
@@ -253,6 +432,7 @@ void ReplicaScheduler::Complete(double now_s, RequestObserver* observer) {
     } else {
       r.context_tokens += 1;
     }
+    if (prefix_ != nullptr) RegisterFull(e.slot, r.context_tokens);
     if (!e.emits_token) continue;
     ++r.generated;
     const double gap = r.last_token_s < 0 ? -1.0 : now_s - r.last_token_s;

@@ -27,6 +27,25 @@
 //    newly admitted ones.
 //  - max_batch_size caps running requests; kv_watermark keeps that fraction
 //    of blocks free at admission (not for decode growth).
+//  - kVllmV1 (vLLM's v1 engine scheduler, vllm/v1/core/sched/scheduler.py):
+//    one token budget (max_tokens_per_iteration, vLLM's
+//    max_num_batched_tokens) per step. Running requests go first, in
+//    admission order: each takes what it still needs (1 for a decode, the
+//    rest of its prompt for a prefill, capped by long_prefill_token_threshold
+//    and by the budget left). Its KV blocks are allocated for the tokens
+//    scheduled, not reserved for the whole prompt; when one cannot be had,
+//    the newest running request is preempted (recompute; it rejoins the
+//    front of the waiting queue), repeatedly, and a step that preempted
+//    admits nobody. Then waiting requests, FCFS, while the running count is
+//    under max_batch_size (max_num_seqs) and budget is left: each takes its
+//    prefix-cache hits and a chunk of the rest of its prompt, and admission
+//    stops at the first that cannot get its blocks. A request appears at
+//    most once per step; a prompt whose last chunk runs yields its first
+//    token in that step. No watermark.
+//  - prefix_caching (any policy; scheduler/prefix_cache.h): an admitted
+//    request first takes the cached blocks its prompt's leading block hashes
+//    name (leaving at least one token to compute), then computes the rest;
+//    every block that fills is cached.
 //  - Requests whose prompt + output exceed max_context_tokens, or whose full
 //    KV could never fit (capacity minus watermark), are rejected at Add().
 #ifndef SERVESIM_SCHEDULER_BATCHING_H_
@@ -39,11 +58,12 @@
 
 #include "scheduler/kv_cache.h"
 #include "scheduler/placement.h"
+#include "scheduler/prefix_cache.h"
 #include "scheduler/request.h"
 
 namespace servesim::scheduler {
 
-enum class BatchingPolicy { kPrefillFirst, kChunkedPrefill };
+enum class BatchingPolicy { kPrefillFirst, kChunkedPrefill, kVllmV1 };
 
 struct BatchingConfig {
   BatchingPolicy policy = BatchingPolicy::kPrefillFirst;
@@ -53,6 +73,8 @@ struct BatchingConfig {
   int64_t kv_capacity_blocks = 0;
   double kv_watermark = 0.01;
   int64_t max_context_tokens = 0;
+  bool prefix_caching = false;
+  int64_t long_prefill_token_threshold = 0;  // kVllmV1; 0: none
   // Head-wise placement on attention-device stacks (AttAcc); off when
   // placement_stacks == 0. Capacity is per stack, in KV positions of one
   // head across all layers.
@@ -113,6 +135,10 @@ struct RequestState {
   int64_t context_tokens = 0; // KV positions held (after the last iteration)
   int64_t generated = 0;      // output tokens produced so far
   int64_t blocks = 0;
+  // With prefix caching: per block held, its cached hash, or 0 for a
+  // private block.
+  std::vector<uint64_t> block_keys;
+  int64_t hashed_blocks = 0;  // leading blocks already cached or tried
   int32_t preemptions = 0;
   double first_token_s = -1;
   double last_token_s = -1;
@@ -156,6 +182,11 @@ class ReplicaScheduler {
   // Blocks the waiting requests' prompts would need.
   int64_t queued_block_demand() const { return queued_blocks_; }
   int64_t total_preemptions() const { return total_preemptions_; }
+  // Prefix caching: prompt tokens taken from the cache and prompt tokens
+  // admitted, over the run (their ratio is the hit rate); null cache: 0.
+  int64_t prefix_hit_tokens() const { return prefix_hit_tokens_; }
+  int64_t prefix_query_tokens() const { return prefix_query_tokens_; }
+  const PrefixCache* prefix_cache() const { return prefix_.get(); }
   const StackPlacement* placement() const { return placement_.get(); }
   // Mean KV length the next decode step would see: over running requests
   // (cached tokens + 1), else over waiting prompts; 0 when idle.
@@ -179,7 +210,20 @@ class ReplicaScheduler {
   // of running_ as needed. False if `slot` itself was preempted.
   bool ReserveDecodeSlot(int32_t slot);
   void ScheduleDecodes();
+  void ScheduleVllmV1();
   int32_t NewSlot(const RequestSpec& spec);
+  // Prefix caching: the hash naming block `b` of the request in `slot`
+  // (its trace's, or one of its own past what the trace says).
+  uint64_t BlockKey(int32_t slot, int64_t b) const;
+  // The prompt's leading cached blocks admission could take now.
+  PrefixCache::Match PrefixMatch(int32_t slot);
+  // Takes `match`'s cached blocks for `slot` and counts them in the stats.
+  void TakePrefix(int32_t slot, const PrefixCache::Match& match);
+  // Ensures `slot` holds blocks for `tokens` KV positions, allocating fresh
+  // ones; false (nothing changed) when the pool cannot.
+  bool Grow(int32_t slot, int64_t tokens);
+  // Caches the blocks of `slot` that are full after `tokens` positions.
+  void RegisterFull(int32_t slot, int64_t tokens);
 
   BatchingConfig config_;
   KvBlockPool kv_;
@@ -193,6 +237,9 @@ class ReplicaScheduler {
   Batch batch_;
   int64_t batch_cap_ = 0;
   std::unique_ptr<StackPlacement> placement_;
+  std::unique_ptr<PrefixCache> prefix_;
+  std::vector<uint64_t> key_scratch_;
+  int64_t prefix_hit_tokens_ = 0, prefix_query_tokens_ = 0;
 };
 
 }  // namespace servesim::scheduler

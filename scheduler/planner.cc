@@ -153,8 +153,17 @@ void IterationPlanner::BuildLayerOps(const Batch& batch) {
 
   // Once per iteration.
   elementwise(Stage::kEmbedding, t * d, 2 * elem, 0);  // gather rows
-  elementwise(Stage::kNorm, batch.emitting * d, 2 * elem, 5);
+  elementwise(Stage::kFinalNorm, batch.emitting * d, 2 * elem, 5);
   gemm(Stage::kLmHead, batch.emitting, (model_.vocab_size + tp_ - 1) / tp_, d);
+  SetCounts(t, static_cast<int64_t>(batch.entries.size()), &ops_, 0);
+}
+
+void IterationPlanner::SetCounts(int64_t tokens, int64_t sequences, std::vector<Op>* ops,
+                                 size_t from) {
+  for (size_t i = from; i < ops->size(); ++i) {
+    (*ops)[i].tokens = tokens;
+    (*ops)[i].sequences = sequences;
+  }
 }
 
 const char* TrackName(Track t) {
@@ -189,8 +198,9 @@ absl::StatusOr<IterationCost> IterationPlanner::Plan(const Batch& batch) {
   // Every op but the attention depends on the token counts only: a batch
   // with the same counts as the last re-costs its attention alone (the
   // device is pure, and costs are per op).
-  const std::array<int64_t, 3> key = {batch.prefill_tokens, batch.decode_tokens,
-                                      batch.emitting};
+  const std::array<int64_t, 4> key = {batch.prefill_tokens, batch.decode_tokens,
+                                      batch.emitting,
+                                      static_cast<int64_t>(batch.entries.size())};
   if (ops_valid_ && key == ops_key_) {
     seqs_.clear();
     for (const BatchEntry& e : batch.entries) {
@@ -318,7 +328,7 @@ void IterationPlanner::TailOps(int64_t tokens, int64_t emitting, std::vector<Op>
   tail[0].stage = Stage::kEmbedding;
   tail[0].elements = tokens * d;
   tail[0].bytes_per_element = 2 * elem;
-  tail[1].stage = Stage::kNorm;
+  tail[1].stage = Stage::kFinalNorm;
   tail[1].elements = emitting * d;
   tail[1].bytes_per_element = 2 * elem;
   tail[1].flops_per_element = 5;
@@ -453,8 +463,9 @@ absl::StatusOr<IterationCost> IterationPlanner::PlanWithDevice(const Batch& batc
   // size as the last iteration's asks the same question, and the xPU device
   // (pure: same ops, same costs) is not asked again.
   std::vector<Cost>& xpu_costs = xpu_costs_;
-  const std::array<int64_t, 6> xpu_key = {static_cast<int64_t>(policy), t, batch.emitting,
-                                          absl::bit_cast<int64_t>(f), groups, b_dec};
+  const std::array<int64_t, 7> xpu_key = {static_cast<int64_t>(policy), t, batch.emitting,
+                                          absl::bit_cast<int64_t>(f), groups, b_dec,
+                                          static_cast<int64_t>(batch.entries.size())};
   const bool xpu_same = xpu_valid_ && xpu_key == xpu_key_ && pre_seqs.size() == xpu_pre_.size() &&
                         std::equal(pre_seqs.begin(), pre_seqs.end(), xpu_pre_.begin(),
                                    [](const devices::AttentionSeq& x,
@@ -473,6 +484,7 @@ absl::StatusOr<IterationCost> IterationPlanner::PlanWithDevice(const Batch& batc
       XpuLayerOps(b_dec - half, {}, 1.0, 1, &xpu_ops);
     }
     TailOps(t, batch.emitting, &xpu_ops);
+    SetCounts(t, static_cast<int64_t>(batch.entries.size()), &xpu_ops, 0);
     xpu_costs.assign(xpu_ops.size(), Cost{});
     RETURN_IF_ERROR(device_->Estimate(xpu_ops, absl::MakeSpan(xpu_costs)));
     xpu_key_ = xpu_key;

@@ -137,6 +137,9 @@ class IterationPlanner {
 
  private:
   void BuildLayerOps(const Batch& batch);
+  // Stamps ops [from, end) with the iteration's tokens and sequences.
+  static void SetCounts(int64_t tokens, int64_t sequences, std::vector<devices::Op>* ops,
+                        size_t from);
   absl::StatusOr<IterationCost> PlanWithDevice(const Batch& batch);
   // xPU cost of the layer pieces for `tokens` tokens with the given FF
   // share kept on the xPUs and `xpu_seqs` attended on the xPUs.
@@ -172,7 +175,7 @@ class IterationPlanner {
   // ops_ and costs_ answer the token counts ops_key_ (see Plan).
   static constexpr size_t kAttentionOp = 2;  // index in ops_
   bool ops_valid_ = false;
-  std::array<int64_t, 3> ops_key_{};
+  std::array<int64_t, 4> ops_key_{};
   // PlanWithDevice's scratch, reused: no allocation per iteration.
   std::vector<devices::AttentionSeq> dec_seqs_, pre_seqs_, seqs_a_, seqs_b_;
   std::vector<int32_t> dec_stacks_, st_a_, st_b_;
@@ -182,7 +185,7 @@ class IterationPlanner {
   // The last xPU question and its answer (xpu_ops_, xpu_costs_): see
   // PlanWithDevice.
   bool xpu_valid_ = false;
-  std::array<int64_t, 6> xpu_key_{};
+  std::array<int64_t, 7> xpu_key_{};
   std::vector<devices::AttentionSeq> xpu_pre_;
   // The last device ops' shape (see PlanWithDevice) and where their
   // attention and FF ops start in dev_ops_ (-1: none).

@@ -1,9 +1,12 @@
-// A request as the workload describes it: when it arrives and how long its
-// prompt and its answer are.
+// A request as the workload describes it: when it arrives, how long its
+// prompt and its answer are, and (when the trace says) what its prompt
+// shares with others.
 #ifndef SERVESIM_SCHEDULER_REQUEST_H_
 #define SERVESIM_SCHEDULER_REQUEST_H_
 
 #include <cstdint>
+#include <memory>
+#include <vector>
 
 namespace servesim::scheduler {
 
@@ -12,6 +15,9 @@ struct RequestSpec {
   double arrival_s = 0;       // simulated arrival time
   int64_t input_tokens = 0;   // prompt length, >=1
   int64_t output_tokens = 0;  // tokens to generate, >=1
+  // Chained hashes of the prompt's full KV blocks (workload/prefix.h), for
+  // prefix caching; null when the trace says nothing of the content.
+  std::shared_ptr<const std::vector<uint64_t>> block_hashes;
 };
 
 }  // namespace servesim::scheduler

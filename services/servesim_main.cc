@@ -18,6 +18,7 @@ int main(int argc, char** argv) {
       {"presets", svc::PresetsCommand}, {"study", svc::StudyCommand},
       {"sweep", svc::SweepCommand},     {"merge", svc::MergeCommand},
       {"search", svc::SearchCommand},   {"plot", svc::PlotCommand},
+      {"replay", svc::ReplayCommand},   {"calibrate", svc::CalibrateCommand},
   };
   const auto it = kCommands.find(command);
   if (it == kCommands.end()) return svc::UsageError(absl::StrCat("unknown command ", command));

@@ -15,95 +15,21 @@
 namespace servesim::workload {
 namespace {
 
-// A cursor over one line of JSON. Mooncake lines are flat objects, so this
-// handles exactly what they need (strings, numbers, arrays) plus nested
-// values and literals so that unknown keys of any kind can be skipped.
-class JsonCursor {
- public:
-  explicit JsonCursor(absl::string_view text) : text_(text) {}
-
-  void SkipSpace() {
-    while (pos_ < text_.size() &&
-           absl::ascii_isspace(static_cast<unsigned char>(text_[pos_]))) {
-      ++pos_;
-    }
-  }
-  bool AtEnd() const { return pos_ >= text_.size(); }
-  char Peek() const { return AtEnd() ? '\0' : text_[pos_]; }
-  bool Consume(char c) {
-    SkipSpace();
-    if (Peek() != c) return false;
-    ++pos_;
-    return true;
-  }
-
-  // A string's raw content (escapes left as written: the keys we look for
-  // have none).
-  bool String(absl::string_view& out) {
-    SkipSpace();
-    if (Peek() != '"') return false;
-    const size_t start = ++pos_;
-    while (pos_ < text_.size() && text_[pos_] != '"') {
-      pos_ += text_[pos_] == '\\' ? 2 : 1;
-    }
-    if (pos_ >= text_.size()) return false;
-    out = text_.substr(start, pos_ - start);
-    ++pos_;
-    return true;
-  }
-
-  // Skips one value and returns its raw text.
-  bool Value(absl::string_view& raw, int depth = 0) {
-    SkipSpace();
-    const size_t start = pos_;
-    if (depth > 32) return false;  // bounds the recursion on hostile input
-    const char c = Peek();
-    if (c == '"') {
-      absl::string_view ignored;
-      if (!String(ignored)) return false;
-    } else if (c == '[' || c == '{') {
-      const bool object = c == '{';
-      const char close = object ? '}' : ']';
-      ++pos_;
-      if (!Consume(close)) {
-        do {
-          absl::string_view ignored;
-          if (object && (!String(ignored) || !Consume(':'))) return false;
-          if (!Value(ignored, depth + 1)) return false;
-        } while (Consume(','));
-        if (!Consume(close)) return false;
-      }
-    } else {
-      // Numbers and the literals true/false/null: a run of token bytes,
-      // checked by whoever uses the value.
-      while (pos_ < text_.size() &&
-             (absl::ascii_isalnum(static_cast<unsigned char>(text_[pos_])) ||
-              text_[pos_] == '-' || text_[pos_] == '+' || text_[pos_] == '.')) {
-        ++pos_;
-      }
-      if (pos_ == start) return false;
-    }
-    raw = text_.substr(start, pos_ - start);
-    return true;
-  }
-
-  size_t column() const { return pos_ + 1; }
-
- private:
-  absl::string_view text_;
-  size_t pos_ = 0;
-};
-
 constexpr absl::string_view kMooncakeFormat =
     "expected one flat JSON object per line with keys timestamp (ms), "
-    "input_length, output_length";
+    "input_length, output_length and optionally hash_ids";
+
+// Tokens per hash id in the Mooncake traces (their KV block; Qin et al.,
+// "Mooncake", FAST'25, §4 and the trace's README).
+constexpr int64_t kMooncakeBlockTokens = 512;
 
 
 // One flat JSON object per line.
 class MooncakeRows : public RowReader {
  public:
-  MooncakeRows(const std::string& path, std::unique_ptr<LineReader> lines)
-      : path_(path), lines_(std::move(lines)) {}
+  MooncakeRows(const std::string& path, std::unique_ptr<LineReader> lines,
+               int64_t hash_block_tokens)
+      : path_(path), lines_(std::move(lines)), hash_block_tokens_(hash_block_tokens) {}
 
   absl::StatusOr<bool> Next(RawRow& row) override {
     absl::string_view line;
@@ -116,44 +42,25 @@ class MooncakeRows : public RowReader {
       return false;
     }
     const int64_t line_number = lines_->line_number();
-    JsonCursor cursor(line);
-    auto malformed = [&](absl::string_view what) {
-      return LineError(
-          path_, line_number,
-          absl::StrCat("malformed JSON at column ", cursor.column(), ": ", what,
-                       " (", kMooncakeFormat, ")"));
-    };
-    if (!cursor.Consume('{')) return malformed("expected '{'");
-    // Raw values of the three keys we need; empty when absent.
-    absl::string_view values[3];
-    static constexpr absl::string_view kKeys[3] = {"timestamp", "input_length",
-                                                   "output_length"};
-    if (!cursor.Consume('}')) {
-      do {
-        absl::string_view key;
-        absl::string_view raw;
-        if (!cursor.String(key)) return malformed("expected a quoted key");
-        if (!cursor.Consume(':')) return malformed("expected ':' after a key");
-        if (!cursor.Value(raw)) return malformed("expected a value");
-        for (int i = 0; i < 3; ++i) {
-          if (key != kKeys[i]) continue;
-          if (!values[i].empty()) {
-            return LineError(path_, line_number,
-                             absl::StrCat("duplicate key \"", key, "\" (",
-                                          kMooncakeFormat, ")"));
-          }
-          values[i] = raw;
-        }
-      } while (cursor.Consume(','));
-      if (!cursor.Consume('}')) return malformed("expected ',' or '}'");
-    }
-    cursor.SkipSpace();
-    if (!cursor.AtEnd()) return malformed("unexpected text after the object");
+    static constexpr absl::string_view kKeys[4] = {"timestamp", "input_length", "output_length",
+                                                   "hash_ids"};
+    RETURN_IF_ERROR(ReadJsonObject(path_, line_number, line, kKeys, kMooncakeFormat, &values_));
+    const std::vector<absl::string_view>& values = values_;
     for (int i = 0; i < 3; ++i) {
       if (values[i].empty()) {
         return LineError(
             path_, line_number,
             absl::StrCat("no \"", kKeys[i], "\" key (", kMooncakeFormat, ")"));
+      }
+    }
+    row.content = PromptContent{};
+    if (!values[3].empty()) {
+      row.content.kind = PromptContent::Kind::kUnits;
+      row.content.unit_tokens = hash_block_tokens_;
+      if (!ParseIdArray(values[3], &row.content.ids)) {
+        return LineError(path_, line_number,
+                         absl::StrCat("hash_ids is ", Quoted(values[3]),
+                                      "; expected an array of integers >= 0"));
       }
     }
     if (!ParseInt64(values[0], row.timestamp_ms) || row.timestamp_ms < 0) {
@@ -177,6 +84,8 @@ class MooncakeRows : public RowReader {
  private:
   std::string path_;
   std::unique_ptr<LineReader> lines_;
+  int64_t hash_block_tokens_;
+  std::vector<absl::string_view> values_;
   int64_t rows_ = 0;
 };
 
@@ -208,6 +117,7 @@ absl::StatusOr<TraceFile> DrainMooncake(RowReader& rows) {
       row.timestamp_s = SpreadInBucket(ms, k - begin, end - begin);
       row.input_tokens = p.input_tokens;
       row.output_tokens = p.output_tokens;
+      row.content = p.content;
     }
     begin = end;
   }
@@ -223,19 +133,25 @@ double SpreadInBucket(int64_t ms, size_t k, size_t n) {
 }
 
 std::unique_ptr<RowReader> OpenMooncakeRows(const std::string& path,
+                                            std::unique_ptr<LineReader> lines,
+                                            int64_t hash_block_tokens) {
+  return std::make_unique<MooncakeRows>(path, std::move(lines), hash_block_tokens);
+}
+
+std::unique_ptr<RowReader> OpenMooncakeRows(const std::string& path,
                                             std::unique_ptr<LineReader> lines) {
-  return std::make_unique<MooncakeRows>(path, std::move(lines));
+  return OpenMooncakeRows(path, std::move(lines), kMooncakeBlockTokens);
 }
 
 absl::StatusOr<TraceFile> ParseMooncakeTrace(absl::string_view content,
                                              const std::string& name) {
-  MooncakeRows rows(name, MemoryLines(content));
+  MooncakeRows rows(name, MemoryLines(content), kMooncakeBlockTokens);
   return DrainMooncake(rows);
 }
 
 absl::StatusOr<TraceFile> ReadMooncakeTrace(const std::string& path) {
   ASSIGN_OR_RETURN(std::unique_ptr<LineReader> lines, FileLines(path));
-  MooncakeRows rows(path, std::move(lines));
+  MooncakeRows rows(path, std::move(lines), kMooncakeBlockTokens);
   return DrainMooncake(rows);
 }
 

@@ -10,7 +10,7 @@ absl::StatusOr<TraceFile> DrainRows(RowReader& rows) {
   while (true) {
     ASSIGN_OR_RETURN(const bool more, rows.Next(raw));
     if (!more) break;
-    trace.rows.push_back({raw.timestamp_s, raw.input_tokens, raw.output_tokens});
+    trace.rows.push_back({raw.timestamp_s, raw.input_tokens, raw.output_tokens, raw.content});
   }
   trace.skipped_failed = rows.skipped_failed();
   return trace;

@@ -23,6 +23,7 @@ struct RawRow {
   int64_t input_tokens = 0;
   int64_t output_tokens = 0;
   int64_t line = 0;
+  PromptContent content;
 };
 
 class RowReader {
@@ -52,6 +53,14 @@ std::unique_ptr<RowReader> OpenMooncakeRows(const std::string& path,
                                             std::unique_ptr<LineReader> lines);
 absl::StatusOr<std::unique_ptr<RowReader>> OpenBurstGptRows(const std::string& path,
                                                             std::unique_ptr<LineReader> lines);
+absl::StatusOr<std::unique_ptr<RowReader>> OpenCsvRows(const std::string& path,
+                                                       std::unique_ptr<LineReader> lines);
+std::unique_ptr<RowReader> OpenTokenIdsRows(const std::string& path,
+                                            std::unique_ptr<LineReader> lines);
+// Mooncake, with `hash_block_tokens` prompt tokens per hash id.
+std::unique_ptr<RowReader> OpenMooncakeRows(const std::string& path,
+                                            std::unique_ptr<LineReader> lines,
+                                            int64_t hash_block_tokens);
 
 // Mooncake: the k-th (0-based) of the n requests sharing millisecond `ms`
 // arrives at ms + k/n ms, so equal timestamps do not become one burst.

@@ -36,9 +36,11 @@ class SortedSource {
 };
 
 // A trace file; `format` UNSPECIFIED infers it from the name and header.
+// `hash_block_tokens`: Mooncake's tokens per hash id.
 absl::StatusOr<std::unique_ptr<SortedSource>> OpenTrace(const std::string& path,
                                                         servesim::v1::TraceFormat format,
-                                                        double rate_scale);
+                                                        double rate_scale,
+                                                        int64_t hash_block_tokens);
 // Poisson, gamma or constant arrivals of `spec` (lengths files resolved
 // against `base_dir`).
 absl::StatusOr<std::unique_ptr<SortedSource>> OpenSynthetic(const servesim::v1::WorkloadSpec& spec,

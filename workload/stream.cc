@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
+#include "workload/prefix.h"
 #include "workload/sources.h"
 #include "workload/text_reader.h"
 #include "workload/workload.h"
@@ -71,6 +72,7 @@ class WorkloadStream : public RequestStream {
     double window_end = std::numeric_limits<double>::infinity();
     int64_t max_requests = std::numeric_limits<int64_t>::max();
     int64_t repeat = 1;
+    int64_t prefix_block_tokens = 0;  // > 0: hash prompt contents per block
   };
 
   static absl::StatusOr<std::unique_ptr<RequestStream>> Create(Shape shape,
@@ -123,6 +125,11 @@ class WorkloadStream : public RequestStream {
       if (pass_ > 0) out->arrival_s += static_cast<double>(pass_) * period_s_;
       out->input_tokens = row.input_tokens;
       out->output_tokens = row.output_tokens;
+      if (shape_.prefix_block_tokens > 0 && row.content.kind != PromptContent::Kind::kNone) {
+        out->block_hashes = std::make_shared<const std::vector<uint64_t>>(
+            PromptBlockHashes(row.content, row.input_tokens, shape_.prefix_block_tokens,
+                              static_cast<uint64_t>(out->id)));
+      }
       ++summary_.num_requests;
       summary_.last_arrival_s = out->arrival_s;
       return true;
@@ -205,11 +212,12 @@ class VectorStream : public RequestStream {
 
 absl::StatusOr<std::unique_ptr<RequestStream>> OpenWorkload(
     const servesim::v1::WorkloadSpec& spec, const std::string& base_dir,
-    const std::string& trace_override, uint64_t seed) {
+    const std::string& trace_override, uint64_t seed, int64_t prefix_block_tokens) {
   // The shaping knobs are checked first, so a bad one is reported before a
   // trace is read.
   WorkloadStream::Shape shape;
   shape.spec = &spec;
+  shape.prefix_block_tokens = prefix_block_tokens;
   if (spec.has_rate_scale()) {
     shape.rate_scale = spec.rate_scale();
     RETURN_IF_ERROR(CheckPositiveRate("workload.rate_scale", shape.rate_scale));
@@ -261,8 +269,12 @@ absl::StatusOr<std::unique_ptr<RequestStream>> OpenWorkload(
       }
       path = ResolvePath(base_dir, spec.trace().path());
     }
-    return WorkloadStream::Create(shape, [path, format, rate_scale] {
-      return OpenTrace(path, format, rate_scale);
+    const int64_t hash_block_tokens =
+        spec.has_trace() && spec.trace().has_hash_block_tokens() ? spec.trace().hash_block_tokens()
+                                                                 : 512;
+    RETURN_IF_ERROR(CheckCount("workload.trace.hash_block_tokens", hash_block_tokens, 1 << 20));
+    return WorkloadStream::Create(shape, [path, format, rate_scale, hash_block_tokens] {
+      return OpenTrace(path, format, rate_scale, hash_block_tokens);
     });
   }
   if (spec.has_poisson() || spec.has_gamma() || spec.has_constant()) {
@@ -290,7 +302,7 @@ absl::StatusOr<Workload> ScanWorkload(const servesim::v1::WorkloadSpec& spec,
                                       const std::string& trace_override,
                                       uint64_t seed) {
   ASSIGN_OR_RETURN(std::unique_ptr<RequestStream> stream,
-                   OpenWorkload(spec, base_dir, trace_override, seed));
+                   OpenWorkload(spec, base_dir, trace_override, seed, 0));
   RequestSpec request;
   while (true) {
     ASSIGN_OR_RETURN(const bool more, stream->Next(&request));
@@ -302,9 +314,9 @@ absl::StatusOr<Workload> ScanWorkload(const servesim::v1::WorkloadSpec& spec,
 absl::StatusOr<Workload> LoadWorkload(const servesim::v1::WorkloadSpec& spec,
                                       const std::string& base_dir,
                                       const std::string& trace_override,
-                                      uint64_t seed) {
+                                      uint64_t seed, int64_t prefix_block_tokens) {
   ASSIGN_OR_RETURN(std::unique_ptr<RequestStream> stream,
-                   OpenWorkload(spec, base_dir, trace_override, seed));
+                   OpenWorkload(spec, base_dir, trace_override, seed, prefix_block_tokens));
   std::vector<RequestSpec> requests;
   RequestSpec request;
   while (true) {

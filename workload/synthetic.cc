@@ -57,7 +57,7 @@ class SyntheticSource : public SortedSource {
     const LengthPair& pair =
         fixed_ ? samples_[0] : samples_[lengths_rng_.UniformInt(samples_.size())];
     if (rate_scale_ != 1.0) arrival /= rate_scale_;
-    row = {arrival, pair.input_tokens, pair.output_tokens};
+    row = {arrival, pair.input_tokens, pair.output_tokens, PromptContent{}};
     ++i_;
     return true;
   }
@@ -85,7 +85,7 @@ class SaturatedSource : public SortedSource {
       : spec_(spec) {}
   absl::StatusOr<bool> Next(TraceRow& row) override {
     if (i_ >= spec_.num_requests()) return false;
-    row = {0.0, spec_.input_tokens(), spec_.output_tokens()};
+    row = {0.0, spec_.input_tokens(), spec_.output_tokens(), PromptContent{}};
     ++i_;
     return true;
   }

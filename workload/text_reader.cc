@@ -1,6 +1,8 @@
 #include "workload/text_reader.h"
 
 #include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -15,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "common/status_macros.h"
 
 namespace servesim::workload {
@@ -54,8 +57,37 @@ absl::StatusOr<std::FILE*> OpenForReading(const std::string& path) {
   return file;
 }
 
+LineReader::LineReader(std::string path, std::FILE* file, bool gzip)
+    : path_(std::move(path)), file_(file) {
+  // gzdopen takes a descriptor of its own, so that file_ still owns the
+  // one it opened.
+  if (gzip) gz_ = gzdopen(dup(fileno(file_)), "rb");
+}
+
 LineReader::~LineReader() {
+  if (gz_ != nullptr) gzclose(static_cast<gzFile>(gz_));
   if (file_ != nullptr) std::fclose(file_);
+}
+
+absl::StatusOr<size_t> LineReader::ReadChunk(char* out, size_t n) {
+  if (gz_ == nullptr) {
+    const size_t got = std::fread(out, 1, n, file_);
+    if (got < n && std::ferror(file_) != 0) {
+      const int err = errno;
+      return absl::Status(absl::ErrnoToStatusCode(err),
+                          absl::StrCat(path_, ": cannot read: ",
+                                       std::error_code(err, std::generic_category()).message()));
+    }
+    return got;
+  }
+  const int got = gzread(static_cast<gzFile>(gz_), out, static_cast<unsigned>(n));
+  if (got < 0) {
+    int code = 0;
+    const char* what = gzerror(static_cast<gzFile>(gz_), &code);
+    return absl::InvalidArgumentError(
+        absl::StrCat(path_, ": cannot decompress (gzip): ", what == nullptr ? "?" : what));
+  }
+  return static_cast<size_t>(got);
 }
 
 absl::StatusOr<bool> LineReader::NextNonBlank(absl::string_view& line) {
@@ -99,19 +131,10 @@ absl::Status LineReader::Refill() {
   buffer_.erase(0, pos_);
   pos_ = 0;
   buffer_.resize(keep + kChunkBytes);
-  const size_t n = std::fread(buffer_.data() + keep, 1, kChunkBytes, file_);
+  ASSIGN_OR_RETURN(const size_t n, ReadChunk(buffer_.data() + keep, kChunkBytes));
   buffer_.resize(keep + n);
   data_ = buffer_;
-  if (n < kChunkBytes) {
-    if (std::ferror(file_) != 0) {
-      const int err = errno;
-      return absl::Status(
-          absl::ErrnoToStatusCode(err),
-          absl::StrCat(path_, ": cannot read: ",
-                       std::error_code(err, std::generic_category()).message()));
-    }
-    eof_ = true;
-  }
+  if (n < kChunkBytes) eof_ = true;
   return absl::OkStatus();
 }
 
@@ -121,7 +144,7 @@ std::unique_ptr<LineReader> MemoryLines(absl::string_view content) {
 
 absl::StatusOr<std::unique_ptr<LineReader>> FileLines(const std::string& path) {
   ASSIGN_OR_RETURN(std::FILE* file, OpenForReading(path));
-  return std::make_unique<LineReader>(path, file);
+  return std::make_unique<LineReader>(path, file, absl::EndsWith(path, ".gz"));
 }
 
 bool ParseInt64(absl::string_view text, int64_t& value) {
@@ -153,7 +176,8 @@ absl::StatusOr<int64_t> ParseCount(absl::string_view path, int64_t line,
   return value;
 }
 
-absl::Status CsvReader::ReadHeader(absl::Span<const absl::string_view> columns) {
+absl::Status CsvReader::ReadHeader(absl::Span<const absl::string_view> columns,
+                                   absl::Span<const absl::string_view> optional) {
   const std::string expected =
       absl::StrCat("expected columns ", absl::StrJoin(columns, ","));
   absl::string_view line;
@@ -175,6 +199,10 @@ absl::Status CsvReader::ReadHeader(absl::Span<const absl::string_view> columns) 
                        " column (", expected, ")"));
     }
     index_.push_back(static_cast<size_t>(it - fields_.begin()));
+  }
+  for (absl::string_view column : optional) {
+    const auto it = std::find(fields_.begin(), fields_.end(), column);
+    index_.push_back(it == fields_.end() ? kMissing : static_cast<size_t>(it - fields_.begin()));
   }
   return absl::OkStatus();
 }
@@ -213,6 +241,58 @@ absl::Status CsvReader::Split(absl::string_view line) {
     fields_.push_back(absl::StripAsciiWhitespace(field));
   }
   return absl::OkStatus();
+}
+
+absl::Status ReadJsonObject(absl::string_view path, int64_t line_number, absl::string_view line,
+                            absl::Span<const absl::string_view> keys, absl::string_view format,
+                            std::vector<absl::string_view>* values) {
+  values->assign(keys.size(), absl::string_view());
+  JsonCursor cursor(line);
+  auto malformed = [&](absl::string_view what) {
+    return LineError(path, line_number,
+                     absl::StrCat("malformed JSON at column ", cursor.column(), ": ", what, " (",
+                                  format, ")"));
+  };
+  if (!cursor.Consume('{')) return malformed("expected '{'");
+  if (!cursor.Consume('}')) {
+    do {
+      absl::string_view key;
+      absl::string_view raw;
+      if (!cursor.String(key)) return malformed("expected a quoted key");
+      if (!cursor.Consume(':')) return malformed("expected ':' after a key");
+      if (!cursor.Value(raw)) return malformed("expected a value");
+      for (size_t i = 0; i < keys.size(); ++i) {
+        if (key != keys[i]) continue;
+        if (!(*values)[i].empty()) {
+          return LineError(path, line_number,
+                           absl::StrCat("duplicate key \"", key, "\" (", format, ")"));
+        }
+        (*values)[i] = raw;
+      }
+    } while (cursor.Consume(','));
+    if (!cursor.Consume('}')) return malformed("expected ',' or '}'");
+  }
+  cursor.SkipSpace();
+  if (!cursor.AtEnd()) return malformed("unexpected text after the object");
+  return absl::OkStatus();
+}
+
+bool ParseIdArray(absl::string_view raw, std::vector<uint64_t>* out) {
+  out->clear();
+  raw = absl::StripAsciiWhitespace(raw);
+  if (!absl::ConsumePrefix(&raw, "[") || !absl::ConsumeSuffix(&raw, "]")) return false;
+  raw = absl::StripAsciiWhitespace(raw);
+  if (raw.empty()) return true;
+  size_t pos = 0;
+  while (pos <= raw.size()) {
+    size_t comma = raw.find(',', pos);
+    if (comma == absl::string_view::npos) comma = raw.size();
+    int64_t v = 0;
+    if (!ParseInt64(raw.substr(pos, comma - pos), v) || v < 0) return false;
+    out->push_back(static_cast<uint64_t>(v));
+    pos = comma + 1;
+  }
+  return true;
 }
 
 }  // namespace servesim::workload

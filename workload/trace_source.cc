@@ -22,22 +22,27 @@ namespace {
 constexpr absl::string_view kKnownFormats =
     "known formats: azure (CSV header TIMESTAMP,ContextTokens,"
     "GeneratedTokens), burstgpt (CSV with Timestamp, Request tokens and "
-    "Response tokens columns), mooncake (JSONL, file name ending in .jsonl "
-    "or .json); or set workload.trace.format";
+    "Response tokens columns), csv (columns arrival_s, input_tokens, "
+    "output_tokens), mooncake (JSONL with timestamp, input_length, "
+    "output_length), token ids (JSONL, .jsonl or .jsonl.gz, with input_toks, "
+    "output_toks, arrival_time_ns); or set workload.trace.format";
 
-// Picks the format from the file name and the first line: JSON files are
-// Mooncake, CSV files are told apart by their header.
+// Picks the format from the file name and the first line: JSON lines are
+// Mooncake or token ids by their keys, CSV files are told apart by their
+// header.
 absl::StatusOr<servesim::v1::TraceFormat> InferFormat(const std::string& path,
                                                       LineReader& lines) {
   const std::string lower = absl::AsciiStrToLower(path);
-  if (absl::EndsWith(lower, ".jsonl") || absl::EndsWith(lower, ".json")) {
-    return servesim::v1::TRACE_FORMAT_MOONCAKE;
-  }
   absl::string_view header;
   ASSIGN_OR_RETURN(const bool found, lines.NextNonBlank(header));
   if (!found) {
     return LineError(path, 1,
                      absl::StrCat("file is empty (", kKnownFormats, ")"));
+  }
+  if (absl::EndsWith(lower, ".jsonl") || absl::EndsWith(lower, ".json") ||
+      absl::EndsWith(lower, ".jsonl.gz") || absl::EndsWith(lower, ".json.gz")) {
+    return absl::StrContains(header, "\"input_toks\"") ? servesim::v1::TRACE_FORMAT_TOKEN_IDS
+                                                        : servesim::v1::TRACE_FORMAT_MOONCAKE;
   }
   std::vector<absl::string_view> columns;
   for (absl::string_view column : absl::StrSplit(header, ',')) {
@@ -52,6 +57,9 @@ absl::StatusOr<servesim::v1::TraceFormat> InferFormat(const std::string& path,
   };
   if (has("Timestamp") && has("Response tokens")) {
     return servesim::v1::TRACE_FORMAT_BURSTGPT;
+  }
+  if (has("arrival_s") && has("input_tokens") && has("output_tokens")) {
+    return servesim::v1::TRACE_FORMAT_CSV;
   }
   return LineError(path, lines.line_number(),
                    absl::StrCat("cannot infer the trace format from header ",
@@ -79,7 +87,7 @@ class TraceSource : public SortedSource {
       Pending p;
       ASSIGN_OR_RETURN(const bool more, NextSorted(p));
       if (!more) return false;
-      row = {p.key, p.row.input_tokens, p.row.output_tokens};
+      row = {p.key, p.row.input_tokens, p.row.output_tokens, std::move(p.row.content)};
       ++emitted_;
       return true;
     }
@@ -98,10 +106,10 @@ class TraceSource : public SortedSource {
         bucket_.push_back(pending_.row);
       }
     }
-    const RawRow& raw = bucket_[bucket_pos_];
+    RawRow& raw = bucket_[bucket_pos_];
     double t = SpreadInBucket(raw.timestamp_ms, bucket_pos_, bucket_.size());
     if (rate_scale_ != 1.0) t /= rate_scale_;
-    row = {t, raw.input_tokens, raw.output_tokens};
+    row = {t, raw.input_tokens, raw.output_tokens, std::move(raw.content)};
     ++bucket_pos_;
     ++emitted_;
     return true;
@@ -203,7 +211,7 @@ class TraceSource : public SortedSource {
 
 absl::StatusOr<std::unique_ptr<SortedSource>> OpenTrace(
     const std::string& path, servesim::v1::TraceFormat format,
-    double rate_scale) {
+    double rate_scale, int64_t hash_block_tokens) {
   if (format == servesim::v1::TRACE_FORMAT_UNSPECIFIED) {
     ASSIGN_OR_RETURN(std::unique_ptr<LineReader> header, FileLines(path));
     ASSIGN_OR_RETURN(format, InferFormat(path, *header));
@@ -218,8 +226,18 @@ absl::StatusOr<std::unique_ptr<SortedSource>> OpenTrace(
       break;
     }
     case servesim::v1::TRACE_FORMAT_MOONCAKE: {
-      rows = OpenMooncakeRows(path, std::move(lines));
+      rows = OpenMooncakeRows(path, std::move(lines), hash_block_tokens);
       name = "mooncake";
+      break;
+    }
+    case servesim::v1::TRACE_FORMAT_CSV: {
+      ASSIGN_OR_RETURN(rows, OpenCsvRows(path, std::move(lines)));
+      name = "csv";
+      break;
+    }
+    case servesim::v1::TRACE_FORMAT_TOKEN_IDS: {
+      rows = OpenTokenIdsRows(path, std::move(lines));
+      name = "token-id";
       break;
     }
     case servesim::v1::TRACE_FORMAT_BURSTGPT: {
@@ -231,7 +249,8 @@ absl::StatusOr<std::unique_ptr<SortedSource>> OpenTrace(
       return absl::InvalidArgumentError(absl::StrCat(
           "workload.trace.format = ", static_cast<int>(format),
           "; expected TRACE_FORMAT_UNSPECIFIED, TRACE_FORMAT_AZURE, "
-          "TRACE_FORMAT_MOONCAKE or TRACE_FORMAT_BURSTGPT"));
+          "TRACE_FORMAT_MOONCAKE, TRACE_FORMAT_BURSTGPT, TRACE_FORMAT_CSV or "
+          "TRACE_FORMAT_TOKEN_IDS"));
   }
   return std::unique_ptr<SortedSource>(std::make_unique<TraceSource>(
       path, name, std::move(rows),

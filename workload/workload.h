@@ -2,7 +2,7 @@
 // as one stream of requests in arrival order.
 //
 // Traces (one reader per format, workload/trace_formats.h): Azure 2023 CSV,
-// Mooncake JSONL, BurstGPT CSV. Synthetic arrivals (synthetic.cc): Poisson
+// Mooncake JSONL, BurstGPT CSV, plain CSV, token-id JSONL. Synthetic arrivals (synthetic.cc): Poisson
 // (exponential gaps), gamma (gaps ~ Gamma with shape 1/cv^2, mean 1/rate),
 // constant rate; first arrival at t=0 for constant, after one gap for the
 // random ones; lengths fixed or sampled from a length CSV. Saturated: N
@@ -75,10 +75,13 @@ class RequestStream {
 // the first is at 0 and numbers the ids; then, with workload.repeat = N,
 // replays that sequence N times back to back (pass k shifted by k times the
 // period: last arrival + mean inter-arrival gap; ids continue). The spec's
-// fields are checked here, before any row is read.
+// fields are checked here, before any row is read. With
+// `prefix_block_tokens` > 0 (the engine's KV block size, when it caches
+// prefixes) each request whose trace row says what its prompt holds gets
+// the chained hashes of its full blocks (workload/prefix.h).
 absl::StatusOr<std::unique_ptr<RequestStream>> OpenWorkload(
     const servesim::v1::WorkloadSpec& spec, const std::string& base_dir,
-    const std::string& trace_override, uint64_t seed);
+    const std::string& trace_override, uint64_t seed, int64_t prefix_block_tokens = 0);
 
 // Replays a materialised workload (borrowed; must outlive the stream).
 std::unique_ptr<RequestStream> StreamOf(const Workload& workload);
@@ -95,7 +98,7 @@ absl::StatusOr<Workload> ScanWorkload(const servesim::v1::WorkloadSpec& spec,
 absl::StatusOr<Workload> LoadWorkload(const servesim::v1::WorkloadSpec& spec,
                                       const std::string& base_dir,
                                       const std::string& trace_override,
-                                      uint64_t seed);
+                                      uint64_t seed, int64_t prefix_block_tokens = 0);
 
 }  // namespace servesim::workload
 

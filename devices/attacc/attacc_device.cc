@@ -255,9 +255,12 @@ absl::StatusOr<std::unique_ptr<Device>> AttAccDevice::Create(const servesim::v1:
         "ATTACC_PLACEMENT_BANK, _BG or _BUFFER");
   }
   const auto dtype = spec.attacc().dtype();
+  // BF16 has FP16's width: its KV takes the same bytes and a bf16 MAC unit
+  // is no larger than the paper's fp16 one (an assumption; AttAcc §5 gives
+  // fp16 lanes).
   if (dtype != servesim::v1::DTYPE_UNSPECIFIED && dtype != servesim::v1::DTYPE_FP16 &&
-      dtype != servesim::v1::DTYPE_INT8) {
-    return Bad("dtype", dtype, "DTYPE_FP16 or DTYPE_INT8");
+      dtype != servesim::v1::DTYPE_BF16 && dtype != servesim::v1::DTYPE_INT8) {
+    return Bad("dtype", dtype, "DTYPE_FP16, DTYPE_BF16 or DTYPE_INT8");
   }
   const int64_t elem = dtype == servesim::v1::DTYPE_INT8 ? 1 : 2;
   // The geometry: each field within 4-8x of HBM3's (16 channels, 2 pseudo

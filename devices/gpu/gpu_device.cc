@@ -2,6 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
+#include <iterator>
+#include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "devices/reference_attention.h"
@@ -62,15 +66,69 @@ absl::StatusOr<std::unique_ptr<Device>> GpuDevice::Create(
           absl::StrCat("gpu device: ", name, " = ", v, "; expected >= 0"));
     }
   }
-  return std::unique_ptr<Device>(new GpuDevice(spec.gpu()));
+  {
+    std::vector<std::string> seen;
+    for (const auto& r : x.roofline()) {
+      static constexpr const char* kClasses[] = {"gemm", "attention", "norm", "activation",
+                                                 "embedding"};
+      if (std::find(std::begin(kClasses), std::end(kClasses), r.op_class()) ==
+          std::end(kClasses)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "gpu device: xpu.roofline.op_class = \"", r.op_class(),
+            "\"; expected gemm, attention, norm, activation or embedding"));
+      }
+      if (std::find(seen.begin(), seen.end(), r.op_class()) != seen.end()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "gpu device: xpu.roofline lists op_class \"", r.op_class(), "\" twice"));
+      }
+      seen.push_back(r.op_class());
+      if (!(r.compute_utilization() > 0 && r.compute_utilization() <= 1) ||
+          !(r.memory_utilization() > 0 && r.memory_utilization() <= 4) ||
+          !(r.kernel_overhead_s() >= 0 && r.kernel_overhead_s() < 1)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "gpu device: xpu.roofline \"", r.op_class(), "\": compute_utilization ",
+            r.compute_utilization(), " (allowed (0, 1]), memory_utilization ",
+            r.memory_utilization(), " (allowed (0, 4]), kernel_overhead_s ",
+            r.kernel_overhead_s(), " (allowed [0, 1))"));
+      }
+    }
+  }
+  auto device = std::unique_ptr<GpuDevice>(new GpuDevice(spec.gpu()));
+  if (spec.gpu().has_profile() && !spec.gpu().profile().dir().empty()) {
+    const auto& ref = spec.gpu().profile();
+    auto profile = GpuProfile::Get(ref.dir());
+    if (!profile.ok()) {
+      return absl::Status(profile.status().code(),
+                          absl::StrCat("gpu device: profile: ", profile.status().message()));
+    }
+    if (!ref.fingerprint().empty() && ref.fingerprint() != (*profile)->fingerprint()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "gpu device: profile ", ref.dir(), " has fingerprint ", (*profile)->fingerprint(),
+          " here but ", ref.fingerprint(), " where the run was set up: the bundle's files "
+          "differ, so the costs would too; give this host the same files"));
+    }
+    device->profile_ = *std::move(profile);
+  }
+  return std::unique_ptr<Device>(std::move(device));
 }
 
 GpuDevice::GpuDevice(const servesim::v1::GpuDeviceSpec& spec) : spec_(spec) {
   const auto& x = spec_.xpu();
   const bool int8 = spec_.dtype() == servesim::v1::DTYPE_INT8;
-  flops_per_s_ = (int8 ? x.peak_flops_int8() : x.peak_flops_fp16()) *
-                 x.compute_utilization();
-  bytes_per_s_ = x.memory_bw_bytes_per_s() * x.memory_utilization();
+  const double peak = int8 ? x.peak_flops_int8() : x.peak_flops_fp16();
+  for (Caps& c : caps_) {
+    c = {peak * x.compute_utilization(), x.memory_bw_bytes_per_s() * x.memory_utilization(),
+         x.kernel_overhead_s()};
+  }
+  for (const auto& r : x.roofline()) {
+    const OpClass cls = r.op_class() == "gemm"         ? kGemmClass
+                        : r.op_class() == "attention"  ? kAttentionClass
+                        : r.op_class() == "norm"       ? kNormClass
+                        : r.op_class() == "activation" ? kActivationClass
+                                                       : kEmbeddingClass;
+    caps_[cls] = {peak * r.compute_utilization(),
+                  x.memory_bw_bytes_per_s() * r.memory_utilization(), r.kernel_overhead_s()};
+  }
   op_energy_pj_ = int8 ? x.int8_op_energy_pj() : x.flop_energy_pj();
   elem_bytes_ = int8 ? 1 : 2;
 }
@@ -100,18 +158,237 @@ DeviceDescription GpuDevice::Describe() const {
       {"interconnect_latency_s", spec_.interconnect().latency_s()},
       {"element_bytes", elem_bytes_},
   };
+  for (const auto& r : x.roofline()) {
+    d.parameters.push_back({absl::StrCat("roofline_", r.op_class(), "_compute_utilization"),
+                            r.compute_utilization()});
+    d.parameters.push_back({absl::StrCat("roofline_", r.op_class(), "_memory_utilization"),
+                            r.memory_utilization()});
+    d.parameters.push_back({absl::StrCat("roofline_", r.op_class(), "_kernel_overhead_s"),
+                            r.kernel_overhead_s()});
+  }
   return d;
 }
 
-Cost GpuDevice::Roofline(double flops, double bytes) const {
+GpuDevice::OpClass GpuDevice::ClassOf(const Op& op) {
+  switch (op.kind) {
+    case OpKind::kGemm: return kGemmClass;
+    case OpKind::kAttention: return kAttentionClass;
+    case OpKind::kElementwise:
+      switch (op.stage) {
+        case Stage::kNorm:
+        case Stage::kFinalNorm: return kNormClass;
+        case Stage::kActivation: return kActivationClass;
+        case Stage::kEmbedding: return kEmbeddingClass;
+        default: return kOther;
+      }
+    case OpKind::kAllReduce: return kOther;
+  }
+  return kOther;
+}
+
+Cost GpuDevice::Roofline(double flops, double bytes, OpClass cls) const {
+  const Caps& caps = caps_[cls];
   Cost c;
   c.flops = flops;
   c.dram_bytes = bytes;
-  c.time_s = std::max(flops / flops_per_s_, bytes / bytes_per_s_) +
-             spec_.xpu().kernel_overhead_s();
+  c.time_s = std::max(flops / caps.flops_per_s, bytes / caps.bytes_per_s) + caps.overhead_s;
   c.compute_energy_pj = flops * op_energy_pj_;
   c.dram_energy_pj = bytes * spec_.xpu().dram_energy_pj_per_byte();
   return c;
+}
+
+Cost GpuDevice::RooflineCost(const Op& op) const {
+  switch (op.kind) {
+    case OpKind::kGemm: {
+      if (op.m <= 0 || op.n <= 0 || op.k <= 0) return Cost{};
+      const double m = op.m, n = op.n, k = op.k;
+      return Roofline(2 * m * n * k, (m * k + k * n + m * n) * elem_bytes_, kGemmClass);
+    }
+    case OpKind::kAttention: {
+      double pairs = 0;  // attended (query, key) pairs, per head
+      double kv_rows_read = 0;
+      double new_rows = 0;
+      for (const AttentionSeq& s : op.seqs) {
+        const double past = s.past_tokens, n = s.new_tokens;
+        pairs += n * past + n * (n + 1) / 2;
+        new_rows += n;
+        // Query block j covers rows [j*B, min((j+1)*B, n)) and reads the
+        // past plus rows up to its end.
+        for (int64_t start = 0; start < s.new_tokens; start += kQueryBlock) {
+          const int64_t end = std::min(start + kQueryBlock, s.new_tokens);
+          kv_rows_read += past + static_cast<double>(end);
+        }
+      }
+      if (new_rows == 0) return Cost{};
+      const double dh = op.d_head;
+      const double flops = pairs * op.heads * (4 * dh + 5);
+      const double bytes = elem_bytes_ * dh *
+                           (2 * op.heads * new_rows +         // Q read, O written
+                            2 * op.kv_heads * new_rows +      // new K, V appended
+                            2 * op.kv_heads * kv_rows_read);  // cached K, V read
+      return Roofline(flops, bytes, kAttentionClass);
+    }
+    case OpKind::kElementwise: {
+      if (op.elements <= 0) return Cost{};
+      return Roofline(op.elements * op.flops_per_element, op.elements * op.bytes_per_element,
+                      ClassOf(op));
+    }
+    case OpKind::kAllReduce: {
+      Cost c;
+      if (op.participants > 1 && op.bytes > 0) {
+        const double p = op.participants;
+        const auto& link = spec_.interconnect();
+        c.time_s = 2 * (p - 1) * (link.latency_s() + op.bytes / p / link.bandwidth_bytes_per_s());
+        c.link_bytes = 2 * (p - 1) / p * op.bytes;
+        c.link_energy_pj = c.link_bytes * link.energy_pj_per_byte();
+        // Each step also reads and writes its slice in device memory and
+        // adds it (the reduction), which the roofline above ignores: it is
+        // a few MB against the link time.
+      }
+      return c;
+    }
+  }
+  return Cost{};
+}
+
+double GpuDevice::GemmTime(double m, double n, double k) const {
+  return Roofline(2 * m * n * k, (m * k + k * n + m * n) * elem_bytes_, kGemmClass).time_s;
+}
+
+double GpuDevice::AttentionTime(const Op& op, const AttentionShapeQuery& q) const {
+  // The batch as one prefill chunk and n_decode decodes at the mean history.
+  const std::vector<AttentionSeq> seqs = [&] {
+    std::vector<AttentionSeq> v;
+    if (q.prefill_chunk > 0) {
+      v.push_back({static_cast<int64_t>(q.prefill_chunk), static_cast<int64_t>(q.kv_prefill), -1});
+    }
+    for (int64_t i = 0; i < static_cast<int64_t>(q.n_decode); ++i) {
+      v.push_back({1, static_cast<int64_t>(q.kv_decode_mean), -1});
+    }
+    return v;
+  }();
+  Op a = op;
+  a.seqs = seqs;
+  return RooflineCost(a).time_s;
+}
+
+double GpuDevice::ProfiledTime(const Op& op, const Cost& c) const {
+  const GpuProfile& p = *profile_;
+  const auto& ref = spec_.profile();
+  // Sum of the named dense layers at `x` tokens, anchored past the grid by
+  // `scale(x_grid) / scale(x)`-style roofline ratios: the caller passes the
+  // roofline time as a function of the count.
+  auto curves = [&](const std::vector<const char*>& names, bool per_sequence, double x,
+                    const std::function<double(double)>& roofline) -> double {
+    double t = 0;
+    bool any = false;
+    for (const char* name : names) {
+      const ProfileCurve* curve = per_sequence ? p.PerSequence(name) : p.Dense(name);
+      if (curve == nullptr) continue;
+      any = true;
+      bool beyond = false;
+      double v = curve->Eval(x, &beyond);
+      if (beyond) v *= roofline(x) / roofline(curve->max_x());
+      p.Count(beyond);
+      t += v;
+    }
+    if (!any) {
+      p.CountMissing();
+      return c.time_s;
+    }
+    return t;
+  };
+  const double tokens = static_cast<double>(op.tokens > 0 ? op.tokens : op.m);
+  switch (op.kind) {
+    case OpKind::kGemm: {
+      if (op.m <= 0 || op.n <= 0 || op.k <= 0) return 0;
+      int64_t n = 0, k = 0;
+      std::vector<const char*> names;
+      bool per_sequence = false;
+      switch (op.stage) {
+        case Stage::kQkv:
+          names = {"qkv_proj", "rotary_emb", "qk_norm"};
+          n = ref.qkv_n(), k = ref.d_model();
+          break;
+        case Stage::kProjection:
+          names = {"o_proj"};
+          n = ref.d_model(), k = ref.attn_out_k();
+          break;
+        case Stage::kFf1:
+          names = {"gate_up_proj"};
+          n = ref.ff1_n(), k = ref.d_model();
+          break;
+        case Stage::kFf2:
+          names = {"down_proj"};
+          n = ref.d_model(), k = ref.ff2_k();
+          break;
+        case Stage::kLmHead:
+          names = {"lm_head", "sampler"};
+          per_sequence = true;
+          n = ref.lm_head_n(), k = ref.d_model();
+          break;
+        default:
+          return c.time_s;
+      }
+      const double m = static_cast<double>(op.m);
+      if (n <= 0 || k <= 0) return c.time_s;
+      const double dn = static_cast<double>(n), dk = static_cast<double>(k);
+      const double x = per_sequence && op.sequences > 0 ? static_cast<double>(op.sequences) : tokens;
+      double t = curves(names, per_sequence, x, [&](double v) { return GemmTime(v, dn, dk); });
+      // Another shape than the model's (a head-group tile, a co-processing
+      // share): scaled by the roofline's ratio at the same rows.
+      if (op.n != n || op.k != k) t *= c.time_s / GemmTime(m, dn, dk);
+      return t;
+    }
+    case OpKind::kElementwise: {
+      const char* name = nullptr;
+      switch (op.stage) {
+        case Stage::kNorm: name = "layernorm"; break;
+        case Stage::kFinalNorm: name = "final_layernorm"; break;
+        case Stage::kEmbedding: name = "embedding"; break;
+        case Stage::kActivation: name = "act_fn"; break;
+        case Stage::kResidual: return 0;  // fused into the next norm
+        default: return c.time_s;
+      }
+      if (op.elements <= 0 || tokens <= 0) return 0;
+      const double per_token = static_cast<double>(op.elements) / tokens;
+      return curves({name}, false, tokens, [&](double v) {
+        return Roofline(v * per_token * op.flops_per_element,
+                        v * per_token * op.bytes_per_element, ClassOf(op)).time_s;
+      });
+    }
+    case OpKind::kAttention: {
+      AttentionShapeQuery q;
+      double kv_sum = 0;
+      bool first_decode = true;
+      for (const AttentionSeq& s : op.seqs) {
+        if (s.new_tokens > 1) {
+          q.prefill_chunk += static_cast<double>(s.new_tokens);
+          q.kv_prefill += static_cast<double>(s.past_tokens);
+        } else if (s.new_tokens == 1) {
+          const double kv = static_cast<double>(s.past_tokens);
+          q.n_decode += 1;
+          kv_sum += kv;
+          q.kv_decode_min = first_decode ? kv : std::min(q.kv_decode_min, kv);
+          q.kv_decode_max = first_decode ? kv : std::max(q.kv_decode_max, kv);
+          first_decode = false;
+        }
+      }
+      if (q.prefill_chunk == 0 && q.n_decode == 0) return 0;
+      if (q.n_decode > 0) q.kv_decode_mean = std::floor(kv_sum / q.n_decode);
+      AttentionShapeQuery clamped;
+      double t = p.Attention(q, &clamped);
+      const bool beyond = clamped.prefill_chunk != q.prefill_chunk ||
+                          clamped.kv_prefill != q.kv_prefill || clamped.n_decode != q.n_decode ||
+                          clamped.kv_decode_mean != q.kv_decode_mean;
+      if (beyond) t *= AttentionTime(op, q) / AttentionTime(op, clamped);
+      p.Count(beyond);
+      return t;
+    }
+    case OpKind::kAllReduce:
+      return c.time_s;
+  }
+  return c.time_s;
 }
 
 absl::Status GpuDevice::Estimate(absl::Span<const Op> ops,
@@ -121,72 +398,8 @@ absl::Status GpuDevice::Estimate(absl::Span<const Op> ops,
         "gpu device: ", ops.size(), " ops but ", costs.size(), " cost slots"));
   }
   for (size_t i = 0; i < ops.size(); ++i) {
-    const Op& op = ops[i];
-    switch (op.kind) {
-      case OpKind::kGemm: {
-        if (op.m <= 0 || op.n <= 0 || op.k <= 0) {
-          costs[i] = Cost{};
-          break;
-        }
-        const double m = op.m, n = op.n, k = op.k;
-        costs[i] = Roofline(2 * m * n * k, (m * k + k * n + m * n) * elem_bytes_);
-        break;
-      }
-      case OpKind::kAttention: {
-        double pairs = 0;  // attended (query, key) pairs, per head
-        double kv_rows_read = 0;
-        double new_rows = 0;
-        for (const AttentionSeq& s : op.seqs) {
-          const double past = s.past_tokens, n = s.new_tokens;
-          pairs += n * past + n * (n + 1) / 2;
-          new_rows += n;
-          // Query block j covers rows [j*B, min((j+1)*B, n)) and reads the
-          // past plus rows up to its end.
-          for (int64_t start = 0; start < s.new_tokens; start += kQueryBlock) {
-            const int64_t end = std::min(start + kQueryBlock, s.new_tokens);
-            kv_rows_read += past + static_cast<double>(end);
-          }
-        }
-        if (new_rows == 0) {
-          costs[i] = Cost{};
-          break;
-        }
-        const double dh = op.d_head;
-        const double flops = pairs * op.heads * (4 * dh + 5);
-        const double bytes =
-            elem_bytes_ * dh *
-            (2 * op.heads * new_rows +          // Q read, O written
-             2 * op.kv_heads * new_rows +       // new K, V appended
-             2 * op.kv_heads * kv_rows_read);   // cached K, V read
-        costs[i] = Roofline(flops, bytes);
-        break;
-      }
-      case OpKind::kElementwise: {
-        if (op.elements <= 0) {
-          costs[i] = Cost{};
-          break;
-        }
-        costs[i] = Roofline(op.elements * op.flops_per_element,
-                            op.elements * op.bytes_per_element);
-        break;
-      }
-      case OpKind::kAllReduce: {
-        Cost c;
-        if (op.participants > 1 && op.bytes > 0) {
-          const double p = op.participants;
-          const auto& link = spec_.interconnect();
-          c.time_s = 2 * (p - 1) *
-                     (link.latency_s() + op.bytes / p / link.bandwidth_bytes_per_s());
-          c.link_bytes = 2 * (p - 1) / p * op.bytes;
-          c.link_energy_pj = c.link_bytes * link.energy_pj_per_byte();
-          // Each step also reads and writes its slice in device memory and
-          // adds it (the reduction), which the roofline above ignores: it is
-          // a few MB against the link time.
-        }
-        costs[i] = c;
-        break;
-      }
-    }
+    costs[i] = RooflineCost(ops[i]);
+    if (profile_ != nullptr) costs[i].time_s = ProfiledTime(ops[i], costs[i]);
   }
   return absl::OkStatus();
 }

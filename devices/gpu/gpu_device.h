@@ -2,7 +2,8 @@
 //
 // Cycle model: a roofline per kernel with utilisation caps (AttAcc's own
 // simulator uses the same caps, 0.8 of peak FLOP/s and 0.85 of peak memory
-// bandwidth):
+// bandwidth; XpuSpec.roofline may give an op class its own caps, as
+// `servesim calibrate` fits them to measured kernels):
 //   time = max(flops / (peak_flops * compute_util),
 //              bytes / (memory_bw * memory_util)) + kernel_overhead
 //  - GEMM [m x k] x [k x n]: 2mnk FLOPs; bytes (mk + kn + mn) * elem, i.e.
@@ -20,6 +21,24 @@
 // Energy: FLOPs * flop_energy (int8 ops for DTYPE_INT8), device-memory bytes
 // * dram_energy, link bytes * link energy (figures in devices/presets.cc).
 // Functional kernel: exact attention (devices/reference_attention.h).
+//
+// With a profile bundle (GpuDeviceSpec.profile; devices/gpu/profile.h) the
+// times come from measured latencies where the bundle covers the op, the way
+// vLLM runs it (LLMServingSim's trace generator maps them the same way):
+//  - QKV GEMM: qkv_proj + rotary_emb (+ qk_norm when measured); projection:
+//    o_proj; FF1: gate_up_proj; activation: act_fn; FF2: down_proj; each
+//    norm: layernorm; the final norm: final_layernorm; embedding: embedding;
+//    all by the iteration's tokens (Op.tokens, or m for GEMMs).
+//  - LM head: lm_head + sampler by the iteration's scheduled sequences (vLLM
+//    computes logits for every scheduled request, partial prefills too).
+//  - Residual adds: no time (vLLM fuses them into the next RMSNorm).
+//  - Attention: the bundle's table (profile.h), for the op's sequences.
+//  - All-reduce: the link model above (the bundle measures one rank).
+// Past the measured grid, a time is the last measured point's scaled by the
+// roofline's ratio of the two shapes (anchored extrapolation); a GEMM of
+// another shape than the model's (a head-group tile) likewise. FLOPs, bytes
+// and energy stay the roofline's. An op the bundle has no layer for keeps
+// the roofline's time. GpuProfile::counts() says how often each happened.
 #ifndef SERVESIM_DEVICES_GPU_GPU_DEVICE_H_
 #define SERVESIM_DEVICES_GPU_GPU_DEVICE_H_
 
@@ -27,6 +46,7 @@
 
 #include "absl/status/statusor.h"
 #include "devices/device.h"
+#include "devices/gpu/profile.h"
 #include "servesim/v1/hardware.pb.h"
 
 namespace servesim::devices {
@@ -50,13 +70,31 @@ class GpuDevice : public Device {
 
  private:
   explicit GpuDevice(const servesim::v1::GpuDeviceSpec& spec);
-  Cost Roofline(double flops, double bytes) const;
+  // Op classes with their own roofline caps (XpuSpec.roofline).
+  enum OpClass { kOther, kGemmClass, kAttentionClass, kNormClass, kActivationClass,
+                 kEmbeddingClass, kNumOpClasses };
+  static OpClass ClassOf(const Op& op);
+  Cost Roofline(double flops, double bytes, OpClass cls) const;
+  // The roofline's cost of `op` (what Estimate charges without a profile).
+  Cost RooflineCost(const Op& op) const;
+  // The roofline time of a GEMM [m x k] x [k x n], and of one attention
+  // batch as the profile sees it (profile.h).
+  double GemmTime(double m, double n, double k) const;
+  double AttentionTime(const Op& op, const AttentionShapeQuery& q) const;
+  // The measured time of `op` (roofline cost `c`), or c.time_s where the
+  // bundle does not cover it.
+  double ProfiledTime(const Op& op, const Cost& c) const;
 
   servesim::v1::GpuDeviceSpec spec_;
-  double flops_per_s_;     // effective: peak * compute_utilization
-  double bytes_per_s_;     // effective: bw * memory_utilization
+  struct Caps {
+    double flops_per_s;  // effective: peak * compute_utilization
+    double bytes_per_s;  // effective: bw * memory_utilization
+    double overhead_s;   // per kernel
+  };
+  Caps caps_[kNumOpClasses];
   double op_energy_pj_;    // per FLOP (fp16) or OP (int8)
   double elem_bytes_;
+  std::shared_ptr<const GpuProfile> profile_;  // null: the roofline only
 };
 
 }  // namespace servesim::devices

@@ -24,6 +24,8 @@ int SweepCommand(const Args& args);     // sweep SCENARIO --vary ...: a cross pr
 int MergeCommand(const Args& args);     // merge DIR...: sweep.csv from finished points
 int SearchCommand(const Args& args);    // search SCENARIO --slo ...: max rate / min replicas
 int PlotCommand(const Args& args);      // plot TABLE.csv --x --y: an SVG line chart
+int ReplayCommand(const Args& args);    // replay RUN_DIR: a measured vLLM run, compared
+int CalibrateCommand(const Args& args); // calibrate PROFILE_DIR: fit the roofline to a profile
 
 // Prints the usage text on stdout; returns 0.
 int PrintUsage();

@@ -26,6 +26,7 @@
 #include "reports/outputs.h"
 #include "reports/summary.h"
 #include "services/commands/commands.h"
+#include "services/commands/run.h"
 #include "services/commands/scenario_args.h"
 #include "services/http_server.h"
 #include "services/live_metrics.h"
@@ -34,16 +35,6 @@
 namespace servesim::services {
 namespace {
 
-struct RunFlags {
-  ScenarioArgs scenario;
-  std::string out;
-  bool quiet = false;
-  std::string metrics;  // --metrics [HOST:]PORT
-  std::string web_dir = SERVESIM_WEB_DIR;
-  double pace = 0;
-  double linger_s = 0;
-  std::vector<std::string> simgrid;  // --cfg=..., --log=...
-};
 
 // Call counts of the run's device agents, for run_info.json.
 std::string AgentsJson(const scenario::ResolvedScenario& sc) {
@@ -69,6 +60,23 @@ std::string AgentsJson(const scenario::ResolvedScenario& sc) {
                         s.retries, s.failovers, s.rebinds, s.session_rebuilds));
   }
   return absl::StrCat("[\n", absl::StrJoin(items, ",\n"), "\n  ]");
+}
+
+// The profile bundle's lookups during this run, for run_info.json (an
+// agent's lookups are counted in its own process).
+std::string ProfileJson(const scenario::ResolvedScenario& sc,
+                        const devices::GpuProfile::Counts& before) {
+  if (sc.profile == nullptr) return "";
+  const devices::GpuProfile::Counts now = sc.profile->counts();
+  const int64_t lookups = now.lookups - before.lookups;
+  const int64_t beyond = now.beyond_grid - before.beyond_grid;
+  return absl::StrFormat(
+      "{\"dir\": %s, \"fingerprint\": %s, \"lookups\": %d, \"beyond_grid\": %d, "
+      "\"beyond_grid_fraction\": %.6f, \"missing_layer\": %d, \"counted_in\": %s}",
+      reports::JsonString(sc.profile->dir()), reports::JsonString(sc.profile->fingerprint()),
+      lookups, beyond, lookups > 0 ? double(beyond) / double(lookups) : 0.0,
+      now.missing_layer - before.missing_layer,
+      reports::JsonString(sc.xpu_endpoints.empty() ? "this process" : "the xPU agents"));
 }
 
 }  // namespace
@@ -107,13 +115,21 @@ int RunCommand(const Args& args) {
   AddSimGridFlags(flags, &o.simgrid);
   if (auto exit = ParseFlags(flags, args)) return *exit;
   if (o.scenario.scenario.empty()) return UsageError("run needs a scenario file");
+  return RunWithFlags(o);
+}
 
+int RunWithFlags(const RunFlags& o) {
   const auto wall_start = std::chrono::steady_clock::now();
   auto loaded = LoadAndResolve(o.scenario);
   if (!loaded.ok()) return Fail(loaded.status());
   auto wl = ScanWorkloadOf(*loaded);
   if (!wl.ok()) return Fail(wl.status());
   const scenario::ResolvedScenario* sc = &loaded->resolved;
+  std::vector<std::string> fallbacks = sc->fallbacks;
+  fallbacks.insert(fallbacks.end(), o.fallbacks.begin(), o.fallbacks.end());
+  for (const std::string& f : fallbacks) std::cerr << "servesim: warning: " << f << "\n";
+  const devices::GpuProfile::Counts profile_before =
+      sc->profile != nullptr ? sc->profile->counts() : devices::GpuProfile::Counts{};
   cluster::RunOptions run_options;
   // SERVESIM_SIMGRID_ARGS: SimGrid options for every run, before the
   // command line's (the sanitizer suite sets --cfg=contexts/factory:thread,
@@ -184,6 +200,8 @@ int RunCommand(const Args& args) {
   }
   reports::RunInfo info;
   info.agents_json = AgentsJson(*sc);
+  info.profile_json = ProfileJson(*sc, profile_before);
+  info.fallbacks = fallbacks;
   if (!result.ok()) {
     // A run that started and then failed (e.g. no device agent left):
     // write what it measured, flagged partial, then report the error.

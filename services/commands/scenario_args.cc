@@ -30,6 +30,7 @@ void AddScenarioFlags(FlagParser& flags, ScenarioArgs* args) {
                 return "";
               });
   flags.String("--trace", &args->trace, "--trace needs a file");
+  flags.String("--profiles", &args->profiles, "--profiles needs a folder");
 }
 
 void AddAgentFlags(FlagParser& flags, ScenarioArgs* args) {
@@ -111,6 +112,11 @@ absl::StatusOr<Scenario> LoadAndResolve(const ScenarioArgs& a) {
     t->set_path(std::filesystem::absolute(a.trace).string());
     sc.overridden.insert("workload.trace.path");
   }
+  if (!a.profiles.empty()) {
+    sc.proto.mutable_cluster()->mutable_profile()->set_root(
+        std::filesystem::absolute(a.profiles).string());
+    sc.overridden.insert("cluster.profile.root");
+  }
   sc.agent_endpoints = a.agents;
   sc.agent_client = a.agent_client;
   if (!a.agent_token_file.empty()) {
@@ -138,7 +144,9 @@ absl::StatusOr<workload::Workload> ScanWorkloadOf(const Scenario& s) {
 
 absl::StatusOr<std::unique_ptr<workload::RequestStream>> OpenWorkloadOf(const Scenario& s) {
   auto stream =
-      workload::OpenWorkload(s.resolved.proto.workload(), s.resolved.base_dir, "", s.resolved.seed);
+      workload::OpenWorkload(s.resolved.proto.workload(), s.resolved.base_dir, "", s.resolved.seed,
+                             s.resolved.batching.prefix_caching ? s.resolved.batching.kv_block_tokens
+                                                                : 0);
   if (!stream.ok()) return scenario::AnnotateFieldError(s.loaded, stream.status());
   return stream;
 }
@@ -149,6 +157,10 @@ std::vector<std::string> BaseOverrides(const ScenarioArgs& a) {
   if (!a.trace.empty()) {
     sets.push_back(
         absl::StrCat("workload.trace.path=", std::filesystem::absolute(a.trace).string()));
+  }
+  if (!a.profiles.empty()) {
+    sets.push_back(absl::StrCat("cluster.profile.root=",
+                                std::filesystem::absolute(a.profiles).string()));
   }
   return sets;
 }

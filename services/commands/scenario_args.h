@@ -25,14 +25,15 @@ struct ScenarioArgs {
   bool has_seed = false;
   uint64_t seed = 0;
   std::string trace;  // --trace FILE (relative to the working folder)
+  std::string profiles;  // --profiles DIR: cluster.profile.root (ditto)
   // Device agents (--agent KIND=..., TLS, token, deadline, lookahead).
   std::map<std::string, std::vector<std::string>> agents;
   agents::ClientOptions agent_client;
   std::string agent_token_file;
 };
 
-// The scenario file as the one positional argument, and --set, --seed and
-// --trace.
+// The scenario file as the one positional argument, and --set, --seed,
+// --trace and --profiles.
 void AddScenarioFlags(FlagParser& flags, ScenarioArgs* args);
 // --agent, --agent-tls-ca/-cert/-key, --agent-token-file, --agent-deadline,
 // --agent-lookahead.
@@ -55,8 +56,8 @@ absl::StatusOr<Scenario> LoadAndResolve(const ScenarioArgs& args);
 absl::StatusOr<workload::Workload> ScanWorkloadOf(const Scenario& s);
 absl::StatusOr<std::unique_ptr<workload::RequestStream>> OpenWorkloadOf(const Scenario& s);
 
-// The --set list a study's every run starts from: --set, then --seed and
-// --trace as the fields they set.
+// The --set list a study's every run starts from: --set, then --seed,
+// --trace and --profiles as the fields they set.
 std::vector<std::string> BaseOverrides(const ScenarioArgs& args);
 
 // Loads, overrides, normalises and resolves one point of a study, and

@@ -43,15 +43,28 @@ Usage:
                                           servesim wrote (sweep.csv,
                                           search.csv, ...): one line per
                                           group; default FILE: TABLE.svg
+  servesim replay RUN_DIR --out DIR [--profiles DIR] [--set ...]
+                                          replay a measured vLLM run (a
+                                          folder with setup.json, trace.csv,
+                                          optional truth.csv): the usual
+                                          outputs plus replay_compare.csv
+                                          and two SVGs (docs/fidelity.md)
+  servesim calibrate PROFILE_DIR [--xpu PRESET] [--out FILE]
+                                          fit the roofline's efficiencies to
+                                          a profile bundle's tp<N> folder;
+                                          print the fit error per op class
   servesim help | --help                  this text
 
-Options of run (validate takes --set, --seed and --trace too):
+Options of run (validate takes --set, --seed, --trace and --profiles too):
   --out DIR             write summary.json, run_info.json, requests.csv,
                         iterations.csv, timeline.json and report.html into
                         DIR (overrides output.dir)
   --seed N              master seed (overrides the scenario's seed)
   --trace FILE          replay FILE instead of the scenario's workload source
                         (format inferred from its name and header)
+  --profiles DIR        measured GPU profiles' root (cluster.profile.root):
+                        the xPU's costs come from the bundle
+                        DIR/<gpu>/<org>/<model>/<dtype>/tp<N> (docs/profiles.md)
   --set path=value      set any scalar field of the scenario by its path,
                         e.g. --set cluster.replicas=2
                              --set scheduler.batching=CHUNKED_PREFILL

@@ -82,11 +82,22 @@ TEST(ModelTest, Llama2_70bUsesGqaAndSwiGlu) {
   EXPECT_EQ(m.num_kv_heads, 8);
   EXPECT_EQ(m.KvBytesPerToken(), 2 * 80 * 8 * 128 * 2);  // 327,680
   EXPECT_EQ(m.FfParamsPerLayer(), 3LL * 8192 * 28672);
-  EXPECT_EQ(m.TotalParams(), 68'977'967'104);
+  EXPECT_EQ(m.TotalParams(), 68'976'648'192);  // the checkpoint's count
+}
+
+// Parameter counts of the safetensors checkpoints on the Hugging Face hub
+// (model cards' "Model size"): embeddings, untied LM head, norms included.
+TEST(ModelTest, Llama3AndQwen3ParameterCounts) {
+  EXPECT_EQ(Model("llama3.1-8b").TotalParams(), 8'030'261'248);
+  EXPECT_EQ(Model("llama3.1-70b").TotalParams(), 70'553'706'496);
+  EXPECT_EQ(Model("qwen3-8b").TotalParams(), 8'190'735'360);
+  EXPECT_EQ(Model("qwen3-32b").TotalParams(), 32'762'123'264);
+  // Llama-3.1-8B: 32 layers x 8 KV heads x 128 x 2 (K and V) x 2 bytes.
+  EXPECT_EQ(Model("llama3.1-8b").KvBytesPerToken(), 131'072);
 }
 
 TEST(PresetTest, EveryPresetIsComplete) {
-  EXPECT_EQ(ModelPresetNames().size(), 12u);
+  EXPECT_EQ(ModelPresetNames().size(), 22u);
   for (const auto& name : ModelPresetNames()) {
     auto m = ModelPreset(name);
     ASSERT_TRUE(m.ok());

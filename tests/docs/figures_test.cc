@@ -15,6 +15,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "gtest/gtest.h"
 #include "studies/sweep.h"
 #include "tests/test_util.h"
@@ -252,6 +253,132 @@ TEST(DocFiguresTest, MaxRateStudyCodeGpt3At30ms) {
   const auto rate = MaxRate("code", 30, 3600);
   EXPECT_FIGURE(rate.at("dgx_base"), 0.064, 0.03);
   EXPECT_FIGURE(rate.at("attacc"), 0.125, 0.02);
+}
+
+// docs/fidelity.md and the README: measured vLLM runs replayed, the error
+// of each statistic in percent (published to 0.1).
+std::map<std::string, double> ReplayErrors(const std::vector<std::string>& args) {
+  const std::string out = test_util::FreshDir("replay");
+  std::vector<std::string> all = {"replay"};
+  all.insert(all.end(), args.begin(), args.end());
+  all.insert(all.end(), {"--out", out, "--quiet"});
+  const test_util::CommandResult r = test_util::RunServesim(all);
+  EXPECT_EQ(r.code, 0) << r.out;
+  std::map<std::string, double> error;
+  for (const std::string& line : test_util::Lines(test_util::ReadFile(out + "/replay_compare.csv"))) {
+    const std::vector<std::string> f = absl::StrSplit(line, ',');
+    double v = 0;
+    if (f.size() == 5 && absl::SimpleAtod(f[4], &v)) error[f[0] + "." + f[1]] = v;
+  }
+  return error;
+}
+
+// The table's columns, in order.
+void ExpectErrors(const std::map<std::string, double>& got, const std::vector<double>& want) {
+  const char* keys[] = {"ttft_s.mean", "ttft_s.p90", "ttft_s.p99", "tpot_s.mean",
+                        "tpot_s.p90",  "tpot_s.p99", "e2e_s.mean", "e2e_s.p90",
+                        "e2e_s.p99",   "makespan_s.value"};
+  ASSERT_EQ(want.size(), 10u);
+  for (size_t i = 0; i < want.size(); ++i) {
+    auto it = got.find(keys[i]);
+    ASSERT_NE(it, got.end()) << keys[i];
+    EXPECT_NEAR(it->second, want[i], 0.06) << keys[i];
+  }
+}
+
+const std::string kVllm = std::string(SERVESIM_SOURCE_DIR) + "/examples/vllm/";
+
+TEST(DocFiguresTest, VllmReplayTable) {
+  const std::string run = kVllm + "runs/RTXPRO6000_Llama-3.1-8B_tp1";
+  ExpectErrors(ReplayErrors({run, "--profiles", kVllm + "profiles"}),
+               {-4.3, -4.3, -2.3, -1.0, 0.5, 0.6, -1.9, -1.8, -1.7, -2.0});
+  ExpectErrors(ReplayErrors({run}),
+               {-21.2, -23.6, -18.5, -7.7, -8.3, -8.7, -11.2, -12.4, -10.9, -6.6});
+  const std::pair<const char*, std::vector<double>> otel[] = {
+      {"GPU80GB_CodeLlama-34b-Instruct-hf_tp1_mbt4096_prefillheavy-sweep",
+       {-15.6, -14.2, -12.6, -13.9, -12.2, -5.8, -15.1, -12.4, -11.9, -0.2}},
+      {"GPU80GB_CodeLlama-34b-Instruct-hf_tp1_mbt4096_train-sweep",
+       {-6.7, -11.4, -5.2, -2.9, -4.2, -4.0, -3.3, -4.2, -4.1, -0.0}},
+      {"GPU80GB_CodeLlama-34b-Instruct-hf_tp1_mbt64_prefilldominant-sweep",
+       {-9.9, -8.3, -7.2, -4.4, -6.0, -6.0, -9.1, -8.2, -7.2, -0.3}},
+      {"GPU80GB_Llama-2-7b-hf_tp1_mbt4096_train-sweep",
+       {-11.2, -9.4, -15.6, -4.9, -3.9, -2.0, -5.0, -4.2, -1.6, -0.0}},
+  };
+  for (const auto& [name, want] : otel) {
+    SCOPED_TRACE(name);
+    ExpectErrors(ReplayErrors({kVllm + "runs_otel/" + name, "--set",
+                               "cluster.xpu.preset=h100-sxm-80gb"}),
+                 want);
+  }
+}
+
+// docs/profiles.md: `servesim calibrate` on the vendored bundles (class,
+// compute, memory, overhead us, mean error %, p90 error %), and what the
+// calibrated roofline does to the shared run's mean TPOT.
+TEST(DocFiguresTest, CalibrateTable) {
+  auto fits = [](const std::string& bundle) {
+    const test_util::CommandResult r =
+        test_util::RunServesim({"calibrate", kVllm + "profiles/" + bundle + "/bf16/tp1"});
+    EXPECT_EQ(r.code, 0) << r.out;
+    std::map<std::string, std::vector<double>> rows;
+    for (const std::string& line : test_util::Lines(r.out)) {
+      const std::vector<std::string> f = absl::StrSplit(line, ' ', absl::SkipEmpty());
+      if (f.size() != 9 || f[0] == "class") continue;
+      std::vector<double> v;
+      for (size_t i : {2, 3, 4, 5, 6}) {
+        double x = 0;
+        EXPECT_TRUE(absl::SimpleAtod(absl::StripSuffix(absl::StripSuffix(f[i], "us"), "%"), &x))
+            << line;
+        v.push_back(x);
+      }
+      rows[f[0]] = v;
+    }
+    return rows;
+  };
+  auto expect = [](const std::vector<double>& got, const std::vector<double>& want) {
+    ASSERT_EQ(got.size(), 5u);
+    for (size_t i = 0; i < 5; ++i) EXPECT_NEAR(got[i], want[i], i < 2 ? 0.0015 : 0.06) << i;
+  };
+  const auto llama = fits("RTXPRO6000/meta-llama/Llama-3.1-8B");
+  expect(llama.at("gemm"), {0.724, 0.990, 9.04, 8.9, 18.0});
+  expect(llama.at("attention"), {0.422, 0.456, 10.19, 24.2, 52.3});
+  expect(llama.at("norm"), {1.0, 2.402, 3.14, 39.3, 79.5});
+  expect(llama.at("activation"), {1.0, 2.358, 2.02, 31.8, 46.8});
+  expect(llama.at("embedding"), {1.0, 4.0, 3.22, 8.5, 19.6});
+  const auto qwen = fits("RTXPRO6000/Qwen/Qwen3-32B");
+  expect(qwen.at("gemm"), {0.722, 0.924, 9.10, 7.5, 16.2});
+  expect(qwen.at("attention"), {0.464, 0.276, 8.51, 21.3, 47.7});
+  const auto ada = fits("RTX4090/meta-llama/Llama-3.1-8B");
+  expect(ada.at("gemm"), {0.946, 0.928, 7.89, 4.8, 9.8});
+  expect(ada.at("attention"), {0.644, 0.370, 11.20, 25.5, 53.6});
+
+  // The shared run on the roofline with all five fitted classes.
+  const std::string dir = test_util::FreshDir("calibrated");
+  ASSERT_EQ(test_util::RunServesim({"calibrate",
+                                    kVllm + "profiles/RTXPRO6000/meta-llama/Llama-3.1-8B/bf16/tp1",
+                                    "--out", dir + "/caps.pbtxt"})
+                .code,
+            0);
+  ASSERT_EQ(test_util::RunServesim({"replay", kVllm + "runs/RTXPRO6000_Llama-3.1-8B_tp1",
+                                    "--out", dir + "/replay", "--quiet"})
+                .code,
+            0);
+  std::string scenario = test_util::ReadFile(dir + "/replay/scenario.pbtxt");
+  const std::string caps = test_util::ReadFile(dir + "/caps.pbtxt");
+  const size_t from = caps.find("  roofline {"), to = caps.rfind("}");
+  const std::string anchor = "preset: \"rtx-pro-6000\"\n";
+  ASSERT_NE(scenario.find(anchor), std::string::npos);
+  scenario.insert(scenario.find(anchor) + anchor.size(), caps.substr(from, to - from));
+  test_util::WriteFile(dir + "/calibrated.pbtxt", scenario);
+  ASSERT_EQ(test_util::RunServesim({"run", dir + "/calibrated.pbtxt", "--quiet", "--out",
+                                    dir + "/run"})
+                .code,
+            0);
+  auto summary = studies::ReadSummaryFigures(dir + "/run");
+  ASSERT_TRUE(summary.ok()) << summary.status();
+  double tpot = 0;
+  ASSERT_TRUE(absl::SimpleAtod(summary->at("tpot_s.mean"), &tpot));
+  EXPECT_NEAR(100 * (tpot / 0.032458 - 1), 25.9, 0.15);  // truth.csv's mean TPOT
 }
 
 }  // namespace

@@ -13,7 +13,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=tests/fuzz/corpus
 for d in scenario_fuzz trace_azure_fuzz trace_mooncake_fuzz trace_burstgpt_fuzz \
-         trace_length_csv_fuzz npy_fuzz agent_fuzz; do
+         trace_length_csv_fuzz trace_plain_csv_fuzz trace_token_ids_fuzz npy_fuzz agent_fuzz; do
   mkdir -p "$out/$d"
   find "$out/$d" -type f ! -name 'regression-*' -delete
 done
@@ -36,6 +36,18 @@ head -50 examples/traces/synthetic_trace.jsonl | sed -E 's/("hash_ids": \[([0-9]
 head -50 examples/traces/burstgpt_slice.csv >"$out/trace_burstgpt_fuzz/slice_head50.csv"
 head -50 examples/traces/sharegpt_8k_filtered_stats_llama2_tokenizer.csv \
   >"$out/trace_length_csv_fuzz/sharegpt_head50.csv"
+head -50 examples/vllm/runs/RTXPRO6000_Llama-3.1-8B_tp1/trace.csv >"$out/trace_plain_csv_fuzz/vllm_head50.csv"
+printf 'arrival_s,input_tokens,output_tokens,prefix_group,prefix_tokens\n0,100,5,a,40\n0.5,64,3,a,64\n1.25,30,2,b,0\n' \
+  >"$out/trace_plain_csv_fuzz/prefix_groups.csv"
+# Token-id lines: the first 5 requests, each prompt cut to its first 64 ids.
+zcat examples/vllm/sharegpt-llama-3.1-8b-300-sps10.jsonl.gz | head -5 | python3 -c '
+import json, sys
+for line in sys.stdin:
+    r = json.loads(line)
+    ids = r["input_tok_ids"][:64]
+    print(json.dumps({"input_toks": len(ids), "output_toks": r["output_toks"],
+                      "arrival_time_ns": r["arrival_time_ns"], "input_tok_ids": ids}))
+' >"$out/trace_token_ids_fuzz/sharegpt_head5.jsonl"
 
 python3 - "$out" <<'PY'
 import os, random, struct, subprocess, sys

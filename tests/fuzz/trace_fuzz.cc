@@ -1,7 +1,7 @@
 // libFuzzer target: one trace reader (workload/trace_formats.h) on arbitrary file
 // contents. Built once per format (tests/fuzz/CMakeLists.txt defines
 // SERVESIM_TRACE_FORMAT): 1 Azure CSV, 2 Mooncake JSONL, 3 BurstGPT CSV,
-// 4 length CSV. Any input must give rows or an error status naming the file;
+// 4 length CSV, 5 plain CSV, 6 token-id JSONL. Any input must give rows or an error status naming the file;
 // rows that parse must hold the sizes the readers promise.
 #include <cmath>
 #include <cstddef>
@@ -37,8 +37,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   auto trace = servesim::workload::ParseMooncakeTrace(content, name);
 #elif SERVESIM_TRACE_FORMAT == 3
   auto trace = servesim::workload::ParseBurstGptTrace(content, name);
+#elif SERVESIM_TRACE_FORMAT == 5
+  auto trace = servesim::workload::ParseCsvTrace(content, name);
+#elif SERVESIM_TRACE_FORMAT == 6
+  auto trace = servesim::workload::ParseTokenIdsTrace(content, name);
 #else
-#error "SERVESIM_TRACE_FORMAT must be 1..4"
+#error "SERVESIM_TRACE_FORMAT must be 1..6"
 #endif
   if (trace.ok()) {
     Check(trace->skipped_failed >= 0);

@@ -235,15 +235,15 @@ TEST(MetricsCollectorTest, RequestsLeaveInIdOrderOnceFinal) {
   o.ttft_slo_s = 1;
   o.tpot_slo_s = 1;
   MetricsCollector m(o);
-  for (int64_t id = 0; id < 4; ++id) m.OnArrival({id, 0.0, 10, 1});
+  for (int64_t id = 0; id < 4; ++id) m.OnArrival({id, 0.0, 10, 1, {}});
   EXPECT_EQ(m.live_requests(), 4);
   scheduler::RequestObserver* obs = m.ObserverFor(0);
   scheduler::RequestState s1;
-  s1.spec = {1, 0.0, 10, 1};
+  s1.spec = {1, 0.0, 10, 1, {}};
   obs->OnToken(s1, 0.2, -1);
   obs->OnFinish(s1, 0.2);
   EXPECT_TRUE(sink.requests.empty());  // 0 is still in flight
-  obs->OnReject({0, 0.0, 10, 1}, scheduler::RejectReason::kTooLong, 0.3);
+  obs->OnReject({0, 0.0, 10, 1, {}}, scheduler::RejectReason::kTooLong, 0.3);
   EXPECT_EQ(sink.requests, (std::vector<int64_t>{0, 1}));
   EXPECT_EQ(m.live_requests(), 2);
   m.Finish();  // 2 and 3 leave as pending

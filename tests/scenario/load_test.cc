@@ -182,7 +182,8 @@ TEST(ScenarioOverrideTest, UnknownEnumValueListsTheValues) {
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(std::string(st.message()),
             "--set scheduler.batching=GREEDY: expected one of "
-            "BATCHING_POLICY_PREFILL_FIRST, BATCHING_POLICY_CHUNKED_PREFILL");
+            "BATCHING_POLICY_PREFILL_FIRST, BATCHING_POLICY_CHUNKED_PREFILL, "
+            "BATCHING_POLICY_VLLM_V1");
 }
 
 TEST(ScenarioOverrideTest, EnumSuffixMustBeTheWholeNameAfterThePrefix) {
@@ -197,7 +198,7 @@ TEST(ScenarioOverrideTest, EnumSuffixMustBeTheWholeNameAfterThePrefix) {
     EXPECT_EQ(std::string(st.message()),
               absl::StrCat("--set scheduler.batching=", value,
                            ": expected one of BATCHING_POLICY_PREFILL_FIRST, "
-                           "BATCHING_POLICY_CHUNKED_PREFILL"));
+                           "BATCHING_POLICY_CHUNKED_PREFILL, BATCHING_POLICY_VLLM_V1"));
     EXPECT_EQ(sc->proto.scheduler().batching(),
               servesim::v1::BATCHING_POLICY_UNSPECIFIED)
         << value;
@@ -266,7 +267,7 @@ TEST(ScenarioOverrideTest, UnknownFieldListsTheMessagesFields) {
             "--set cluster.nosuch: ClusterSpec has no field \"nosuch\"; its "
             "fields: replicas, xpu, tensor_parallel, interconnect, frontend, "
             "memory_utilization, attacc, overlap, head_groups, ff_min_batch, ff_max_batch, "
-            "attention_pool, xpu_endpoints, attention_endpoints");
+            "attention_pool, xpu_endpoints, attention_endpoints, profile");
 }
 
 TEST(ScenarioOverrideTest, MessageFieldIsNotAssignable) {

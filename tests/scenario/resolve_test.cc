@@ -234,9 +234,10 @@ TEST(ScenarioPresetTest, UnknownModelPreset) {
   EXPECT_EQ(r.status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(std::string(r.status().message()),
             "s.pbtxt:3: model.preset: unknown model preset \"gpt5\"; known: "
-            "gpt2-large, gpt2-medium, gpt2-xl, gpt3-175b, llama-65b, "
-            "llama2-13b, llama2-70b, llama2-7b, mt-nlg-530b, opt-13b, "
-            "opt-6.7b, opt-66b");
+            "codellama-34b, gpt2-large, gpt2-medium, gpt2-xl, gpt3-175b, llama-65b, "
+            "llama2-13b, llama2-70b, llama2-7b, llama3.1-405b, llama3.1-70b, llama3.1-8b, "
+            "llama3.2-1b, llama3.2-3b, mistral-7b, mt-nlg-530b, opt-13b, opt-6.7b, opt-66b, "
+            "qwen3-14b, qwen3-32b, qwen3-8b");
 }
 
 TEST(ScenarioPresetTest, UnknownXpuPreset) {
@@ -247,7 +248,8 @@ TEST(ScenarioPresetTest, UnknownXpuPreset) {
   EXPECT_EQ(r.status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(std::string(r.status().message()),
             "s.pbtxt:8: cluster.xpu.preset: unknown xpu preset \"tpu-v9\"; "
-            "known: a100-40gb, a100-80gb, a100-hbm3, h100-sxm-80gb");
+            "known: a100-40gb, a100-80gb, a100-hbm3, b200-180gb, h100-pcie-80gb, h100-sxm-80gb, "
+            "h200-sxm-141gb, l40s, mi300x, rtx-4090, rtx-pro-6000");
 }
 
 TEST(ScenarioPresetTest, UnknownLinkPreset) {
@@ -475,6 +477,91 @@ TEST(ScenarioResolveTest, ResolvedFieldsFollowTheScenario) {
   ASSERT_TRUE(r->xpu_device.has_gpu());
   EXPECT_EQ(r->xpu_device.gpu().xpu().preset(), "a100-80gb");
   EXPECT_EQ(r->xpu_device.gpu().interconnect().preset(), "nvlink3");
+}
+
+// ------------------------------------------------------------ vLLM v1 --
+
+constexpr char kLlama31OnRtxPro[] =
+    "model { preset: \"llama3.1-8b\" }\n"
+    "cluster { xpu { preset: \"rtx-pro-6000\" } }\n"
+    "scheduler { batching: BATCHING_POLICY_VLLM_V1 max_batch_size: 128 "
+    "max_tokens_per_iteration: 2048 }\n"
+    "workload { saturated { num_requests: 4 input_tokens: 128 output_tokens: 16 } }\n";
+
+// vLLM's KV cache: device memory x gpu_memory_utilization, less the
+// weights, the profiling run's peak (one full token budget's activations and
+// the sampler's fp32 logits for max_num_seqs) and the runtime reserve:
+//   103,079,215,104 x 0.9          = 92,771,293,593.6
+//   weights 8,030,261,248 x 2      = 16,060,522,496
+//   activations 2 x (4096 + 48 x 128 + 2 x 14336) x 2048 x 2 = 318,767,104
+//   logits 2 x 4 x 128 x 128,256   = 131,334,144
+//   reserve                          1,073,741,824
+//   usable 75,186,928,025.6 / (16 x 131,072) = 35,851.9 -> 35,851 blocks
+TEST(VllmV1ResolveTest, KvBlocksFromMemoryByHand) {
+  absl::StatusOr<ResolvedScenario> r = ParseAndResolve(kLlama31OnRtxPro);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->batching.policy, scheduler::BatchingPolicy::kVllmV1);
+  EXPECT_TRUE(r->batching.prefix_caching);
+  EXPECT_DOUBLE_EQ(r->weight_bytes_per_xpu, 16'060'522'496.0);
+  EXPECT_DOUBLE_EQ(r->activation_bytes_per_xpu, 318'767'104.0 + 131'334'144.0);
+  EXPECT_DOUBLE_EQ(r->runtime_reserve_bytes_per_xpu, 1'073'741'824.0);
+  EXPECT_EQ(r->kv.blocks, 35'851);
+  EXPECT_EQ(r->batching.kv_capacity_blocks, 35'851);
+  // A recorded block count (vLLM's num_gpu_blocks) replaces the estimate.
+  absl::StatusOr<ResolvedScenario> recorded =
+      ParseAndResolve(kLlama31OnRtxPro, {"scheduler.num_kv_blocks=7438"});
+  ASSERT_TRUE(recorded.ok()) << recorded.status();
+  EXPECT_EQ(recorded->kv.blocks, 7438);
+  EXPECT_EQ(recorded->kv.tokens, 7438 * 16);
+}
+
+// ----------------------------------------------------------- profiles --
+
+std::string ProfilesRoot() { return std::string(SERVESIM_SOURCE_DIR) + "/examples/vllm/profiles"; }
+
+TEST(ProfileResolveTest, TheBundleIsFoundByGpuModelDtypeAndTp) {
+  const std::string root = "cluster.profile.root=" + ProfilesRoot();
+  absl::StatusOr<ResolvedScenario> r = ParseAndResolve(kLlama31OnRtxPro, {root.c_str()});
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_NE(r->profile, nullptr);
+  EXPECT_TRUE(r->fallbacks.empty());
+  const auto& ref = r->xpu_device.gpu().profile();
+  EXPECT_EQ(ref.dir(), ProfilesRoot() + "/RTXPRO6000/meta-llama/Llama-3.1-8B/bf16/tp1");
+  EXPECT_EQ(ref.fingerprint(), r->profile->fingerprint());
+  EXPECT_EQ(ref.qkv_n(), (32 + 2 * 8) * 128);
+  EXPECT_EQ(ref.attn_out_k(), 4096);
+  EXPECT_EQ(ref.ff1_n(), 2 * 14336);
+  EXPECT_EQ(ref.ff2_k(), 14336);
+  EXPECT_EQ(ref.lm_head_n(), 128256);
+}
+
+TEST(ProfileResolveTest, AMissingTpFolderIsAnErrorWhenRequiredElseAListedFallback) {
+  const std::string root = "cluster.profile.root=" + ProfilesRoot();
+  absl::StatusOr<ResolvedScenario> fallback =
+      ParseAndResolve(kLlama31OnRtxPro, {root.c_str(), "cluster.tensor_parallel=4"});
+  ASSERT_TRUE(fallback.ok()) << fallback.status();
+  EXPECT_EQ(fallback->profile, nullptr);
+  ASSERT_EQ(fallback->fallbacks.size(), 1u);
+  EXPECT_EQ(fallback->fallbacks[0],
+            "profile: no tp4 folder in " + ProfilesRoot() +
+                "/RTXPRO6000/meta-llama/Llama-3.1-8B/bf16 for cluster.tensor_parallel = 4 (it "
+                "has: tp1, tp2); GPU costs from the roofline");
+  absl::StatusOr<ResolvedScenario> required = ParseAndResolve(
+      kLlama31OnRtxPro, {root.c_str(), "cluster.tensor_parallel=4", "cluster.profile.required=true"});
+  ASSERT_FALSE(required.ok());
+  EXPECT_EQ(required.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(std::string(required.status().message()),
+            "s.pbtxt (--set cluster.profile.root): cluster.profile: no tp4 folder in " + ProfilesRoot() +
+                "/RTXPRO6000/meta-llama/Llama-3.1-8B/bf16 for cluster.tensor_parallel = 4 (it "
+                "has: tp1, tp2)");
+  // A model the root has no bundle of.
+  std::string qwen = kLlama31OnRtxPro;
+  qwen.replace(qwen.find("llama3.1-8b"), 11, "qwen3-8b");
+  absl::StatusOr<ResolvedScenario> none = ParseAndResolve(qwen, {root.c_str()});
+  ASSERT_TRUE(none.ok()) << none.status();
+  ASSERT_EQ(none->fallbacks.size(), 1u);
+  EXPECT_EQ(none->fallbacks[0], "profile: no bundle folder " + ProfilesRoot() +
+                                    "/RTXPRO6000/Qwen/Qwen3-8B/bf16; GPU costs from the roofline");
 }
 
 }  // namespace

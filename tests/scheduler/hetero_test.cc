@@ -130,14 +130,14 @@ TEST(StackPlacementTest, SchedulerAdmitsOnlyWhatStacksHold) {
   c.placement_capacity_tokens = 1000;
   c.placement_kv_heads = 4;  // 4 heads over 2 stacks: 2 heads per stack
   ReplicaScheduler s(c);
-  for (int i = 0; i < 3; ++i) s.Add({i, 0, 200, 50}, 0, nullptr);  // 250 each
+  for (int i = 0; i < 3; ++i) s.Add({i, 0, 200, 50, {}}, 0, nullptr);  // 250 each
   const Batch& b = s.Schedule(0);
   // Per stack: 2 heads x 250 per request; 1000 holds 2 requests.
   EXPECT_EQ(b.entries.size(), 2u);
   EXPECT_EQ(b.bound, BatchBound::kCapacity);
   ASSERT_EQ(b.entries[0].kv_stacks.size(), 4u);
   // A request whose single head exceeds a stack is rejected at arrival.
-  EXPECT_EQ(s.Add({9, 0, 900, 101}, 0, nullptr), RejectReason::kExceedsKvCapacity);
+  EXPECT_EQ(s.Add({9, 0, 900, 101, {}}, 0, nullptr), RejectReason::kExceedsKvCapacity);
 }
 
 TEST(BatchBoundTest, SloCapStopsAdmission) {
@@ -145,7 +145,7 @@ TEST(BatchBoundTest, SloCapStopsAdmission) {
   c.kv_capacity_blocks = 1000;
   c.max_context_tokens = 4096;
   ReplicaScheduler s(c);
-  for (int i = 0; i < 5; ++i) s.Add({i, 0, 10, 5}, 0, nullptr);
+  for (int i = 0; i < 5; ++i) s.Add({i, 0, 10, 5, {}}, 0, nullptr);
   s.SetBatchCap(3);
   const Batch& b = s.Schedule(0);
   EXPECT_EQ(b.entries.size(), 3u);

@@ -53,7 +53,7 @@ BatchingConfig SmallConfig() {
   return c;
 }
 
-RequestSpec Req(int64_t id, int64_t in, int64_t out) { return {id, 0.0, in, out}; }
+RequestSpec Req(int64_t id, int64_t in, int64_t out) { return {id, 0.0, in, out, {}}; }
 
 // --------------------------------------------------------------- KV --
 

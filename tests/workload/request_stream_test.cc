@@ -100,7 +100,7 @@ std::vector<RequestSpec> Reference(std::vector<RequestSpec> requests, const Shap
 std::vector<RequestSpec> FromRows(const TraceFile& file) {
   std::vector<RequestSpec> out;
   for (const TraceRow& row : file.rows) {
-    out.push_back({0, row.timestamp_s, row.input_tokens, row.output_tokens});
+    out.push_back({0, row.timestamp_s, row.input_tokens, row.output_tokens, {}});
   }
   return out;
 }

@@ -1,0 +1,87 @@
+// `servesim replay RUN_DIR --out DIR`: simulate a measured vLLM run from its
+// setup.json and trace.csv (studies/replay.h), write the usual outputs and
+// the scenario it ran (DIR/scenario.pbtxt), and when the run has truth.csv
+// compare: DIR/replay_compare.csv, the table on stdout, and two charts
+// (DIR/replay_e2e.svg, DIR/replay_queue.svg).
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+
+#include "absl/strings/str_cat.h"
+#include "services/commands/commands.h"
+#include "services/commands/run.h"
+#include "studies/replay.h"
+
+namespace servesim::services {
+namespace {
+
+absl::Status Write(const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << text;
+  out.close();
+  if (!out) return absl::UnavailableError(absl::StrCat(path, ": cannot write"));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int ReplayCommand(const Args& args) {
+  namespace fs = std::filesystem;
+  RunFlags o;
+  std::string run_dir;
+  FlagParser flags;
+  flags.Positional([&run_dir](const std::string& a) -> std::string {
+    if (!run_dir.empty()) return absl::StrCat("unexpected argument ", a);
+    run_dir = a;
+    return "";
+  });
+  flags.Repeated("--set", &o.scenario.sets, "--set needs path=value");
+  flags.String("--profiles", &o.scenario.profiles, "--profiles needs a folder");
+  flags.String("--out", &o.out, "--out needs a folder");
+  flags.Switch("--quiet", [&o] { o.quiet = true; });
+  if (auto exit = ParseFlags(flags, args)) return *exit;
+  if (run_dir.empty()) return UsageError("replay needs a run folder (with setup.json, trace.csv)");
+  if (o.out.empty()) return UsageError("replay needs --out DIR");
+
+  auto setup = studies::PrepareReplay(run_dir, o.out, o.scenario.sets);
+  if (!setup.ok()) return Fail(setup.status());
+  const std::string scenario = (fs::path(o.out) / "scenario.pbtxt").string();
+  if (absl::Status st = Write(scenario, setup->scenario_text); !st.ok()) return Fail(st);
+  o.scenario.scenario = scenario;
+  o.fallbacks = setup->assumptions;
+  if (const int rc = RunWithFlags(o); rc != 0) return rc;
+  if (setup->truth_path.empty()) {
+    if (!o.quiet) std::cout << "  (no truth.csv in " << run_dir << ": nothing to compare)\n";
+    return 0;
+  }
+  const std::string requests = (fs::path(o.out) / "requests.csv").string();
+  auto rows = studies::CompareWithTruth(setup->truth_path,
+                                        (fs::path(run_dir) / "trace.csv").string(), requests);
+  if (!rows.ok()) return Fail(rows.status());
+  if (absl::Status st = Write((fs::path(o.out) / "replay_compare.csv").string(),
+                              studies::CompareCsv(*rows));
+      !st.ok()) {
+    return Fail(st);
+  }
+  auto e2e = studies::E2eScatterSvg(setup->truth_path, requests);
+  if (!e2e.ok()) return Fail(e2e.status());
+  if (absl::Status st = Write((fs::path(o.out) / "replay_e2e.svg").string(), *e2e); !st.ok()) {
+    return Fail(st);
+  }
+  if (!setup->timeseries_path.empty()) {
+    auto queue = studies::QueueOverTimeSvg((fs::path(o.out) / "iterations.csv").string(),
+                                           setup->timeseries_path);
+    if (!queue.ok()) return Fail(queue.status());
+    if (absl::Status st = Write((fs::path(o.out) / "replay_queue.svg").string(), *queue);
+        !st.ok()) {
+      return Fail(st);
+    }
+  }
+  if (!o.quiet) {
+    std::cout << "\n  measured vs simulated (" << o.out << "/replay_compare.csv)\n"
+              << studies::CompareTable(*rows) << std::flush;
+  }
+  return 0;
+}
+
+}  // namespace servesim::services

@@ -1,0 +1,201 @@
+// The vLLM v1 engine's scheduling step and automatic prefix caching,
+// computed by hand.
+#include <memory>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "scheduler/batching.h"
+#include "scheduler/prefix_cache.h"
+#include "workload/prefix.h"
+
+namespace servesim::scheduler {
+namespace {
+
+BatchingConfig V1Config(int64_t blocks, int64_t budget) {
+  BatchingConfig c;
+  c.policy = BatchingPolicy::kVllmV1;
+  c.kv_block_tokens = 16;
+  c.kv_capacity_blocks = blocks;
+  c.kv_watermark = 0;
+  c.max_context_tokens = 1 << 20;
+  c.max_batch_size = 8;
+  c.max_tokens_per_iteration = budget;
+  return c;
+}
+
+RequestSpec Req(int64_t id, int64_t in, int64_t out,
+                std::vector<uint64_t> hashes = {}) {
+  RequestSpec r{id, 0.0, in, out, {}};
+  if (!hashes.empty()) {
+    r.block_hashes = std::make_shared<const std::vector<uint64_t>>(std::move(hashes));
+  }
+  return r;
+}
+
+// (request id, new tokens, past tokens, prefill, emits) of each entry.
+struct E {
+  int64_t id, n, past;
+  bool prefill, emits;
+  bool operator==(const E& o) const {
+    return id == o.id && n == o.n && past == o.past && prefill == o.prefill && emits == o.emits;
+  }
+};
+std::ostream& operator<<(std::ostream& os, const E& e) {
+  return os << "{" << e.id << ", " << e.n << ", " << e.past << ", " << e.prefill << ", "
+            << e.emits << "}";
+}
+std::vector<E> Entries(const Batch& b) {
+  std::vector<E> out;
+  for (const BatchEntry& e : b.entries) {
+    out.push_back({e.request_id, e.new_tokens, e.past_tokens, e.prefill, e.emits_token});
+  }
+  return out;
+}
+
+// One token budget per step, running requests first (their decodes and
+// prefill remainders), then waiting ones, prompts chunked to the budget.
+TEST(VllmV1SchedulerTest, OneTokenBudgetRunningFirstThenWaiting) {
+  ReplicaScheduler s(V1Config(1000, 100));
+  s.Add(Req(0, 150, 3), 0, nullptr);
+  s.Add(Req(1, 40, 2), 0, nullptr);
+  // Step 1: A's first 100 prompt tokens use the whole budget; B waits.
+  const Batch& b1 = s.Schedule(0);
+  EXPECT_EQ(Entries(b1), (std::vector<E>{{0, 100, 0, true, false}}));
+  EXPECT_EQ(b1.bound, BatchBound::kTokenBudget);
+  EXPECT_EQ(b1.emitting, 0);
+  s.Complete(1, nullptr);
+  // Step 2: A's remaining 50 (its first token), then B's whole prompt (40 of
+  // the 50 left).
+  const Batch& b2 = s.Schedule(1);
+  EXPECT_EQ(Entries(b2), (std::vector<E>{{0, 50, 100, true, true}, {1, 40, 0, true, true}}));
+  EXPECT_EQ(b2.prefill_tokens, 90);
+  EXPECT_EQ(b2.emitting, 2);
+  s.Complete(2, nullptr);
+  // Step 3: both decode.
+  const Batch& b3 = s.Schedule(2);
+  EXPECT_EQ(Entries(b3), (std::vector<E>{{0, 1, 150, false, true}, {1, 1, 40, false, true}}));
+  EXPECT_EQ(s.kv().used(), 10 + 3);  // ceil(151 / 16) + ceil(41 / 16)
+}
+
+// vLLM's long_prefill_token_threshold caps each prompt's chunk.
+TEST(VllmV1SchedulerTest, LongPrefillThresholdCapsEachChunk) {
+  BatchingConfig c = V1Config(1000, 100);
+  c.long_prefill_token_threshold = 30;
+  ReplicaScheduler s(c);
+  s.Add(Req(0, 70, 1), 0, nullptr);
+  s.Add(Req(1, 70, 1), 0, nullptr);
+  const Batch& b = s.Schedule(0);
+  EXPECT_EQ(Entries(b), (std::vector<E>{{0, 30, 0, true, false}, {1, 30, 0, true, false}}));
+}
+
+// When a running request cannot grow, the newest running request is
+// preempted (recompute: its KV freed, its prompt now input + generated), and
+// no waiting request is scheduled that step.
+TEST(VllmV1SchedulerTest, PreemptsTheNewestRunningRequestWhenBlocksRunOut) {
+  ReplicaScheduler s(V1Config(7, 1000));
+  s.Add(Req(0, 64, 10), 0, nullptr);  // 4 blocks; its first decode needs a 5th
+  s.Add(Req(1, 48, 10), 0, nullptr);  // 3 blocks
+  const Batch& b1 = s.Schedule(0);
+  EXPECT_EQ(Entries(b1), (std::vector<E>{{0, 64, 0, true, true}, {1, 48, 0, true, true}}));
+  EXPECT_EQ(s.kv().used(), 7);
+  s.Complete(1, nullptr);
+  s.Add(Req(2, 16, 1), 1, nullptr);  // waits: no waiting request after a preemption
+  const Batch& b2 = s.Schedule(1);
+  EXPECT_EQ(Entries(b2), (std::vector<E>{{0, 1, 64, false, true}}));
+  EXPECT_EQ(b2.bound, BatchBound::kCapacity);
+  EXPECT_EQ(s.total_preemptions(), 1);
+  EXPECT_EQ(s.num_running(), 1);
+  EXPECT_EQ(s.num_waiting(), 2);
+  EXPECT_EQ(s.kv().used(), 5);
+  s.Complete(2, nullptr);
+  // Step 3: request 1 re-prefills 48 + 1 generated = 49 tokens (4 blocks)
+  // but only 2 are free: it waits at the head, and request 2 behind it.
+  const Batch& b3 = s.Schedule(2);
+  EXPECT_EQ(Entries(b3), (std::vector<E>{{0, 1, 65, false, true}}));
+  EXPECT_EQ(b3.bound, BatchBound::kCapacity);
+}
+
+// ----------------------------------------------------------- prefix cache --
+
+// Hand-made prompts: A = blocks (a1, a2), B = (a1, b2), C = (a1, a2) + 8 more
+// tokens, D = exactly (a1, a2). After A's prefill registers its two full
+// blocks, B finds one (16 tokens), C two (32), and D one: vLLM recomputes a
+// fully cached prompt's last block (at least one token is computed).
+TEST(PrefixCachingTest, LaterPromptsReuseTheFullBlocksTheyShare) {
+  BatchingConfig c = V1Config(100, 1000);
+  c.prefix_caching = true;
+  ReplicaScheduler s(c);
+  const uint64_t a1 = 11, a2 = 12, b2 = 22;
+  s.Add(Req(0, 40, 5, {a1, a2}), 0, nullptr);
+  ASSERT_EQ(Entries(s.Schedule(0)), (std::vector<E>{{0, 40, 0, true, true}}));
+  s.Complete(1, nullptr);
+  EXPECT_EQ(s.prefix_cache()->cached_blocks(), 2);
+  s.Add(Req(1, 40, 5, {a1, b2}), 1, nullptr);
+  s.Add(Req(2, 40, 5, {a1, a2}), 1, nullptr);
+  s.Add(Req(3, 32, 5, {a1, a2}), 1, nullptr);
+  const Batch& b = s.Schedule(1);
+  EXPECT_EQ(Entries(b), (std::vector<E>{{0, 1, 40, false, true},
+                                        {1, 24, 16, true, true},
+                                        {2, 8, 32, true, true},
+                                        {3, 16, 16, true, true}}));
+  EXPECT_EQ(s.prefix_hit_tokens(), 16 + 32 + 16);
+  EXPECT_EQ(s.prefix_query_tokens(), 40 + 40 + 40 + 32);
+  // Blocks in use: A 3, B 2 new + a1, C 1 new + (a1, a2), D 1 new + a1:
+  // shared blocks count once.
+  EXPECT_EQ(s.kv().used(), 3 + 2 + 1 + 1);
+}
+
+// Freed cached blocks stay reusable until evicted, least recently freed
+// first, and only when fresh blocks are needed.
+TEST(PrefixCachingTest, FreedBlocksAreEvictedLeastRecentlyFreedFirst) {
+  KvBlockPool pool(4);
+  PrefixCache cache(&pool);
+  ASSERT_TRUE(cache.AllocateFresh(3));
+  ASSERT_TRUE(cache.Register(101));
+  ASSERT_TRUE(cache.Register(102));
+  ASSERT_TRUE(cache.Register(103));
+  EXPECT_FALSE(cache.Register(101));  // one copy per content
+  cache.Release(102);                 // freed first
+  cache.Release(101);
+  cache.Release(103);
+  EXPECT_EQ(pool.used(), 0);
+  EXPECT_EQ(cache.evictable_blocks(), 3);
+  const uint64_t hit[] = {101, 102}, miss[] = {101, 104};
+  EXPECT_EQ(cache.Lookup(hit, 2).blocks, 2);
+  EXPECT_EQ(cache.Lookup(hit, 1).blocks, 1);  // at most max_blocks
+  EXPECT_EQ(cache.Lookup(miss, 2).blocks, 1);  // the leading run only
+  // Two fresh blocks: one never-cached free block, then 102 is evicted.
+  ASSERT_TRUE(cache.AllocateFresh(2));
+  EXPECT_EQ(cache.evictions(), 1);
+  const uint64_t p102[] = {102};
+  const uint64_t p101[] = {101};
+  EXPECT_EQ(cache.Lookup(p102, 1).blocks, 0);
+  EXPECT_EQ(cache.Lookup(p101, 1).blocks, 1);
+  EXPECT_EQ(cache.Lookup(p101, 1).evictable, 1);
+  // Taking the hit back uses capacity again.
+  cache.Acquire(p101, 1);
+  EXPECT_EQ(pool.used(), 3);
+  EXPECT_FALSE(cache.AllocateFresh(2));  // 103 is the only evictable block
+  EXPECT_TRUE(cache.AllocateFresh(1));
+  EXPECT_EQ(cache.evictions(), 2);
+}
+
+// Per-block hashes of a hand-made group prefix: two prompts of one group
+// share the blocks their common tokens fill, chained like vLLM's.
+TEST(PrefixCachingTest, GroupPrefixesHashTheirCommonFullBlocksAlike) {
+  workload::PromptContent g;
+  g.kind = workload::PromptContent::Kind::kGroup;
+  g.group = 7;
+  g.group_tokens = 40;
+  const auto a = workload::PromptBlockHashes(g, 100, 16, /*request_key=*/1);
+  const auto b = workload::PromptBlockHashes(g, 64, 16, /*request_key=*/2);
+  ASSERT_EQ(a.size(), 6u);  // floor(100 / 16)
+  ASSERT_EQ(b.size(), 4u);
+  EXPECT_EQ(a[0], b[0]);  // tokens 0-15 and 16-31 are the group's
+  EXPECT_EQ(a[1], b[1]);
+  EXPECT_NE(a[2], b[2]);  // 32-47 holds 8 tokens of each request's own
+  EXPECT_NE(a[3], b[3]);
+}
+
+}  // namespace
+}  // namespace servesim::scheduler
