@@ -229,6 +229,8 @@ class Engine {
       li.kv_blocks_used = it.kv_blocks_used;
       li.kv_blocks_total = scheduler_.kv().capacity();
       li.preemptions_total = scheduler_.total_preemptions();
+      li.prefix_hit_tokens_total = scheduler_.prefix_hit_tokens();
+      li.prefix_query_tokens_total = scheduler_.prefix_query_tokens();
       li.xpu_busy_s = cost->xpu_busy_s;
       li.device_busy_s = cost->device_busy_s;
       li.device = cost->device_total;

@@ -23,6 +23,9 @@ struct LiveIteration {
   int64_t queue_length = 0;  // waiting requests after scheduling
   int64_t kv_blocks_used = 0, kv_blocks_total = 0;
   int64_t preemptions_total = 0;  // replica's running total
+  // Prefix caching: prompt tokens found cached, and prompt tokens of the
+  // admitted requests, replica's running totals (0 when off).
+  int64_t prefix_hit_tokens_total = 0, prefix_query_tokens_total = 0;
   // Busy time of the xPUs (one of the tensor-parallel group) and of the
   // attention device, and what each moved and spent, whole iteration.
   double xpu_busy_s = 0, device_busy_s = 0;

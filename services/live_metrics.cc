@@ -39,6 +39,11 @@ LiveMetrics::LiveMetrics(const LiveMetricsConfig& c)
                        .Help("Requests rejected at admission, by reason").Register(r);
   auto& preempted = BuildCounter().Name("servesim_requests_preempted_total")
                         .Help("Recompute preemptions").Register(r);
+  auto& prefix_hit = BuildCounter().Name("servesim_prefix_cache_hit_tokens_total")
+                         .Help("Prompt tokens found in the prefix cache at admission").Register(r);
+  auto& prefix_query = BuildCounter().Name("servesim_prefix_cache_query_tokens_total")
+                           .Help("Prompt tokens of requests admitted with prefix caching on")
+                           .Register(r);
   auto& tokens = BuildCounter().Name("servesim_tokens_generated_total")
                      .Help("Output tokens generated").Register(r);
   auto& iterations = BuildCounter().Name("servesim_iterations_total")
@@ -92,6 +97,8 @@ LiveMetrics::LiveMetrics(const LiveMetricsConfig& c)
     x.rejected_too_long = &rejected.Add(with(l, "reason", "too_long"));
     x.rejected_kv = &rejected.Add(with(l, "reason", "kv_capacity"));
     x.preempted = &preempted.Add(l);
+    x.prefix_hit = &prefix_hit.Add(l);
+    x.prefix_query = &prefix_query.Add(l);
     x.tokens = &tokens.Add(l);
     x.iterations = &iterations.Add(l);
     x.queue = &queue.Add(l);
@@ -156,6 +163,15 @@ void LiveMetrics::OnIteration(const metrics::LiveIteration& it) {
   if (it.preemptions_total > x.preemptions_seen) {
     x.preempted->Increment(static_cast<double>(it.preemptions_total - x.preemptions_seen));
     x.preemptions_seen = it.preemptions_total;
+  }
+  if (it.prefix_hit_tokens_total > x.prefix_hit_seen) {
+    x.prefix_hit->Increment(static_cast<double>(it.prefix_hit_tokens_total - x.prefix_hit_seen));
+    x.prefix_hit_seen = it.prefix_hit_tokens_total;
+  }
+  if (it.prefix_query_tokens_total > x.prefix_query_seen) {
+    x.prefix_query->Increment(
+        static_cast<double>(it.prefix_query_tokens_total - x.prefix_query_seen));
+    x.prefix_query_seen = it.prefix_query_tokens_total;
   }
   x.xpu_busy->Increment(it.xpu_busy_s);
   x.xpu_energy->Increment(it.xpu.energy_pj() * 1e-12);

@@ -54,7 +54,8 @@ class LiveMetrics : public metrics::LiveSink {
     prometheus::Histogram *ttft, *tbt, *e2e;
     prometheus::Counter *xpu_busy, *dev_busy, *xpu_energy, *dev_energy;
     prometheus::Counter *xpu_dram, *xpu_link, *dev_dram, *dev_bg, *dev_tsv, *dev_ext;
-    int64_t preemptions_seen = 0;
+    prometheus::Counter *prefix_hit, *prefix_query;
+    int64_t preemptions_seen = 0, prefix_hit_seen = 0, prefix_query_seen = 0;
   };
   std::shared_ptr<prometheus::Registry> registry_;
   std::vector<Replica> replicas_;

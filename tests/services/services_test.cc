@@ -112,6 +112,8 @@ TEST(LiveMetricsTest, CountsWhatTheSimulationReports) {
   it.kv_blocks_used = 100;
   it.kv_blocks_total = 400;
   it.preemptions_total = 2;
+  it.prefix_hit_tokens_total = 32;
+  it.prefix_query_tokens_total = 100;
   it.xpu_busy_s = 0.03;
   it.device_busy_s = 0.02;
   it.xpu.dram_bytes = 1e9;
@@ -119,6 +121,8 @@ TEST(LiveMetricsTest, CountsWhatTheSimulationReports) {
   it.device.tsv_bytes = 4096;
   m.OnIteration(it);
   it.preemptions_total = 3;  // one more since the last iteration
+  it.prefix_hit_tokens_total = 48;
+  it.prefix_query_tokens_total = 180;
   m.OnIteration(it);
   m.OnClock(120, 0.5);
   const std::string text = m.Render();
@@ -128,6 +132,9 @@ TEST(LiveMetricsTest, CountsWhatTheSimulationReports) {
            "servesim_requests_finished_total{replica=\"1\"} 1\n",
            "servesim_requests_rejected_total{reason=\"too_long\",replica=\"0\"} 1\n",
            "servesim_requests_preempted_total{replica=\"1\"} 3\n",
+           "servesim_prefix_cache_hit_tokens_total{replica=\"1\"} 48\n",
+           "servesim_prefix_cache_query_tokens_total{replica=\"1\"} 180\n",
+           "servesim_prefix_cache_hit_tokens_total{replica=\"0\"} 0\n",
            "servesim_tokens_generated_total{replica=\"1\"} 3\n",
            "servesim_iterations_total{replica=\"1\"} 2\n",
            "servesim_batch_size{replica=\"1\"} 7\n",
