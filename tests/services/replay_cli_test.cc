@@ -88,6 +88,20 @@ TEST(ReplayCliTest, FixtureRunWithAKnownAnswer) {
   EXPECT_NE(r.out.find("e2e_s                mean"), std::string::npos) << r.out;
 }
 
+// scheduler.step_overhead_s: a CPU time added to every step, here 1 ms on
+// the fixture's four steps per request.
+TEST(ReplayCliTest, StepOverheadAddsToEveryStep) {
+  const std::string out = FreshDir("overhead");
+  std::vector<std::string> args = FixtureArgs(kFixture + "/tiny_run", out);
+  args.insert(args.end(), {"--set", "scheduler.step_overhead_s=0.001", "--quiet"});
+  const auto r = RunServesim(args);
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto rows = CompareRows(out + "/replay_compare.csv");
+  EXPECT_NEAR(rows.at("ttft_s.mean").second, 1e-3 + 48e-6, 1e-9);
+  EXPECT_NEAR(rows.at("tpot_s.mean").second, 1e-3 + 44e-6, 1e-9);
+  EXPECT_NEAR(rows.at("e2e_s.mean").second, 4e-3 + 180e-6, 1e-9);
+}
+
 // A copy of the fixture run with one file replaced.
 std::string EditedRun(const std::string& file, const std::string& text) {
   const std::string dir = FreshDir("run");

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <fstream>
 #include <initializer_list>
 #include <set>
@@ -75,6 +76,120 @@ int64_t SumOutput(const TraceFile& trace) {
   int64_t sum = 0;
   for (const TraceRow& row : trace.rows) sum += row.output_tokens;
   return sum;
+}
+
+// -------------------------------------------------- what prompts share --
+
+// Ids 0..n-1 as a JSON array, then `tail` more ids from `from`.
+std::string Ids(int shared, int tail, int from) {
+  std::string out = "[";
+  for (int i = 0; i < shared + tail; ++i) {
+    absl::StrAppend(&out, i == 0 ? "" : ", ", i < shared ? i : from + i);
+  }
+  return out + "]";
+}
+
+TEST(PlainCsvTraceTest, ColumnsInAnyOrderAndPrefixGroups) {
+  const std::string path = WriteTemp(
+      "plain.csv",
+      "input_tokens,arrival_s,output_tokens,prefix_tokens,prefix_group\n"
+      "100,0,5,40,sys\n64,0.5,3,64,sys\n30,1.25,2,,\n");
+  WorkloadSpec spec;
+  spec.mutable_trace()->set_path(path);
+  const auto w = LoadWorkload(spec, "", "", 1, /*prefix_block_tokens=*/16);
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_TRUE(absl::StartsWith(w->description, "csv trace ")) << w->description;
+  ASSERT_EQ(w->requests.size(), 3u);
+  EXPECT_DOUBLE_EQ(w->requests[1].arrival_s, 0.5);
+  EXPECT_EQ(w->requests[1].input_tokens, 64);
+  const auto& a = *w->requests[0].block_hashes;
+  const auto& b = *w->requests[1].block_hashes;
+  ASSERT_EQ(a.size(), 6u);  // floor(100 / 16)
+  ASSERT_EQ(b.size(), 4u);
+  // Request 0 shares its first 40 tokens: blocks 0-1 whole, block 2 not.
+  EXPECT_EQ(a[0], b[0]);
+  EXPECT_EQ(a[1], b[1]);
+  EXPECT_NE(a[2], b[2]);
+  EXPECT_EQ(w->requests[2].block_hashes, nullptr);  // no group: nothing shared
+  // Without prefix caching, nothing is hashed.
+  const auto plain = LoadWorkload(spec, "", "", 1);
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ(plain->requests[0].block_hashes, nullptr);
+}
+
+TEST(PlainCsvTraceTest, BadRowsNameTheLineAndColumn) {
+  const std::string one = WriteTemp("plain_one.csv",
+                                    "arrival_s,input_tokens,output_tokens,prefix_group\n0,10,1,a\n");
+  EXPECT_TRUE(IsError(ReadCsvTrace(one).status(), absl::StatusCode::kInvalidArgument,
+                      {one, ":1:", "has one of prefix_group and prefix_tokens"}));
+  const std::string longer = WriteTemp(
+      "plain_long.csv",
+      "arrival_s,input_tokens,output_tokens,prefix_group,prefix_tokens\n0,100,1,a,200\n");
+  EXPECT_TRUE(IsError(ReadCsvTrace(longer).status(), absl::StatusCode::kInvalidArgument,
+                      {longer, ":2:", "prefix_tokens is 200; expected at most input_tokens (100)"}));
+  const std::string negative =
+      WriteTemp("plain_neg.csv", "arrival_s,input_tokens,output_tokens\n-1,10,1\n");
+  EXPECT_TRUE(IsError(ReadCsvTrace(negative).status(), absl::StatusCode::kInvalidArgument,
+                      {negative, ":2:", "arrival_s is \"-1\"; expected a number of seconds >= 0"}));
+}
+
+TEST(TokenIdsTraceTest, PromptsHashPerBlockAndGzipIsRead) {
+  // Two 48-token prompts sharing their first 32 ids, 1.5 s apart.
+  const std::string text = absl::StrCat(
+      "{\"input_toks\": 48, \"output_toks\": 3, \"arrival_time_ns\": 0, \"input_tok_ids\": ",
+      Ids(32, 16, 1000), "}\n",
+      "{\"input_toks\": 48, \"output_toks\": 2, \"arrival_time_ns\": 1500000000, "
+      "\"input_tok_ids\": ",
+      Ids(32, 16, 2000), "}\n");
+  const std::string path = WriteTemp("ids.jsonl", text);
+  ASSERT_EQ(std::system(absl::StrCat("gzip -c '", path, "' > '", path, ".gz'").c_str()), 0);
+  for (const std::string& p : {path, path + ".gz"}) {
+    SCOPED_TRACE(p);
+    WorkloadSpec spec;
+    spec.mutable_trace()->set_path(p);
+    const auto w = LoadWorkload(spec, "", "", 1, /*prefix_block_tokens=*/16);
+    ASSERT_TRUE(w.ok()) << w.status();
+    EXPECT_TRUE(absl::StartsWith(w->description, "token-id trace ")) << w->description;
+    ASSERT_EQ(w->requests.size(), 2u);
+    EXPECT_DOUBLE_EQ(w->requests[1].arrival_s, 1.5);
+    const auto& a = *w->requests[0].block_hashes;
+    const auto& b = *w->requests[1].block_hashes;
+    ASSERT_EQ(a.size(), 3u);
+    EXPECT_EQ(a[0], b[0]);
+    EXPECT_EQ(a[1], b[1]);
+    EXPECT_NE(a[2], b[2]);
+  }
+}
+
+TEST(TokenIdsTraceTest, BadLinesNameTheLineAndKey) {
+  const std::string mismatch = WriteTemp(
+      "ids_mismatch.jsonl",
+      "{\"input_toks\": 4, \"output_toks\": 1, \"arrival_time_ns\": 0, \"input_tok_ids\": [1, 2, 3]}\n");
+  EXPECT_TRUE(IsError(ReadTokenIdsTrace(mismatch).status(), absl::StatusCode::kInvalidArgument,
+                      {mismatch, ":1:", "input_tok_ids has 3 tokens but input_toks is 4"}));
+  const std::string missing =
+      WriteTemp("ids_missing.jsonl", "{\"input_toks\": 4, \"output_toks\": 1}\n");
+  EXPECT_TRUE(IsError(ReadTokenIdsTrace(missing).status(), absl::StatusCode::kInvalidArgument,
+                      {missing, ":1:", "no \"arrival_time_ns\" key"}));
+}
+
+// Mooncake's hash_ids name 512-token units: 16-token blocks inside a shared
+// unit are shared, those of the first unit that differs are not.
+TEST(MooncakeTraceTest, HashIdsNameSharedUnitsOfTheirBlocks) {
+  const std::string path = WriteTemp(
+      "units.jsonl",
+      "{\"timestamp\": 0, \"input_length\": 1024, \"output_length\": 1, \"hash_ids\": [7, 8]}\n"
+      "{\"timestamp\": 1, \"input_length\": 1024, \"output_length\": 1, \"hash_ids\": [7, 9]}\n");
+  WorkloadSpec spec;
+  spec.mutable_trace()->set_path(path);
+  const auto w = LoadWorkload(spec, "", "", 1, /*prefix_block_tokens=*/16);
+  ASSERT_TRUE(w.ok()) << w.status();
+  const auto& a = *w->requests[0].block_hashes;
+  const auto& b = *w->requests[1].block_hashes;
+  ASSERT_EQ(a.size(), 64u);
+  EXPECT_EQ(a[31], b[31]);  // tokens 496-511: unit 7
+  EXPECT_NE(a[32], b[32]);  // tokens 512-527: units 8 and 9
+  EXPECT_NE(a[0], a[1]);    // blocks within one unit differ
 }
 
 // ------------------------------------------------------------ real files --
