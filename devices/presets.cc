@@ -190,6 +190,19 @@ constexpr absl::string_view kModelPresets[][2] = {
 //  - 0.32 pJ per fp16 multiply-accumulate = 0.16 pJ/FLOP.
 //  - int8 at 0.08 pJ/OP is an assumption (half the fp16 energy, as the
 //    multiplier area roughly quarters and operand movement halves).
+// [GEMM-MEASURED] Presets of GPUs whose GEMMs have been measured carry a
+// roofline { op_class: "gemm" } entry instead of the caps above for GEMMs:
+// the mean of `servesim calibrate`'s GEMM fits to that GPU's bundles
+// (docs/profiles.md), pinned by
+// DocFiguresTest.PresetGemmCapsAreTheMeanOfTheBundlesFits.
+//  - h100-sxm-80gb: bf16 GEMMs of Llama-2-7B, Llama-3.1-8B, CodeLlama-34B and
+//    Qwen3-32B (1-8,192 tokens; cuBLAS through PyTorch 2.11, CUDA 13.0) timed
+//    on one H100 80GB HBM3 (SXM5, 700 W) by scripts/profile_gpu.py on
+//    2026-11-26 (examples/gpu_profiles/H100/): fits 0.722-0.762 compute,
+//    0.802-0.828 memory, 1.0-5.1 us overhead; means 0.741, 0.821, 3.67 us.
+//  - rtx-pro-6000: LLMServingSim's vLLM 0.19 bundles of Llama-3.1-8B and
+//    Qwen3-32B (examples/vllm/profiles/RTXPRO6000/): 0.723, 0.957, 9.07 us.
+//  - rtx-4090: its vLLM 0.19 bundle of Llama-3.1-8B: 0.946, 0.928, 7.89 us.
 // kernel_overhead_s = 4 us is an assumption: the AttAcc simulator's measured
 // A100 fits for layernorm and GELU have fixed terms of 6.9 and 8.3 us; a
 // CUDA launch plus tail is commonly 3-5 us.
@@ -207,9 +220,10 @@ constexpr absl::string_view kXpuPresets[][2] = {
     {"a100-hbm3",  // [ATTACC]
      R"pb(peak_flops_fp16: 312e12 peak_flops_int8: 624e12 peak_flops_fp8: 0
           memory_bytes: 85899345920 memory_bw_bytes_per_s: 3.35e12 tdp_w: 400)pb"},
-    {"h100-sxm-80gb",  // [H100]
+    {"h100-sxm-80gb",  // [H100], GEMM caps [GEMM-MEASURED]
      R"pb(peak_flops_fp16: 989.4e12 peak_flops_int8: 1979e12 peak_flops_fp8: 1979e12
-          memory_bytes: 85899345920 memory_bw_bytes_per_s: 3.35e12 tdp_w: 700 profile_name: "H100")pb"},
+          memory_bytes: 85899345920 memory_bw_bytes_per_s: 3.35e12 tdp_w: 700 profile_name: "H100"
+          roofline { op_class: "gemm" compute_utilization: 0.741 memory_utilization: 0.821 kernel_overhead_s: 3.67e-6 })pb"},
     {"h100-pcie-80gb",  // [H100P]
      R"pb(peak_flops_fp16: 756e12 peak_flops_int8: 1513e12 peak_flops_fp8: 1513e12
           memory_bytes: 85899345920 memory_bw_bytes_per_s: 2.0e12 tdp_w: 350 profile_name: "H100PCIe")pb"},
@@ -222,12 +236,14 @@ constexpr absl::string_view kXpuPresets[][2] = {
     {"l40s",  // [L40S]
      R"pb(peak_flops_fp16: 362.05e12 peak_flops_int8: 733e12 peak_flops_fp8: 733e12
           memory_bytes: 51539607552 memory_bw_bytes_per_s: 864e9 tdp_w: 350 profile_name: "L40S")pb"},
-    {"rtx-4090",  // [ADA]
+    {"rtx-4090",  // [ADA], GEMM caps [GEMM-MEASURED]
      R"pb(peak_flops_fp16: 165.2e12 peak_flops_int8: 660.6e12 peak_flops_fp8: 330.3e12
-          memory_bytes: 25769803776 memory_bw_bytes_per_s: 1008e9 tdp_w: 450 profile_name: "RTX4090")pb"},
-    {"rtx-pro-6000",  // [RTX6K]
+          memory_bytes: 25769803776 memory_bw_bytes_per_s: 1008e9 tdp_w: 450 profile_name: "RTX4090"
+          roofline { op_class: "gemm" compute_utilization: 0.946 memory_utilization: 0.928 kernel_overhead_s: 7.89e-6 })pb"},
+    {"rtx-pro-6000",  // [RTX6K], GEMM caps [GEMM-MEASURED]
      R"pb(peak_flops_fp16: 500e12 peak_flops_int8: 1000e12 peak_flops_fp8: 1000e12
-          memory_bytes: 103079215104 memory_bw_bytes_per_s: 1597e9 tdp_w: 600 profile_name: "RTXPRO6000")pb"},
+          memory_bytes: 103079215104 memory_bw_bytes_per_s: 1597e9 tdp_w: 600 profile_name: "RTXPRO6000"
+          roofline { op_class: "gemm" compute_utilization: 0.723 memory_utilization: 0.957 kernel_overhead_s: 9.07e-6 })pb"},
     {"mi300x",  // [MI300X]
      R"pb(peak_flops_fp16: 1307.4e12 peak_flops_int8: 2614.9e12 peak_flops_fp8: 2614.9e12
           memory_bytes: 206158430208 memory_bw_bytes_per_s: 5.3e12 tdp_w: 750 profile_name: "MI300X")pb"},
@@ -267,8 +283,13 @@ std::map<std::string, Msg> ParseTable(const absl::string_view (&table)[N][2],
                                       absl::string_view common) {
   std::map<std::string, Msg> out;
   for (const auto& [name, text] : table) {
-    Msg msg;
-    ParseBuiltInPreset(Msg::descriptor()->name(), name, absl::StrCat(text, " ", common), &msg);
+    // The common fields first, then the entry's, each parsed strictly (a
+    // field written twice in one of them is a bug), so that an entry may
+    // override a common figure (a measured cap, say).
+    Msg msg, own;
+    ParseBuiltInPreset(Msg::descriptor()->name(), name, std::string(common), &msg);
+    ParseBuiltInPreset(Msg::descriptor()->name(), name, std::string(text), &own);
+    msg.MergeFrom(own);
     out.emplace(std::string(name), std::move(msg));
   }
   return out;

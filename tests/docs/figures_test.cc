@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "devices/presets.h"
 #include "gtest/gtest.h"
 #include "studies/sweep.h"
 #include "tests/test_util.h"
@@ -293,47 +294,95 @@ TEST(DocFiguresTest, VllmReplayTable) {
   ExpectErrors(ReplayErrors({run, "--profiles", kVllm + "profiles"}),
                {-4.3, -4.3, -2.3, -1.0, 0.5, 0.6, -1.9, -1.8, -1.7, -2.0});
   ExpectErrors(ReplayErrors({run}),
-               {-21.2, -23.6, -18.5, -7.7, -8.3, -8.7, -11.2, -12.4, -10.9, -6.6});
-  const std::pair<const char*, std::vector<double>> otel[] = {
-      {"GPU80GB_CodeLlama-34b-Instruct-hf_tp1_mbt4096_prefillheavy-sweep",
-       {-15.6, -14.2, -12.6, -13.9, -12.2, -5.8, -15.1, -12.4, -11.9, -0.2}},
-      {"GPU80GB_CodeLlama-34b-Instruct-hf_tp1_mbt4096_train-sweep",
-       {-6.7, -11.4, -5.2, -2.9, -4.2, -4.0, -3.3, -4.2, -4.1, -0.0}},
-      {"GPU80GB_CodeLlama-34b-Instruct-hf_tp1_mbt64_prefilldominant-sweep",
-       {-9.9, -8.3, -7.2, -4.4, -6.0, -6.0, -9.1, -8.2, -7.2, -0.3}},
-      {"GPU80GB_Llama-2-7b-hf_tp1_mbt4096_train-sweep",
-       {-11.2, -9.4, -15.6, -4.9, -3.9, -2.0, -5.0, -4.2, -1.6, -0.0}},
+               {-19.2, -21.1, -17.5, -7.5, -7.4, -7.4, -10.5, -11.3, -10.4, -6.9});
+  // The otel runs on the H100 preset (its GEMM caps measured), and with the
+  // H100 bundles of scripts/profile_gpu.py (FlashAttention-2 in PyTorch).
+  const std::pair<const char*, std::vector<double>> otel[][2] = {
+      {{"GPU80GB_CodeLlama-34b-Instruct-hf_tp1_mbt4096_prefillheavy-sweep",
+        {-8.9, -8.2, -6.6, -6.2, -6.4, 0.7, -8.0, -6.6, -6.3, -0.1}},
+       {"", {26.1, 24.6, 23.2, 30.9, 29.8, 36.8, 27.0, 22.6, 20.9, 0.2}}},
+      {{"GPU80GB_CodeLlama-34b-Instruct-hf_tp1_mbt4096_train-sweep",
+        {-2.5, -5.2, -1.7, 0.6, -0.5, -1.0, 0.2, -0.6, -1.0, 0.0}},
+       {"", {6.9, 12.2, 5.0, 3.1, 3.2, 2.9, 3.2, 2.6, 3.7, 0.0}}},
+      {{"GPU80GB_CodeLlama-34b-Instruct-hf_tp1_mbt64_prefilldominant-sweep",
+        {-6.7, -5.6, -4.5, -1.5, -3.2, -3.2, -6.0, -5.5, -4.5, -0.2}},
+       {"", {20.0, 10.2, 11.1, 10.0, 15.1, 17.6, 18.4, 10.3, 11.1, 1.7}}},
+      {{"GPU80GB_Llama-2-7b-hf_tp1_mbt4096_train-sweep",
+        {-5.2, -3.5, -9.6, -3.1, -2.4, -0.8, -3.1, -2.5, -0.2, -0.0}},
+       {"", {7.0, 8.9, 5.8, 11.1, -1.1, 3.4, 10.6, -0.5, 4.4, 0.1}}},
   };
-  for (const auto& [name, want] : otel) {
-    SCOPED_TRACE(name);
-    ExpectErrors(ReplayErrors({kVllm + "runs_otel/" + name, "--set",
-                               "cluster.xpu.preset=h100-sxm-80gb"}),
-                 want);
+  for (const auto& [roofline, bundle] : otel) {
+    SCOPED_TRACE(roofline.first);
+    const std::string dir = kVllm + "runs_otel/" + roofline.first;
+    ExpectErrors(ReplayErrors({dir, "--set", "cluster.xpu.preset=h100-sxm-80gb"}), roofline.second);
+    ExpectErrors(ReplayErrors({dir, "--set", "cluster.xpu.preset=h100-sxm-80gb", "--profiles",
+                               kExamples + std::string("gpu_profiles")}),
+                 bundle.second);
   }
 }
 
-// docs/profiles.md: `servesim calibrate` on the vendored bundles (class,
-// compute, memory, overhead us, mean error %, p90 error %), and what the
-// calibrated roofline does to the shared run's mean TPOT.
+// `servesim calibrate`'s fit of a bundle (a tp<N> folder) per class:
+// compute, memory, overhead us, mean error %, p90 error %.
+std::map<std::string, std::vector<double>> CalibrateFits(const std::string& tp_dir) {
+  const test_util::CommandResult r = test_util::RunServesim({"calibrate", tp_dir});
+  EXPECT_EQ(r.code, 0) << r.out;
+  std::map<std::string, std::vector<double>> rows;
+  for (const std::string& line : test_util::Lines(r.out)) {
+    const std::vector<std::string> f = absl::StrSplit(line, ' ', absl::SkipEmpty());
+    if (f.size() != 9 || f[0] == "class") continue;
+    std::vector<double> v;
+    for (size_t i : {2, 3, 4, 5, 6}) {
+      double x = 0;
+      EXPECT_TRUE(absl::SimpleAtod(absl::StripSuffix(absl::StripSuffix(f[i], "us"), "%"), &x))
+          << line;
+      v.push_back(x);
+    }
+    rows[f[0]] = v;
+  }
+  return rows;
+}
+
+const std::string kGpuProfiles = std::string(SERVESIM_SOURCE_DIR) + "/examples/gpu_profiles/";
+
+// docs/profiles.md, calibrated presets: the GEMM caps of the xPU presets
+// whose GPU has measured bundles are the means of `servesim calibrate`'s
+// GEMM fits of those bundles (each fit printed to 3 decimals, 0.01 us).
+TEST(DocFiguresTest, PresetGemmCapsAreTheMeanOfTheBundlesFits) {
+  const std::pair<const char*, std::vector<std::string>> presets[] = {
+      {"h100-sxm-80gb",
+       {kGpuProfiles + "H100/meta-llama/Llama-2-7b-hf", kGpuProfiles + "H100/meta-llama/Llama-3.1-8B",
+        kGpuProfiles + "H100/codellama/CodeLlama-34b-Instruct-hf",
+        kGpuProfiles + "H100/Qwen/Qwen3-32B"}},
+      {"rtx-pro-6000",
+       {kVllm + "profiles/RTXPRO6000/meta-llama/Llama-3.1-8B",
+        kVllm + "profiles/RTXPRO6000/Qwen/Qwen3-32B"}},
+      {"rtx-4090", {kVllm + "profiles/RTX4090/meta-llama/Llama-3.1-8B"}},
+  };
+  for (const auto& [preset, bundles] : presets) {
+    SCOPED_TRACE(preset);
+    double compute = 0, memory = 0, overhead_us = 0;
+    for (const std::string& b : bundles) {
+      const std::vector<double> gemm = CalibrateFits(b + "/bf16/tp1").at("gemm");
+      compute += gemm[0] / bundles.size();
+      memory += gemm[1] / bundles.size();
+      overhead_us += gemm[2] / bundles.size();
+    }
+    auto xpu = devices::XpuPreset(preset);
+    ASSERT_TRUE(xpu.ok()) << xpu.status();
+    ASSERT_EQ(xpu->roofline_size(), 1);
+    EXPECT_EQ(xpu->roofline(0).op_class(), "gemm");
+    EXPECT_NEAR(xpu->roofline(0).compute_utilization(), compute, 0.0011);
+    EXPECT_NEAR(xpu->roofline(0).memory_utilization(), memory, 0.0011);
+    EXPECT_NEAR(xpu->roofline(0).kernel_overhead_s() * 1e6, overhead_us, 0.011);
+  }
+}
+
+// docs/profiles.md: `servesim calibrate` on the vendored and measured
+// bundles (class, compute, memory, overhead us, mean error %, p90 error %),
+// and what the calibrated roofline does to the shared run's mean TPOT.
 TEST(DocFiguresTest, CalibrateTable) {
   auto fits = [](const std::string& bundle) {
-    const test_util::CommandResult r =
-        test_util::RunServesim({"calibrate", kVllm + "profiles/" + bundle + "/bf16/tp1"});
-    EXPECT_EQ(r.code, 0) << r.out;
-    std::map<std::string, std::vector<double>> rows;
-    for (const std::string& line : test_util::Lines(r.out)) {
-      const std::vector<std::string> f = absl::StrSplit(line, ' ', absl::SkipEmpty());
-      if (f.size() != 9 || f[0] == "class") continue;
-      std::vector<double> v;
-      for (size_t i : {2, 3, 4, 5, 6}) {
-        double x = 0;
-        EXPECT_TRUE(absl::SimpleAtod(absl::StripSuffix(absl::StripSuffix(f[i], "us"), "%"), &x))
-            << line;
-        v.push_back(x);
-      }
-      rows[f[0]] = v;
-    }
-    return rows;
+    return CalibrateFits(kVllm + "profiles/" + bundle + "/bf16/tp1");
   };
   auto expect = [](const std::vector<double>& got, const std::vector<double>& want) {
     ASSERT_EQ(got.size(), 5u);
@@ -351,6 +400,17 @@ TEST(DocFiguresTest, CalibrateTable) {
   const auto ada = fits("RTX4090/meta-llama/Llama-3.1-8B");
   expect(ada.at("gemm"), {0.946, 0.928, 7.89, 4.8, 9.8});
   expect(ada.at("attention"), {0.644, 0.370, 11.20, 25.5, 53.6});
+  // The H100 bundles of scripts/profile_gpu.py.
+  const std::pair<const char*, std::vector<double>> h100[] = {
+      {"meta-llama/Llama-2-7b-hf", {0.762, 0.828, 4.34, 4.3, 8.4}},
+      {"meta-llama/Llama-3.1-8B", {0.750, 0.826, 4.18, 5.4, 10.4}},
+      {"codellama/CodeLlama-34b-Instruct-hf", {0.722, 0.802, 1.02, 4.7, 8.8}},
+      {"Qwen/Qwen3-32B", {0.730, 0.826, 5.14, 5.1, 9.5}},
+  };
+  for (const auto& [model, gemm] : h100) {
+    SCOPED_TRACE(model);
+    expect(CalibrateFits(kGpuProfiles + "H100/" + model + "/bf16/tp1").at("gemm"), gemm);
+  }
 
   // The shared run on the roofline with all five fitted classes.
   const std::string dir = test_util::FreshDir("calibrated");
