@@ -3,6 +3,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
@@ -14,12 +15,25 @@ namespace servesim::agents {
 
 namespace {
 
-absl::StatusOr<std::string> ReadPem(const std::string& path, const char* flag) {
+// Reads a PEM file and checks that it holds what `flag` needs (a
+// certificate, or a private key) before gRPC sees it: gRPC reports a bad
+// one only as a failure to listen.
+absl::StatusOr<std::string> ReadPem(const std::string& path, const char* flag, bool key) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat(flag, " ", path, ": cannot read"));
   std::stringstream ss;
   ss << in.rdbuf();
-  return ss.str();
+  std::string text = ss.str();
+  const bool ok = key ? (absl::StrContains(text, "-----BEGIN ") &&
+                         absl::StrContains(text, "PRIVATE KEY-----"))
+                      : (absl::StrContains(text, "-----BEGIN CERTIFICATE-----") &&
+                         absl::StrContains(text, "-----END CERTIFICATE-----"));
+  if (!ok) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        flag, " ", path, ": not a PEM ", key ? "private key (-----BEGIN ... PRIVATE KEY-----)"
+                                              : "certificate (-----BEGIN CERTIFICATE-----)"));
+  }
+  return text;
 }
 
 }  // namespace
@@ -37,11 +51,11 @@ absl::StatusOr<RunningAgent> StartAgentServer(AgentService* service,
     }
     grpc::SslServerCredentialsOptions ssl(GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
     grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
-    ASSIGN_OR_RETURN(pair.cert_chain, ReadPem(options.tls_cert_file, "--tls-cert"));
-    ASSIGN_OR_RETURN(pair.private_key, ReadPem(options.tls_key_file, "--tls-key"));
+    ASSIGN_OR_RETURN(pair.cert_chain, ReadPem(options.tls_cert_file, "--tls-cert", false));
+    ASSIGN_OR_RETURN(pair.private_key, ReadPem(options.tls_key_file, "--tls-key", true));
     ssl.pem_key_cert_pairs.push_back(pair);
     if (!options.tls_client_ca_file.empty()) {
-      ASSIGN_OR_RETURN(ssl.pem_root_certs, ReadPem(options.tls_client_ca_file, "--tls-client-ca"));
+      ASSIGN_OR_RETURN(ssl.pem_root_certs, ReadPem(options.tls_client_ca_file, "--tls-client-ca", false));
       ssl.client_certificate_request = GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
     }
     creds = grpc::SslServerCredentials(ssl);
@@ -62,8 +76,13 @@ absl::StatusOr<RunningAgent> StartAgentServer(AgentService* service,
   running.server = builder.BuildAndStart();
   if (running.server == nullptr || running.port == 0) {
     return absl::UnavailableError(absl::StrCat(
-        "--listen ", options.listen, ": cannot listen there (bad HOST:PORT, port in use, or "
-        "port outside [0, 65535])"));
+        "--listen ", options.listen, ": cannot listen there (bad HOST:PORT, port in use, "
+        "port outside [0, 65535]",
+        options.tls_cert_file.empty()
+            ? ""
+            : ", or a certificate and key that do not belong together (--log-level error "
+              "shows gRPC's reason)",
+        ")"));
   }
   grpc::HealthCheckServiceInterface* health = running.server->GetHealthCheckService();
   if (health != nullptr) {

@@ -1,5 +1,7 @@
 #include "cluster/simulation.h"
 
+#include <signal.h>
+
 #include <algorithm>
 #include <chrono>
 #include <limits>
@@ -9,6 +11,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "common/sim_time.h"
 #include "common/status_macros.h"
 #include "devices/registry.h"
 #include "scheduler/planner.h"
@@ -53,7 +56,27 @@ struct Shared {
   double next_arrival_s = std::numeric_limits<double>::infinity();
   int64_t in_flight = 0;
   absl::Status error;  // first internal error; stops the run
+  const std::atomic<int>* interrupt = nullptr;  // RunOptions::interrupt
+
+  bool Interrupted() const {
+    return interrupt != nullptr && interrupt->load(std::memory_order_relaxed) != 0;
+  }
+  // Ends the whole run now: the other actors are killed, and the driver
+  // returns `status` with what was measured so far.
+  void Stop(absl::Status status) {
+    if (error.ok()) error = std::move(status);
+    sg4::Actor::kill_all();
+  }
 };
+
+absl::Status Interruption() { return absl::CancelledError("interrupted"); }
+
+absl::Status PastTimeLimit(double t, const char* what) {
+  return absl::OutOfRangeError(absl::StrCat(
+      what, " at t = ", t, " s, past the simulated-time limit of ", kMaxSimulatedSeconds,
+      " s (beyond it time loses sub-microsecond resolution); shorten the trace or raise the "
+      "arrival rate"));
+}
 
 double WireBytes(const scheduler::RequestSpec& r) {
   return kHeaderBytes + kBytesPerPromptToken * static_cast<double>(r.input_tokens);
@@ -67,13 +90,20 @@ void Source(Shared* sh) {
     if (!more.ok()) {
       // A bad row further into the trace: stop the run, as a failed
       // iteration does.
-      sh->error = more.status();
-      sg4::Actor::kill_all();
+      sh->Stop(more.status());
       return;
     }
     if (!*more) break;
+    if (r.arrival_s > kMaxSimulatedSeconds) {
+      sh->Stop(PastTimeLimit(r.arrival_s, absl::StrCat("request ", r.id, " arrives").c_str()));
+      return;
+    }
     sh->next_arrival_s = r.arrival_s;
     sg4::this_actor::sleep_until(r.arrival_s);
+    if (sh->Interrupted()) {
+      sh->Stop(Interruption());
+      return;
+    }
     ++sh->in_flight;
     ++sent;
     sh->metrics->OnArrival(r);
@@ -151,6 +181,14 @@ class Engine {
       // a run, the one an arrival may interrupt, sleeps in SimGrid.
       double t = sg4::Engine::get_clock();
       while (true) {
+        if (sh_->Interrupted()) {
+          sh_->Stop(Interruption());
+          return;
+        }
+        if (t > kMaxSimulatedSeconds) {
+          sh_->Stop(PastTimeLimit(t, absl::StrCat("replica ", replica_, " starts an iteration").c_str()));
+          return;
+        }
         auto duration = Iteration(t);
         if (!duration.ok()) {
           Stop(duration.status());
@@ -334,13 +372,8 @@ class Engine {
     return absl::OkStatus();
   }
 
-  // A failed iteration (e.g. no device agent left) ends the whole run
-  // now: the other actors are killed, and the driver returns the error with
-  // what was measured so far.
-  void Stop(absl::Status status) {
-    sh_->error = std::move(status);
-    sg4::Actor::kill_all();
-  }
+  // A failed iteration (e.g. no device agent left) ends the whole run.
+  void Stop(absl::Status status) { sh_->Stop(std::move(status)); }
 
   void UpdateLoad() {
     auto& l = sh_->loads[replica_];
@@ -419,7 +452,12 @@ absl::StatusOr<RunResult> RunSimulation(const ResolvedScenario& sc,
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   int argc = static_cast<int>(argv.size());
+  // SimGrid's engine installs a SIGINT handler that dumps every actor; the
+  // caller's handling (servesim's clean stop, or the default) is restored.
+  struct sigaction caller_sigint;
+  ::sigaction(SIGINT, nullptr, &caller_sigint);
   sg4::Engine engine(&argc, argv.data());
+  ::sigaction(SIGINT, &caller_sigint, nullptr);
   if (argc > 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("unrecognised SimGrid argument: ", argv[1]));
@@ -445,6 +483,7 @@ absl::StatusOr<RunResult> RunSimulation(const ResolvedScenario& sc,
   sh.live = options.live;
   sh.record_timeline = options.record_timeline;
   sh.paced = options.pace > 0;
+  sh.interrupt = options.interrupt;
   sh.loads.assign(sc.replicas, scheduler::ReplicaLoad{});
   for (auto& l : sh.loads) l.kv_blocks_capacity = sc.kv.blocks;
 
@@ -493,10 +532,16 @@ absl::StatusOr<RunResult> RunSimulation(const ResolvedScenario& sc,
       const double now = sg4::Engine::get_clock();
       if (options.pace > 0) {
         // At most 10^9 wall seconds ahead: past ~292 years the nanosecond
-        // count would leave int64 (a slow pace on a long trace).
-        std::this_thread::sleep_until(
+        // count would leave int64 (a slow pace on a long trace). In steps of
+        // at most 0.1 s, so that an interrupt is seen while waiting.
+        const auto until =
             wall_start + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                             std::chrono::duration<double>(std::min(now / options.pace, 1e9))));
+                             std::chrono::duration<double>(std::min(now / options.pace, 1e9)));
+        while (std::chrono::steady_clock::now() < until &&
+               !(options.interrupt != nullptr && options.interrupt->load() != 0)) {
+          std::this_thread::sleep_until(
+              std::min(until, std::chrono::steady_clock::now() + std::chrono::milliseconds(100)));
+        }
       }
       if (options.live != nullptr) options.live->OnClock(now, wall_s());
     });

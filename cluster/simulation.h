@@ -31,6 +31,7 @@
 #ifndef SERVESIM_CLUSTER_SIMULATION_H_
 #define SERVESIM_CLUSTER_SIMULATION_H_
 
+#include <atomic>
 #include <string>
 #include <vector>
 
@@ -64,10 +65,17 @@ struct RunOptions {
   // iterations.csv); borrowed, may be null. Keep report.html's series.
   metrics::RecordSink* sink = nullptr;
   bool time_series = false;
+  // Set (non-zero) from outside, e.g. by a signal handler: the run stops at
+  // its next step, as a failed one does (CANCELLED, with `partial` filled).
+  // Borrowed; may be null.
+  const std::atomic<int>* interrupt = nullptr;
 };
 
 // Runs the requests `requests` yields (pulled as the run goes). A stream
-// error (a bad trace row) stops the run like a failed iteration does.
+// error (a bad trace row) stops the run like a failed iteration does, and
+// so does simulated time passing kMaxSimulatedSeconds (common/sim_time.h;
+// OUT_OF_RANGE). SimGrid's own Ctrl-C handler (a dump of every actor) is
+// not kept: the caller's SIGINT handling stays in force.
 absl::StatusOr<RunResult> RunSimulation(const scenario::ResolvedScenario& scenario,
                                         workload::RequestStream& requests,
                                         const RunOptions& options);

@@ -4,7 +4,6 @@
 #include <charconv>
 #include <cstdio>
 #include <cstring>
-#include <filesystem>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -88,22 +87,17 @@ void AppendIterationRow(const IterationRecord& it, std::string* out) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<CsvRecordWriter>> CsvRecordWriter::Open(
-    const std::string& dir, const ResolvedScenario& sc) {
+    const OutputDir& dir, const ResolvedScenario& sc) {
   const auto& o = sc.proto.output();
   if (!o.requests_csv() && !o.iterations_csv()) return nullptr;
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  if (ec) {
-    return absl::UnavailableError(
-        absl::StrCat(dir, ": cannot create output folder: ", ec.message()));
-  }
-  auto w = std::unique_ptr<CsvRecordWriter>(new CsvRecordWriter());
+  auto w = std::unique_ptr<CsvRecordWriter>(new CsvRecordWriter(dir));
   auto open = [&](File& f, const char* name, const char* header) -> absl::Status {
-    f.path = (std::filesystem::path(dir) / name).string();
+    f.name = name;
+    f.path = dir.TempPath(name);
     f.file = std::fopen(f.path.c_str(), "wb");
     if (f.file == nullptr) {
       return absl::UnavailableError(
-          absl::StrCat(f.path, ": cannot write: ", std::strerror(errno)));
+          absl::StrCat(dir.Path(name), ": cannot write: ", std::strerror(errno)));
     }
     f.buffer = header;
     return absl::OkStatus();
@@ -140,7 +134,7 @@ void CsvRecordWriter::Flush(File& f) {
   if (std::fwrite(f.buffer.data(), 1, f.buffer.size(), f.file) != f.buffer.size() &&
       status_.ok()) {
     status_ = absl::UnavailableError(
-        absl::StrCat(f.path, ": cannot write: ", std::strerror(errno)));
+        absl::StrCat(dir_.Path(f.name), ": cannot write: ", std::strerror(errno)));
   }
   f.buffer.clear();
 }
@@ -162,9 +156,10 @@ absl::Status CsvRecordWriter::Close() {
     Flush(*f);
     if (std::fclose(f->file) != 0 && status_.ok()) {
       status_ = absl::UnavailableError(
-          absl::StrCat(f->path, ": cannot write: ", std::strerror(errno)));
+          absl::StrCat(dir_.Path(f->name), ": cannot write: ", std::strerror(errno)));
     }
     f->file = nullptr;
+    if (status_.ok()) status_ = dir_.Commit(f->name);
   }
   return status_;
 }

@@ -11,17 +11,20 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "metrics/records.h"
+#include "reports/output_dir.h"
 #include "scenario/scenario.h"
 
 namespace servesim::reports {
 
 // requests.csv and iterations.csv as the scenario asks (output.requests_csv,
-// output.iterations_csv), written as the collector hands rows on. A write
-// error is kept and returned by Close.
+// output.iterations_csv), written as the collector hands rows on, under
+// the folder's temporary names until Close renames them. Rows are only
+// ever written whole. A write error is kept and returned by Close.
 class CsvRecordWriter : public metrics::RecordSink {
  public:
-  // Creates `dir` if missing; nullptr (no error) when neither file is on.
-  static absl::StatusOr<std::unique_ptr<CsvRecordWriter>> Open(const std::string& dir,
+  // nullptr (no error) when neither file is on. `dir` must outlive the
+  // writer.
+  static absl::StatusOr<std::unique_ptr<CsvRecordWriter>> Open(const OutputDir& dir,
                                                                const scenario::ResolvedScenario& sc);
   ~CsvRecordWriter() override;
   void OnRequest(const metrics::RequestRecord& r) override;
@@ -30,13 +33,15 @@ class CsvRecordWriter : public metrics::RecordSink {
 
  private:
   struct File {
-    std::string path;
+    std::string name;  // requests.csv
+    std::string path;  // while written: the temporary name
     std::FILE* file = nullptr;
     std::string buffer;
   };
-  CsvRecordWriter() = default;
+  explicit CsvRecordWriter(const OutputDir& dir) : dir_(dir) {}
   void Append(File& f, const std::string& row);
   void Flush(File& f);
+  const OutputDir& dir_;
   File requests_, iterations_;
   absl::Status status_;
 };

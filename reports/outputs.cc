@@ -1,10 +1,5 @@
 #include "reports/outputs.h"
 
-#include <cerrno>
-#include <cstring>
-#include <filesystem>
-#include <fstream>
-
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "reports/report_html.h"
@@ -12,17 +7,6 @@
 
 namespace servesim::reports {
 namespace {
-
-absl::Status WriteFile(const std::filesystem::path& path, const std::string& text) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << text;
-  out.close();
-  if (!out) {
-    return absl::UnavailableError(absl::StrCat(
-        path.string(), ": cannot write: ", std::strerror(errno)));
-  }
-  return absl::OkStatus();
-}
 
 std::string FallbacksJson(const std::vector<std::string>& fallbacks) {
   if (fallbacks.empty()) return "";
@@ -33,24 +17,17 @@ std::string FallbacksJson(const std::vector<std::string>& fallbacks) {
 
 }  // namespace
 
-absl::Status WriteOutputs(const std::string& dir, const scenario::ResolvedScenario& sc,
+absl::Status WriteOutputs(const OutputDir& dir, const scenario::ResolvedScenario& sc,
                           const workload::Workload& wl, const metrics::MetricsCollector& metrics,
                           const metrics::Summary& s, const RunInfo& info) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) {
-    return absl::UnavailableError(
-        absl::StrCat(dir, ": cannot create output folder: ", ec.message()));
-  }
-  const fs::path base(dir);
-  if (absl::Status st = WriteFile(base / "summary.json",
-                                  SummaryJson(sc, wl, s, info.simulated_s, info.partial));
+  const std::string partial = info.partial ? info.error : std::string();
+  if (absl::Status st =
+          dir.Write("summary.json", SummaryJson(sc, wl, s, info.simulated_s, info.partial));
       !st.ok()) {
     return st;
   }
-  if (absl::Status st = WriteFile(
-          base / "run_info.json",
+  if (absl::Status st = dir.Write(
+          "run_info.json",
           absl::StrCat("{\n  \"wall_time_s\": ", FormatFigure(info.wall_s),
                        ",\n  \"realtime_factor\": ",
                        FormatFigure(info.wall_s > 0 ? info.simulated_s / info.wall_s : 0),
@@ -64,14 +41,15 @@ absl::Status WriteOutputs(const std::string& dir, const scenario::ResolvedScenar
     return st;
   }
   if (sc.proto.output().timeline()) {
-    if (absl::Status st = WriteFile(base / "timeline.json", TimelineJson(sc, metrics));
+    if (absl::Status st =
+            dir.Write("timeline.json", TimelineJson(sc, metrics, info.partial, partial));
         !st.ok()) {
       return st;
     }
   }
   if (sc.proto.output().report_html()) {
-    if (absl::Status st =
-            WriteFile(base / "report.html", ReportHtml(sc, metrics, s, info.simulated_s));
+    if (absl::Status st = dir.Write(
+            "report.html", ReportHtml(sc, metrics, s, info.simulated_s, info.partial, partial));
         !st.ok()) {
       return st;
     }

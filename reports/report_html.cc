@@ -253,17 +253,26 @@ std::string ScheduleSvg(const ResolvedScenario& sc, const TimelineIteration& it)
 }  // namespace
 
 std::string ReportHtml(const ResolvedScenario& sc, const MetricsCollector& m,
-                       const Summary& summary, double simulated_s) {
+                       const Summary& summary, double simulated_s, bool partial,
+                       const std::string& why) {
   std::string html = absl::StrFormat(
-      "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>servesim: %s</title>\n"
+      "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>servesim%s: %s</title>\n"
       "<style>body{font-family:sans-serif;margin:20px;max-width:1150px}"
       "h2{margin-top:28px;border-bottom:1px solid #ccc}table{border-collapse:collapse}"
       "td,th{padding:2px 10px;text-align:right}td:first-child{text-align:left}"
-      ".row{display:flex;flex-wrap:wrap;gap:10px}</style></head><body>\n"
+      ".row{display:flex;flex-wrap:wrap;gap:10px}%s</style></head><body>\n",
+      partial ? " (PARTIAL)" : "", Esc(sc.proto.name()),
+      partial ? ".partial{background:#fde2e1;border:2px solid #c0392b;padding:8px}" : "");
+  if (partial) {
+    absl::StrAppend(&html, "<p class=\"partial\"><b>PARTIAL RUN</b>: stopped at ",
+                    absl::StrFormat("%.1f", simulated_s), " simulated seconds (", Esc(why),
+                    "). Every figure below covers only what was simulated until then.</p>\n");
+  }
+  absl::StrAppend(&html, absl::StrFormat(
       "<h1>servesim report</h1><p>%s &mdash; %d requests, %.1f simulated seconds, overlap "
       "policy %s.</p>\n",
-      Esc(sc.proto.name()), Esc(sc.proto.name()), summary.requests, simulated_s,
-      scheduler::OverlapPolicyName(sc.planner.overlap));
+      Esc(sc.proto.name()), summary.requests, simulated_s,
+      scheduler::OverlapPolicyName(sc.planner.overlap)));
   auto row = [](const char* k, const Distribution& d, double scale, const char* unit) {
     return absl::StrFormat("<tr><td>%s</td><td>%.3f</td><td>%.3f</td><td>%.3f</td>"
                            "<td>%.3f</td><td>%s</td></tr>\n",

@@ -14,9 +14,11 @@
 
 namespace servesim::reports {
 
+// A partial run (stopped early: `why`) says so in the title and the first
+// line of the page.
 std::string ReportHtml(const scenario::ResolvedScenario& sc,
                        const metrics::MetricsCollector& metrics, const metrics::Summary& summary,
-                       double simulated_s);
+                       double simulated_s, bool partial = false, const std::string& why = "");
 
 // The SVG building blocks (exposed for tests).
 struct Series {

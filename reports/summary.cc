@@ -15,7 +15,12 @@ using metrics::Summary;
 using scenario::ResolvedScenario;
 using workload::Workload;
 
+// A distribution with no samples has no statistics: null, not 0.
 std::string Dist(const Distribution& d) {
+  if (d.count == 0) {
+    return "{\"count\": 0, \"mean\": null, \"p50\": null, \"p90\": null, \"p99\": null, "
+           "\"max\": null}";
+  }
   return absl::StrCat("{\"count\": ", d.count, ", \"mean\": ", FormatFigure(d.mean),
                       ", \"p50\": ", FormatFigure(d.p50), ", \"p90\": ", FormatFigure(d.p90),
                       ", \"p99\": ", FormatFigure(d.p99), ", \"max\": ", FormatFigure(d.max), "}");
@@ -169,6 +174,10 @@ std::string FormatSummaryTable(const ResolvedScenario& sc, const Workload& wl,
                         s.makespan_s);
   absl::StrAppendFormat(&t, "\n  latency (ms)     p50        p90        p99       mean\n");
   auto row = [&](const char* name, const Distribution& d) {
+    if (d.count == 0) {  // nothing measured: not 0.00
+      absl::StrAppendFormat(&t, "  %-6s   %10s %10s %10s %10s\n", name, "-", "-", "-", "-");
+      return;
+    }
     absl::StrAppendFormat(&t, "  %-6s   %s %s %s %s\n", name, Ms(d.p50), Ms(d.p90),
                           Ms(d.p99), Ms(d.mean));
   };

@@ -24,13 +24,16 @@ constexpr int kNumTracks = 5;
 
 }  // namespace
 
-std::string TimelineJson(const ResolvedScenario& sc, const MetricsCollector& metrics) {
+std::string TimelineJson(const ResolvedScenario& sc, const MetricsCollector& metrics,
+                         bool partial, const std::string& why) {
   const int32_t detail = sc.proto.output().timeline_layers();
   const int64_t layers = sc.model.num_layers;
   const std::string device = sc.has_attention_device ? sc.attention_label : std::string();
   std::string out = "{\"displayTimeUnit\":\"ms\",\"otherData\":{\"scenario\":";
   absl::StrAppend(&out, JsonString(sc.proto.name()), ",\"overlap_policy\":\"",
-                  scheduler::OverlapPolicyName(sc.planner.overlap), "\"},\n\"traceEvents\":[\n");
+                  scheduler::OverlapPolicyName(sc.planner.overlap), "\"",
+                  partial ? absl::StrCat(",\"partial\":true,\"stopped\":", JsonString(why)) : "",
+                  "},\n\"traceEvents\":[\n");
   // Metadata: process and thread names, in a fixed order.
   bool first = true;
   auto event = [&](const std::string& e) {

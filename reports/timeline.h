@@ -20,8 +20,11 @@
 
 namespace servesim::reports {
 
+// A partial run (stopped early: `why`) has "partial": true and "stopped"
+// in otherData.
 std::string TimelineJson(const scenario::ResolvedScenario& sc,
-                         const metrics::MetricsCollector& metrics);
+                         const metrics::MetricsCollector& metrics, bool partial = false,
+                         const std::string& why = "");
 
 }  // namespace servesim::reports
 

@@ -1,5 +1,6 @@
 // Loading scenario files: protobuf text with every field's location kept,
 // and `--set field.path=value` overrides.
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -93,13 +94,25 @@ absl::StatusOr<LoadedScenario> ParseScenarioText(const std::string& text,
 }
 
 absl::StatusOr<LoadedScenario> LoadScenarioFile(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ": is a folder; expected a scenario file (protobuf text, e.g. examples/*.pbtxt)"));
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     return absl::NotFoundError(absl::StrCat(path, ": cannot open scenario file"));
   }
   std::stringstream buffer;
   buffer << in.rdbuf();
-  return ParseScenarioText(buffer.str(), path);
+  ASSIGN_OR_RETURN(LoadedScenario loaded, ParseScenarioText(buffer.str(), path));
+  if (loaded.proto.ByteSizeLong() == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ": ", buffer.str().empty() ? "is empty" : "sets nothing (only comments)",
+        "; expected a scenario (protobuf text, schema proto/servesim/v1/scenario.proto, e.g. "
+        "examples/*.pbtxt)"));
+  }
+  return loaded;
 }
 
 absl::Status ApplyOverride(LoadedScenario* scenario,

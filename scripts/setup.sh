@@ -21,7 +21,7 @@ done
 packages=(
   build-essential cmake pkg-config
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
-  libabsl-dev libsimgrid-dev prometheus-cpp-dev zlib1g-dev
+  libabsl-dev libsimgrid-dev prometheus-cpp-dev libcivetweb-dev zlib1g-dev
   googletest libgtest-dev libgmock-dev libbenchmark-dev
   openssl iproute2  # device-agent tests: throw-away TLS certificates, network namespaces
 )

@@ -1,43 +1,44 @@
 #include "services/http_server.h"
 
-#include <arpa/inet.h>
-#include <fcntl.h>
+#include <civetweb.h>
 #include <netdb.h>
-#include <netinet/in.h>
-#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <cerrno>
+#include <atomic>
+#include <chrono>
 #include <cstring>
-#include <fstream>
-#include <sstream>
+#include <mutex>
+#include <thread>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 
 namespace servesim::services {
 namespace {
 
-void SendAll(int fd, const std::string& data) {
-  size_t sent = 0;
-  while (sent < data.size()) {
-    const ssize_t n = ::send(fd, data.data() + sent, data.size() - sent, MSG_NOSIGNAL);
-    if (n <= 0) {
-      if (n < 0 && errno == EINTR) continue;
-      return;  // the client went away; nothing to do
-    }
-    sent += static_cast<size_t>(n);
+// civetweb's error lines while starting, for the error message.
+std::mutex g_start_mu;
+std::string* g_start_log = nullptr;
+
+int LogMessage(const mg_connection*, const char* message) {
+  if (g_start_log != nullptr && message != nullptr) {
+    if (!g_start_log->empty()) g_start_log->append("; ");
+    g_start_log->append(message);
   }
+  return 1;  // handled: civetweb prints nothing itself
 }
 
-void Respond(int fd, int code, const std::string& reason, const std::string& type,
-             const std::string& body) {
-  SendAll(fd, absl::StrCat("HTTP/1.1 ", code, " ", reason, "\r\nContent-Type: ", type,
-                           "\r\nContent-Length: ", body.size(),
-                           "\r\nCache-Control: no-store\r\nConnection: close\r\n\r\n", body));
+// civetweb's extra_mime_types: what ContentTypeFor says, for the dashboard's
+// file types.
+std::string MimeTypes() {
+  std::string out;
+  for (const char* ext : {".html", ".js", ".mjs", ".css", ".json", ".svg", ".png"}) {
+    absl::StrAppend(&out, out.empty() ? "" : ",", ext, "=", ContentTypeFor(ext));
+  }
+  return out;
 }
 
 }  // namespace
@@ -59,7 +60,7 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const std::string&
                                                               MetricsFn metrics) {
   // "PORT" and ":PORT" mean loopback.
   const size_t colon = address.rfind(':');
-  const std::string host =
+  std::string host =
       colon == std::string::npos || colon == 0 ? "127.0.0.1" : address.substr(0, colon);
   const std::string port_text = colon == std::string::npos ? address : address.substr(colon + 1);
   int port = -1;
@@ -68,123 +69,125 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const std::string&
         absl::StrCat("--metrics: '", address,
                      "' is not [HOST:]PORT with a port in [0, 65535] (0: any free)"));
   }
-  std::unique_ptr<HttpServer> s(new HttpServer());
-  s->host_ = host;
-  s->web_dir_ = web_dir;
-  s->metrics_ = std::move(metrics);
+  if (absl::StartsWith(host, "[") && absl::EndsWith(host, "]")) {
+    host = host.substr(1, host.size() - 2);
+  }
+  // civetweb listens on numeric addresses: resolve a name first.
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_NUMERICSERV | AI_PASSIVE;
+  hints.ai_flags = AI_PASSIVE;
   addrinfo* res = nullptr;
-  if (int rc = ::getaddrinfo(s->host_.c_str(), std::to_string(port).c_str(), &hints, &res);
-      rc != 0) {
+  if (int rc = ::getaddrinfo(host.c_str(), nullptr, &hints, &res); rc != 0 || res == nullptr) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--metrics: cannot resolve '", s->host_, "': ", gai_strerror(rc)));
+        absl::StrCat("--metrics: cannot resolve '", host, "': ", gai_strerror(rc)));
   }
-  std::string why;
-  for (addrinfo* a = res; a != nullptr && s->listen_fd_ < 0; a = a->ai_next) {
-    const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
-    if (fd < 0) continue;
-    const int one = 1;
-    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    if (::bind(fd, a->ai_addr, a->ai_addrlen) == 0 && ::listen(fd, 64) == 0) {
-      s->listen_fd_ = fd;
-    } else {
-      why = std::strerror(errno);
-      ::close(fd);
-    }
-  }
+  char numeric[NI_MAXHOST] = {};
+  const bool v6 = res->ai_family == AF_INET6;
+  const int rc = ::getnameinfo(res->ai_addr, res->ai_addrlen, numeric, sizeof(numeric), nullptr,
+                               0, NI_NUMERICHOST);
   ::freeaddrinfo(res);
-  if (s->listen_fd_ < 0) {
+  if (rc != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--metrics: cannot resolve '", host, "': ", gai_strerror(rc)));
+  }
+  const std::string listen =
+      v6 ? absl::StrCat("[", numeric, "]:", port) : absl::StrCat(numeric, ":", port);
+
+  std::unique_ptr<HttpServer> s(new HttpServer());
+  s->host_ = host;
+  s->numeric_host_ = numeric;
+  s->v6_ = v6;
+  s->metrics_ = std::move(metrics);
+  mg_init_library(0);
+  const std::string mime = MimeTypes();
+  std::vector<const char*> options = {
+      "listening_ports", listen.c_str(),
+      "num_threads", "2",
+      "request_timeout_ms", "2000",  // a stalled client cannot hold a worker
+      "enable_keep_alive", "no",
+      "enable_directory_listing", "no",
+      "static_file_cache_control", "no-store",
+      "extra_mime_types", mime.c_str(),
+  };
+  if (!web_dir.empty()) {
+    options.push_back("document_root");
+    options.push_back(web_dir.c_str());
+  }
+  options.push_back(nullptr);
+  mg_callbacks callbacks{};
+  callbacks.log_message = LogMessage;
+  std::string start_log;
+  {
+    std::lock_guard<std::mutex> lock(g_start_mu);
+    g_start_log = &start_log;
+    s->ctx_ = mg_start(&callbacks, s.get(), options.data());
+    g_start_log = nullptr;
+  }
+  if (s->ctx_ == nullptr) {
+    return absl::UnavailableError(absl::StrCat("--metrics: cannot listen on ", address, ": ",
+                                               start_log.empty() ? "unknown error" : start_log));
+  }
+  mg_set_request_handler(s->ctx_, "/metrics$", &HttpServer::HandleMetrics, s.get());
+  mg_server_port ports[4] = {};
+  if (mg_get_server_ports(s->ctx_, 4, ports) < 1 || ports[0].port <= 0) {
     return absl::UnavailableError(
-        absl::StrCat("--metrics: cannot listen on ", address, ": ", why));
+        absl::StrCat("--metrics: cannot listen on ", address, ": no port bound"));
   }
-  sockaddr_storage bound{};
-  socklen_t len = sizeof(bound);
-  ::getsockname(s->listen_fd_, reinterpret_cast<sockaddr*>(&bound), &len);
-  s->port_ = bound.ss_family == AF_INET6
-                 ? ntohs(reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port)
-                 : ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
-  if (::pipe2(s->wake_fd_, O_CLOEXEC) != 0) {
-    return absl::UnavailableError(absl::StrCat("--metrics: pipe: ", std::strerror(errno)));
-  }
-  s->thread_ = std::thread([p = s.get()] { p->Loop(); });
+  s->port_ = ports[0].port;
   return s;
 }
 
 HttpServer::~HttpServer() {
-  stop_ = true;
-  if (wake_fd_[1] >= 0) {
-    const char b = 0;
-    [[maybe_unused]] ssize_t n = ::write(wake_fd_[1], &b, 1);
-  }
-  if (thread_.joinable()) thread_.join();
-  for (int fd : {listen_fd_, wake_fd_[0], wake_fd_[1]}) {
-    if (fd >= 0) ::close(fd);
-  }
+  if (ctx_ == nullptr) return;
+  // civetweb's listening thread polls in 2 s quanta and sees mg_stop's flag
+  // only when it wakes: a connection wakes it at once.
+  std::atomic<bool> stopped{false};
+  std::thread waker([this, &stopped] {
+    for (int i = 0; i < 100 && !stopped.load(); ++i) {
+      addrinfo hints{}, *res = nullptr;
+      hints.ai_family = v6_ ? AF_INET6 : AF_INET;
+      hints.ai_socktype = SOCK_STREAM;
+      hints.ai_flags = AI_NUMERICHOST | AI_NUMERICSERV;
+      if (::getaddrinfo(numeric_host_.c_str(), std::to_string(port_).c_str(), &hints, &res) == 0) {
+        const int fd = ::socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (fd >= 0) {
+          (void)::connect(fd, res->ai_addr, res->ai_addrlen);
+          ::close(fd);
+        }
+        ::freeaddrinfo(res);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  });
+  mg_stop(ctx_);
+  stopped = true;
+  waker.join();
 }
 
-void HttpServer::Loop() {
-  while (!stop_) {
-    pollfd fds[2] = {{listen_fd_, POLLIN, 0}, {wake_fd_[0], POLLIN, 0}};
-    if (::poll(fds, 2, -1) < 0) {
-      if (errno == EINTR) continue;
-      return;
-    }
-    if (stop_ || (fds[1].revents & POLLIN)) return;
-    if (fds[0].revents & POLLIN) {
-      const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-      if (fd < 0) continue;
-      timeval tv{2, 0};  // a stalled client cannot hold the server
-      ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-      ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-      Serve(fd);
-      ::close(fd);
-    }
+int HttpServer::HandleMetrics(mg_connection* conn, void* self) {
+  const mg_request_info* req = mg_get_request_info(conn);
+  const std::string method = req != nullptr && req->request_method != nullptr
+                                 ? req->request_method
+                                 : "";
+  if (method != "GET" && method != "HEAD") {
+    mg_printf(conn,
+              "HTTP/1.1 405 Method Not Allowed\r\nAllow: GET, HEAD\r\nContent-Type: "
+              "text/plain\r\nContent-Length: 14\r\nConnection: close\r\n\r\nonly GET, HEAD");
+    return 405;
   }
-}
-
-void HttpServer::Serve(int fd) {
-  std::string request;
-  char buf[4096];
-  while (request.find("\r\n\r\n") == std::string::npos && request.size() < 16384) {
-    const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
-    if (n <= 0) {
-      if (n < 0 && errno == EINTR) continue;
-      return;
-    }
-    request.append(buf, static_cast<size_t>(n));
+  // HEAD: the same headers, no body, and no scrape counted.
+  const std::string body = method == "GET" ? static_cast<HttpServer*>(self)->metrics_() : "";
+  mg_printf(conn,
+            "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n"
+            "Cache-Control: no-store\r\nConnection: close\r\n");
+  if (method == "GET") {
+    mg_printf(conn, "Content-Length: %zu\r\n\r\n", body.size());
+    mg_write(conn, body.data(), body.size());
+  } else {
+    mg_printf(conn, "\r\n");
   }
-  const std::string line = request.substr(0, request.find("\r\n"));
-  std::vector<std::string> parts = absl::StrSplit(line, ' ');
-  if (parts.size() != 3 || !absl::StartsWith(parts[2], "HTTP/")) {
-    Respond(fd, 400, "Bad Request", "text/plain", "bad request line\n");
-    return;
-  }
-  if (parts[0] != "GET") {
-    Respond(fd, 405, "Method Not Allowed", "text/plain", "only GET\n");
-    return;
-  }
-  std::string path = parts[1].substr(0, parts[1].find_first_of("?#"));
-  if (path == "/metrics") {
-    Respond(fd, 200, "OK", "text/plain; version=0.0.4; charset=utf-8", metrics_());
-    return;
-  }
-  if (path == "/") path = "/index.html";
-  if (web_dir_.empty() || path.find("..") != std::string::npos || path.find("//") != std::string::npos ||
-      path[0] != '/') {
-    Respond(fd, 404, "Not Found", "text/plain", "not found\n");
-    return;
-  }
-  std::ifstream in(web_dir_ + path, std::ios::binary);
-  if (!in) {
-    Respond(fd, 404, "Not Found", "text/plain", absl::StrCat(path, ": not found\n"));
-    return;
-  }
-  std::ostringstream body;
-  body << in.rdbuf();
-  Respond(fd, 200, "OK", ContentTypeFor(path), body.str());
+  return 200;
 }
 
 }  // namespace servesim::services

@@ -1,20 +1,24 @@
-// A small HTTP/1.1 server for the live dashboard: GET /metrics (a callback
-// renders the Prometheus text format) and static files from one folder.
+// The live dashboard's HTTP server: GET /metrics (a callback renders the
+// Prometheus text format) and static files from one folder, on civetweb
+// (the embedded server prometheus-cpp itself is built on; Debian's
+// libcivetweb).
 //
-// One background thread accepts connections and answers each GET, then
-// closes it (Connection: close): a dashboard polling twice a second and a
-// Prometheus scrape are the whole load. Paths are confined to the folder
-// (no "..", no absolute paths); anything else is 404, other methods 405.
+// civetweb confines paths to the folder, answers HEAD as it answers GET,
+// picks index.html for "/", and refuses other methods with 405. Responses
+// carry `Cache-Control: no-store` so a dashboard polling twice a second
+// always sees the current figures. Two worker threads: a dashboard and a
+// Prometheus scrape are the whole load.
 #ifndef SERVESIM_SERVICES_HTTP_SERVER_H_
 #define SERVESIM_SERVICES_HTTP_SERVER_H_
 
-#include <atomic>
 #include <functional>
 #include <memory>
 #include <string>
-#include <thread>
 
 #include "absl/status/statusor.h"
+
+struct mg_context;
+struct mg_connection;
 
 namespace servesim::services {
 
@@ -23,31 +27,29 @@ class HttpServer {
   using MetricsFn = std::function<std::string()>;
 
   // Listens on `address` ("HOST:PORT", or "PORT" / ":PORT" for loopback;
-  // port 0 picks a free one) and serves
-  // `metrics` at /metrics and the files of `web_dir` elsewhere ("/" is
-  // index.html). INVALID_ARGUMENT for a malformed address, UNAVAILABLE when
-  // it cannot listen.
+  // port 0 picks a free one) and serves `metrics` at /metrics and the files
+  // of `web_dir` elsewhere ("/" is index.html). INVALID_ARGUMENT for a
+  // malformed address, UNAVAILABLE when it cannot listen.
   static absl::StatusOr<std::unique_ptr<HttpServer>> Start(const std::string& address,
                                                            const std::string& web_dir,
                                                            MetricsFn metrics);
-  ~HttpServer();  // stops the thread and closes the socket
+  ~HttpServer();  // stops the server (waits for requests in progress)
+  HttpServer(const HttpServer&) = delete;
+  HttpServer& operator=(const HttpServer&) = delete;
 
   int port() const { return port_; }
   const std::string& host() const { return host_; }
 
  private:
   HttpServer() = default;
-  void Loop();
-  void Serve(int fd);
+  static int HandleMetrics(mg_connection* conn, void* self);
 
   std::string host_;
+  std::string numeric_host_;  // the address listened on, for Stop's wake-up
+  bool v6_ = false;
   int port_ = 0;
-  int listen_fd_ = -1;
-  int wake_fd_[2] = {-1, -1};  // a pipe that interrupts poll() on stop
-  std::string web_dir_;
   MetricsFn metrics_;
-  std::atomic<bool> stop_{false};
-  std::thread thread_;
+  mg_context* ctx_ = nullptr;
 };
 
 // The content type servesim sends for a file name.

@@ -17,6 +17,7 @@
 #include "absl/strings/str_join.h"
 #include "agents/agent_server.h"
 #include "agents/agent_service.h"
+#include "agents/logging.h"
 #include "common/status_macros.h"
 #include "devices/attacc/attacc_device.h"
 #include "devices/lad/lad_device.h"
@@ -57,6 +58,8 @@ Usage:
                          RESOURCE_EXHAUSTED on an append above it
   --grace S              on SIGTERM/SIGINT, let in-flight calls finish for up
                          to S seconds (default 30)
+  --log-level LEVEL      gRPC's own log lines: quiet (default), error, warning,
+                         info or debug
 
 The simulator binds the scenario's own device spec on the agent (Describe with
 a spec of this kind); --preset/--config is the device served to callers that
@@ -86,6 +89,10 @@ absl::StatusOr<std::string> ReadText(const std::string& path, const char* flag) 
 
 int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
+  // --log-level: gRPC's own log lines (quiet by default).
+  if (absl::Status st = servesim::agents::TakeLogLevelFlag(&args); !st.ok()) {
+    return UsageError(std::string(st.message()));
+  }
   std::string kind, preset, config, token_file;
   servesim::agents::AgentServerOptions server;
   server.listen = "127.0.0.1:50051";

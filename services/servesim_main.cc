@@ -5,11 +5,16 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "agents/logging.h"
 #include "services/commands/commands.h"
 
 int main(int argc, char** argv) {
   namespace svc = servesim::services;
-  const std::vector<std::string> args(argv + 1, argv + argc);
+  std::vector<std::string> args(argv + 1, argv + argc);
+  // --log-level (any command, anywhere): gRPC's and SimGrid's own lines.
+  if (absl::Status st = servesim::agents::TakeLogLevelFlag(&args); !st.ok()) {
+    return svc::UsageError(std::string(st.message()));
+  }
   if (args.empty()) return svc::UsageError("no command given");
   const std::string& command = args[0];
   if (command == "help" || command == "--help" || command == "-h") return svc::PrintUsage();

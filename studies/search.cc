@@ -85,6 +85,12 @@ absl::StatusOr<bool> ProbePasses(const std::map<std::string, std::string>& figur
     return v;
   };
   for (const SloLimit& l : slo) {
+    // A run that completed nothing has null statistics: no limit is met.
+    if (auto it = figures.find(absl::StrCat(l.key, ".", l.field));
+        it != figures.end() && it->second == "null") {
+      *reason = absl::StrCat(l.name, " undefined: no request completed");
+      return false;
+    }
     auto v = number(absl::StrCat(l.key, ".", l.field));
     if (!v.ok()) return v.status();
     if (*v > l.limit_s) {

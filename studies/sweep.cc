@@ -291,7 +291,8 @@ absl::StatusOr<std::map<std::string, std::string>> ReadSummaryFigures(
     const std::string key = *f.field ? absl::StrCat(f.key, ".", f.field) : f.key;
     double v = 0;
     auto it = figures.find(key);
-    if (it == figures.end() || !absl::SimpleAtod(it->second, &v)) {
+    // null: a statistic of no samples (a run that completed nothing).
+    if (it == figures.end() || (it->second != "null" && !absl::SimpleAtod(it->second, &v))) {
       return absl::InvalidArgumentError(
           absl::StrCat(path, ": malformed: no number for \"", key, "\""));
     }

@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/sim_time.h"
 #include "common/status_macros.h"
 #include "workload/prefix.h"
 #include "workload/sources.h"
@@ -123,6 +124,17 @@ class WorkloadStream : public RequestStream {
       out->id = summary_.num_requests;
       out->arrival_s = row.timestamp_s - shift_;
       if (pass_ > 0) out->arrival_s += static_cast<double>(pass_) * period_s_;
+      if (!(out->arrival_s <= kMaxSimulatedSeconds)) {
+        return absl::OutOfRangeError(absl::StrFormat(
+            "workload: request %d arrives at t = %g s (its time in the trace or the arrival "
+            "process, after workload.rate_scale %g%s), past the simulated-time limit of %g s, "
+            "beyond which "
+            "time loses sub-microsecond resolution; raise the arrival rate, or end the "
+            "workload sooner (workload.window_end_s, workload.max_requests)",
+            summary_.num_requests, out->arrival_s, shape_.rate_scale,
+            shape_.repeat > 1 ? absl::StrCat(", repeat ", shape_.repeat) : "",
+            kMaxSimulatedSeconds));
+      }
       out->input_tokens = row.input_tokens;
       out->output_tokens = row.output_tokens;
       if (shape_.prefix_block_tokens > 0 && row.content.kind != PromptContent::Kind::kNone) {

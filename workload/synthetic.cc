@@ -176,7 +176,14 @@ absl::StatusOr<std::unique_ptr<SortedSource>> OpenSynthetic(
       }
       const std::string path =
           ResolvePath(base_dir, synthetic.lengths().sampled_from());
-      ASSIGN_OR_RETURN(samples, ReadLengthCsv(path));
+      auto read = ReadLengthCsv(path);
+      if (!read.ok()) {
+        return absl::Status(read.status().code(),
+                            absl::StrCat("workload.lengths.sampled_from \"",
+                                         synthetic.lengths().sampled_from(), "\": ",
+                                         read.status().message()));
+      }
+      samples = std::move(*read);
       lengths_text = absl::StrCat("lengths from ", path);
       break;
     }

@@ -4,7 +4,9 @@
 //
 // Syntax: `--name value` or `--name=value`; switches take no value; `-h`
 // or `--help` anywhere asks for the usage text. Exit codes (README "Using
-// it"): 0 success, 1 bad input or a failed run, 2 a bad command line.
+// it"): 0 success, 1 bad input or a failed run, 2 a bad command line, 3 a
+// run that served no request, 130 / 143 a run stopped by SIGINT / SIGTERM
+// (its partial outputs written).
 #ifndef SERVESIM_SERVICES_COMMANDS_FLAGS_H_
 #define SERVESIM_SERVICES_COMMANDS_FLAGS_H_
 
@@ -20,6 +22,7 @@ namespace servesim::services {
 inline constexpr int kExitOk = 0;
 inline constexpr int kExitFailure = 1;
 inline constexpr int kExitUsage = 2;
+inline constexpr int kExitNothingServed = 3;
 
 // Prints "servesim: MSG" and the pointer to --help on stderr; returns 2.
 int UsageError(const std::string& msg);

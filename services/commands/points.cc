@@ -46,12 +46,16 @@ absl::Status RunPoints(const std::vector<studies::PointSpec>& specs,
         ++finished;
         std::cerr << absl::StrFormat(
             "[%d/%d] %s %s (%.1f s)\n", finished, args.size(), names[i],
-            st == 0 ? "done" : absl::StrCat("FAILED, exit ", st),
+            st == 0                    ? "done"
+            : st == kExitNothingServed ? "done, served no request"
+                                       : absl::StrCat("FAILED, exit ", st),
             std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
       });
   std::vector<std::string> failed;
   for (size_t i = 0; i < status.size(); ++i) {
-    if (status[i] != 0) {
+    // A point that served nothing wrote its outputs (null latencies): a
+    // result like any other for the table.
+    if (status[i] != 0 && status[i] != kExitNothingServed) {
       failed.push_back(absl::StrCat(names[i], " (exit ", status[i], "; ", logs[i], ": ",
                                     LastLine(logs[i]), ")"));
     }

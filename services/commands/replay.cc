@@ -4,7 +4,6 @@
 // compare: DIR/replay_compare.csv, the table on stdout, and two charts
 // (DIR/replay_e2e.svg, DIR/replay_queue.svg).
 #include <filesystem>
-#include <fstream>
 #include <iostream>
 
 #include "absl/strings/str_cat.h"
@@ -13,18 +12,6 @@
 #include "studies/replay.h"
 
 namespace servesim::services {
-namespace {
-
-absl::Status Write(const std::string& path, const std::string& text) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << text;
-  out.close();
-  if (!out) return absl::UnavailableError(absl::StrCat(path, ": cannot write"));
-  return absl::OkStatus();
-}
-
-}  // namespace
-
 int ReplayCommand(const Args& args) {
   namespace fs = std::filesystem;
   RunFlags o;
@@ -43,11 +30,20 @@ int ReplayCommand(const Args& args) {
   if (run_dir.empty()) return UsageError("replay needs a run folder (with setup.json, trace.csv)");
   if (o.out.empty()) return UsageError("replay needs --out DIR");
 
+  // The folder is locked and cleared of an earlier replay's files before
+  // the workload and scenario are written into it.
+  auto dir = reports::OutputDir::Acquire(
+      o.out, absl::StrCat("servesim replay ", run_dir),
+      {"scenario.pbtxt", "workload.jsonl", "trace.csv", "replay_compare.csv", "replay_e2e.svg",
+       "replay_queue.svg"});
+  if (!dir.ok()) return Fail(dir.status());
+  o.output_dir = dir->get();
   auto setup = studies::PrepareReplay(run_dir, o.out, o.scenario.sets);
   if (!setup.ok()) return Fail(setup.status());
-  const std::string scenario = (fs::path(o.out) / "scenario.pbtxt").string();
-  if (absl::Status st = Write(scenario, setup->scenario_text); !st.ok()) return Fail(st);
-  o.scenario.scenario = scenario;
+  if (absl::Status st = (*dir)->Write("scenario.pbtxt", setup->scenario_text); !st.ok()) {
+    return Fail(st);
+  }
+  o.scenario.scenario = (*dir)->Path("scenario.pbtxt");
   o.fallbacks = setup->assumptions;
   if (const int rc = RunWithFlags(o); rc != 0) return rc;
   if (setup->truth_path.empty()) {
@@ -58,22 +54,20 @@ int ReplayCommand(const Args& args) {
   auto rows = studies::CompareWithTruth(setup->truth_path,
                                         (fs::path(run_dir) / "trace.csv").string(), requests);
   if (!rows.ok()) return Fail(rows.status());
-  if (absl::Status st = Write((fs::path(o.out) / "replay_compare.csv").string(),
-                              studies::CompareCsv(*rows));
+  if (absl::Status st = (*dir)->Write("replay_compare.csv", studies::CompareCsv(*rows));
       !st.ok()) {
     return Fail(st);
   }
   auto e2e = studies::E2eScatterSvg(setup->truth_path, requests);
   if (!e2e.ok()) return Fail(e2e.status());
-  if (absl::Status st = Write((fs::path(o.out) / "replay_e2e.svg").string(), *e2e); !st.ok()) {
+  if (absl::Status st = (*dir)->Write("replay_e2e.svg", *e2e); !st.ok()) {
     return Fail(st);
   }
   if (!setup->timeseries_path.empty()) {
     auto queue = studies::QueueOverTimeSvg((fs::path(o.out) / "iterations.csv").string(),
                                            setup->timeseries_path);
     if (!queue.ok()) return Fail(queue.status());
-    if (absl::Status st = Write((fs::path(o.out) / "replay_queue.svg").string(), *queue);
-        !st.ok()) {
+    if (absl::Status st = (*dir)->Write("replay_queue.svg", *queue); !st.ok()) {
       return Fail(st);
     }
   }

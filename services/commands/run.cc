@@ -1,7 +1,9 @@
 // `servesim run SCENARIO`: simulate, print the summary table, write the
 // outputs (reports/), optionally serving live metrics while it runs.
+#include <signal.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -18,6 +20,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "agents/logging.h"
 #include "agents/remote_device.h"
 #include "cluster/simulation.h"
 #include "devices/registry.h"
@@ -79,6 +82,47 @@ std::string ProfileJson(const scenario::ResolvedScenario& sc,
       reports::JsonString(sc.xpu_endpoints.empty() ? "this process" : "the xPU agents"));
 }
 
+// SIGINT / SIGTERM: the first asks the run to stop (the simulation sees
+// the flag at its next step, then the partial outputs are written); a
+// second one ends the process at once.
+std::atomic<int> g_stop_signal{0};
+
+// Below this many completed requests a warning says how little the
+// percentiles rest on: with fewer than 10 samples, p90 and p99 both lie
+// between the two largest.
+constexpr int64_t kFewRequests = 10;
+
+extern "C" void OnStopSignal(int sig) {
+  if (g_stop_signal.exchange(sig) != 0) {
+    ::signal(sig, SIG_DFL);
+    ::raise(sig);
+  }
+}
+
+// Installs OnStopSignal for the scope; restores the previous handlers.
+class StopSignals {
+ public:
+  StopSignals() {
+    g_stop_signal.store(0);
+    struct sigaction sa = {};
+    sa.sa_handler = OnStopSignal;
+    sigemptyset(&sa.sa_mask);
+    ::sigaction(SIGINT, &sa, &old_int_);
+    ::sigaction(SIGTERM, &sa, &old_term_);
+  }
+  ~StopSignals() {
+    ::sigaction(SIGINT, &old_int_, nullptr);
+    ::sigaction(SIGTERM, &old_term_, nullptr);
+  }
+  StopSignals(const StopSignals&) = delete;
+  StopSignals& operator=(const StopSignals&) = delete;
+
+ private:
+  struct sigaction old_int_ = {}, old_term_ = {};
+};
+
+const char* SignalName(int sig) { return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "a signal"; }
+
 }  // namespace
 
 int RunCommand(const Args& args) {
@@ -139,6 +183,8 @@ int RunWithFlags(const RunFlags& o) {
       run_options.simgrid_args.emplace_back(a);
     }
   }
+  run_options.simgrid_args.insert(run_options.simgrid_args.begin(),
+                                  agents::SimGridLogArg(agents::ThirdPartyLogLevel()));
   run_options.simgrid_args.insert(run_options.simgrid_args.end(), o.simgrid.begin(),
                                   o.simgrid.end());
   run_options.pace = o.pace;
@@ -176,26 +222,36 @@ int RunWithFlags(const RunFlags& o) {
   cluster::RunResult partial;
   run_options.partial = &partial;
   const std::string out = !o.out.empty() ? o.out : sc->proto.output().dir();
-  // requests.csv and iterations.csv are written as the run goes. A folder
-  // that cannot be written is reported after the run, whose summary table
-  // is still printed.
+  // The output folder is checked, locked and cleared of an earlier run's
+  // files before the simulation starts (reports/output_dir.h).
+  std::unique_ptr<reports::OutputDir> owned_dir;
+  const reports::OutputDir* dir = o.output_dir;
+  if (dir == nullptr && !out.empty()) {
+    auto acquired =
+        reports::OutputDir::Acquire(out, absl::StrCat("servesim run ", o.scenario.scenario));
+    if (!acquired.ok()) return Fail(acquired.status());
+    owned_dir = std::move(*acquired);
+    dir = owned_dir.get();
+  }
+  // From here on SIGINT / SIGTERM stop the run cleanly (the simulation sees
+  // the flag at its first step if it came earlier).
+  StopSignals stop_signals;
+  run_options.interrupt = &g_stop_signal;
+  // requests.csv and iterations.csv are written as the run goes.
   std::unique_ptr<reports::CsvRecordWriter> csv;
-  absl::Status csv_status;
-  if (!out.empty()) {
-    auto opened = reports::CsvRecordWriter::Open(out, *sc);
-    if (opened.ok()) {
-      csv = std::move(*opened);
-      run_options.sink = csv.get();
-    } else {
-      csv_status = opened.status();
-    }
+  if (dir != nullptr) {
+    auto opened = reports::CsvRecordWriter::Open(*dir, *sc);
+    if (!opened.ok()) return Fail(opened.status());
+    csv = std::move(*opened);
+    run_options.sink = csv.get();
     run_options.time_series = sc->proto.output().report_html();
   }
   auto stream = OpenWorkloadOf(*loaded);
   if (!stream.ok()) return Fail(stream.status());
   auto result = cluster::RunSimulation(*sc, **stream, run_options);
-  if (csv != nullptr) csv_status = csv->Close();
-  if (server != nullptr && o.linger_s > 0) {
+  const int stopped_by = g_stop_signal.load();
+  absl::Status csv_status = csv != nullptr ? csv->Close() : absl::OkStatus();
+  if (server != nullptr && o.linger_s > 0 && stopped_by == 0) {
     std::this_thread::sleep_for(std::chrono::duration<double>(o.linger_s));
   }
   reports::RunInfo info;
@@ -203,20 +259,35 @@ int RunWithFlags(const RunFlags& o) {
   info.profile_json = ProfileJson(*sc, profile_before);
   info.fallbacks = fallbacks;
   if (!result.ok()) {
-    // A run that started and then failed (e.g. no device agent left):
-    // write what it measured, flagged partial, then report the error.
-    if (partial.metrics != nullptr && !out.empty()) {
+    // A run that started and then stopped (interrupted, or e.g. no device
+    // agent left): write what it measured, flagged partial, then say why.
+    const bool interrupted = stopped_by != 0 && absl::IsCancelled(result.status());
+    info.partial = true;
+    info.error = interrupted ? absl::StrCat("interrupted by ", SignalName(stopped_by))
+                             : std::string(result.status().message());
+    std::string written;
+    if (partial.metrics != nullptr && dir != nullptr) {
       metrics::Summary summary = metrics::ComputeSummary(*partial.metrics);
       info.simulated_s = partial.simulated_s;
       info.wall_s =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start).count();
-      info.partial = true;
-      info.error = std::string(result.status().message());
-      if (absl::Status st = reports::WriteOutputs(out, *sc, *wl, *partial.metrics, summary, info);
-          st.ok()) {
-        std::cerr << "servesim: partial results (up to t = " << partial.simulated_s
-                  << " s simulated) written to " << out << "/\n";
+      if (absl::Status st = reports::WriteOutputs(*dir, *sc, *wl, *partial.metrics, summary, info);
+          st.ok() && csv_status.ok()) {
+        written = absl::StrCat("; partial results written to ", dir->dir(), "/");
+      } else {
+        written = absl::StrCat("; partial results not written: ",
+                               (st.ok() ? csv_status : st).message());
       }
+    }
+    if (show_progress) std::cerr << "\n";
+    if (interrupted) {
+      std::cerr << "servesim: " << info.error << " at t = " << partial.simulated_s
+                << " s simulated" << written << "\n";
+      return 128 + stopped_by;
+    }
+    if (!written.empty()) {
+      std::cerr << "servesim: stopped at t = " << partial.simulated_s << " s simulated"
+                << written << "\n";
     }
     return Fail(result.status());
   }
@@ -242,13 +313,26 @@ int RunWithFlags(const RunFlags& o) {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start).count();
   // The table first: if writing files fails, the results are still shown.
   if (!o.quiet) std::cout << reports::FormatSummaryTable(*sc, *wl, summary, info) << std::flush;
-  if (!out.empty()) {
+  if (dir != nullptr) {
     if (!csv_status.ok()) return Fail(csv_status);
-    if (absl::Status st = reports::WriteOutputs(out, *sc, *wl, *result->metrics, summary, info);
+    if (absl::Status st = reports::WriteOutputs(*dir, *sc, *wl, *result->metrics, summary, info);
         !st.ok()) {
       return Fail(st);
     }
-    if (!o.quiet) std::cout << "  outputs    " << out << "/\n";
+    if (!o.quiet) std::cout << "  outputs    " << dir->dir() << "/\n";
+  }
+  // A run that served nothing is not a result: its latencies are undefined
+  // ("-" in the table, null in summary.json).
+  if (summary.completed == 0) {
+    std::cerr << "servesim: warning: no request was served (" << summary.requests
+              << " arrived, " << summary.rejected
+              << " rejected): the latencies are undefined; exit status 3\n";
+    return kExitNothingServed;
+  }
+  if (summary.completed < kFewRequests) {
+    std::cerr << "servesim: warning: only " << summary.completed
+              << " request(s) completed: p90 and p99 both lie between the two largest "
+                 "samples\n";
   }
   return 0;
 }

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "reports/output_dir.h"
 #include "services/commands/scenario_args.h"
 
 namespace servesim::services {
@@ -22,10 +23,16 @@ struct RunFlags {
   // Fallbacks the caller took before the run (a replay's unrecorded
   // knobs): warned about and listed in run_info.json with the run's own.
   std::vector<std::string> fallbacks;
+  // The output folder, already acquired by the caller (replay writes its
+  // workload there first); null: RunWithFlags acquires `out` itself once
+  // the scenario has loaded, before the simulation starts.
+  const reports::OutputDir* output_dir = nullptr;
 };
 
 // Runs the scenario: prints the summary table (unless quiet), writes the
-// outputs. Returns the exit status.
+// outputs. SIGINT and SIGTERM stop the run cleanly: complete rows, partial
+// outputs flagged, one line on stderr, exit 130 / 143. Returns the exit
+// status (services/commands/flags.h).
 int RunWithFlags(const RunFlags& flags);
 
 }  // namespace servesim::services

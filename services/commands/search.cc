@@ -28,8 +28,13 @@ struct SearchFlags {
   bool vary_rate = false, vary_replicas = false;
   double attainment = 0.9, tolerance = 0.02;
   int64_t max_replicas = 1024;
+  int max_probes = 40;
   int jobs = 1;
 };
+
+// Stops the search from inside a probe's evaluation, with the reason
+// search.csv and the terminal give.
+absl::Status StopSearch(const std::string& why) { return absl::FailedPreconditionError(why); }
 
 }  // namespace
 
@@ -56,6 +61,12 @@ int SearchCommand(const Args& args) {
   flags.Value("--max-replicas", "", [&o](const std::string& v) -> std::string {
     if (!absl::SimpleAtoi(v, &o.max_replicas) || o.max_replicas < 1) {
       return absl::StrCat("--max-replicas ", v, ": expected an integer >= 1");
+    }
+    return "";
+  });
+  flags.Value("--max-probes", "", [&o](const std::string& v) -> std::string {
+    if (!absl::SimpleAtoi(v, &o.max_probes) || o.max_probes < 1 || o.max_probes > 1000) {
+      return absl::StrCat("--max-probes ", v, ": expected an integer in [1, 1000]");
     }
     return "";
   });
@@ -125,6 +136,7 @@ int SearchCommand(const Args& args) {
     std::string reason;
   };
   std::map<double, Probe> probes;
+  std::vector<double> probe_order;  // as run
   auto spec_of = [&](double v) {
     studies::PointSpec spec;
     spec.scenario = scenario;
@@ -139,6 +151,10 @@ int SearchCommand(const Args& args) {
   };
   studies::Evaluate evaluate =
       [&](const std::vector<double>& values) -> absl::StatusOr<std::vector<bool>> {
+    if (static_cast<int>(probes.size() + values.size()) > o.max_probes) {
+      return StopSearch(absl::StrCat("stopped after ", probes.size(), " probes (--max-probes ",
+                                     o.max_probes, ") without an answer"));
+    }
     std::vector<studies::PointSpec> specs;
     std::vector<std::string> dirs;
     for (double v : values) {
@@ -150,14 +166,31 @@ int SearchCommand(const Args& args) {
     int ran = 0;
     RETURN_IF_ERROR(RunPoints(specs, dirs, o.jobs, &ran));
     std::vector<bool> pass;
+    std::string unreachable;
     for (size_t i = 0; i < values.size(); ++i) {
       ASSIGN_OR_RETURN(auto figures, studies::ReadSummaryFigures(dirs[i]));
       Probe p;
       ASSIGN_OR_RETURN(p.pass, studies::ProbePasses(figures, *slo, o.attainment, &p.reason));
+      // Requests rejected as too long for the context or for the whole KV
+      // cache count as misses at any rate and any replica count: they
+      // bound the attainment every probe can reach.
+      double requests = 0, rejected = 0;
+      if (absl::SimpleAtod(figures["requests"], &requests) && requests > 0 &&
+          absl::SimpleAtod(figures["requests_rejected"], &rejected) &&
+          (requests - rejected) / requests < o.attainment && unreachable.empty()) {
+        unreachable = absl::StrFormat(
+            "the SLO cannot be met: %s of %s requests are rejected (too long for the context or "
+            "the KV cache) at every %s, so slo_attainment <= %.4g < --attainment %g",
+            figures["requests_rejected"], figures["requests"],
+            o.vary_rate ? "rate" : "replica count", (requests - rejected) / requests,
+            o.attainment);
+      }
       p.figures = std::move(figures);
       pass.push_back(p.pass);
       probes[values[i]] = std::move(p);
+      probe_order.push_back(values[i]);
     }
+    if (!unreachable.empty()) return StopSearch(unreachable);
     return pass;
   };
   std::cout << absl::StrFormat("search: %s %s from %s (%s), SLO %s, attainment >= %g\n",
@@ -167,8 +200,8 @@ int SearchCommand(const Args& args) {
   auto result = o.vary_rate ? studies::SearchMaxRate(start, o.tolerance, o.jobs, evaluate)
                             : studies::SearchMinReplicas(static_cast<int64_t>(start),
                                                          o.max_replicas, o.jobs, evaluate);
-  if (!result.ok()) return Fail(result.status());
-  // The table: the sequential algorithm's probes, then the answer.
+  // The table: the sequential algorithm's probes, then the answer; or,
+  // when the search stopped, every probe run and why it stopped.
   std::vector<std::string> header = {"step", "phase", field, "pass"};
   for (const studies::SloLimit& l : *slo) header.push_back(absl::StrCat(l.name, "_s"));
   for (const char* k : {"slo_attainment", "goodput_requests_per_s", "throughput_tokens_per_s",
@@ -190,16 +223,30 @@ int SearchCommand(const Args& args) {
     r.push_back(p.reason);
     table.rows.push_back(r);
   };
-  for (size_t i = 0; i < result->path.size(); ++i) {
-    row(absl::StrCat(i + 1), result->path[i].phase, result->path[i].value);
+  if (result.ok()) {
+    for (size_t i = 0; i < result->path.size(); ++i) {
+      row(absl::StrCat(i + 1), result->path[i].phase, result->path[i].value);
+    }
+    row("", "answer", result->answer);
+  } else {
+    for (size_t i = 0; i < probe_order.size(); ++i) {
+      row(absl::StrCat(i + 1), "probe", probe_order[i]);
+    }
+    std::vector<std::string> stop(header.size());
+    stop[1] = "stopped";
+    stop.back() = std::string(result.status().message());
+    table.rows.push_back(stop);
   }
-  row("", "answer", result->answer);
   std::error_code ec;
   std::filesystem::create_directories(out, ec);
   if (absl::Status st = WriteTextFile(out + "/search.csv", studies::TableCsv(table)); !st.ok()) {
     return Fail(st);
   }
   std::cout << studies::TableText(table);
+  if (!result.ok()) {
+    std::cout << "  wrote " << out << "/search.csv (probes in " << out << "/probes/)\n";
+    return Fail(result.status());
+  }
   const Probe& best = probes.at(result->answer);
   if (o.vary_rate) {
     std::cout << absl::StrFormat(

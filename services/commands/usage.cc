@@ -58,7 +58,9 @@ Usage:
 Options of run (validate takes --set, --seed, --trace and --profiles too):
   --out DIR             write summary.json, run_info.json, requests.csv,
                         iterations.csv, timeline.json and report.html into
-                        DIR (overrides output.dir)
+                        DIR (overrides output.dir). DIR is locked for the run
+                        (a second run into it fails at once) and an earlier
+                        run's outputs there are removed first
   --seed N              master seed (overrides the scenario's seed)
   --trace FILE          replay FILE instead of the scenario's workload source
                         (format inferred from its name and header)
@@ -81,6 +83,8 @@ Options of run (validate takes --set, --seed, --trace and --profiles too):
   --cfg=NAME:VALUE      passed to SimGrid (e.g. --cfg=network/model:CM02)
   --log=SPEC            passed to SimGrid's logging
                         (SERVESIM_SIMGRID_ARGS, space-separated, come first)
+  --log-level LEVEL     any command: gRPC's and SimGrid's own log lines, at
+                        quiet (default), error, warning, info or debug
 
 Studies (docs/studies.md):
   -j N                  child runs at once, 1 to the cores available (default 1);
@@ -119,7 +123,8 @@ Device agents (servesim-agent; docs/agents.md):
 Scenario files are protobuf text (schema: proto/servesim/v1/scenario.proto;
 examples: examples/*.pbtxt). Relative trace paths are resolved against the
 scenario file's folder. Exit status: 0 success, 1 bad input or failed run,
-2 bad command line.
+2 bad command line, 3 a run that served no request (latencies undefined),
+130 / 143 a run stopped by SIGINT / SIGTERM (partial outputs written).
 )";
 
 }  // namespace

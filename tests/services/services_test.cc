@@ -71,7 +71,21 @@ TEST(HttpServerTest, ServesMetricsAndFilesAndNothingElse) {
   EXPECT_TRUE(absl::StartsWith(Get(port, "/sub/../../x"), "HTTP/1.1 404"));
   EXPECT_TRUE(absl::StartsWith(Get(port, "/missing.css"), "HTTP/1.1 404"));
   EXPECT_TRUE(absl::StartsWith(Http(port, "POST /metrics HTTP/1.1\r\n\r\n"), "HTTP/1.1 405"));
-  EXPECT_TRUE(absl::StartsWith(Http(port, "nonsense\r\n\r\n"), "HTTP/1.1 400"));
+  EXPECT_TRUE(absl::StartsWith(
+      Http(port, "POST /index.html HTTP/1.1\r\nContent-Length: 0\r\n\r\n"), "HTTP/1.1 405"));
+  EXPECT_TRUE(absl::StrContains(Http(port, "nonsense\r\n\r\n"), " 400 Bad Request"));
+  // HEAD: the headers GET would send, no body; a HEAD of /metrics renders
+  // nothing (no scrape counted).
+  const std::string head = Http(port, "HEAD / HTTP/1.1\r\nHost: x\r\n\r\n");
+  EXPECT_TRUE(absl::StartsWith(head, "HTTP/1.1 200 OK\r\n")) << head;
+  EXPECT_TRUE(absl::StrContains(head, "Content-Length: 17\r\n")) << head;
+  EXPECT_TRUE(absl::EndsWith(head, "\r\n\r\n")) << head;
+  const std::string head_metrics = Http(port, "HEAD /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+  EXPECT_TRUE(absl::StartsWith(head_metrics, "HTTP/1.1 200 OK\r\n")) << head_metrics;
+  EXPECT_TRUE(absl::EndsWith(head_metrics, "\r\n\r\n")) << head_metrics;
+  // Every answer tells the dashboard not to cache.
+  EXPECT_TRUE(absl::StrContains(root, "Cache-Control: no-store")) << root;
+  EXPECT_TRUE(absl::StrContains(m, "Cache-Control: no-store")) << m;
   EXPECT_EQ(scrapes, 1);
 }
 
