@@ -179,6 +179,11 @@ constexpr absl::string_view kModelPresets[][2] = {
 //          750 W.
 //  A100 has no FP8 (peak_flops_fp8 0). TDPs: A100 SXM 400 W [A100], H100
 //  SXM 700 W [H100].
+//  interconnect: the boards' own GPU-to-GPU links (the same datasheets): SXM
+//  parts NVLink 3/4/5; H100 PCIe, L40S, RTX 4090 and RTX PRO 6000 Server
+//  PCIe 5.0 / 4.0 x16 (no NVLink: all-reduces go over PCIe; the RTX 4090 has
+//  no peer-to-peer at all, so NCCL stages through host memory and the pcie4
+//  figures are an upper bound there); MI300X Infinity Fabric.
 // Utilisation caps 0.8 (compute) and 0.85 (memory) are the AttAcc
 // simulator's MAX_COMPUTE_UTIL / MAX_OFF_MEM_BW_UTIL (scale-snu/
 // attacc_simulator, src/config.py).
@@ -213,40 +218,51 @@ constexpr absl::string_view kXpuCommon =
 constexpr absl::string_view kXpuPresets[][2] = {
     {"a100-40gb",  // [A100]
      R"pb(peak_flops_fp16: 312e12 peak_flops_int8: 624e12 peak_flops_fp8: 0
-          memory_bytes: 42949672960 memory_bw_bytes_per_s: 1555e9 tdp_w: 400 profile_name: "A100")pb"},
+          memory_bytes: 42949672960 memory_bw_bytes_per_s: 1555e9 tdp_w: 400 profile_name: "A100"
+          interconnect: "nvlink3")pb"},
     {"a100-80gb",  // [A100]
      R"pb(peak_flops_fp16: 312e12 peak_flops_int8: 624e12 peak_flops_fp8: 0
-          memory_bytes: 85899345920 memory_bw_bytes_per_s: 2039e9 tdp_w: 400 profile_name: "A100")pb"},
+          memory_bytes: 85899345920 memory_bw_bytes_per_s: 2039e9 tdp_w: 400 profile_name: "A100"
+          interconnect: "nvlink3")pb"},
     {"a100-hbm3",  // [ATTACC]
      R"pb(peak_flops_fp16: 312e12 peak_flops_int8: 624e12 peak_flops_fp8: 0
-          memory_bytes: 85899345920 memory_bw_bytes_per_s: 3.35e12 tdp_w: 400)pb"},
+          memory_bytes: 85899345920 memory_bw_bytes_per_s: 3.35e12 tdp_w: 400
+          interconnect: "nvlink3")pb"},
     {"h100-sxm-80gb",  // [H100], GEMM caps [GEMM-MEASURED]
      R"pb(peak_flops_fp16: 989.4e12 peak_flops_int8: 1979e12 peak_flops_fp8: 1979e12
           memory_bytes: 85899345920 memory_bw_bytes_per_s: 3.35e12 tdp_w: 700 profile_name: "H100"
-          roofline { op_class: "gemm" compute_utilization: 0.741 memory_utilization: 0.821 kernel_overhead_s: 3.67e-6 })pb"},
+          roofline { op_class: "gemm" compute_utilization: 0.741 memory_utilization: 0.821 kernel_overhead_s: 3.67e-6 }
+          interconnect: "nvlink4")pb"},
     {"h100-pcie-80gb",  // [H100P]
      R"pb(peak_flops_fp16: 756e12 peak_flops_int8: 1513e12 peak_flops_fp8: 1513e12
-          memory_bytes: 85899345920 memory_bw_bytes_per_s: 2.0e12 tdp_w: 350 profile_name: "H100PCIe")pb"},
+          memory_bytes: 85899345920 memory_bw_bytes_per_s: 2.0e12 tdp_w: 350 profile_name: "H100PCIe"
+          interconnect: "pcie5")pb"},
     {"h200-sxm-141gb",  // [H200]
      R"pb(peak_flops_fp16: 989.4e12 peak_flops_int8: 1979e12 peak_flops_fp8: 1979e12
-          memory_bytes: 151397597184 memory_bw_bytes_per_s: 4.8e12 tdp_w: 700 profile_name: "H200")pb"},
+          memory_bytes: 151397597184 memory_bw_bytes_per_s: 4.8e12 tdp_w: 700 profile_name: "H200"
+          interconnect: "nvlink4")pb"},
     {"b200-180gb",  // [B200]
      R"pb(peak_flops_fp16: 2.25e15 peak_flops_int8: 4.5e15 peak_flops_fp8: 4.5e15
-          memory_bytes: 193273528320 memory_bw_bytes_per_s: 8e12 tdp_w: 1000 profile_name: "B200")pb"},
+          memory_bytes: 193273528320 memory_bw_bytes_per_s: 8e12 tdp_w: 1000 profile_name: "B200"
+          interconnect: "nvlink5")pb"},
     {"l40s",  // [L40S]
      R"pb(peak_flops_fp16: 362.05e12 peak_flops_int8: 733e12 peak_flops_fp8: 733e12
-          memory_bytes: 51539607552 memory_bw_bytes_per_s: 864e9 tdp_w: 350 profile_name: "L40S")pb"},
+          memory_bytes: 51539607552 memory_bw_bytes_per_s: 864e9 tdp_w: 350 profile_name: "L40S"
+          interconnect: "pcie4")pb"},
     {"rtx-4090",  // [ADA], GEMM caps [GEMM-MEASURED]
      R"pb(peak_flops_fp16: 165.2e12 peak_flops_int8: 660.6e12 peak_flops_fp8: 330.3e12
           memory_bytes: 25769803776 memory_bw_bytes_per_s: 1008e9 tdp_w: 450 profile_name: "RTX4090"
-          roofline { op_class: "gemm" compute_utilization: 0.946 memory_utilization: 0.928 kernel_overhead_s: 7.89e-6 })pb"},
+          roofline { op_class: "gemm" compute_utilization: 0.946 memory_utilization: 0.928 kernel_overhead_s: 7.89e-6 }
+          interconnect: "pcie4")pb"},
     {"rtx-pro-6000",  // [RTX6K], GEMM caps [GEMM-MEASURED]
      R"pb(peak_flops_fp16: 500e12 peak_flops_int8: 1000e12 peak_flops_fp8: 1000e12
           memory_bytes: 103079215104 memory_bw_bytes_per_s: 1597e9 tdp_w: 600 profile_name: "RTXPRO6000"
-          roofline { op_class: "gemm" compute_utilization: 0.723 memory_utilization: 0.957 kernel_overhead_s: 9.07e-6 })pb"},
+          roofline { op_class: "gemm" compute_utilization: 0.723 memory_utilization: 0.957 kernel_overhead_s: 9.07e-6 }
+          interconnect: "pcie5")pb"},
     {"mi300x",  // [MI300X]
      R"pb(peak_flops_fp16: 1307.4e12 peak_flops_int8: 2614.9e12 peak_flops_fp8: 2614.9e12
-          memory_bytes: 206158430208 memory_bw_bytes_per_s: 5.3e12 tdp_w: 750 profile_name: "MI300X")pb"},
+          memory_bytes: 206158430208 memory_bw_bytes_per_s: 5.3e12 tdp_w: 750 profile_name: "MI300X"
+          interconnect: "xgmi-mi300x")pb"},
 };
 
 // ----------------------------------------------------------------- links ----
@@ -258,6 +274,13 @@ constexpr absl::string_view kXpuPresets[][2] = {
 //    55 us from the AttAcc simulator's fit to measured A100 NVLink data
 //    (6.06 us + 0.009 ns/B per peer step). Energy 1.3 pJ/bit = 10.4 pJ/B
 //    (the AttAcc simulator's 'comm' figure, from ISSCC'23 NVLink-class IO).
+//  - NVLink 5 (B200): 1.8 TB/s total per GPU = 900 GB/s each way (DGX/HGX
+//    B200 datasheets); latency and energy as NVLink 4 (assumptions).
+//  - MI300X Infinity Fabric (xGMI): 7 links of 64 GB/s each way to the other
+//    seven OAMs of a platform, 896 GB/s aggregate bidirectional peer
+//    bandwidth (AMD Instinct MI300X datasheet): 448 GB/s each way, the
+//    aggregate a TP=8 ring uses (a TP=2 pair shares one link: set 64e9);
+//    latency and energy as NVLink (assumptions).
 //  - PCIe 4.0 x16: 16 GT/s x 16 lanes x 128/130 = 31.5 GB/s; PCIe 5.0 x16:
 //    63 GB/s (PCI-SIG base specs). 5 us latency and 40 pJ/B (5 pJ/bit SerDes
 //    plus protocol) are assumptions.
@@ -268,6 +291,10 @@ constexpr absl::string_view kLinkPresets[][2] = {
      R"pb(bandwidth_bytes_per_s: 300e9 latency_s: 3e-6 energy_pj_per_byte: 10.4)pb"},
     {"nvlink4",
      R"pb(bandwidth_bytes_per_s: 450e9 latency_s: 3e-6 energy_pj_per_byte: 10.4)pb"},
+    {"nvlink5",
+     R"pb(bandwidth_bytes_per_s: 900e9 latency_s: 3e-6 energy_pj_per_byte: 10.4)pb"},
+    {"xgmi-mi300x",
+     R"pb(bandwidth_bytes_per_s: 448e9 latency_s: 3e-6 energy_pj_per_byte: 10.4)pb"},
     {"pcie4",
      R"pb(bandwidth_bytes_per_s: 31.5e9 latency_s: 5e-6 energy_pj_per_byte: 40)pb"},
     {"pcie5",

@@ -262,7 +262,31 @@ TEST(ScenarioPresetTest, UnknownLinkPreset) {
   EXPECT_EQ(std::string(r.status().message()),
             "s.pbtxt:9: cluster.interconnect.preset: unknown link preset "
             "\"nvlink9\"; known: ethernet-100g, ethernet-400g, nvlink3, "
-            "nvlink4, pcie4, pcie5");
+            "nvlink4, nvlink5, pcie4, pcie5, xgmi-mi300x");
+}
+
+TEST(ScenarioPresetTest, InterconnectDefaultsToTheXpusOwnLink) {
+  auto link_of = [](const std::string& cluster) {
+    absl::StatusOr<ResolvedScenario> r = ParseAndResolve(
+        "model { preset: \"llama3.1-8b\" }\ncluster {\n" + cluster + "\n  tensor_parallel: 2\n}\n");
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? r->proto.cluster().interconnect() : servesim::v1::LinkSpec();
+  };
+  // PCIe cards all-reduce over PCIe: the RTX PRO 6000 Server has no NVLink.
+  const auto pcie = link_of("  xpu { preset: \"rtx-pro-6000\" }");
+  EXPECT_EQ(pcie.preset(), "pcie5");
+  EXPECT_EQ(pcie.bandwidth_bytes_per_s(), 63e9);
+  EXPECT_EQ(link_of("  xpu { preset: \"l40s\" }").preset(), "pcie4");
+  EXPECT_EQ(link_of("  xpu { preset: \"h100-sxm-80gb\" }").preset(), "nvlink4");
+  EXPECT_EQ(link_of("  xpu { preset: \"h100-pcie-80gb\" }").preset(), "pcie5");
+  EXPECT_EQ(link_of("  xpu { preset: \"b200-180gb\" }").bandwidth_bytes_per_s(), 900e9);
+  // The scenario's own link wins; an xPU without a preset gets NVLink 3.
+  EXPECT_EQ(link_of("  xpu { preset: \"rtx-pro-6000\" }\n  interconnect { preset: \"nvlink4\" }")
+                .preset(),
+            "nvlink4");
+  EXPECT_EQ(link_of("  xpu { peak_flops_fp16: 1e14 memory_bytes: 8e10 memory_bw_bytes_per_s: 1e12 }")
+                .preset(),
+            "nvlink3");
 }
 
 TEST(ScenarioPresetTest, UnknownFrontendPreset) {

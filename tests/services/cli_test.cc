@@ -179,7 +179,9 @@ TEST(CliTest, PresetsOfOneKind) {
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_TRUE(absl::StrContains(r.out, "a100-hbm3")) << r.out;
   EXPECT_FALSE(absl::StrContains(r.out, "gpt3-175b")) << r.out;
-  EXPECT_FALSE(absl::StrContains(r.out, "nvlink3")) << r.out;
+  // Links are listed by `presets links`; an xPU only names its own.
+  EXPECT_FALSE(absl::StrContains(r.out, "links (cluster.interconnect.preset")) << r.out;
+  EXPECT_TRUE(absl::StrContains(r.out, "profile_name: \"RTXPRO6000\"")) << r.out;
 }
 
 // ------------------------------------------------------------ validate ----
