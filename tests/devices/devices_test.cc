@@ -274,6 +274,21 @@ TEST(GpuCollectiveTest, RingAllReduceOverNvlink3) {
   EXPECT_EQ(c.time_s, 0);
 }
 
+TEST(GpuCollectiveTest, PcieCardsAllReduceOverPcie) {
+  // docs/fidelity.md: a 2,048-token step of Llama-3.1-8B at TP=2 all-reduces
+  // 2,048 x 4,096 bf16 activations twice per layer, 64 times a step.
+  Op op;
+  op.kind = OpKind::kAllReduce;
+  op.bytes = 2048.0 * 4096 * 2;
+  op.participants = 2;
+  Cost pcie, nvlink;
+  ASSERT_TRUE((*CreateDevice(GpuSpec("rtx-pro-6000", "pcie5")))->Estimate({&op, 1}, {&pcie, 1}).ok());
+  ASSERT_TRUE((*CreateDevice(GpuSpec("rtx-pro-6000", "nvlink3")))->Estimate({&op, 1}, {&nvlink, 1}).ok());
+  EXPECT_DOUBLE_EQ(pcie.time_s, 2 * (5e-6 + op.bytes / 2 / 63e9));
+  EXPECT_NEAR(64 * pcie.time_s, 17.7e-3, 0.05e-3);
+  EXPECT_NEAR(64 * nvlink.time_s, 4.0e-3, 0.05e-3);
+}
+
 TEST(GpuCollectiveTest, Int8UsesInt8PeakAndHalfTheBytes) {
   auto spec = GpuSpec("a100-80gb");
   spec.mutable_gpu()->set_dtype(servesim::v1::DTYPE_INT8);
