@@ -213,6 +213,22 @@ TEST(SearchStopTest, UnreachableAttainmentStopsAtTheFirstProbeWithSearchCsv) {
   EXPECT_TRUE(absl::StrContains(rows[2], "slo_attainment <= 0.7575 < --attainment 0.9")) << rows[2];
 }
 
+TEST(SearchStopTest, AWindowedTraceNeedsTwoProbesToShowTheBound) {
+  // A 512-token context rejects most of the conversation trace's prompts;
+  // a rate scale changes which rows its 300 s window keeps, so one probe
+  // is not proof.
+  const std::string dir = test_util::FreshDir("windowed");
+  const test_util::CommandResult r = test_util::RunServesim(
+      {"search", kExample, "--slo", "ttft_p99=2s", "--vary-rate", "--set",
+       "workload.window_end_s=300", "--set", "model.max_context_tokens=512", "--out", dir});
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_TRUE(absl::StrContains(r.out, "rejected (too long for the context or the KV cache) at "
+                                       "this and an earlier rate"))
+      << r.out;
+  const std::vector<std::string> rows = test_util::Lines(test_util::ReadFile(dir + "/search.csv"));
+  ASSERT_EQ(rows.size(), 4u);  // header, two probes, the stop
+}
+
 TEST(SearchStopTest, MaxProbesCapsTheSearch) {
   const std::string dir = test_util::FreshDir("maxprobes");
   const test_util::CommandResult r = test_util::RunServesim(
