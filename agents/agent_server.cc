@@ -24,14 +24,15 @@ absl::StatusOr<std::string> ReadPem(const std::string& path, const char* flag, b
   std::stringstream ss;
   ss << in.rdbuf();
   std::string text = ss.str();
-  const bool ok = key ? (absl::StrContains(text, "-----BEGIN ") &&
-                         absl::StrContains(text, "PRIVATE KEY-----"))
-                      : (absl::StrContains(text, "-----BEGIN CERTIFICATE-----") &&
-                         absl::StrContains(text, "-----END CERTIFICATE-----"));
+  const bool ok =
+      key ? (absl::StrContains(text, "-----BEGIN ") && absl::StrContains(text, "PRIVATE KEY-----"))
+          : (absl::StrContains(text, "-----BEGIN CERTIFICATE-----") &&
+             absl::StrContains(text, "-----END CERTIFICATE-----"));
   if (!ok) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        flag, " ", path, ": not a PEM ", key ? "private key (-----BEGIN ... PRIVATE KEY-----)"
-                                              : "certificate (-----BEGIN CERTIFICATE-----)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(flag, " ", path, ": not a PEM ",
+                     key ? "private key (-----BEGIN ... PRIVATE KEY-----)"
+                         : "certificate (-----BEGIN CERTIFICATE-----)"));
   }
   return text;
 }
@@ -55,7 +56,8 @@ absl::StatusOr<RunningAgent> StartAgentServer(AgentService* service,
     ASSIGN_OR_RETURN(pair.private_key, ReadPem(options.tls_key_file, "--tls-key", true));
     ssl.pem_key_cert_pairs.push_back(pair);
     if (!options.tls_client_ca_file.empty()) {
-      ASSIGN_OR_RETURN(ssl.pem_root_certs, ReadPem(options.tls_client_ca_file, "--tls-client-ca", false));
+      ASSIGN_OR_RETURN(ssl.pem_root_certs,
+                       ReadPem(options.tls_client_ca_file, "--tls-client-ca", false));
       ssl.client_certificate_request = GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
     }
     creds = grpc::SslServerCredentials(ssl);
@@ -76,7 +78,8 @@ absl::StatusOr<RunningAgent> StartAgentServer(AgentService* service,
   running.server = builder.BuildAndStart();
   if (running.server == nullptr || running.port == 0) {
     return absl::UnavailableError(absl::StrCat(
-        "--listen ", options.listen, ": cannot listen there (bad HOST:PORT, port in use, "
+        "--listen ", options.listen,
+        ": cannot listen there (bad HOST:PORT, port in use, "
         "port outside [0, 65535]",
         options.tls_cert_file.empty()
             ? ""

@@ -16,9 +16,12 @@ std::atomic<int> g_level{static_cast<int>(LogLevel::kQuiet)};
 // gRPC's severities against servesim's levels.
 LogLevel LevelOf(gpr_log_severity s) {
   switch (s) {
-    case GPR_LOG_SEVERITY_ERROR: return LogLevel::kError;
-    case GPR_LOG_SEVERITY_INFO: return LogLevel::kInfo;
-    default: return LogLevel::kDebug;
+    case GPR_LOG_SEVERITY_ERROR:
+      return LogLevel::kError;
+    case GPR_LOG_SEVERITY_INFO:
+      return LogLevel::kInfo;
+    default:
+      return LogLevel::kDebug;
   }
 }
 
@@ -40,8 +43,8 @@ absl::StatusOr<LogLevel> ParseLogLevel(absl::string_view name) {
   if (name == "warning") return LogLevel::kWarning;
   if (name == "info") return LogLevel::kInfo;
   if (name == "debug") return LogLevel::kDebug;
-  return absl::InvalidArgumentError(absl::StrCat(
-      "--log-level ", name, ": expected quiet, error, warning, info or debug"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("--log-level ", name, ": expected quiet, error, warning, info or debug"));
 }
 
 void SetThirdPartyLogLevel(LogLevel level) {

@@ -186,7 +186,8 @@ class Engine {
           return;
         }
         if (t > kMaxSimulatedSeconds) {
-          sh_->Stop(PastTimeLimit(t, absl::StrCat("replica ", replica_, " starts an iteration").c_str()));
+          sh_->Stop(
+              PastTimeLimit(t, absl::StrCat("replica ", replica_, " starts an iteration").c_str()));
           return;
         }
         auto duration = Iteration(t);

@@ -86,8 +86,8 @@ void AppendIterationRow(const IterationRecord& it, std::string* out) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<CsvRecordWriter>> CsvRecordWriter::Open(
-    const OutputDir& dir, const ResolvedScenario& sc) {
+absl::StatusOr<std::unique_ptr<CsvRecordWriter>> CsvRecordWriter::Open(const OutputDir& dir,
+                                                                       const ResolvedScenario& sc) {
   const auto& o = sc.proto.output();
   if (!o.requests_csv() && !o.iterations_csv()) return nullptr;
   auto w = std::unique_ptr<CsvRecordWriter>(new CsvRecordWriter(dir));

@@ -24,8 +24,8 @@ class CsvRecordWriter : public metrics::RecordSink {
  public:
   // nullptr (no error) when neither file is on. `dir` must outlive the
   // writer.
-  static absl::StatusOr<std::unique_ptr<CsvRecordWriter>> Open(const OutputDir& dir,
-                                                               const scenario::ResolvedScenario& sc);
+  static absl::StatusOr<std::unique_ptr<CsvRecordWriter>> Open(
+      const OutputDir& dir, const scenario::ResolvedScenario& sc);
   ~CsvRecordWriter() override;
   void OnRequest(const metrics::RequestRecord& r) override;
   void OnIteration(const metrics::IterationRecord& it) override;

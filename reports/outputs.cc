@@ -28,15 +28,15 @@ absl::Status WriteOutputs(const OutputDir& dir, const scenario::ResolvedScenario
   }
   if (absl::Status st = dir.Write(
           "run_info.json",
-          absl::StrCat("{\n  \"wall_time_s\": ", FormatFigure(info.wall_s),
-                       ",\n  \"realtime_factor\": ",
-                       FormatFigure(info.wall_s > 0 ? info.simulated_s / info.wall_s : 0),
-                       info.partial ? absl::StrCat(",\n  \"partial\": true,\n  \"error\": ",
-                                                   JsonString(info.error))
-                                    : "",
-                       info.agents_json.empty() ? "" : ",\n  \"agents\": " + info.agents_json,
-                       info.profile_json.empty() ? "" : ",\n  \"profile\": " + info.profile_json,
-                       FallbacksJson(info.fallbacks), "\n}\n"));
+          absl::StrCat(
+              "{\n  \"wall_time_s\": ", FormatFigure(info.wall_s), ",\n  \"realtime_factor\": ",
+              FormatFigure(info.wall_s > 0 ? info.simulated_s / info.wall_s : 0),
+              info.partial
+                  ? absl::StrCat(",\n  \"partial\": true,\n  \"error\": ", JsonString(info.error))
+                  : "",
+              info.agents_json.empty() ? "" : ",\n  \"agents\": " + info.agents_json,
+              info.profile_json.empty() ? "" : ",\n  \"profile\": " + info.profile_json,
+              FallbacksJson(info.fallbacks), "\n}\n"));
       !st.ok()) {
     return st;
   }

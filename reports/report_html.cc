@@ -268,11 +268,13 @@ std::string ReportHtml(const ResolvedScenario& sc, const MetricsCollector& m,
                     absl::StrFormat("%.1f", simulated_s), " simulated seconds (", Esc(why),
                     "). Every figure below covers only what was simulated until then.</p>\n");
   }
-  absl::StrAppend(&html, absl::StrFormat(
-      "<h1>servesim report</h1><p>%s &mdash; %d requests, %.1f simulated seconds, overlap "
-      "policy %s.</p>\n",
-      Esc(sc.proto.name()), summary.requests, simulated_s,
-      scheduler::OverlapPolicyName(sc.planner.overlap)));
+  absl::StrAppend(
+      &html,
+      absl::StrFormat(
+          "<h1>servesim report</h1><p>%s &mdash; %d requests, %.1f simulated seconds, overlap "
+          "policy %s.</p>\n",
+          Esc(sc.proto.name()), summary.requests, simulated_s,
+          scheduler::OverlapPolicyName(sc.planner.overlap)));
   auto row = [](const char* k, const Distribution& d, double scale, const char* unit) {
     return absl::StrFormat("<tr><td>%s</td><td>%.3f</td><td>%.3f</td><td>%.3f</td>"
                            "<td>%.3f</td><td>%s</td></tr>\n",

@@ -24,8 +24,8 @@ constexpr int kNumTracks = 5;
 
 }  // namespace
 
-std::string TimelineJson(const ResolvedScenario& sc, const MetricsCollector& metrics,
-                         bool partial, const std::string& why) {
+std::string TimelineJson(const ResolvedScenario& sc, const MetricsCollector& metrics, bool partial,
+                         const std::string& why) {
   const int32_t detail = sc.proto.output().timeline_layers();
   const int64_t layers = sc.model.num_layers;
   const std::string device = sc.has_attention_device ? sc.attention_label : std::string();

@@ -62,8 +62,8 @@ absl::Status Normalize(LoadedScenario* scenario) {
   RETURN_IF_ERROR(FillFromPreset(c->mutable_xpu(), &devices::XpuPreset, *scenario, "cluster.xpu"));
   // The xPU's own GPU-to-GPU link (its preset's), else NVLink 3.
   if (c->interconnect().preset().empty() && !c->interconnect().has_bandwidth_bytes_per_s()) {
-    c->mutable_interconnect()->set_preset(c->xpu().interconnect().empty() ? "nvlink3"
-                                                                         : c->xpu().interconnect());
+    c->mutable_interconnect()->set_preset(
+        c->xpu().interconnect().empty() ? "nvlink3" : c->xpu().interconnect());
   }
   if (c->frontend().preset().empty() && !c->frontend().has_bandwidth_bytes_per_s()) {
     c->mutable_frontend()->set_preset("ethernet-100g");

@@ -84,8 +84,8 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const std::string&
   }
   char numeric[NI_MAXHOST] = {};
   const bool v6 = res->ai_family == AF_INET6;
-  const int rc = ::getnameinfo(res->ai_addr, res->ai_addrlen, numeric, sizeof(numeric), nullptr,
-                               0, NI_NUMERICHOST);
+  const int rc = ::getnameinfo(res->ai_addr, res->ai_addrlen, numeric, sizeof(numeric), nullptr, 0,
+                               NI_NUMERICHOST);
   ::freeaddrinfo(res);
   if (rc != 0) {
     return absl::InvalidArgumentError(
@@ -102,13 +102,20 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const std::string&
   mg_init_library(0);
   const std::string mime = MimeTypes();
   std::vector<const char*> options = {
-      "listening_ports", listen.c_str(),
-      "num_threads", "2",
-      "request_timeout_ms", "2000",  // a stalled client cannot hold a worker
-      "enable_keep_alive", "no",
-      "enable_directory_listing", "no",
-      "static_file_cache_control", "no-store",
-      "extra_mime_types", mime.c_str(),
+      "listening_ports",
+      listen.c_str(),
+      "num_threads",
+      "2",
+      "request_timeout_ms",
+      "2000",  // a stalled client cannot hold a worker
+      "enable_keep_alive",
+      "no",
+      "enable_directory_listing",
+      "no",
+      "static_file_cache_control",
+      "no-store",
+      "extra_mime_types",
+      mime.c_str(),
   };
   if (!web_dir.empty()) {
     options.push_back("document_root");
@@ -167,9 +174,8 @@ HttpServer::~HttpServer() {
 
 int HttpServer::HandleMetrics(mg_connection* conn, void* self) {
   const mg_request_info* req = mg_get_request_info(conn);
-  const std::string method = req != nullptr && req->request_method != nullptr
-                                 ? req->request_method
-                                 : "";
+  const std::string method =
+      req != nullptr && req->request_method != nullptr ? req->request_method : "";
   if (method != "GET" && method != "HEAD") {
     mg_printf(conn,
               "HTTP/1.1 405 Method Not Allowed\r\nAllow: GET, HEAD\r\nContent-Type: "

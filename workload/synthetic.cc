@@ -178,10 +178,9 @@ absl::StatusOr<std::unique_ptr<SortedSource>> OpenSynthetic(
           ResolvePath(base_dir, synthetic.lengths().sampled_from());
       auto read = ReadLengthCsv(path);
       if (!read.ok()) {
-        return absl::Status(read.status().code(),
-                            absl::StrCat("workload.lengths.sampled_from \"",
-                                         synthetic.lengths().sampled_from(), "\": ",
-                                         read.status().message()));
+        return absl::Status(read.status().code(), absl::StrCat("workload.lengths.sampled_from \"",
+                                                               synthetic.lengths().sampled_from(),
+                                                               "\": ", read.status().message()));
       }
       samples = std::move(*read);
       lengths_text = absl::StrCat("lengths from ", path);

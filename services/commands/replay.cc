@@ -3,13 +3,14 @@
 // the scenario it ran (DIR/scenario.pbtxt), and when the run has truth.csv
 // compare: DIR/replay_compare.csv, the table on stdout, and two charts
 // (DIR/replay_e2e.svg, DIR/replay_queue.svg).
+#include "studies/replay.h"
+
 #include <filesystem>
 #include <iostream>
 
 #include "absl/strings/str_cat.h"
 #include "services/commands/commands.h"
 #include "services/commands/run.h"
-#include "studies/replay.h"
 
 namespace servesim::services {
 int ReplayCommand(const Args& args) {
@@ -32,10 +33,10 @@ int ReplayCommand(const Args& args) {
 
   // The folder is locked and cleared of an earlier replay's files before
   // the workload and scenario are written into it.
-  auto dir = reports::OutputDir::Acquire(
-      o.out, absl::StrCat("servesim replay ", run_dir),
-      {"scenario.pbtxt", "workload.jsonl", "trace.csv", "replay_compare.csv", "replay_e2e.svg",
-       "replay_queue.svg"});
+  auto dir =
+      reports::OutputDir::Acquire(o.out, absl::StrCat("servesim replay ", run_dir),
+                                  {"scenario.pbtxt", "workload.jsonl", "trace.csv",
+                                   "replay_compare.csv", "replay_e2e.svg", "replay_queue.svg"});
   if (!dir.ok()) return Fail(dir.status());
   o.output_dir = dir->get();
   auto setup = studies::PrepareReplay(run_dir, o.out, o.scenario.sets);
@@ -54,8 +55,7 @@ int ReplayCommand(const Args& args) {
   auto rows = studies::CompareWithTruth(setup->truth_path,
                                         (fs::path(run_dir) / "trace.csv").string(), requests);
   if (!rows.ok()) return Fail(rows.status());
-  if (absl::Status st = (*dir)->Write("replay_compare.csv", studies::CompareCsv(*rows));
-      !st.ok()) {
+  if (absl::Status st = (*dir)->Write("replay_compare.csv", studies::CompareCsv(*rows)); !st.ok()) {
     return Fail(st);
   }
   auto e2e = studies::E2eScatterSvg(setup->truth_path, requests);

@@ -1,5 +1,7 @@
 // `servesim run SCENARIO`: simulate, print the summary table, write the
 // outputs (reports/), optionally serving live metrics while it runs.
+#include "services/commands/run.h"
+
 #include <signal.h>
 #include <unistd.h>
 
@@ -29,7 +31,6 @@
 #include "reports/outputs.h"
 #include "reports/summary.h"
 #include "services/commands/commands.h"
-#include "services/commands/run.h"
 #include "services/commands/scenario_args.h"
 #include "services/http_server.h"
 #include "services/live_metrics.h"
@@ -121,7 +122,9 @@ class StopSignals {
   struct sigaction old_int_ = {}, old_term_ = {};
 };
 
-const char* SignalName(int sig) { return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "a signal"; }
+const char* SignalName(int sig) {
+  return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "a signal";
+}
 
 }  // namespace
 
@@ -275,19 +278,19 @@ int RunWithFlags(const RunFlags& o) {
           st.ok() && csv_status.ok()) {
         written = absl::StrCat("; partial results written to ", dir->dir(), "/");
       } else {
-        written = absl::StrCat("; partial results not written: ",
-                               (st.ok() ? csv_status : st).message());
+        written =
+            absl::StrCat("; partial results not written: ", (st.ok() ? csv_status : st).message());
       }
     }
     if (show_progress) std::cerr << "\n";
     if (interrupted) {
-      std::cerr << "servesim: " << info.error << " at t = " << partial.simulated_s
-                << " s simulated" << written << "\n";
+      std::cerr << "servesim: " << info.error << " at t = " << partial.simulated_s << " s simulated"
+                << written << "\n";
       return 128 + stopped_by;
     }
     if (!written.empty()) {
-      std::cerr << "servesim: stopped at t = " << partial.simulated_s << " s simulated"
-                << written << "\n";
+      std::cerr << "servesim: stopped at t = " << partial.simulated_s << " s simulated" << written
+                << "\n";
     }
     return Fail(result.status());
   }
@@ -324,9 +327,8 @@ int RunWithFlags(const RunFlags& o) {
   // A run that served nothing is not a result: its latencies are undefined
   // ("-" in the table, null in summary.json).
   if (summary.completed == 0) {
-    std::cerr << "servesim: warning: no request was served (" << summary.requests
-              << " arrived, " << summary.rejected
-              << " rejected): the latencies are undefined; exit status 3\n";
+    std::cerr << "servesim: warning: no request was served (" << summary.requests << " arrived, "
+              << summary.rejected << " rejected): the latencies are undefined; exit status 3\n";
     return kExitNothingServed;
   }
   if (summary.completed < kFewRequests) {

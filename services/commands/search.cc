@@ -193,8 +193,7 @@ int SearchCommand(const Args& args) {
             "the KV cache) at %s %s, so slo_attainment <= %.4g < --attainment %g",
             figures["requests_rejected"], figures["requests"],
             fixed_requests ? "every" : "this and an earlier",
-            o.vary_rate ? "rate" : "replica count", (requests - rejected) / requests,
-            o.attainment);
+            o.vary_rate ? "rate" : "replica count", (requests - rejected) / requests, o.attainment);
       }
       p.figures = std::move(figures);
       pass.push_back(p.pass);

@@ -282,8 +282,10 @@ TEST(GpuCollectiveTest, PcieCardsAllReduceOverPcie) {
   op.bytes = 2048.0 * 4096 * 2;
   op.participants = 2;
   Cost pcie, nvlink;
-  ASSERT_TRUE((*CreateDevice(GpuSpec("rtx-pro-6000", "pcie5")))->Estimate({&op, 1}, {&pcie, 1}).ok());
-  ASSERT_TRUE((*CreateDevice(GpuSpec("rtx-pro-6000", "nvlink3")))->Estimate({&op, 1}, {&nvlink, 1}).ok());
+  ASSERT_TRUE(
+      (*CreateDevice(GpuSpec("rtx-pro-6000", "pcie5")))->Estimate({&op, 1}, {&pcie, 1}).ok());
+  ASSERT_TRUE(
+      (*CreateDevice(GpuSpec("rtx-pro-6000", "nvlink3")))->Estimate({&op, 1}, {&nvlink, 1}).ok());
   EXPECT_DOUBLE_EQ(pcie.time_s, 2 * (5e-6 + op.bytes / 2 / 63e9));
   EXPECT_NEAR(64 * pcie.time_s, 17.7e-3, 0.05e-3);
   EXPECT_NEAR(64 * nvlink.time_s, 4.0e-3, 0.05e-3);

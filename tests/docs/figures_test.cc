@@ -350,7 +350,8 @@ const std::string kGpuProfiles = std::string(SERVESIM_SOURCE_DIR) + "/examples/g
 TEST(DocFiguresTest, PresetGemmCapsAreTheMeanOfTheBundlesFits) {
   const std::pair<const char*, std::vector<std::string>> presets[] = {
       {"h100-sxm-80gb",
-       {kGpuProfiles + "H100/meta-llama/Llama-2-7b-hf", kGpuProfiles + "H100/meta-llama/Llama-3.1-8B",
+       {kGpuProfiles + "H100/meta-llama/Llama-2-7b-hf",
+        kGpuProfiles + "H100/meta-llama/Llama-3.1-8B",
         kGpuProfiles + "H100/codellama/CodeLlama-34b-Instruct-hf",
         kGpuProfiles + "H100/Qwen/Qwen3-32B"}},
       {"rtx-pro-6000",

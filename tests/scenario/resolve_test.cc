@@ -284,9 +284,10 @@ TEST(ScenarioPresetTest, InterconnectDefaultsToTheXpusOwnLink) {
   EXPECT_EQ(link_of("  xpu { preset: \"rtx-pro-6000\" }\n  interconnect { preset: \"nvlink4\" }")
                 .preset(),
             "nvlink4");
-  EXPECT_EQ(link_of("  xpu { peak_flops_fp16: 1e14 memory_bytes: 8e10 memory_bw_bytes_per_s: 1e12 }")
-                .preset(),
-            "nvlink3");
+  EXPECT_EQ(
+      link_of("  xpu { peak_flops_fp16: 1e14 memory_bytes: 8e10 memory_bw_bytes_per_s: 1e12 }")
+          .preset(),
+      "nvlink3");
 }
 
 TEST(ScenarioPresetTest, UnknownFrontendPreset) {

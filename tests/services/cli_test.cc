@@ -773,8 +773,7 @@ TEST(CliTest, UnwritableOutputFailsBeforeTheRun) {
   EXPECT_EQ(r.code, 1) << r.out;
   // Checked before the simulation: no table, the error alone.
   EXPECT_FALSE(absl::StrContains(r.out, "throughput")) << r.out;
-  EXPECT_TRUE(absl::StrContains(r.out, file + "/sub: cannot create the output folder"))
-      << r.out;
+  EXPECT_TRUE(absl::StrContains(r.out, file + "/sub: cannot create the output folder")) << r.out;
 }
 
 TEST(CliTest, SummaryJsonHasTheDocumentedKeysAndNoWallTime) {

@@ -46,7 +46,8 @@ TEST(OutputFolderTest, NotAFolderFailsBeforeAnySimulation) {
   EXPECT_FALSE(absl::StrContains(r.out, "throughput")) << r.out;
   EXPECT_EQ(test_util::ReadFile(file), "mine\n");
 
-  const test_util::CommandResult null = test_util::RunServesim({"run", kExample, "--out", "/dev/null"});
+  const test_util::CommandResult null =
+      test_util::RunServesim({"run", kExample, "--out", "/dev/null"});
   EXPECT_EQ(null.code, 1) << null.out;
   EXPECT_TRUE(absl::StrContains(null.out, "/dev/null: is a character device, not a folder"))
       << null.out;
@@ -65,8 +66,8 @@ TEST(OutputFolderTest, ASecondRunIntoALockedFolderFailsAtOnceNamingTheHolder) {
   const std::string dir = test_util::FreshDir("locked");
   auto held = reports::OutputDir::Acquire(dir, "servesim run the-first.pbtxt");
   ASSERT_TRUE(held.ok()) << held.status();
-  const test_util::CommandResult r = test_util::RunServesim(
-      {"run", kExample, "--out", dir, "--set", "workload.window_end_s=60"});
+  const test_util::CommandResult r =
+      test_util::RunServesim({"run", kExample, "--out", dir, "--set", "workload.window_end_s=60"});
   EXPECT_EQ(r.code, 1) << r.out;
   EXPECT_TRUE(absl::StrContains(r.out, "another servesim is writing its outputs there (pid "))
       << r.out;
@@ -90,12 +91,12 @@ TEST(OutputFolderTest, ARerunLeavesOnlyItsOwnOutputs) {
                         "timeline.json", "report.html"}) {
     EXPECT_TRUE(Exists(dir + "/" + f)) << f;
   }
-  ASSERT_EQ(test_util::RunServesim({"run", kExample, "--out", dir, "--quiet", "--set",
-                                    "workload.window_end_s=60", "--set", "output.timeline=false",
-                                    "--set", "output.report_html=false", "--set",
-                                    "output.iterations_csv=false"})
-                .code,
-            0);
+  ASSERT_EQ(
+      test_util::RunServesim({"run", kExample, "--out", dir, "--quiet", "--set",
+                              "workload.window_end_s=60", "--set", "output.timeline=false", "--set",
+                              "output.report_html=false", "--set", "output.iterations_csv=false"})
+          .code,
+      0);
   EXPECT_FALSE(Exists(dir + "/timeline.json"));
   EXPECT_FALSE(Exists(dir + "/report.html"));
   EXPECT_FALSE(Exists(dir + "/iterations.csv"));
@@ -110,11 +111,14 @@ TEST(OutputFolderTest, ARerunLeavesOnlyItsOwnOutputs) {
 // `signal` 0.5 s after its simulation has started (its requests.csv is
 // open under the temporary name), and returns the output and exit status.
 test_util::CommandResult Interrupt(const std::string& dir, const char* signal) {
-  const test_util::CommandResult r = test_util::RunCommand(absl::StrCat(
-      "'", SERVESIM_BINARY, "' run '", kExample, "' --out '", dir,
-      "' --quiet --set workload.window_end_s=3000 --pace 1000 2>&1 & pid=$!; n=0; "
-      "while [ ! -e '", dir, "/.requests.csv.partial' ] && [ $n -lt 600 ]; do sleep 0.05; "
-      "n=$((n+1)); done; sleep 0.5; kill -", signal, " $pid; wait $pid; echo \"exit=$?\""));
+  const test_util::CommandResult r = test_util::RunCommand(
+      absl::StrCat("'", SERVESIM_BINARY, "' run '", kExample, "' --out '", dir,
+                   "' --quiet --set workload.window_end_s=3000 --pace 1000 2>&1 & pid=$!; n=0; "
+                   "while [ ! -e '",
+                   dir,
+                   "/.requests.csv.partial' ] && [ $n -lt 600 ]; do sleep 0.05; "
+                   "n=$((n+1)); done; sleep 0.5; kill -",
+                   signal, " $pid; wait $pid; echo \"exit=$?\""));
   return r;
 }
 
@@ -156,8 +160,8 @@ TEST(InterruptTest, SigtermStopsCleanlyWithPartialOutputs) {
 TEST(SimulatedTimeTest, ArrivalsPastTheLimitAreRefusedBeforeTheRun) {
   const std::string dir = test_util::FreshDir("farfuture");
   // 1e-9 x the trace's rate: its second request would arrive at ~4.3e9 s.
-  const test_util::CommandResult r = test_util::RunServesim(
-      {"run", kExample, "--out", dir, "--set", "workload.rate_scale=1e-9"});
+  const test_util::CommandResult r =
+      test_util::RunServesim({"run", kExample, "--out", dir, "--set", "workload.rate_scale=1e-9"});
   EXPECT_EQ(r.code, 1) << r.out;
   EXPECT_TRUE(absl::StrContains(r.out, "workload: request 1 arrives at t = 4.31458e+09 s"))
       << r.out;
@@ -173,27 +177,29 @@ TEST(SimulatedTimeTest, ArrivalsPastTheLimitAreRefusedBeforeTheRun) {
 TEST(NothingServedTest, AllRejectedExitsThreeWithUndefinedLatencies) {
   const std::string dir = test_util::FreshDir("allrejected");
   // A 16-token context: every prompt of the trace is too long.
-  const test_util::CommandResult r = test_util::RunServesim(
-      {"run", kExample, "--out", dir, "--set", "workload.window_end_s=60", "--set",
-       "model.max_context_tokens=16"});
+  const test_util::CommandResult r =
+      test_util::RunServesim({"run", kExample, "--out", dir, "--set", "workload.window_end_s=60",
+                              "--set", "model.max_context_tokens=16"});
   EXPECT_EQ(r.code, 3) << r.out;
   EXPECT_TRUE(absl::StrContains(r.out, "  TTFT              -          -          -          -\n"))
       << r.out;
   EXPECT_TRUE(absl::StrContains(r.out, "servesim: warning: no request was served")) << r.out;
   const std::string summary = test_util::ReadFile(dir + "/summary.json");
-  EXPECT_TRUE(absl::StrContains(
-      summary, "\"ttft_s\": {\"count\": 0, \"mean\": null, \"p50\": null, \"p90\": null, "
-               "\"p99\": null, \"max\": null}"))
+  EXPECT_TRUE(
+      absl::StrContains(summary,
+                        "\"ttft_s\": {\"count\": 0, \"mean\": null, \"p50\": null, \"p90\": null, "
+                        "\"p99\": null, \"max\": null}"))
       << summary;
 }
 
 TEST(NothingServedTest, FewCompletedRequestsAreFlagged) {
-  const test_util::CommandResult r = test_util::RunServesim(
-      {"run", kExample, "--quiet", "--set", "workload.max_requests=3"});
+  const test_util::CommandResult r =
+      test_util::RunServesim({"run", kExample, "--quiet", "--set", "workload.max_requests=3"});
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_TRUE(absl::StrContains(
-      r.out, "servesim: warning: only 3 request(s) completed: p90 and p99 both lie between the "
-             "two largest samples"))
+      r.out,
+      "servesim: warning: only 3 request(s) completed: p90 and p99 both lie between the "
+      "two largest samples"))
       << r.out;
 }
 
@@ -222,8 +228,9 @@ TEST(SearchStopTest, AWindowedTraceNeedsTwoProbesToShowTheBound) {
       {"search", kExample, "--slo", "ttft_p99=2s", "--vary-rate", "--set",
        "workload.window_end_s=300", "--set", "model.max_context_tokens=512", "--out", dir});
   EXPECT_EQ(r.code, 1) << r.out;
-  EXPECT_TRUE(absl::StrContains(r.out, "rejected (too long for the context or the KV cache) at "
-                                       "this and an earlier rate"))
+  EXPECT_TRUE(absl::StrContains(r.out,
+                                "rejected (too long for the context or the KV cache) at "
+                                "this and an earlier rate"))
       << r.out;
   const std::vector<std::string> rows = test_util::Lines(test_util::ReadFile(dir + "/search.csv"));
   ASSERT_EQ(rows.size(), 4u);  // header, two probes, the stop
@@ -246,7 +253,8 @@ TEST(MessagesTest, EmptyFileOrFolderAsScenario) {
   test_util::WriteFile(dir + "/comments.pbtxt", "# nothing here\n");
   const test_util::CommandResult e = test_util::RunServesim({"run", dir + "/empty.pbtxt"});
   EXPECT_EQ(e.code, 1);
-  EXPECT_TRUE(absl::StrContains(e.out, dir + "/empty.pbtxt: is empty; expected a scenario")) << e.out;
+  EXPECT_TRUE(absl::StrContains(e.out, dir + "/empty.pbtxt: is empty; expected a scenario"))
+      << e.out;
   const test_util::CommandResult c = test_util::RunServesim({"validate", dir + "/comments.pbtxt"});
   EXPECT_TRUE(absl::StrContains(c.out, "sets nothing (only comments)")) << c.out;
   const test_util::CommandResult d = test_util::RunServesim({"run", dir});
@@ -255,8 +263,8 @@ TEST(MessagesTest, EmptyFileOrFolderAsScenario) {
 }
 
 TEST(MessagesTest, MissingLengthsFileNamesTheField) {
-  const test_util::CommandResult r = test_util::RunServesim(
-      {"run", kShareGpt, "--set", "workload.lengths.sampled_from=nope.csv"});
+  const test_util::CommandResult r =
+      test_util::RunServesim({"run", kShareGpt, "--set", "workload.lengths.sampled_from=nope.csv"});
   EXPECT_EQ(r.code, 1);
   EXPECT_TRUE(absl::StrContains(r.out, "workload.lengths.sampled_from \"nope.csv\": ")) << r.out;
   EXPECT_TRUE(absl::StrContains(r.out, "nope.csv: cannot open")) << r.out;
@@ -265,13 +273,15 @@ TEST(MessagesTest, MissingLengthsFileNamesTheField) {
 TEST(MessagesTest, BadTlsFilesAreNamedNotReportedAsListenErrors) {
   const std::string dir = test_util::FreshDir("badtls");
   test_util::WriteFile(dir + "/cert.pem", "not a certificate\n");
-  test_util::WriteFile(dir + "/key.pem", "-----BEGIN PRIVATE KEY-----\nx\n-----END PRIVATE KEY-----\n");
+  test_util::WriteFile(dir + "/key.pem",
+                       "-----BEGIN PRIVATE KEY-----\nx\n-----END PRIVATE KEY-----\n");
   const test_util::CommandResult r = test_util::RunCommand(
       absl::StrCat("'", SERVESIM_AGENT_BINARY, "' --device gpu --listen 127.0.0.1:0 --tls-cert '",
                    dir, "/cert.pem' --tls-key '", dir, "/key.pem'"));
   EXPECT_EQ(r.code, 1) << r.out;
   EXPECT_TRUE(absl::StrContains(
-      r.out, "--tls-cert " + dir + "/cert.pem: not a PEM certificate (-----BEGIN CERTIFICATE-----)"))
+      r.out,
+      "--tls-cert " + dir + "/cert.pem: not a PEM certificate (-----BEGIN CERTIFICATE-----)"))
       << r.out;
   EXPECT_FALSE(absl::StrContains(r.out, "cannot listen")) << r.out;
 }
@@ -280,10 +290,9 @@ TEST(MessagesTest, GrpcLinesAreQuietUnlessAsked) {
   // An agent that is not there: servesim's own error, and no gRPC log line
   // ("E1125 ...") unless --log-level asks for them.
   const std::string dir = test_util::FreshDir("grpcquiet");
-  const std::vector<std::string> args = {"run",      kExample, "--quiet",
-                                         "--set",    "workload.window_end_s=10",
-                                         "--agent",  "gpu=127.0.0.1:1",
-                                         "--agent-deadline", "0.2"};
+  const std::vector<std::string> args = {
+      "run",     kExample,          "--quiet",          "--set", "workload.window_end_s=10",
+      "--agent", "gpu=127.0.0.1:1", "--agent-deadline", "0.2"};
   const test_util::CommandResult quiet = test_util::RunServesim(args);
   EXPECT_EQ(quiet.code, 1) << quiet.out;
   for (const std::string& line : test_util::Lines(quiet.out)) {
@@ -296,7 +305,8 @@ TEST(MessagesTest, GrpcLinesAreQuietUnlessAsked) {
   EXPECT_TRUE(absl::StrContains(debug.out, "servesim: grpc ")) << debug.out;
   const test_util::CommandResult bad = test_util::RunServesim({"--log-level", "loud", "presets"});
   EXPECT_EQ(bad.code, 2);
-  EXPECT_TRUE(absl::StrContains(bad.out, "expected quiet, error, warning, info or debug")) << bad.out;
+  EXPECT_TRUE(absl::StrContains(bad.out, "expected quiet, error, warning, info or debug"))
+      << bad.out;
 }
 
 }  // namespace

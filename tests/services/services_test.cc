@@ -71,8 +71,8 @@ TEST(HttpServerTest, ServesMetricsAndFilesAndNothingElse) {
   EXPECT_TRUE(absl::StartsWith(Get(port, "/sub/../../x"), "HTTP/1.1 404"));
   EXPECT_TRUE(absl::StartsWith(Get(port, "/missing.css"), "HTTP/1.1 404"));
   EXPECT_TRUE(absl::StartsWith(Http(port, "POST /metrics HTTP/1.1\r\n\r\n"), "HTTP/1.1 405"));
-  EXPECT_TRUE(absl::StartsWith(
-      Http(port, "POST /index.html HTTP/1.1\r\nContent-Length: 0\r\n\r\n"), "HTTP/1.1 405"));
+  EXPECT_TRUE(absl::StartsWith(Http(port, "POST /index.html HTTP/1.1\r\nContent-Length: 0\r\n\r\n"),
+                               "HTTP/1.1 405"));
   EXPECT_TRUE(absl::StrContains(Http(port, "nonsense\r\n\r\n"), " 400 Bad Request"));
   // HEAD: the headers GET would send, no body; a HEAD of /metrics renders
   // nothing (no scrape counted).
