@@ -35,12 +35,42 @@ struct Message {
   scheduler::RequestSpec request;
   bool end = false;        // end of stream: no request
   int64_t total_sent = 0;  // with end of stream
+  Message* prev = nullptr;  // MessageList links
+  Message* next = nullptr;
+};
+
+// The messages sent and not yet received. A run stopped early (an
+// interrupt, a failed iteration) kills the actors with messages still in
+// flight; the list frees them when the run ends. O(1) per message.
+class MessageList {
+ public:
+  MessageList() = default;
+  MessageList(const MessageList&) = delete;
+  MessageList& operator=(const MessageList&) = delete;
+  ~MessageList() {
+    while (head_ != nullptr) Delete(head_);
+  }
+  Message* New(const scheduler::RequestSpec& request, bool end, int64_t total_sent) {
+    auto* m = new Message{request, end, total_sent, nullptr, head_};
+    if (head_ != nullptr) head_->prev = m;
+    head_ = m;
+    return m;
+  }
+  void Delete(Message* m) {
+    (m->prev != nullptr ? m->prev->next : head_) = m->next;
+    if (m->next != nullptr) m->next->prev = m->prev;
+    delete m;
+  }
+
+ private:
+  Message* head_ = nullptr;
 };
 
 constexpr double kBytesPerPromptToken = 4;  // token ids on the wire
 constexpr double kHeaderBytes = 512;
 
 struct Shared {
+  MessageList messages;
   const ResolvedScenario* sc = nullptr;
   RequestStream* requests = nullptr;
   MetricsCollector* metrics = nullptr;
@@ -107,11 +137,11 @@ void Source(Shared* sh) {
     ++sh->in_flight;
     ++sent;
     sh->metrics->OnArrival(r);
-    auto* msg = new Message{r, false, 0};
+    auto* msg = sh->messages.New(r, false, 0);
     sh->router_box->put_init(msg, static_cast<uint64_t>(WireBytes(r)))->detach();
   }
   sh->next_arrival_s = std::numeric_limits<double>::infinity();
-  auto* end = new Message{{}, true, sent};
+  auto* end = sh->messages.New({}, true, sent);
   sh->router_box->put_init(end, 0)->detach();
 }
 
@@ -123,7 +153,7 @@ void RouterActor(Shared* sh) {
     auto* msg = sh->router_box->get<Message>();
     if (msg->end) {
       expected = msg->total_sent;
-      delete msg;
+      sh->messages.Delete(msg);
       continue;
     }
     ++received;
@@ -134,7 +164,7 @@ void RouterActor(Shared* sh) {
         ->detach();
   }
   for (size_t r = 0; r < sh->engine_boxes.size(); ++r) {
-    sh->engine_boxes[r]->put_init(new Message{{}, true, sent[r]}, 0)->detach();
+    sh->engine_boxes[r]->put_init(sh->messages.New({}, true, sent[r]), 0)->detach();
   }
 }
 
@@ -328,7 +358,7 @@ class Engine {
       scheduler_.Add(msg->request, sg4::Engine::get_clock(), &counting_);
       done_ += finished_ - before;
     }
-    delete msg;
+    sh_->messages.Delete(msg);
     UpdateLoad();
   }
 
