@@ -8,6 +8,7 @@
 #include "common/status_macros.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/resource_quota.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
 
@@ -45,6 +46,15 @@ absl::StatusOr<RunningAgent> StartAgentServer(AgentService* service,
     return absl::InvalidArgumentError(absl::StrCat(
         "--max-message-bytes ", options.max_message_bytes, "; expected >= 1024"));
   }
+  if (!(options.handshake_timeout_s > 0 && options.handshake_timeout_s <= 3600) ||
+      !(options.idle_connection_s > 0 && options.idle_connection_s <= 86400) ||
+      options.max_streams_per_connection < 1 || options.max_threads < 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("handshake timeout ", options.handshake_timeout_s, " s, idle connections ",
+                     options.idle_connection_s, " s, ", options.max_streams_per_connection,
+                     " streams per connection, ", options.max_threads,
+                     " threads; expected (0, 3600] s, (0, 86400] s, >= 1 and >= 2"));
+  }
   std::shared_ptr<grpc::ServerCredentials> creds;
   if (!options.tls_cert_file.empty() || !options.tls_key_file.empty()) {
     if (options.tls_cert_file.empty() || options.tls_key_file.empty()) {
@@ -74,6 +84,15 @@ absl::StatusOr<RunningAgent> StartAgentServer(AgentService* service,
   builder.AddListeningPort(options.listen, creds, &running.port);
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   builder.SetMaxSendMessageSize(options.max_message_bytes);
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  builder.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS,
+                             static_cast<int>(options.handshake_timeout_s * 1000));
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS,
+                             static_cast<int>(options.idle_connection_s * 1000));
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, options.max_streams_per_connection);
+  grpc::ResourceQuota quota("servesim-agent");
+  quota.SetMaxThreads(options.max_threads);
+  builder.SetResourceQuota(quota);
   builder.RegisterService(service);
   running.server = builder.BuildAndStart();
   if (running.server == nullptr || running.port == 0) {

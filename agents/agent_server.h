@@ -2,6 +2,19 @@
 // certificate, optionally required client certificates), an explicit
 // maximum message size, the standard health service (grpc.health.v1,
 // "servesim.v1.DeviceAgent" and "" SERVING) and server reflection.
+//
+// What a client can hold is bounded (servesim-agent sets these from its
+// flags; the cap on connections themselves is services/accept_guard.h):
+//  - the port is bound exclusively (no SO_REUSEPORT): a second agent on a
+//    port in use is refused instead of sharing its connections at random;
+//  - a connection that has not finished its TLS handshake within
+//    handshake_timeout_s is closed;
+//  - one with no call in flight for idle_connection_s is closed, whether it
+//    never sent a byte or its calls ended (GOAWAY; a gRPC client reconnects
+//    on its next call);
+//  - at most max_streams_per_connection calls in flight per connection;
+//  - at most max_threads handler threads: a call that finds none free is
+//    answered RESOURCE_EXHAUSTED at once rather than queued.
 #ifndef SERVESIM_AGENTS_AGENT_SERVER_H_
 #define SERVESIM_AGENTS_AGENT_SERVER_H_
 
@@ -20,6 +33,10 @@ struct AgentServerOptions {
   std::string tls_key_file;
   std::string tls_client_ca_file;      // set: clients must present a cert it signed
   int max_message_bytes = 256 << 20;
+  double handshake_timeout_s = 10;
+  double idle_connection_s = 300;
+  int max_streams_per_connection = 100;
+  int max_threads = 64;
 };
 
 struct RunningAgent {

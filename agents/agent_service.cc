@@ -1,6 +1,9 @@
 #include "agents/agent_service.h"
 
+#include <sys/random.h>
+
 #include <algorithm>
+#include <chrono>
 #include <deque>
 #include <limits>
 #include <random>
@@ -13,6 +16,7 @@
 #include "common/status_macros.h"
 #include "devices/attacc/attacc_device.h"
 #include "devices/cta/cta_device.h"
+#include "devices/interrupt.h"
 #include "devices/lad/lad_device.h"
 #include "devices/presets.h"
 #include "devices/reference_attention.h"
@@ -21,10 +25,28 @@
 #include "devices/topick/topick_device.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
+#include "grpcpp/security/auth_context.h"
 
 namespace servesim::agents {
 
 namespace v1 = servesim::v1;
+
+absl::Status CheckToken(const std::string& token, const std::string& where) {
+  if (token.empty() || token.size() > 4096) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": the token is ", token.empty() ? "empty" : "longer than 4,096 characters",
+        "; expected 1-4,096 printable ASCII characters without spaces"));
+  }
+  for (size_t i = 0; i < token.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(token[i]);
+    if (c <= 0x20 || c >= 0x7f) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": the token has ", c == ' ' ? "a space" : "a control or non-ASCII character",
+          " at position ", i + 1, "; expected 1-4,096 printable ASCII characters without spaces"));
+    }
+  }
+  return absl::OkStatus();
+}
 
 std::string DeviceKey(const v1::DeviceSpec& spec) {
   std::string bytes;
@@ -122,15 +144,42 @@ grpc::Status TooMuchWork(int64_t macs, int64_t max_macs) {
 
 AgentService::AgentService(AgentServiceOptions options) : options_(std::move(options)) {
   kind_ = SpecKindName(options_.spec);
-  std::random_device rd;
-  instance_ = absl::StrFormat("%08x%08x", rd(), rd());
 }
+
+namespace {
+
+int64_t SteadyNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// 128 bits from the kernel's generator, as 32 hex digits.
+std::string RandomSessionId() {
+  uint64_t r[2] = {0, 0};
+  size_t got = 0;
+  while (got < sizeof r) {
+    const ssize_t n = getrandom(reinterpret_cast<char*>(r) + got, sizeof r - got, 0);
+    if (n > 0) got += static_cast<size_t>(n);
+  }
+  return absl::StrFormat("%016x%016x", r[0], r[1]);
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<AgentService>> AgentService::Create(AgentServiceOptions options) {
   if (options.max_tensor_bytes < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
         "max_tensor_bytes = ", options.max_tensor_bytes, "; expected >= 1"));
   }
+  if (options.max_sessions_per_client < 1 || !(options.session_idle_s > 0) ||
+      !(options.call_budget_s > 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_sessions_per_client = ", options.max_sessions_per_client,
+                     ", session_idle_s = ", options.session_idle_s,
+                     ", call_budget_s = ", options.call_budget_s, "; expected >= 1, > 0 and > 0"));
+  }
+  if (!options.token.empty()) RETURN_IF_ERROR(CheckToken(options.token, "the agent's token"));
   if (options.max_kv_bytes < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("max_kv_bytes = ", options.max_kv_bytes, "; expected >= 1"));
@@ -168,6 +217,56 @@ grpc::Status AgentService::Authorize(grpc::ServerContext* ctx) {
     return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "wrong bearer token");
   }
   return grpc::Status::OK;
+}
+
+std::string AgentService::CallerOf(const grpc::ServerContext* ctx) {
+  const std::shared_ptr<const grpc::AuthContext> auth = ctx->auth_context();
+  if (auth != nullptr && auth->IsPeerAuthenticated()) {
+    std::string id;
+    for (const grpc::string_ref& v : auth->GetPeerIdentity()) {
+      absl::StrAppend(&id, id.empty() ? "" : ",", std::string(v.data(), v.size()));
+    }
+    if (!id.empty()) return absl::StrCat("cert:", id);
+  }
+  // "ipv4:127.0.0.1:40312", "ipv6:[::1]:40312": the port changes with each
+  // connection, the host does not.
+  std::string peer = ctx->peer();
+  const size_t colon = peer.rfind(':');
+  if (colon != std::string::npos && colon > peer.find(':')) peer.resize(colon);
+  return peer;
+}
+
+absl::StatusOr<devices::AttentionResult> AgentService::RunKernel(
+    grpc::ServerContext* ctx, const devices::Device& device, const devices::AttentionCall& call) {
+  const int64_t start_ns = SteadyNs();
+  const int64_t budget_ns = static_cast<int64_t>(std::min(options_.call_budget_s, 1e9) * 1e9);
+  const auto deadline = ctx->deadline();
+  bool stopped = false;
+  devices::InterruptScope scope([&]() -> absl::Status {
+    absl::Status st = PollCall(ctx, deadline, start_ns, budget_ns);
+    stopped = stopped || !st.ok();
+    return st;
+  });
+  absl::StatusOr<devices::AttentionResult> r = device.Execute(call);
+  if (stopped) interrupted_.fetch_add(1);
+  return r;
+}
+
+absl::Status AgentService::PollCall(grpc::ServerContext* ctx,
+                                    std::chrono::system_clock::time_point deadline,
+                                    int64_t start_ns, int64_t budget_ns) const {
+  if (ctx->IsCancelled()) {
+    return absl::CancelledError("the caller cancelled the call; the kernel stopped");
+  }
+  if (std::chrono::system_clock::now() > deadline) {
+    return absl::DeadlineExceededError("the call's deadline passed; the kernel stopped");
+  }
+  if (SteadyNs() - start_ns > budget_ns) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("the kernel ran past this agent's budget of ", options_.call_budget_s,
+                     " s per call (servesim-agent --call-budget-s) and stopped"));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::shared_ptr<const AgentService::Hosted>> AgentService::Find(
@@ -299,22 +398,48 @@ grpc::Status AgentService::Execute(grpc::ServerContext* ctx, const v1::ExecuteRe
       return TooMuchWork(macs, options_.max_execute_macs);
     }
   }
-  auto r = (*h)->device->Execute(call);
+  auto r = RunKernel(ctx, *(*h)->device, call);
   if (!r.ok()) return ToGrpcStatus(r.status());
   EncodeTensor(r->out, resp->mutable_out());
   EncodeStats(r->stats, resp->mutable_stats());
   return grpc::Status::OK;
 }
 
-absl::StatusOr<std::shared_ptr<AgentService::Session>> AgentService::FindSession(
-    const std::string& id) {
-  std::lock_guard<std::mutex> lock(mu_);
-  auto it = sessions_.find(id);
-  if (it == sessions_.end()) {
-    return absl::NotFoundError(absl::StrCat(
-        "session_id ", id, " is not open on this agent (closed, or the agent restarted); "
-        "open a new session and append the KV history"));
+void AgentService::EraseLocked(std::map<std::string, std::shared_ptr<Session>>::iterator it) {
+  auto owner = sessions_per_caller_.find(it->second->owner);
+  if (owner != sessions_per_caller_.end() && --owner->second <= 0) {
+    sessions_per_caller_.erase(owner);
   }
+  sessions_.erase(it);
+}
+
+void AgentService::ExpireLocked(int64_t now_ns) {
+  if (now_ns - last_expiry_ns_ < 1'000'000'000) return;
+  last_expiry_ns_ = now_ns;
+  const int64_t idle_ns = static_cast<int64_t>(std::min(options_.session_idle_s, 1e9) * 1e9);
+  for (auto it = sessions_.begin(); it != sessions_.end();) {
+    auto next = std::next(it);
+    if (now_ns - it->second->last_used_ns.load() > idle_ns) EraseLocked(it);
+    it = next;
+  }
+}
+
+absl::StatusOr<std::shared_ptr<AgentService::Session>> AgentService::FindSession(
+    const std::string& id, const std::string& caller) {
+  const int64_t now = SteadyNs();
+  std::lock_guard<std::mutex> lock(mu_);
+  ExpireLocked(now);
+  auto it = sessions_.find(id);
+  // Another caller's session reads as absent: its id tells nothing.
+  if (it == sessions_.end() || it->second->owner != caller) {
+    return absl::NotFoundError(
+        absl::StrCat("session_id ", id,
+                     " is not open on this agent for this caller (closed, idle for more than ",
+                     options_.session_idle_s,
+                     " s, or the agent restarted); open a new session and append the "
+                     "KV history"));
+  }
+  it->second->last_used_ns.store(now);
   return it->second;
 }
 
@@ -347,13 +472,26 @@ grpc::Status AgentService::OpenSession(grpc::ServerContext* ctx,
   s->v.resize(s->kv_heads);
   s->held = &kv_bytes_held_;
   s->number = next_session_.fetch_add(1);
-  const std::string id = absl::StrCat(instance_, "-", s->number);
+  s->owner = CallerOf(ctx);
+  const int64_t now = SteadyNs();
+  s->last_used_ns.store(now);
+  const std::string id = RandomSessionId();
   std::lock_guard<std::mutex> lock(mu_);
+  ExpireLocked(now);
   if (static_cast<int>(sessions_.size()) >= options_.max_sessions) {
     return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
                         absl::StrCat("this agent holds ", sessions_.size(),
                                      " sessions, its limit; close some first"));
   }
+  int& mine = sessions_per_caller_[s->owner];
+  if (mine >= options_.max_sessions_per_client) {
+    return grpc::Status(
+        grpc::StatusCode::RESOURCE_EXHAUSTED,
+        absl::StrCat("this caller (", s->owner, ") holds ", mine,
+                     " sessions, its limit (servesim-agent --sessions-per-client); close some "
+                     "first"));
+  }
+  ++mine;
   sessions_.emplace(id, std::move(s));
   resp->set_session_id(id);
   return grpc::Status::OK;
@@ -362,7 +500,7 @@ grpc::Status AgentService::OpenSession(grpc::ServerContext* ctx,
 grpc::Status AgentService::AppendKv(grpc::ServerContext* ctx, const v1::AppendKvRequest* req,
                                     v1::AppendKvResponse* resp) {
   if (auto st = Authorize(ctx); !st.ok()) return st;
-  auto s = FindSession(req->session_id());
+  auto s = FindSession(req->session_id(), CallerOf(ctx));
   if (!s.ok()) return ToGrpcStatus(s.status());
   Session& ss = **s;
   auto k = DecodeTensor(req->k(), options_.max_tensor_bytes, "k");
@@ -417,7 +555,7 @@ grpc::Status AgentService::AppendKv(grpc::ServerContext* ctx, const v1::AppendKv
 grpc::Status AgentService::Step(grpc::ServerContext* ctx, const v1::StepRequest* req,
                                 v1::StepResponse* resp) {
   if (auto st = Authorize(ctx); !st.ok()) return st;
-  auto s = FindSession(req->session_id());
+  auto s = FindSession(req->session_id(), CallerOf(ctx));
   if (!s.ok()) return ToGrpcStatus(s.status());
   Session& ss = **s;
   auto q = DecodeTensor(req->q(), options_.max_tensor_bytes, "q");
@@ -444,7 +582,7 @@ grpc::Status AgentService::Step(grpc::ServerContext* ctx, const v1::StepRequest*
       for (const auto& head : *src) dst->bytes.insert(dst->bytes.end(), head.begin(), head.end());
     }
   }
-  auto r = ss.device->device->Execute(call);
+  auto r = RunKernel(ctx, *ss.device->device, call);
   if (!r.ok()) return ToGrpcStatus(r.status());
   EncodeTensor(r->out, resp->mutable_out());
   EncodeStats(r->stats, resp->mutable_stats());
@@ -455,11 +593,15 @@ grpc::Status AgentService::CloseSession(grpc::ServerContext* ctx,
                                         const v1::CloseSessionRequest* req,
                                         v1::CloseSessionResponse* resp) {
   if (auto st = Authorize(ctx); !st.ok()) return st;
+  const std::string caller = CallerOf(ctx);
   std::lock_guard<std::mutex> lock(mu_);
-  if (sessions_.erase(req->session_id()) == 0) {
+  auto it = sessions_.find(req->session_id());
+  if (it == sessions_.end() || it->second->owner != caller) {
     return grpc::Status(grpc::StatusCode::NOT_FOUND,
-                        absl::StrCat("session_id ", req->session_id(), " is not open"));
+                        absl::StrCat("session_id ", req->session_id(),
+                                     " is not open on this agent for this caller"));
   }
+  EraseLocked(it);
   return grpc::Status::OK;
 }
 

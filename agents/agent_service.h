@@ -10,7 +10,13 @@
 //    a caller naming it gets NOT_FOUND and binds again).
 //  - token: when set, every call must carry `authorization: Bearer <token>`
 //    (UNAUTHENTICATED otherwise). The standard health service and server
-//    reflection are not ours and stay open, so orchestrators can probe.
+//    reflection are not ours and stay open, so orchestrators can probe. A
+//    token is 1-4,096 printable ASCII characters without spaces
+//    (CheckToken); an empty or blank one is refused, never read as "none".
+//  - call_budget_s: Execute and Step stop (RESOURCE_EXHAUSTED) once they
+//    have run this long, and stop (CANCELLED / DEADLINE_EXCEEDED) as soon as
+//    their caller cancels or its deadline passes: the kernels poll
+//    (devices/interrupt.h), so a client that gives up frees the core.
 //  - max_tensor_bytes: tensors larger than this (by their shape) are
 //    RESOURCE_EXHAUSTED before anything is copied; max_execute_macs bounds
 //    the work of one Execute / Step the same way. EstimateRequests are held
@@ -20,9 +26,15 @@
 //  - Sessions hold one request's KV cache ([kv_heads, len, d_head], appended
 //    by AppendKv); Step runs the device's kernel over it, naming the session
 //    (AttentionCall::session) so a stateful kernel (LAD) keeps its state
-//    per session. Ids are unique to
-//    this agent instance, so after a restart the caller gets NOT_FOUND and
+//    per session. Ids are 128 random bits (unguessable) and die with the
+//    agent instance, so after a restart the caller gets NOT_FOUND and
 //    rebuilds the session from its history (agents::RemoteSession).
+//    A session belongs to the caller that opened it: its TLS client
+//    certificate's identity when there is one, else its network address
+//    without the port. Any other caller gets NOT_FOUND for it, as for an id
+//    that does not exist, and cannot close it. A caller holds at most
+//    max_sessions_per_client sessions; a session unused for session_idle_s
+//    is closed by the agent (its caller rebuilds it if it comes back).
 //    Each session's K and V are held to max_tensor_bytes apiece, and all
 //    sessions' together to max_kv_bytes; a session's bytes are returned when
 //    it closes (when its last in-flight call ends).
@@ -31,6 +43,7 @@
 #define SERVESIM_AGENTS_AGENT_SERVICE_H_
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <map>
@@ -40,6 +53,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "agents/client_options.h"
 #include "devices/device.h"
 #include "servesim/v1/agent.grpc.pb.h"
 #include "servesim/v1/hardware.pb.h"
@@ -54,6 +68,9 @@ struct AgentServiceOptions {
   int64_t max_tensor_bytes = int64_t{64} << 20;  // per tensor
   int max_devices = 16;
   int max_sessions = 4096;
+  int max_sessions_per_client = 1024;
+  double session_idle_s = 600;
+  double call_budget_s = 60;
   // All open sessions' K and V together; an AppendKv that would pass it is
   // RESOURCE_EXHAUSTED (max_sessions x max_tensor_bytes alone would allow
   // 512 GiB).
@@ -100,6 +117,8 @@ class AgentService final : public servesim::v1::DeviceAgent::Service {
                             servesim::v1::CloseSessionResponse* resp) override;
 
   int64_t calls() const { return calls_.load(); }
+  // Execute / Step kernels stopped by a cancellation, deadline or the budget.
+  int64_t interrupted_calls() const { return interrupted_.load(); }
   const std::string& kind() const { return kind_; }
 
  private:
@@ -122,6 +141,8 @@ class AgentService final : public servesim::v1::DeviceAgent::Service {
     // is returned too.
     std::atomic<int64_t>* held = nullptr;
     int64_t bytes = 0;
+    std::string owner;                     // the caller that opened it (CallerOf)
+    std::atomic<int64_t> last_used_ns{0};  // steady clock
     ~Session() {
       if (held != nullptr) held->fetch_sub(bytes);
     }
@@ -129,9 +150,24 @@ class AgentService final : public servesim::v1::DeviceAgent::Service {
 
   explicit AgentService(AgentServiceOptions options);
   grpc::Status Authorize(grpc::ServerContext* ctx);
+  // The caller a session is bound to: "cert:<identity>" for a TLS client
+  // certificate, else the peer's address without its port.
+  static std::string CallerOf(const grpc::ServerContext* ctx);
+  // Runs `device.Execute(call)` with the kernel polling the call's
+  // cancellation, deadline and call_budget_s.
+  absl::StatusOr<devices::AttentionResult> RunKernel(grpc::ServerContext* ctx,
+                                                     const devices::Device& device,
+                                                     const devices::AttentionCall& call);
+  // The kernel's poll: the caller's cancellation, its deadline, the budget.
+  absl::Status PollCall(grpc::ServerContext* ctx, std::chrono::system_clock::time_point deadline,
+                        int64_t start_ns, int64_t budget_ns) const;
+  // Closes sessions idle for session_idle_s (at most once a second). mu_ held.
+  void ExpireLocked(int64_t now_ns);
+  void EraseLocked(std::map<std::string, std::shared_ptr<Session>>::iterator it);
   absl::StatusOr<std::shared_ptr<const Hosted>> Find(const std::string& key);
   absl::StatusOr<std::shared_ptr<const Hosted>> Bind(const servesim::v1::DeviceSpec& spec);
-  absl::StatusOr<std::shared_ptr<Session>> FindSession(const std::string& id);
+  absl::StatusOr<std::shared_ptr<Session>> FindSession(const std::string& id,
+                                                       const std::string& caller);
 
   AgentServiceOptions options_;
   std::string kind_;
@@ -142,9 +178,11 @@ class AgentService final : public servesim::v1::DeviceAgent::Service {
   std::mutex mu_;  // devices_, sessions_
   std::deque<std::shared_ptr<const Hosted>> devices_;
   std::map<std::string, std::shared_ptr<Session>> sessions_;
-  std::string instance_;  // random per process: session ids die with it
+  std::map<std::string, int> sessions_per_caller_;
+  int64_t last_expiry_ns_ = 0;
   std::atomic<int64_t> next_session_{1};
   std::atomic<int64_t> calls_{0};
+  std::atomic<int64_t> interrupted_{0};
 };
 
 }  // namespace servesim::agents

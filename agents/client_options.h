@@ -6,6 +6,8 @@
 #include <cstddef>
 #include <string>
 
+#include "absl/status/status.h"
+
 namespace servesim::agents {
 
 struct ClientOptions {
@@ -15,6 +17,11 @@ struct ClientOptions {
   double backoff_initial_s = 0.05;  // doubles per retry, up to backoff_max_s
   double backoff_max_s = 1.0;
   double down_s = 30;  // an endpoint that failed is skipped this long
+  // When every endpoint failed (UNAVAILABLE / DEADLINE_EXCEEDED), the call
+  // tries them all again, with backoff, until this many seconds have passed
+  // since it started (servesim run --agent-retry-s): an agent restarted
+  // within it is picked up. 0: one round.
+  double retry_s = 10;
   std::string tls_ca_file;    // set: TLS, the agents' certificates chain to it
   std::string tls_cert_file;  // client certificate (with tls_key_file)
   std::string tls_key_file;
@@ -25,6 +32,12 @@ struct ClientOptions {
   // prefetch 16; agents/remote_device.h), 0..256; 0: no lookahead.
   int lookahead_max = 64;
 };
+
+// OK for a bearer token: 1-4,096 printable ASCII characters, no spaces
+// (gRPC metadata carries printable ASCII only). INVALID_ARGUMENT naming
+// `where` (a flag, file or variable) otherwise: an empty or blank token is
+// an error, never "no token". (Defined in agent_service.cc.)
+absl::Status CheckToken(const std::string& token, const std::string& where);
 
 }  // namespace servesim::agents
 

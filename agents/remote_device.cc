@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "absl/base/casts.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -85,10 +86,12 @@ absl::StatusOr<std::unique_ptr<RemoteDevice>> RemoteDevice::Create(
   if (endpoints.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(label, ": no agent endpoints given"));
   }
-  if (options.deadline_s <= 0 || options.attempts_per_endpoint < 1) {
+  if (options.deadline_s <= 0 || options.attempts_per_endpoint < 1 ||
+      !(options.retry_s >= 0 && options.retry_s <= 86400)) {
     return absl::InvalidArgumentError(absl::StrCat(
         label, ": agent deadline_s = ", options.deadline_s, ", attempts_per_endpoint = ",
-        options.attempts_per_endpoint, "; expected deadline_s > 0 and attempts >= 1"));
+        options.attempts_per_endpoint, ", retry_s = ", options.retry_s,
+        "; expected deadline_s > 0, attempts >= 1 and retry_s in [0, 86400]"));
   }
   std::shared_ptr<grpc::ChannelCredentials> creds;
   if (!options.tls_ca_file.empty()) {
@@ -164,6 +167,8 @@ absl::Status RemoteDevice::Call(const char* method, const Rpc& rpc, int preferre
                                 int* used) const {
   const int n = static_cast<int>(endpoints_.size());
   const auto now = std::chrono::steady_clock::now();
+  const auto give_up = now + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                 std::chrono::duration<double>(options_.retry_s));
   // Order: the preferred (or next round-robin) endpoint, the others that
   // are up, then those marked down (a last chance).
   std::vector<int> order;
@@ -190,7 +195,28 @@ absl::Status RemoteDevice::Call(const char* method, const Rpc& rpc, int preferre
   }
   std::vector<std::string> tried;
   std::string last_error;
-  for (size_t j = 0; j < order.size(); ++j) {
+  grpc::Status last_status;
+  double round_backoff = options_.backoff_initial_s;
+  int rounds = 0;
+  for (size_t j = 0;; ++j) {
+    if (j == order.size()) {
+      // Every endpoint failed this round: again, all of them, while the
+      // retry budget lasts.
+      ++rounds;
+      if (std::chrono::steady_clock::now() +
+              std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                  std::chrono::duration<double>(round_backoff)) >
+          give_up) {
+        break;
+      }
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        ++stats_.retries;
+      }
+      std::this_thread::sleep_for(std::chrono::duration<double>(round_backoff));
+      round_backoff = std::min(2 * round_backoff, options_.backoff_max_s);
+      j = 0;
+    }
     Endpoint* ep = endpoints_[order[j]].get();
     double backoff = options_.backoff_initial_s;
     for (int attempt = 0; attempt < options_.attempts_per_endpoint; ++attempt) {
@@ -234,6 +260,7 @@ absl::Status RemoteDevice::Call(const char* method, const Rpc& rpc, int preferre
                             absl::StrCat(label_, ": agent ", ep->address, ": ", method, ": ",
                                          st.error_message()));
       }
+      last_status = st;
       last_error = absl::StrCat(ep->address, ": ", st.error_code() == grpc::StatusCode::UNAVAILABLE
                                                        ? "UNAVAILABLE"
                                                        : "DEADLINE_EXCEEDED",
@@ -247,17 +274,46 @@ absl::Status RemoteDevice::Call(const char* method, const Rpc& rpc, int preferre
         backoff = std::min(2 * backoff, options_.backoff_max_s);
       }
     }
-    tried.push_back(ep->address);
+    if (std::find(tried.begin(), tried.end(), ep->address) == tried.end()) {
+      tried.push_back(ep->address);
+    }
     std::lock_guard<std::mutex> lock(mu_);
     ep->down_until = std::chrono::steady_clock::now() +
                      std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                          std::chrono::duration<double>(options_.down_s));
     ep->bound = false;
-    if (j + 1 < order.size()) ++stats_.failovers;
+    if (n > 1) ++stats_.failovers;
   }
   return absl::UnavailableError(absl::StrCat(
-      label_, ": ", method, ": no agent endpoint left (tried ", absl::StrJoin(tried, ", "),
-      "); last error from ", last_error));
+      label_, ": ", method, ": no agent endpoint answered in ", rounds,
+      rounds == 1 ? " round" : " rounds", " over ", options_.retry_s, " s (--agent-retry-s; tried ",
+      absl::StrJoin(tried, ", "), "); last error from ", last_error, ConnectHint(last_status)));
+}
+
+std::string RemoteDevice::ConnectHint(const grpc::Status& st) const {
+  const std::string m = absl::AsciiStrToLower(st.error_message());
+  const bool tls = !options_.tls_ca_file.empty();
+  if (absl::StrContains(m, "ssl") || absl::StrContains(m, "handshake") ||
+      absl::StrContains(m, "certificate") || absl::StrContains(m, "tls")) {
+    return tls ? ". The TLS handshake failed: the agent may serve plaintext (drop "
+                 "--agent-tls-ca), require a client certificate (--agent-tls-cert and "
+                 "--agent-tls-key), or present a certificate that does not chain to "
+                 "--agent-tls-ca or name this HOST"
+               : ". The agent seems to serve TLS: give --agent-tls-ca (and a client certificate "
+                 "if it asks for one)";
+  }
+  if (absl::StrContains(m, "socket closed") || absl::StrContains(m, "connection reset") ||
+      absl::StrContains(m, "end of tcp stream") || absl::StrContains(m, "broken pipe")) {
+    return tls ? ". The agent closed the connection during the TLS handshake: it may want a "
+                 "client certificate (--agent-tls-cert and --agent-tls-key) signed by its "
+                 "--tls-client-ca, or serve plaintext (drop --agent-tls-ca)"
+               : ". The agent closed the connection at once: it probably serves TLS (give "
+                 "--agent-tls-ca), or it is over its --max-connections";
+  }
+  if (absl::StrContains(m, "connection refused") || absl::StrContains(m, "failed to connect")) {
+    return ". Nothing accepts connections there: is the agent running, and on that HOST:PORT?";
+  }
+  return "";
 }
 
 absl::StatusOr<devices::DeviceDescription> RemoteDevice::DescribeOrError() const {

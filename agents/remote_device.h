@@ -11,8 +11,12 @@
 //    DEADLINE_EXCEEDED is retried on the same endpoint with exponential
 //    backoff (attempts_per_endpoint times), then the endpoint is marked down
 //    for down_s wall seconds and the call fails over to the next one. When
-//    none is left the call is UNAVAILABLE, naming the device and the
-//    endpoints tried. Other codes are the agent's answer and are returned.
+//    every endpoint failed, the call goes round them all again, backing off
+//    (up to backoff_max_s between rounds), until retry_s have passed since
+//    it started; then it is UNAVAILABLE, naming the device, the endpoints
+//    tried and, where the error says a TLS or certificate mismatch is the
+//    likely cause, which flag to check. Other codes are the agent's answer
+//    and are returned.
 //  - deadline_s: per call (bind_deadline_s for Describe, which may create a
 //    calibrated device).
 //  - Estimate answers are memoised per op, keyed by the op's exact inputs
@@ -137,6 +141,8 @@ class RemoteDevice : public devices::Device {
   absl::Status Call(const char* method, const Rpc& rpc, int preferred = -1,
                     int* used = nullptr) const;
   absl::Status BindLocked(Endpoint* ep) const;
+  // What a failed connection's error suggests checking ("" if nothing).
+  std::string ConnectHint(const grpc::Status& st) const;
   void PrepareContext(grpc::ClientContext* ctx, double deadline_s) const;
 
   servesim::v1::DeviceSpec spec_;

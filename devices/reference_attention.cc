@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
+#include "devices/interrupt.h"
 
 namespace servesim::devices {
 namespace {
@@ -82,6 +83,7 @@ absl::StatusOr<AttentionResult> ExactAttention(const AttentionCall& call) {
   for (int64_t h = 0; h < heads; ++h) {
     const int64_t kvh = h / group;
     for (int64_t i = 0; i < q_len; ++i) {
+      if (i % 64 == 0) RETURN_IF_ERROR(PollInterrupt());
       const int64_t last = kv_len - q_len + i;  // causal: positions 0..last
       for (int64_t c = 0; c < d; ++c) q[c] = call.q.At((h * q_len + i) * d + c);
       float max_score = -INFINITY;

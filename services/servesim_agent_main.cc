@@ -27,6 +27,7 @@
 #include "devices/spatten/spatten_device.h"
 #include "devices/topick/topick_device.h"
 #include "google/protobuf/text_format.h"
+#include "services/accept_guard.h"
 
 namespace {
 
@@ -50,12 +51,29 @@ Usage:
   --tls-client-ca FILE   require client certificates signed by this CA
   --token-file FILE      require 'authorization: Bearer <token>' on every call;
                          the token is the file's first line (or set
-                         SERVESIM_AGENT_TOKEN)
+                         SERVESIM_AGENT_TOKEN): 1-4096 printable ASCII
+                         characters, no spaces; an empty one is an error
   --max-message-bytes N  largest gRPC message in or out (default 268435456)
   --max-tensor-bytes N   largest tensor accepted (default 67108864):
                          RESOURCE_EXHAUSTED above it
   --max-kv-bytes N       all sessions' K and V together (default 4294967296):
                          RESOURCE_EXHAUSTED on an append above it
+  --max-connections N    connections open at once (default 1024); more are
+                         closed at accept, and the agent accepts again as
+                         they leave
+  --max-streams N        calls in flight per connection (default 100)
+  --max-threads N        handler threads (default 64); a call finding none
+                         free is RESOURCE_EXHAUSTED
+  --handshake-timeout-s S  close a connection that has not completed its TLS
+                         handshake within S s (default 10)
+  --idle-connection-s S  close a connection with no call in flight for S s,
+                         including one that never sent a byte (default 300)
+  --call-budget-s S      stop an Execute/Step kernel after S s of work
+                         (RESOURCE_EXHAUSTED; default 60). A kernel also stops
+                         when its caller cancels or its deadline passes
+  --session-idle-s S     close a session unused for S s (default 600)
+  --sessions-per-client N  sessions one caller may hold (default 1024; 4096
+                         in all)
   --grace S              on SIGTERM/SIGINT, let in-flight calls finish for up
                          to S seconds (default 30)
   --log-level LEVEL      gRPC's own log lines: quiet (default), error, warning,
@@ -98,6 +116,7 @@ int main(int argc, char** argv) {
   server.listen = "127.0.0.1:50051";
   servesim::agents::AgentServiceOptions service;
   double grace_s = 30;
+  int max_connections = 1024;
   for (size_t i = 0; i < args.size(); ++i) {
     std::string a = args[i], v;
     const size_t eq = a.find('=');
@@ -161,6 +180,37 @@ int main(int argc, char** argv) {
         return UsageError("--max-kv-bytes needs an integer >= 1");
       }
       service.max_kv_bytes = n;
+    } else if (flag == "--max-connections") {
+      if (!get() || !absl::SimpleAtoi(v, &n) || n < 1 || n > (1 << 20)) {
+        return UsageError("--max-connections needs an integer in [1, 1048576]");
+      }
+      max_connections = static_cast<int>(n);
+    } else if (flag == "--max-streams") {
+      if (!get() || !absl::SimpleAtoi(v, &n) || n < 1 || n > 65536) {
+        return UsageError("--max-streams needs an integer in [1, 65536]");
+      }
+      server.max_streams_per_connection = static_cast<int>(n);
+    } else if (flag == "--max-threads") {
+      if (!get() || !absl::SimpleAtoi(v, &n) || n < 2 || n > 4096) {
+        return UsageError("--max-threads needs an integer in [2, 4096]");
+      }
+      server.max_threads = static_cast<int>(n);
+    } else if (flag == "--sessions-per-client") {
+      if (!get() || !absl::SimpleAtoi(v, &n) || n < 1 || n > 4096) {
+        return UsageError("--sessions-per-client needs an integer in [1, 4096]");
+      }
+      service.max_sessions_per_client = static_cast<int>(n);
+    } else if (flag == "--handshake-timeout-s" || flag == "--idle-connection-s" ||
+               flag == "--call-budget-s" || flag == "--session-idle-s") {
+      double s = 0;
+      const double hi = flag == "--handshake-timeout-s" ? 3600 : 86400;
+      if (!get() || !absl::SimpleAtod(v, &s) || !(s > 0 && s <= hi)) {
+        return UsageError(absl::StrCat(flag, " needs seconds in (0, ", hi, "]"));
+      }
+      (flag == "--handshake-timeout-s" ? server.handshake_timeout_s
+       : flag == "--idle-connection-s" ? server.idle_connection_s
+       : flag == "--call-budget-s"     ? service.call_budget_s
+                                       : service.session_idle_s) = s;
     } else if (flag == "--grace") {
       if (!get() || !absl::SimpleAtod(v, &grace_s) || !(grace_s >= 0 && grace_s <= 86400)) {
         return UsageError("--grace needs seconds in [0, 86400]");
@@ -193,12 +243,19 @@ int main(int argc, char** argv) {
     auto text = ReadText(token_file, "--token-file");
     if (!text.ok()) return Fail(text.status());
     service.token = text->substr(0, text->find('\n'));
-    if (service.token.empty()) {
-      return Fail(absl::InvalidArgumentError(
-          absl::StrCat("--token-file ", token_file, ": the first line is empty")));
+    if (absl::EndsWith(service.token, "\r")) service.token.pop_back();
+    if (absl::Status st = servesim::agents::CheckToken(
+            service.token, absl::StrCat("--token-file ", token_file, " (first line)"));
+        !st.ok()) {
+      return Fail(st);
     }
-  } else if (const char* env = std::getenv("SERVESIM_AGENT_TOKEN"); env != nullptr && *env) {
+  } else if (const char* env = std::getenv("SERVESIM_AGENT_TOKEN"); env != nullptr) {
+    // Set but empty is a mistake (an unset shell variable), not "no token".
     service.token = env;
+    if (absl::Status st = servesim::agents::CheckToken(service.token, "SERVESIM_AGENT_TOKEN");
+        !st.ok()) {
+      return Fail(st);
+    }
   }
 
   // Signals are taken by sigwait below, never by a handler: block them
@@ -213,7 +270,21 @@ int main(int argc, char** argv) {
   if (!svc.ok()) return Fail(svc.status());
   auto running = servesim::agents::StartAgentServer(svc->get(), server);
   if (!running.ok()) return Fail(running.status());
+  auto guard = servesim::services::InstallAcceptGuard(max_connections);
+  if (!guard.ok()) return Fail(guard.status());
+  if (!guard->note.empty()) std::cerr << "servesim-agent: warning: " << guard->note << std::endl;
   const std::string host = server.listen.substr(0, server.listen.rfind(':'));
+  const bool loopback = absl::StartsWith(host, "127.") || host == "localhost" || host == "[::1]" ||
+                        host == "::1" || host == "ip6-localhost";
+  if (!loopback && (server.tls_cert_file.empty() || service.token.empty())) {
+    std::cerr << "servesim-agent: warning: serving " << host << " without "
+              << (server.tls_cert_file.empty() && service.token.empty() ? "TLS or a token"
+                  : server.tls_cert_file.empty()                        ? "TLS"
+                                                                        : "a token")
+              << ": any host that reaches this port can use the agent"
+              << (server.tls_cert_file.empty() ? " and read its traffic" : "")
+              << " (--tls-cert/--tls-key, --token-file)" << std::endl;
+  }
   std::cerr << "servesim-agent: serving " << kind << " on " << host << ":" << running->port
             << (server.tls_cert_file.empty() ? "" : " (TLS)")
             << (service.token.empty() ? "" : " (token)") << std::endl;
@@ -223,6 +294,10 @@ int main(int argc, char** argv) {
   running->server->Shutdown(std::chrono::system_clock::now() +
                             std::chrono::duration_cast<std::chrono::system_clock::duration>(
                                 std::chrono::duration<double>(grace_s)));
-  std::cerr << "servesim-agent: stopped after " << (*svc)->calls() << " calls" << std::endl;
+  std::cerr << "servesim-agent: stopped after " << (*svc)->calls() << " calls";
+  if (const int64_t refused = servesim::services::RefusedConnections(); refused > 0) {
+    std::cerr << "; " << refused << " connections refused over --max-connections";
+  }
+  std::cerr << std::endl;
   return 0;
 }

@@ -109,8 +109,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
-#include "devices/reference_attention.h"
+#include "devices/interrupt.h"
 #include "devices/presets.h"
+#include "devices/reference_attention.h"
 #include "devices/registry.h"
 #include "google/protobuf/descriptor.h"
 
@@ -1223,6 +1224,7 @@ absl::StatusOr<AttentionResult> AttAccDevice::ExecuteCounted(const AttentionCall
       bank_partial(d_split_), partial(l_split_ * d);
   int64_t reads = 0, macs = 0;
   for (int64_t h = 0; h < heads; ++h) {
+    RETURN_IF_ERROR(PollInterrupt());
     const int64_t kvh = h / group;
     const float* kh = kf.data() + kvh * l * d;
     const float* vh = vf.data() + kvh * l * d;

@@ -15,8 +15,9 @@
 #include "common/rng.h"
 #include "common/status_macros.h"
 #include "devices/attention_data.h"
-#include "devices/reference_attention.h"
+#include "devices/interrupt.h"
 #include "devices/presets.h"
+#include "devices/reference_attention.h"
 #include "devices/registry.h"
 #include "google/protobuf/descriptor.h"
 
@@ -934,6 +935,7 @@ absl::StatusOr<std::pair<AttentionResult, CtaOpCounts>> CtaDevice::RunKernel(
     counts.hash_macs += static_cast<double>(nkv * 2 * d * (hkv.kv1.hashes + hkv.kv2.hashes));
     counts.cag_ops += static_cast<double>(3 * nkv * 2 * d);
     for (int64_t h = g * group; h < (g + 1) * group; ++h) {
+      RETURN_IF_ERROR(PollInterrupt());
       std::vector<double> q(static_cast<size_t>(nq * d));
       for (int64_t i = 0; i < nq * d; ++i) q[i] = qf[h * nq * d + i];
       const CtaCompression cq = CtaCompress(q.data(), nq, d, rms_scale(q), hq.q, nullptr);

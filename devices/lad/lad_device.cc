@@ -12,8 +12,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
-#include "devices/reference_attention.h"
+#include "devices/interrupt.h"
 #include "devices/presets.h"
+#include "devices/reference_attention.h"
 #include "devices/registry.h"
 #include "google/protobuf/descriptor.h"
 
@@ -913,6 +914,11 @@ absl::StatusOr<AttentionResult> LadDevice::Execute(const AttentionCall& call) co
   }
   std::vector<LadHeadState>& states = ss != nullptr ? ss->state : local;
   for (int64_t h = 0; h < heads; ++h) {
+    if (absl::Status st = PollInterrupt(); !st.ok()) {
+      // Some heads stepped, others not: the session starts afresh next time.
+      states.clear();
+      return st;
+    }
     const int64_t g = h / (heads / kvh);
     const float* kh = k + g * l * d;
     const float* vh = v + g * l * d;

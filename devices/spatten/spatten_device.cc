@@ -13,8 +13,9 @@
 #include "absl/strings/str_cat.h"
 #include "common/rng.h"
 #include "common/status_macros.h"
-#include "devices/reference_attention.h"
+#include "devices/interrupt.h"
 #include "devices/presets.h"
+#include "devices/reference_attention.h"
 #include "devices/registry.h"
 #include "google/protobuf/descriptor.h"
 
@@ -254,6 +255,7 @@ absl::Status SpattenSession::RunLayerFixed(int layer, const float* q_in, int64_t
   std::vector<double> acc(d);
   const double v_keep_frac = 1.0 - t.value_ratio();
   for (int64_t h = 0; h < heads; ++h) {
+    RETURN_IF_ERROR(PollInterrupt());
     ++c.heads;
     c.context += l;
     if (!head_alive_[h]) continue;

@@ -13,8 +13,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
-#include "devices/reference_attention.h"
+#include "devices/interrupt.h"
 #include "devices/presets.h"
+#include "devices/reference_attention.h"
 #include "devices/registry.h"
 #include "google/protobuf/descriptor.h"
 
@@ -326,7 +327,7 @@ TopickCounts RunHead(const KernelConfig& cfg, const float* q_in, const T* kh, co
 }
 
 template <typename T>
-TopickKernelResult RunKernelAs(const TopickDevice& dev, const AttentionCall& call) {
+absl::StatusOr<TopickKernelResult> RunKernelAs(const TopickDevice& dev, const AttentionCall& call) {
   const int64_t heads = call.q.shape[0], d = call.q.shape[2];
   const int64_t kv_heads = call.k.shape[0], l = call.k.shape[1];
   const int64_t group = heads / kv_heads;
@@ -349,6 +350,7 @@ TopickKernelResult RunKernelAs(const TopickDevice& dev, const AttentionCall& cal
   std::vector<float> out(d);
   TopickWorkspace<T> w;
   for (int64_t h = 0; h < heads; ++h) {
+    RETURN_IF_ERROR(PollInterrupt());
     const int64_t g = h / group;
     const TopickCounts counts =
         RunHead<T>(cfg, qf + h * d, kq.data() + g * l * d, vq.data() + g * l * d, sk[g], sv[g], l,

@@ -11,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "agents/client_options.h"
 #include "common/status_macros.h"
 #include "devices/registry.h"
 
@@ -78,6 +79,14 @@ void AddAgentFlags(FlagParser& flags, ScenarioArgs* args) {
                 }
                 return "";
               });
+  flags.Value("--agent-retry-s", "--agent-retry-s needs seconds in [0, 86400]",
+              [args](const std::string& v) -> std::string {
+                double& d = args->agent_client.retry_s;
+                if (!absl::SimpleAtod(v, &d) || !(d >= 0 && d <= 86400)) {
+                  return "--agent-retry-s needs seconds in [0, 86400]";
+                }
+                return "";
+              });
   flags.Value("--agent-lookahead", "--agent-lookahead needs a number of steps, 0..256",
               [args](const std::string& v) -> std::string {
                 int& n = args->agent_client.lookahead_max;
@@ -124,10 +133,13 @@ absl::StatusOr<Scenario> LoadAndResolve(const ScenarioArgs& a) {
     std::stringstream text;
     text << in.rdbuf();
     std::string token = text.str().substr(0, text.str().find('\n'));
-    if (!in || token.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat("--agent-token-file ", a.agent_token_file,
-                                                     ": cannot read a token from its first line"));
+    if (!in) {
+      return absl::NotFoundError(
+          absl::StrCat("--agent-token-file ", a.agent_token_file, ": cannot read"));
     }
+    if (absl::EndsWith(token, "\r")) token.pop_back();
+    RETURN_IF_ERROR(agents::CheckToken(
+        token, absl::StrCat("--agent-token-file ", a.agent_token_file, " (first line)")));
     sc.agent_client.token = token;
   }
   RETURN_IF_ERROR(scenario::Normalize(&sc));

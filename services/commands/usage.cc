@@ -116,6 +116,9 @@ Device agents (servesim-agent; docs/agents.md):
   --agent-token-file FILE
                         send 'authorization: Bearer <first line of FILE>'
   --agent-deadline S    per-call deadline, seconds (default 30)
+  --agent-retry-s S     when no agent of a kind answers, keep trying them all,
+                        with backoff, for S seconds (default 10) before the run
+                        stops: an agent restarted within S is picked up
   --agent-lookahead N   cap on the decode steps an Estimate call asks ahead
                         (a miss asks 8, a prefetch 16; 0..256, default 64;
                         0: none). Fewer round trips, same results

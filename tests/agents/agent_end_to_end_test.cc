@@ -1,8 +1,12 @@
 // Device agents end to end, with real servesim-agent processes: outputs
 // byte-identical to in process, an agent killed mid-run, token, TLS and
 // graceful shutdown, command-line errors.
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -37,8 +41,8 @@
 #include "grpcpp/create_channel.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/support/byte_buffer.h"
-#include "studies/sweep.h"
 #include "gtest/gtest.h"
+#include "studies/sweep.h"
 #include "tests/test_util.h"
 
 #ifndef SERVESIM_BINARY
@@ -343,8 +347,8 @@ TEST(AgentEndToEndTest, KilledAgentFailsOverOrStopsWithPartialResults) {
     ag.procs.push_back(StartAgent(dir, "gpu"));
     const std::string addr = ag.procs[0].address;
     auto run = std::async(std::launch::async, [&] {
-      return RunServesim({"run", sc, "--quiet", "--out", dir + "/lost", "--pace", pace,
-                          "--agent", "gpu=" + addr, "--agent-deadline", "2"});
+      return RunServesim({"run", sc, "--quiet", "--out", dir + "/lost", "--pace", pace, "--agent",
+                          "gpu=" + addr, "--agent-deadline", "2", "--agent-retry-s", "1"});
     });
     std::this_thread::sleep_for(std::chrono::seconds(1));
     Stop(ag.procs[0], SIGKILL);
@@ -352,7 +356,8 @@ TEST(AgentEndToEndTest, KilledAgentFailsOverOrStopsWithPartialResults) {
     EXPECT_EQ(r.code, 1) << r.out;
     EXPECT_TRUE(absl::StrContains(r.out, "xPU device (gpu)")) << r.out;
     EXPECT_TRUE(absl::StrContains(r.out, addr)) << r.out;
-    EXPECT_TRUE(absl::StrContains(r.out, "no agent endpoint left")) << r.out;
+    EXPECT_TRUE(absl::StrContains(r.out, "no agent endpoint answered")) << r.out;
+    EXPECT_TRUE(absl::StrContains(r.out, "Nothing accepts connections there")) << r.out;
     EXPECT_TRUE(absl::StrContains(r.out, "partial results")) << r.out;
     const std::string summary = ReadFile(dir + "/lost/summary.json");
     EXPECT_TRUE(absl::StartsWith(summary, "{\n  \"partial\": true,")) << summary;
@@ -427,6 +432,170 @@ TEST(AgentEndToEndTest, AgentCommandLineErrors) {
   EXPECT_TRUE(absl::StrContains(r.out, "[0, 65535]")) << r.out;
   r = run("--device gpu --max-message-bytes 5");
   EXPECT_EQ(r.code, 2);
+}
+
+// ------------------------------------------------------ hostile clients ----
+
+int PortOf(const std::string& address) {
+  int port = 0;
+  EXPECT_TRUE(absl::SimpleAtoi(address.substr(address.rfind(':') + 1), &port)) << address;
+  return port;
+}
+
+// A TCP connection to 127.0.0.1:port that sends nothing; -1 if refused.
+int IdleConnection(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// Whether the agent closed `fd` (EOF or reset) within `wait_ms`; what it
+// sent before (gRPC's SETTINGS frame) is read and dropped.
+bool ClosedByPeer(int fd, int wait_ms) {
+  const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(wait_ms);
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        end - std::chrono::steady_clock::now());
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, std::max<int>(0, static_cast<int>(left.count()))) <= 0) return false;
+    char buf[256];
+    const ssize_t n = ::recv(fd, buf, sizeof buf, MSG_DONTWAIT);
+    if (n == 0 || (n < 0 && errno == ECONNRESET)) return true;
+  }
+}
+
+TEST(AgentHardeningTest, ConnectionsPastTheCapAreClosedAndTheAgentServesAfterwards) {
+  const std::string dir = FreshDir();
+  Agents ag;
+  ag.procs.push_back(
+      StartAgent(dir, "gpu", {"--max-connections", "16", "--idle-connection-s", "1"}));
+  const int port = PortOf(ag.procs[0].address);
+  // 200 idle connections: the kernel completes every TCP handshake; the
+  // agent keeps at most 16 and closes the rest at accept.
+  std::vector<int> fds;
+  for (int i = 0; i < 200; ++i) {
+    const int fd = IdleConnection(port);
+    if (fd >= 0) fds.push_back(fd);
+  }
+  ASSERT_EQ(fds.size(), 200u);
+  int closed_at_once = 0;
+  for (int fd : fds) closed_at_once += ClosedByPeer(fd, 20) ? 1 : 0;
+  EXPECT_GE(closed_at_once, 200 - 16 - 2) << "the agent kept more than --max-connections";
+  // The ones it kept never send a byte: closed once idle for 1 s.
+  int closed_later = 0;
+  for (int fd : fds) closed_later += ClosedByPeer(fd, 3000) ? 1 : 0;
+  EXPECT_EQ(closed_later, 200);
+  for (int fd : fds) ::close(fd);
+  // The agent accepts and serves as before.
+  auto remote = RemoteDevice::Create(GpuSpec(), {ag.procs[0].address}, FastClient(), "gpu");
+  ASSERT_TRUE(remote.ok());
+  EXPECT_TRUE((*remote)->DescribeOrError().ok());
+  SampleOps s;
+  std::vector<Cost> c(s.ops.size());
+  EXPECT_TRUE((*remote)->Estimate(s.ops, absl::MakeSpan(c)).ok());
+  EXPECT_EQ(Stop(ag.procs[0], SIGTERM), 0);
+  EXPECT_TRUE(absl::StrContains(ReadFile(ag.procs[0].log),
+                                "connections refused over "
+                                "--max-connections"))
+      << ReadFile(ag.procs[0].log);
+}
+
+TEST(AgentHardeningTest, ASecondAgentOnAPortInUseIsRefused) {
+  const std::string dir = FreshDir();
+  Agents ag;
+  ag.procs.push_back(StartAgent(dir, "gpu"));
+  const test_util::CommandResult second = test_util::RunCommand(absl::StrCat(
+      ShellQuote(SERVESIM_AGENT_BINARY), " --device gpu --listen ", ag.procs[0].address));
+  EXPECT_EQ(second.code, 1) << second.out;
+  EXPECT_TRUE(absl::StrContains(second.out, "cannot listen there")) << second.out;
+  // The first agent still answers every call.
+  auto remote = RemoteDevice::Create(GpuSpec(), {ag.procs[0].address}, FastClient(), "gpu");
+  ASSERT_TRUE(remote.ok());
+  for (int i = 0; i < 8; ++i) EXPECT_TRUE((*remote)->DescribeOrError().ok());
+}
+
+TEST(AgentHardeningTest, AgentRestartedWithinTheRetryBudgetIsPickedUp) {
+  const std::string dir = FreshDir();
+  const std::string sc = SmallGpuScenario(dir);
+  const Result in = RunServesim({"run", sc, "--quiet", "--out", dir + "/in"});
+  ASSERT_EQ(in.code, 0) << in.out;
+  const double simulated = SimulatedSeconds(ReadFile(dir + "/in/summary.json"));
+  ASSERT_GT(simulated, 0);
+  // Paced to ~3 wall seconds; the agent is down from 1 s to 3.5 s, within
+  // the default --agent-retry-s (10).
+  const std::string pace = absl::StrCat(simulated / 3.0);
+  Agents ag;
+  ag.procs.push_back(StartAgent(dir, "gpu"));
+  const std::string addr = ag.procs[0].address;
+  auto run = std::async(std::launch::async, [&] {
+    return RunServesim({"run", sc, "--quiet", "--out", dir + "/restarted", "--pace", pace,
+                        "--agent", "gpu=" + addr});
+  });
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  Stop(ag.procs[0], SIGKILL);
+  std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+  ag.procs.push_back(StartAgent(dir, "gpu", {"--listen", addr}));
+  const Result r = run.get();
+  ASSERT_EQ(r.code, 0) << r.out;
+  ExpectSameOutputs(dir + "/in", dir + "/restarted");
+  const std::string info = ReadFile(dir + "/restarted/run_info.json");
+  EXPECT_FALSE(absl::StrContains(info, "\"retries\": 0,")) << info;
+}
+
+TEST(AgentHardeningTest, BlankTokensAreRefusedWhereverTheyComeFrom) {
+  const std::string dir = FreshDir();
+  auto agent = [](const std::string& env, const std::string& args) {
+    return test_util::RunCommand(env + " " + ShellQuote(SERVESIM_AGENT_BINARY) +
+                                 " --device gpu --listen 127.0.0.1:0 " + args);
+  };
+  test_util::CommandResult r = agent("SERVESIM_AGENT_TOKEN=", "");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_TRUE(absl::StrContains(r.out, "SERVESIM_AGENT_TOKEN: the token is empty")) << r.out;
+  r = agent("SERVESIM_AGENT_TOKEN='  '", "");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_TRUE(absl::StrContains(r.out, "a space at position 1")) << r.out;
+  WriteFile(dir + "/blank", "   \nsecond-line\n");
+  r = agent("", "--token-file " + dir + "/blank");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_TRUE(absl::StrContains(r.out, dir + "/blank (first line)")) << r.out;
+  WriteFile(dir + "/empty", "\n");
+  r = agent("", "--token-file " + dir + "/empty");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_TRUE(absl::StrContains(r.out, "the token is empty")) << r.out;
+  // The client's token file too.
+  const std::string sc = SmallGpuScenario(dir);
+  const Result c = RunServesim({"run", sc, "--quiet", "--out", dir + "/out", "--agent",
+                                "gpu=127.0.0.1:1", "--agent-token-file", dir + "/blank"});
+  EXPECT_EQ(c.code, 1) << c.out;
+  EXPECT_TRUE(absl::StrContains(c.out, "--agent-token-file " + dir + "/blank (first line)"))
+      << c.out;
+  // A CRLF file's token is its line without the CR.
+  WriteFile(dir + "/crlf", "tok-1\r\n");
+  Agents ag;
+  ag.procs.push_back(StartAgent(dir, "gpu", {"--token-file", dir + "/crlf"}));
+  ClientOptions o = FastClient();
+  o.token = "tok-1";
+  auto remote = RemoteDevice::Create(GpuSpec(), {ag.procs[0].address}, o, "gpu");
+  ASSERT_TRUE(remote.ok());
+  EXPECT_TRUE((*remote)->DescribeOrError().ok());
+}
+
+TEST(AgentHardeningTest, ServingOtherHostsWithoutTlsOrTokenWarns) {
+  const std::string dir = FreshDir();
+  Agents ag;
+  ag.procs.push_back(StartAgent(dir, "gpu", {"--listen", "0.0.0.0:0"}));
+  const std::string log = ReadFile(ag.procs[0].log);
+  EXPECT_TRUE(absl::StrContains(log, "warning: serving 0.0.0.0 without TLS or a token")) << log;
+  Agents quiet;
+  quiet.procs.push_back(StartAgent(dir, "gpu"));
+  EXPECT_FALSE(absl::StrContains(ReadFile(quiet.procs[0].log), "warning"));
 }
 
 }  // namespace

@@ -1,5 +1,7 @@
 // Device agents: the DeviceAgent service and RemoteDevice in process (bad
 // requests, token, TLS, memo and lookahead, sessions, fail-over).
+#include "agents/agent_service.h"
+
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -24,7 +26,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "agents/agent_server.h"
-#include "agents/agent_service.h"
 #include "agents/convert.h"
 #include "agents/remote_device.h"
 #include "devices/attacc/attacc_device.h"
@@ -35,9 +36,10 @@
 #include "devices/topick/topick_device.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/generic/generic_stub.h"
+#include "grpcpp/security/credentials.h"
 #include "grpcpp/support/byte_buffer.h"
-#include "studies/sweep.h"
 #include "gtest/gtest.h"
+#include "studies/sweep.h"
 #include "tests/test_util.h"
 
 #ifndef SERVESIM_BINARY
@@ -407,17 +409,26 @@ TEST(AgentServiceTest, TlsWithServerAndClientCertificates) {
   no_cert.tls_key_file.clear();
   auto anon = RemoteDevice::Create(GpuSpec(), {agent->address()}, no_cert, "gpu");
   ASSERT_TRUE(anon.ok());
-  EXPECT_FALSE((*anon)->Estimate(s.ops, absl::MakeSpan(c)).ok());
+  const absl::Status anon_st = (*anon)->Estimate(s.ops, absl::MakeSpan(c));
+  EXPECT_EQ(anon_st.code(), absl::StatusCode::kUnavailable);
+  EXPECT_TRUE(absl::StrContains(anon_st.message(), "--agent-tls-cert and --agent-tls-key"))
+      << anon_st;
   // The server's certificate does not chain to this CA.
   ClientOptions wrong_ca = o;
   wrong_ca.tls_ca_file = dir + "/other.crt";
   auto untrusted = RemoteDevice::Create(GpuSpec(), {agent->address()}, wrong_ca, "gpu");
   ASSERT_TRUE(untrusted.ok());
-  EXPECT_FALSE((*untrusted)->Estimate(s.ops, absl::MakeSpan(c)).ok());
+  const absl::Status untrusted_st = (*untrusted)->Estimate(s.ops, absl::MakeSpan(c));
+  EXPECT_EQ(untrusted_st.code(), absl::StatusCode::kUnavailable);
+  EXPECT_TRUE(absl::StrContains(untrusted_st.message(), "does not chain to --agent-tls-ca"))
+      << untrusted_st;
   // Plain text to a TLS agent.
   auto plain = RemoteDevice::Create(GpuSpec(), {agent->address()}, FastClient(), "gpu");
   ASSERT_TRUE(plain.ok());
-  EXPECT_FALSE((*plain)->Estimate(s.ops, absl::MakeSpan(c)).ok());
+  const absl::Status plain_st = (*plain)->Estimate(s.ops, absl::MakeSpan(c));
+  EXPECT_EQ(plain_st.code(), absl::StatusCode::kUnavailable);
+  EXPECT_TRUE(absl::StrContains(plain_st.message(), "probably serves TLS (give --agent-tls-ca)"))
+      << plain_st;
   // Missing files are named.
   ClientOptions missing = o;
   missing.tls_ca_file = dir + "/nope.crt";
@@ -587,6 +598,184 @@ TEST(AgentServiceTest, FailsOverAndNamesTheEndpointsWhenNoneIsLeft) {
   EXPECT_TRUE(absl::StrContains(st.message(), "xPU device (gpu)")) << st;
   EXPECT_TRUE(absl::StrContains(st.message(), addr_a)) << st;
   EXPECT_TRUE(absl::StrContains(st.message(), addr_b)) << st;
+}
+
+// ------------------------------------------------- sessions and kernels ----
+
+std::unique_ptr<v1::DeviceAgent::Stub> TlsStub(const std::string& address, const std::string& dir,
+                                               const std::string& client) {
+  grpc::SslCredentialsOptions ssl;
+  ssl.pem_root_certs = ReadFile(dir + "/ca.crt");
+  ssl.pem_cert_chain = ReadFile(dir + "/" + client + ".crt");
+  ssl.pem_private_key = ReadFile(dir + "/" + client + ".key");
+  return v1::DeviceAgent::NewStub(grpc::CreateChannel(address, grpc::SslCredentials(ssl)));
+}
+
+grpc::StatusCode Open(v1::DeviceAgent::Stub* stub, std::string* id) {
+  grpc::ClientContext ctx;
+  v1::OpenSessionRequest req;
+  req.set_kv_heads(1);
+  req.set_d_head(8);
+  req.set_type(v1::ELEMENT_TYPE_FP16);
+  v1::OpenSessionResponse resp;
+  const grpc::Status st = stub->OpenSession(&ctx, req, &resp);
+  *id = resp.session_id();
+  return st.error_code();
+}
+
+grpc::Status Append(v1::DeviceAgent::Stub* stub, const std::string& id, int64_t expected) {
+  grpc::ClientContext ctx;
+  v1::AppendKvRequest req;
+  req.set_session_id(id);
+  EncodeTensor(Ramp(devices::ElementType::kFp16, {1, 2, 8}, 0.1f), req.mutable_k());
+  EncodeTensor(Ramp(devices::ElementType::kFp16, {1, 2, 8}, 0.2f), req.mutable_v());
+  req.set_expected_kv_len(expected);
+  v1::AppendKvResponse resp;
+  return stub->AppendKv(&ctx, req, &resp);
+}
+
+grpc::Status Close(v1::DeviceAgent::Stub* stub, const std::string& id) {
+  grpc::ClientContext ctx;
+  v1::CloseSessionRequest req;
+  req.set_session_id(id);
+  v1::CloseSessionResponse resp;
+  return stub->CloseSession(&ctx, req, &resp);
+}
+
+TEST(AgentServiceTest, SessionIdsAreRandomAndBelongToTheCallerThatOpenedThem) {
+  const std::string dir = FreshDir();
+  if (std::system("command -v openssl >/dev/null") != 0) GTEST_SKIP() << "openssl not found";
+  ASSERT_TRUE(MakeCerts(dir));
+  AgentServerOptions server;
+  server.tls_cert_file = dir + "/server.crt";
+  server.tls_key_file = dir + "/server.key";
+  server.tls_client_ca_file = dir + "/ca.crt";
+  auto agent = StartLocal(GpuSpec(), {}, server);
+  ASSERT_NE(agent, nullptr);
+  auto alice = TlsStub(agent->address(), dir, "client");
+  auto bob = TlsStub(agent->address(), dir, "client2");
+  std::string a1, a2;
+  ASSERT_EQ(Open(alice.get(), &a1), grpc::StatusCode::OK);
+  ASSERT_EQ(Open(alice.get(), &a2), grpc::StatusCode::OK);
+  // 128 random bits, in hex: nothing to count up from.
+  for (const std::string& id : {a1, a2}) {
+    EXPECT_EQ(id.size(), 32u) << id;
+    EXPECT_EQ(id.find_first_not_of("0123456789abcdef"), std::string::npos) << id;
+  }
+  EXPECT_NE(a1, a2);
+  // Another client (another certificate) can neither use nor close them.
+  EXPECT_EQ(Append(bob.get(), a1, 0).error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(Close(bob.get(), a1).error_code(), grpc::StatusCode::NOT_FOUND);
+  const grpc::Status mine = Append(alice.get(), a1, 0);
+  EXPECT_TRUE(mine.ok()) << mine.error_message();
+  EXPECT_TRUE(Close(alice.get(), a1).ok());
+  EXPECT_EQ(Close(alice.get(), a1).error_code(), grpc::StatusCode::NOT_FOUND);
+}
+
+TEST(AgentServiceTest, SessionQuotaPerCallerAndIdleSessionsExpire) {
+  AgentServiceOptions opts;
+  opts.max_sessions_per_client = 2;
+  opts.session_idle_s = 0.5;
+  auto agent = StartLocal(GpuSpec(), opts);
+  ASSERT_NE(agent, nullptr);
+  auto stub = v1::DeviceAgent::NewStub(
+      grpc::CreateChannel(agent->address(), grpc::InsecureChannelCredentials()));
+  std::string s1, s2, s3;
+  ASSERT_EQ(Open(stub.get(), &s1), grpc::StatusCode::OK);
+  ASSERT_EQ(Open(stub.get(), &s2), grpc::StatusCode::OK);
+  EXPECT_EQ(Open(stub.get(), &s3), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_TRUE(Close(stub.get(), s1).ok());
+  EXPECT_EQ(Open(stub.get(), &s3), grpc::StatusCode::OK);
+  // Unused for more than 0.5 s (swept at most once a second): gone, and
+  // the caller's quota with them.
+  std::this_thread::sleep_for(std::chrono::milliseconds(1600));
+  const grpc::Status expired = Append(stub.get(), s2, 0);
+  EXPECT_EQ(expired.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_TRUE(absl::StrContains(expired.error_message(), "idle")) << expired.error_message();
+  std::string s4, s5;
+  EXPECT_EQ(Open(stub.get(), &s4), grpc::StatusCode::OK);
+  EXPECT_EQ(Open(stub.get(), &s5), grpc::StatusCode::OK);
+  EXPECT_TRUE(Close(stub.get(), s4).ok());
+  EXPECT_TRUE(Close(stub.get(), s5).ok());
+  // A RemoteSession whose session expired rebuilds it from its history.
+  auto remote = RemoteDevice::Create(GpuSpec(), {agent->address()}, FastClient(), "gpu");
+  ASSERT_TRUE(remote.ok());
+  using devices::ElementType;
+  auto session = (*remote)->OpenSession(1, 1, 8, ElementType::kFp16);
+  ASSERT_TRUE(session.ok()) << session.status();
+  ASSERT_TRUE((*session)
+                  ->AppendKv(Ramp(ElementType::kFp16, {1, 4, 8}, 0.3f),
+                             Ramp(ElementType::kFp16, {1, 4, 8}, 0.4f))
+                  .ok());
+  const auto q = Ramp(ElementType::kFp16, {2, 1, 8}, 0.5f);
+  auto first = (*session)->Step(q);
+  ASSERT_TRUE(first.ok()) << first.status();
+  std::this_thread::sleep_for(std::chrono::milliseconds(1600));
+  auto again = (*session)->Step(q);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->out.bytes, first->out.bytes);
+  EXPECT_EQ((*remote)->Stats().session_rebuilds, 1);
+}
+
+// An Execute of 32 heads x 1,024 queries over 2,048 keys of 128: 8.6e9
+// multiply-accumulates, seconds of one core for the exact kernel.
+v1::ExecuteRequest LongExecute() {
+  using devices::ElementType;
+  v1::ExecuteRequest req;
+  EncodeTensor(Ramp(ElementType::kFp16, {32, 1024, 128}, 0.001f), req.mutable_q());
+  EncodeTensor(Ramp(ElementType::kFp16, {32, 2048, 128}, 0.002f), req.mutable_k());
+  EncodeTensor(Ramp(ElementType::kFp16, {32, 2048, 128}, 0.003f), req.mutable_v());
+  return req;
+}
+
+// Waits up to 20 s for the agent to count `n` stopped kernels.
+bool StoppedKernels(const LocalAgent& agent, int64_t n) {
+  for (int i = 0; i < 2000 && agent.service->interrupted_calls() < n; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return agent.service->interrupted_calls() == n;
+}
+
+TEST(AgentServiceTest, KernelsStopWhenTheCallerGivesUpOrTheBudgetIsSpent) {
+  AgentServiceOptions opts;
+  opts.call_budget_s = 0.3;
+  auto budgeted = StartLocal(GpuSpec(), opts);
+  ASSERT_NE(budgeted, nullptr);
+  const v1::ExecuteRequest req = LongExecute();
+  {
+    auto stub = v1::DeviceAgent::NewStub(
+        grpc::CreateChannel(budgeted->address(), grpc::InsecureChannelCredentials()));
+    grpc::ClientContext ctx;
+    v1::ExecuteResponse resp;
+    const grpc::Status st = stub->Execute(&ctx, req, &resp);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+    EXPECT_TRUE(absl::StrContains(st.error_message(), "--call-budget-s")) << st.error_message();
+    EXPECT_EQ(budgeted->service->interrupted_calls(), 1);
+  }
+  auto agent = StartLocal(GpuSpec());
+  ASSERT_NE(agent, nullptr);
+  auto stub = v1::DeviceAgent::NewStub(
+      grpc::CreateChannel(agent->address(), grpc::InsecureChannelCredentials()));
+  {
+    // The client's deadline passes: the kernel stops too.
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(300));
+    v1::ExecuteResponse resp;
+    EXPECT_EQ(stub->Execute(&ctx, req, &resp).error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+    EXPECT_TRUE(StoppedKernels(*agent, 1));
+  }
+  {
+    // The client cancels.
+    grpc::ClientContext ctx;
+    v1::ExecuteResponse resp;
+    std::thread cancel([&ctx] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      ctx.TryCancel();
+    });
+    EXPECT_EQ(stub->Execute(&ctx, req, &resp).error_code(), grpc::StatusCode::CANCELLED);
+    cancel.join();
+    EXPECT_TRUE(StoppedKernels(*agent, 2));
+  }
 }
 
 }  // namespace

@@ -131,6 +131,7 @@ inline ClientOptions FastClient() {
   o.deadline_s = 5;
   o.attempts_per_endpoint = 2;
   o.backoff_initial_s = 0.01;
+  o.retry_s = 0.2;
   return o;
 }
 
@@ -155,6 +156,10 @@ inline bool MakeCerts(const std::string& dir) {
       "-subj /CN=servesim-client 2>/dev/null && ",
       "openssl x509 -req -in client.csr -CA ca.crt -CAkey ca.key -CAcreateserial -out "
       "client.crt -days 1 2>/dev/null && ",
+      "openssl req -newkey rsa:2048 -nodes -keyout client2.key -out client2.csr "
+      "-subj /CN=servesim-client-2 2>/dev/null && ",
+      "openssl x509 -req -in client2.csr -CA ca.crt -CAkey ca.key -CAcreateserial -out "
+      "client2.crt -days 1 2>/dev/null && ",
       "openssl req -x509 -newkey rsa:2048 -nodes -keyout other.key -out other.crt -days 1 "
       "-subj /CN=other-ca 2>/dev/null");
   return std::system(cmd.c_str()) == 0;
