@@ -316,16 +316,24 @@ double SimulatedSeconds(const std::string& summary) {
   return v;
 }
 
-TEST(AgentEndToEndTest, KilledAgentFailsOverOrStopsWithPartialResults) {
-  const std::string dir = FreshDir();
-  const std::string sc = SmallGpuScenario(dir);
-  const Result in = RunServesim({"run", sc, "--quiet", "--out", dir + "/in"});
+// Runs SmallGpuScenario in process into dir/in; sets *pace to the --pace
+// that makes the same run take ~3 wall seconds (pacing never changes
+// results), for tests that disturb an agent mid-run.
+void InProcessBaseline(const std::string& dir, std::string* sc, std::string* pace) {
+  *sc = SmallGpuScenario(dir);
+  const Result in = RunServesim({"run", *sc, "--quiet", "--out", dir + "/in"});
   ASSERT_EQ(in.code, 0) << in.out;
   const double simulated = SimulatedSeconds(ReadFile(dir + "/in/summary.json"));
   ASSERT_GT(simulated, 0);
-  // Paced to take ~3 wall seconds (pacing never changes results); the agent
-  // is killed after 1 s.
-  const std::string pace = absl::StrCat(simulated / 3.0);
+  *pace = absl::StrCat(simulated / 3.0);
+}
+
+TEST(AgentEndToEndTest, KilledAgentFailsOverOrStopsWithPartialResults) {
+  const std::string dir = FreshDir();
+  std::string sc, pace;
+  ASSERT_NO_FATAL_FAILURE(InProcessBaseline(dir, &sc, &pace));
+  const double simulated = SimulatedSeconds(ReadFile(dir + "/in/summary.json"));
+  // The agent is killed after 1 s.
   {
     Agents ag;
     ag.procs.push_back(StartAgent(dir, "gpu"));
@@ -523,14 +531,10 @@ TEST(AgentHardeningTest, ASecondAgentOnAPortInUseIsRefused) {
 
 TEST(AgentHardeningTest, AgentRestartedWithinTheRetryBudgetIsPickedUp) {
   const std::string dir = FreshDir();
-  const std::string sc = SmallGpuScenario(dir);
-  const Result in = RunServesim({"run", sc, "--quiet", "--out", dir + "/in"});
-  ASSERT_EQ(in.code, 0) << in.out;
-  const double simulated = SimulatedSeconds(ReadFile(dir + "/in/summary.json"));
-  ASSERT_GT(simulated, 0);
-  // Paced to ~3 wall seconds; the agent is down from 1 s to 3.5 s, within
-  // the default --agent-retry-s (10).
-  const std::string pace = absl::StrCat(simulated / 3.0);
+  std::string sc, pace;
+  ASSERT_NO_FATAL_FAILURE(InProcessBaseline(dir, &sc, &pace));
+  // The agent is down from 1 s to 3.5 s, within the default
+  // --agent-retry-s (10).
   Agents ag;
   ag.procs.push_back(StartAgent(dir, "gpu"));
   const std::string addr = ag.procs[0].address;

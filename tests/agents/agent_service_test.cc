@@ -387,11 +387,7 @@ TEST(AgentServiceTest, TlsWithServerAndClientCertificates) {
   const std::string dir = FreshDir();
   if (std::system("command -v openssl >/dev/null") != 0) GTEST_SKIP() << "openssl not found";
   ASSERT_TRUE(MakeCerts(dir));
-  AgentServerOptions server;
-  server.tls_cert_file = dir + "/server.crt";
-  server.tls_key_file = dir + "/server.key";
-  server.tls_client_ca_file = dir + "/ca.crt";
-  auto agent = StartLocal(GpuSpec(), {}, server);
+  auto agent = StartLocal(GpuSpec(), {}, test::MutualTlsServer(dir));
   ASSERT_NE(agent, nullptr);
   SampleOps s;
   std::vector<Cost> c(s.ops.size());
@@ -646,11 +642,7 @@ TEST(AgentServiceTest, SessionIdsAreRandomAndBelongToTheCallerThatOpenedThem) {
   const std::string dir = FreshDir();
   if (std::system("command -v openssl >/dev/null") != 0) GTEST_SKIP() << "openssl not found";
   ASSERT_TRUE(MakeCerts(dir));
-  AgentServerOptions server;
-  server.tls_cert_file = dir + "/server.crt";
-  server.tls_key_file = dir + "/server.key";
-  server.tls_client_ca_file = dir + "/ca.crt";
-  auto agent = StartLocal(GpuSpec(), {}, server);
+  auto agent = StartLocal(GpuSpec(), {}, test::MutualTlsServer(dir));
   ASSERT_NE(agent, nullptr);
   auto alice = TlsStub(agent->address(), dir, "client");
   auto bob = TlsStub(agent->address(), dir, "client2");

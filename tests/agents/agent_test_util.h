@@ -165,6 +165,16 @@ inline bool MakeCerts(const std::string& dir) {
   return std::system(cmd.c_str()) == 0;
 }
 
+// Server options for TLS with client certificates required, from the
+// files MakeCerts wrote to `dir`.
+inline AgentServerOptions MutualTlsServer(const std::string& dir) {
+  AgentServerOptions server;
+  server.tls_cert_file = dir + "/server.crt";
+  server.tls_key_file = dir + "/server.key";
+  server.tls_client_ca_file = dir + "/ca.crt";
+  return server;
+}
+
 }  // namespace servesim::agents::test
 
 #endif  // SERVESIM_TESTS_AGENTS_AGENT_TEST_UTIL_H_
