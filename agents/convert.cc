@@ -35,6 +35,8 @@ v1::OpKind EncodeOpKind(OpKind kind) {
       return v1::OP_KIND_ELEMENTWISE;
     case OpKind::kAllReduce:
       return v1::OP_KIND_ALL_REDUCE;
+    case OpKind::kMoe:
+      return v1::OP_KIND_MOE;
   }
   return v1::OP_KIND_UNSPECIFIED;
 }
@@ -76,6 +78,13 @@ void EncodeOps(absl::Span<const Op> ops, v1::EstimateRequest* request) {
     o->set_participants(op.participants);
     o->set_tokens(op.tokens);
     o->set_sequences(op.sequences);
+    if (op.kind == OpKind::kMoe) {
+      o->set_routed(op.routed);
+      o->set_experts_touched(op.experts_touched);
+      o->set_experts_total(op.experts_total);
+      o->set_top_k(op.top_k);
+      o->set_expert_matrices(op.expert_matrices);
+    }
     o->set_seq_list(-1);
     o->set_stack_list(-1);
     if (!op.seqs.empty()) {
@@ -178,11 +187,14 @@ absl::Status DecodeOps(const v1::EstimateRequest& request, DecodedOps* out) {
       case v1::OP_KIND_ALL_REDUCE:
         op.kind = OpKind::kAllReduce;
         break;
+      case v1::OP_KIND_MOE:
+        op.kind = OpKind::kMoe;
+        break;
       default:
-        return absl::UnimplementedError(absl::StrCat(
-            "ops[", i, "].kind = ", static_cast<int>(o.kind()),
-            ": unknown op kind; this agent implements GEMM (1), ATTENTION (2), "
-            "ELEMENTWISE (3) and ALL_REDUCE (4)"));
+        return absl::UnimplementedError(
+            absl::StrCat("ops[", i, "].kind = ", static_cast<int>(o.kind()),
+                         ": unknown op kind; this agent implements GEMM (1), ATTENTION (2), "
+                         "ELEMENTWISE (3), ALL_REDUCE (4) and MOE (5)"));
     }
     if (o.stage() < 0 || o.stage() >= devices::kNumStages) {
       return absl::InvalidArgumentError(absl::StrCat("ops[", i, "].stage = ", o.stage(),
@@ -245,6 +257,24 @@ absl::Status DecodeOps(const v1::EstimateRequest& request, DecodedOps* out) {
     }
     op.tokens = o.tokens();
     op.sequences = o.sequences();
+    if (op.kind == OpKind::kMoe) {
+      if (!(o.routed() >= 0 && o.routed() <= kMaxAllReduceBytes) ||
+          !(o.experts_touched() >= 0 && o.experts_touched() <= kMaxGemmDim) ||
+          o.experts_total() < 1 || o.experts_total() > kMaxGemmDim || o.top_k() < 1 ||
+          o.top_k() > o.experts_total() || o.expert_matrices() < 2 || o.expert_matrices() > 3) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "ops[", i, "] (moe): routed = ", o.routed(),
+            ", experts_touched = ", o.experts_touched(), ", experts_total = ", o.experts_total(),
+            ", top_k = ", o.top_k(), ", expert_matrices = ", o.expert_matrices(),
+            "; expected routed >= 0, experts_touched 0..", kMaxGemmDim, ", experts_total 1..",
+            kMaxGemmDim, ", top_k 1..experts_total, expert_matrices 2 or 3"));
+      }
+      op.routed = o.routed();
+      op.experts_touched = o.experts_touched();
+      op.experts_total = o.experts_total();
+      op.top_k = o.top_k();
+      op.expert_matrices = o.expert_matrices();
+    }
     // Lists belong to attention ops; other kinds ignore them (proto3
     // leaves an unset index at 0).
     if (op.kind == OpKind::kAttention && o.seq_list() >= 0) {
@@ -434,7 +464,7 @@ absl::StatusOr<devices::DeviceDescription> DecodeDescription(const v1::DescribeR
   d.preset = o.preset();
   for (const v1::Parameter& p : o.parameters()) d.parameters.emplace_back(p.name(), p.value());
   for (int k : o.accepts()) {
-    if (k < v1::OP_KIND_GEMM || k > v1::OP_KIND_ALL_REDUCE) {
+    if (k < v1::OP_KIND_GEMM || k > v1::OP_KIND_MOE) {
       return absl::InvalidArgumentError(
           absl::StrCat("describe: accepts has unknown op kind ", k));
     }

@@ -178,6 +178,14 @@ scheduler::PlannerConfig ReplicaPlannerConfig(const ResolvedScenario& sc,
   return c;
 }
 
+// The CUDA graph a step of `tokens` tokens runs under: vLLM's default
+// capture sizes 1, 2, 4, multiples of 8 up to 256, multiples of 16 above.
+int64_t CapturedTokens(int64_t tokens) {
+  if (tokens <= 4) return tokens <= 1 ? 1 : tokens <= 2 ? 2 : 4;
+  if (tokens <= 256) return (tokens + 7) / 8 * 8;
+  return (tokens + 15) / 16 * 16;
+}
+
 class Engine {
  public:
   Engine(Shared* sh, int replica, std::shared_ptr<devices::Device> device,
@@ -186,16 +194,19 @@ class Engine {
         replica_(replica),
         device_(std::move(device)),
         attention_(std::move(attention)),
-        scheduler_(sh->sc->batching),
-        planner_(sh->sc->model,
-                 ReplicaPlannerConfig(*sh->sc, device_.get(), attention_.get())),
-        observer_(sh->metrics->ObserverFor(replica)) {}
+        observer_(sh->metrics->ObserverFor(replica)) {
+    const scheduler::PlannerConfig pc =
+        ReplicaPlannerConfig(*sh->sc, device_.get(), attention_.get());
+    for (int64_t i = 0; i < sh->sc->data_parallel; ++i) {
+      ranks_.push_back(std::make_unique<Rank>(sh->sc->batching, sh->sc->model, pc));
+    }
+  }
 
   void Run() {
     sg4::Mailbox* box = sh_->engine_boxes[replica_];
     while (true) {
       while (box->ready()) Receive(box->get<Message>());
-      if (scheduler_.Idle()) {
+      if (Idle()) {
         if (expected_ >= 0 && done_ >= expected_) break;
         // Its next iteration starts no earlier than now.
         sh_->metrics->MarkIdle(replica_, sg4::Engine::get_clock());
@@ -233,73 +244,146 @@ class Engine {
         }
         CompleteAt(end);
         t = end;
-        if (scheduler_.Idle()) {
+        if (Idle()) {
           sg4::this_actor::sleep_until(t);
           break;
         }
       }
     }
-    sh_->metrics->AddPrefixCache(scheduler_.prefix_hit_tokens(),
-                                 scheduler_.prefix_query_tokens());
+    int64_t hit = 0, query = 0;
+    for (const auto& r : ranks_) {
+      hit += r->scheduler.prefix_hit_tokens();
+      query += r->scheduler.prefix_query_tokens();
+    }
+    sh_->metrics->AddPrefixCache(hit, query);
     sh_->metrics->MarkDone(replica_);
   }
 
  private:
+  // One data-parallel rank (one for every model but MoE ones with
+  // cluster.data_parallel > 1): a TP group with its own batch and KV cache.
+  struct Rank {
+    Rank(const scheduler::BatchingConfig& b, const devices::ModelDims& m,
+         const scheduler::PlannerConfig& pc)
+        : scheduler(b), planner(m, pc) {}
+    scheduler::ReplicaScheduler scheduler;
+    scheduler::IterationPlanner planner;
+    scheduler::IterationCost cost;
+    const scheduler::Batch* batch = nullptr;  // this iteration's; null: none
+  };
+
+  bool Idle() const {
+    for (const auto& r : ranks_) {
+      if (!r->scheduler.Idle()) return false;
+    }
+    return true;
+  }
+
   // Without a live sink or pacing, whose observers watch the clock.
   bool FastForward() const { return sh_->live == nullptr && !sh_->paced; }
 
   void CompleteAt(double t) {
     const int64_t finished_before = finished_;
-    scheduler_.Complete(t, &counting_);
+    for (auto& r : ranks_) {
+      if (r->batch != nullptr) r->scheduler.Complete(t, &counting_);
+      r->batch = nullptr;
+    }
     done_ += finished_ - finished_before;
     UpdateLoad();
   }
 
   // Schedules, costs and records one iteration starting at `start`;
-  // returns its duration.
+  // returns its duration. Data-parallel ranks (MoE models) step in
+  // lockstep: every rank with work schedules a batch, the MoE layers see
+  // the group's tokens, a rank without work runs them for the others
+  // (PlanIdleRank), and the iteration lasts as long as the slowest rank.
   absl::StatusOr<double> Iteration(double start) {
     if (sh_->sc->tbt_slo_s > 0) {
       ASSIGN_OR_RETURN(int64_t cap, SloCap());
-      scheduler_.SetBatchCap(std::max<int64_t>(1, cap));
+      for (auto& r : ranks_) r->scheduler.SetBatchCap(std::max<int64_t>(1, cap));
     }
-    const scheduler::Batch& batch = scheduler_.Schedule(start);
-    if (batch.empty()) {
+    int64_t group_tokens = 0, most_tokens = 0;
+    Rank* lead = nullptr;  // the first rank with a batch
+    for (auto& r : ranks_) {
+      r->batch = nullptr;
+      if (r->scheduler.Idle()) continue;
+      const scheduler::Batch& b = r->scheduler.Schedule(start);
+      if (b.empty()) continue;
+      r->batch = &b;
+      group_tokens += b.prefill_tokens + b.decode_tokens;
+      most_tokens = std::max(most_tokens, b.prefill_tokens + b.decode_tokens);
+      if (lead == nullptr) lead = r.get();
+    }
+    // Under CUDA graphs every rank runs the largest rank's captured size.
+    const int64_t graph_max = sh_->sc->cuda_graph_max_tokens;
+    if (ranks_.size() > 1 && graph_max > 0 && most_tokens <= graph_max) {
+      group_tokens =
+          static_cast<int64_t>(ranks_.size()) * std::min(graph_max, CapturedTokens(most_tokens));
+    }
+    if (lead == nullptr) {
       return absl::InternalError(absl::StrCat(
           "replica ", replica_, ": work queued but nothing schedulable at t=", start));
     }
-    ASSIGN_OR_RETURN(cost_, planner_.Plan(batch));
-    const scheduler::IterationCost* cost = &cost_;
-    // The engine's host time per step that does not overlap the xPUs.
-    const double duration = cost->time_s + sh_->sc->step_overhead_s;
+    const bool lockstep = ranks_.size() > 1;
     IterationRecord it;
     it.replica = replica_;
     it.start_s = start;
-    it.duration_s = duration;
-    it.batch_size = static_cast<int32_t>(batch.entries.size());
-    it.prefill_tokens = batch.prefill_tokens;
-    it.decode_tokens = batch.decode_tokens;
-    it.kv_blocks_used = scheduler_.kv().used();
-    it.energy_j = cost->total.energy_pj() * 1e-12;
-    it.bound = batch.bound;
+    it.bound = lead->batch->bound;
     it.batch_cap = batch_cap_;
+    double time_s = 0, xpu_busy_s = 0, device_busy_s = 0;
+    cost_ = scheduler::IterationCost{};
+    for (auto& r : ranks_) {
+      if (r->batch != nullptr) {
+        if (lockstep) r->planner.SetGroupTokens(group_tokens);
+        ASSIGN_OR_RETURN(r->cost, r->planner.Plan(*r->batch));
+        it.batch_size += static_cast<int32_t>(r->batch->entries.size());
+        it.prefill_tokens += r->batch->prefill_tokens;
+        it.decode_tokens += r->batch->decode_tokens;
+      } else {
+        ASSIGN_OR_RETURN(r->cost, r->planner.PlanIdleRank(group_tokens));
+      }
+      it.kv_blocks_used += r->scheduler.kv().used();
+      it.waiting += r->scheduler.num_waiting();
+      time_s = std::max(time_s, r->cost.time_s);
+      xpu_busy_s = std::max(xpu_busy_s, r->cost.xpu_busy_s);
+      device_busy_s = std::max(device_busy_s, r->cost.device_busy_s);
+      if (!lockstep) {
+        cost_ = r->cost;
+      } else {
+        cost_.total += r->cost.total;
+        cost_.device_total += r->cost.device_total;
+      }
+    }
+    if (lockstep) {
+      cost_.time_s = time_s;
+      cost_.total.time_s = time_s;
+      cost_.xpu_busy_s = xpu_busy_s;
+      cost_.device_busy_s = device_busy_s;
+    }
+    const scheduler::IterationCost* cost = &cost_;
+    // The engine's host time per step that does not overlap the xPUs.
+    const double duration = cost->time_s + sh_->sc->step_overhead_s;
+    it.duration_s = duration;
+    it.energy_j = cost->total.energy_pj() * 1e-12;
     it.xpu_busy_s = cost->xpu_busy_s;
     it.device_busy_s = cost->device_busy_s;
-    it.waiting = scheduler_.num_waiting();
     sh_->metrics->AddIteration(it);
     sh_->metrics->AddEnergy(cost->total, cost->device_total);
-    RETURN_IF_ERROR(SampleTimeline(batch, it));
+    RETURN_IF_ERROR(SampleTimeline(*lead, it));
     if (sh_->live != nullptr) {
       LiveIteration li;
       li.replica = replica_;
       li.start_s = start;
       li.duration_s = duration;
       li.batch_size = it.batch_size;
-      li.queue_length = scheduler_.num_waiting();
+      li.queue_length = it.waiting;
       li.kv_blocks_used = it.kv_blocks_used;
-      li.kv_blocks_total = scheduler_.kv().capacity();
-      li.preemptions_total = scheduler_.total_preemptions();
-      li.prefix_hit_tokens_total = scheduler_.prefix_hit_tokens();
-      li.prefix_query_tokens_total = scheduler_.prefix_query_tokens();
+      for (const auto& r : ranks_) {
+        li.kv_blocks_total += r->scheduler.kv().capacity();
+        li.preemptions_total += r->scheduler.total_preemptions();
+        li.prefix_hit_tokens_total += r->scheduler.prefix_hit_tokens();
+        li.prefix_query_tokens_total += r->scheduler.prefix_query_tokens();
+      }
       li.xpu_busy_s = cost->xpu_busy_s;
       li.device_busy_s = cost->device_busy_s;
       li.device = cost->device_total;
@@ -355,22 +439,39 @@ class Engine {
       --sh_->in_flight;
       const int64_t before = finished_;
       if (sh_->live != nullptr) sh_->live->OnArrival(replica_);
-      scheduler_.Add(msg->request, sg4::Engine::get_clock(), &counting_);
+      PickRank().scheduler.Add(msg->request, sg4::Engine::get_clock(), &counting_);
       done_ += finished_ - before;
     }
     sh_->messages.Delete(msg);
     UpdateLoad();
   }
 
+  // The rank an arriving request joins: vLLM's data-parallel load balancer
+  // picks the engine with the least 4 x waiting + running, the first on a
+  // tie (docs/moe.md).
+  Rank& PickRank() {
+    Rank* best = ranks_[0].get();
+    int64_t best_score = -1;
+    for (auto& r : ranks_) {
+      const int64_t score = 4 * r->scheduler.num_waiting() + r->scheduler.num_running();
+      if (best_score < 0 || score < best_score) {
+        best_score = score;
+        best = r.get();
+      }
+    }
+    return *best;
+  }
+
   // The SLO batch cap for the current mean context, memoised per 64-token
-  // bucket (rounded up, so the cap is never too generous).
+  // bucket (rounded up, so the cap is never too generous). Data-parallel
+  // ranks share the first rank's cap.
   absl::StatusOr<int64_t> SloCap() {
-    const int64_t ctx = scheduler_.MeanContextTokens();
+    const int64_t ctx = ranks_[0]->scheduler.MeanContextTokens();
     const int64_t bucket = (ctx + 63) / 64;
     auto it = slo_caps_.find(bucket);
     if (it == slo_caps_.end()) {
       ASSIGN_OR_RETURN(int64_t cap,
-                       scheduler::MaxBatchWithinSlo(planner_, sh_->sc->tbt_slo_s,
+                       scheduler::MaxBatchWithinSlo(ranks_[0]->planner, sh_->sc->tbt_slo_s,
                                                     std::max<int64_t>(1, bucket * 64),
                                                     sh_->sc->batching.max_batch_size));
       it = slo_caps_.emplace(bucket, cap).first;
@@ -380,8 +481,9 @@ class Engine {
   }
 
   // Every Nth iteration within the window (output.timeline_*): costed
-  // again with its spans recorded (the planner is pure: same cost).
-  absl::Status SampleTimeline(const scheduler::Batch& batch, const IterationRecord& it) {
+  // again with its spans recorded (the planner is pure: same cost). With
+  // data-parallel ranks, the first busy rank's schedule.
+  absl::Status SampleTimeline(Rank& rank, const IterationRecord& it) {
     const auto& o = sh_->sc->proto.output();
     const int64_t index = iteration_index_++;
     if (!o.timeline() || !sh_->record_timeline || index % o.timeline_every() != 0 ||
@@ -398,7 +500,7 @@ class Engine {
     t.batch_size = it.batch_size;
     t.prefill_tokens = it.prefill_tokens;
     t.decode_tokens = it.decode_tokens;
-    RETURN_IF_ERROR(planner_.Plan(batch, &t.spans).status());
+    RETURN_IF_ERROR(rank.planner.Plan(*rank.batch, &t.spans).status());
     sh_->metrics->AddTimeline(std::move(t));
     return absl::OkStatus();
   }
@@ -408,17 +510,20 @@ class Engine {
 
   void UpdateLoad() {
     auto& l = sh_->loads[replica_];
-    l.kv_blocks_used = scheduler_.kv().used();
-    l.kv_blocks_queued = scheduler_.queued_block_demand();
+    l.kv_blocks_used = 0;
+    l.kv_blocks_queued = 0;
+    for (const auto& r : ranks_) {
+      l.kv_blocks_used += r->scheduler.kv().used();
+      l.kv_blocks_queued += r->scheduler.queued_block_demand();
+    }
   }
 
   Shared* sh_;
   int replica_;
   std::shared_ptr<devices::Device> device_;
   std::shared_ptr<devices::Device> attention_;
-  scheduler::ReplicaScheduler scheduler_;
-  scheduler::IterationPlanner planner_;
   scheduler::RequestObserver* observer_;
+  std::vector<std::unique_ptr<Rank>> ranks_;
   Counting counting_{this};
   int64_t iteration_index_ = 0;
   int64_t timeline_samples_ = 0;
@@ -502,7 +607,7 @@ absl::StatusOr<RunResult> RunSimulation(const ResolvedScenario& sc,
   }
   metrics_options.ttft_slo_s = sc.ttft_slo_s;
   metrics_options.tpot_slo_s = sc.tpot_slo_s;
-  metrics_options.kv_capacity_blocks = sc.kv.blocks;
+  metrics_options.kv_capacity_blocks = sc.kv.blocks * sc.data_parallel;
   metrics_options.replicas = static_cast<int>(sc.replicas);
   metrics_options.time_series = options.time_series;
   metrics_options.sink = options.sink;
@@ -516,7 +621,7 @@ absl::StatusOr<RunResult> RunSimulation(const ResolvedScenario& sc,
   sh.paced = options.pace > 0;
   sh.interrupt = options.interrupt;
   sh.loads.assign(sc.replicas, scheduler::ReplicaLoad{});
-  for (auto& l : sh.loads) l.kv_blocks_capacity = sc.kv.blocks;
+  for (auto& l : sh.loads) l.kv_blocks_capacity = sc.kv.blocks * sc.data_parallel;
 
   sg4::NetZone* zone = nullptr;
   std::vector<sg4::Host*> engine_hosts;

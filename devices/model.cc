@@ -29,7 +29,12 @@ int64_t ModelDims::EmbeddingParams() const {
 }
 
 int64_t ModelDims::TotalParams() const {
-  return num_layers * ParamsPerLayer() + EmbeddingParams() + NormParams();
+  return num_layers * ParamsPerLayer() + EmbeddingParams() + NormParams() +
+         MoeLayers() * (MoeParamsPerLayer() - FfParamsPerLayer());
+}
+
+int64_t ModelDims::ActiveParams() const {
+  return TotalParams() - MoeLayers() * (num_experts - experts_per_token) * ExpertParams();
 }
 
 ModelDims ModelDimsFromSpec(const servesim::v1::ModelSpec& spec) {
@@ -49,6 +54,12 @@ ModelDims ModelDimsFromSpec(const servesim::v1::ModelSpec& spec) {
   m.tied_embeddings = spec.tied_embeddings();
   m.dtype = spec.dtype() == servesim::v1::DTYPE_UNSPECIFIED ? servesim::v1::DTYPE_FP16 : spec.dtype();
   m.qk_norm = spec.qk_norm();
+  m.num_experts = spec.num_experts();
+  m.experts_per_token = spec.experts_per_token();
+  m.expert_d_ff = spec.expert_d_ff();
+  m.shared_experts = spec.shared_experts();
+  m.dense_layers = spec.dense_layers();
+  m.routing_skew = spec.routing_skew();
   return m;
 }
 

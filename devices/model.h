@@ -7,6 +7,9 @@
 //   FF weights per layer        = 2*d*d_ff (GELU) or 3*d*d_ff (SwiGLU)
 //   KV elements per token       = 2 * layers * kv * dh     (AttAcc §3.2)
 // Norm gains/biases are counted (2*d per norm, 2 norms per layer + final).
+// Mixture of experts (num_experts > 0; docs/moe.md): the first dense_layers
+// layers keep the dense FF; each other layer has a router [d x E] and
+// E + shared experts of 3*d*d_e (SwiGLU) or 2*d*d_e (GELU) weights each.
 #ifndef SERVESIM_DEVICES_MODEL_H_
 #define SERVESIM_DEVICES_MODEL_H_
 
@@ -34,12 +37,35 @@ struct ModelDims {
   servesim::v1::DType dtype = servesim::v1::DTYPE_FP16;
   bool qk_norm = false;  // per-head RMSNorm of Q and K (Qwen3)
   bool tied_embeddings = false;
+  // Mixture of experts; num_experts == 0: dense.
+  int64_t num_experts = 0;
+  int64_t experts_per_token = 0;
+  int64_t expert_d_ff = 0;
+  int64_t shared_experts = 0;
+  int64_t dense_layers = 0;
+  double routing_skew = 0;
+
+  bool moe() const { return num_experts > 0; }
+  int64_t MoeLayers() const { return moe() ? num_layers - dense_layers : 0; }
+  int64_t DenseFfLayers() const { return num_layers - MoeLayers(); }
+  // One expert's weights (also one shared expert's).
+  int64_t ExpertParams() const {
+    return (ff_kind == FfKind::kSwiGlu ? 3 : 2) * d_model * expert_d_ff;
+  }
+  // Routed experts' weights, all layers: what expert parallelism splits.
+  int64_t RoutedExpertParams() const { return MoeLayers() * num_experts * ExpertParams(); }
+  // An MoE layer's FF block: router, routed and shared experts.
+  int64_t MoeParamsPerLayer() const {
+    return d_model * num_experts + (num_experts + shared_experts) * ExpertParams();
+  }
+  // Weights one token's forward pass reads (routed experts: top-k only).
+  int64_t ActiveParams() const;
 
   // Parameter counts.
   int64_t AttentionParamsPerLayer() const;
   int64_t FfParamsPerLayer() const;
   int64_t NormParams() const;      // one norm's weights (and biases)
-  int64_t ParamsPerLayer() const;  // attention + FF + 2 norms
+  int64_t ParamsPerLayer() const;  // attention + (dense) FF + 2 norms
   int64_t EmbeddingParams() const;  // token embedding (+ LM head if untied)
   int64_t TotalParams() const;
   double WeightBytes() const { return double(TotalParams()) * bytes_per_element; }

@@ -16,6 +16,8 @@ std::string_view StageName(Stage stage) {
     case Stage::kAllReduce: return "allreduce";
     case Stage::kLmHead: return "lm_head";
     case Stage::kFinalNorm: return "final_norm";
+    case Stage::kMoe: return "moe";
+    case Stage::kMoeDispatch: return "moe_dispatch";
     case Stage::kCount: break;
   }
   return "unknown";

@@ -22,6 +22,9 @@ enum class OpKind : uint8_t {
   kAttention,    // softmax(Q K^T / sqrt(dh)) V per sequence and head
   kElementwise,  // layernorm, activation, residual add, embedding gather
   kAllReduce,    // ring all-reduce among tensor-parallel peers
+  // A mixture-of-experts block: router plus the experts' grouped GEMMs
+  // (devices/moe_routing.h gives the expected load on this device).
+  kMoe,
 };
 
 // Where an op sits in the decoder; the unit of the per-stage breakdown.
@@ -37,7 +40,9 @@ enum class Stage : uint8_t {
   kResidual,
   kAllReduce,
   kLmHead,
-  kFinalNorm,  // the norm after the last layer
+  kFinalNorm,    // the norm after the last layer
+  kMoe,          // router and routed experts
+  kMoeDispatch,  // tokens to the experts' ranks and back (all-gather, reduce-scatter)
   kCount,
 };
 inline constexpr int kNumStages = static_cast<int>(Stage::kCount);
@@ -83,6 +88,17 @@ struct Op {
   // op by them (measured profiles, devices/gpu/profile.h); 0: not given.
   int64_t tokens = 0;
   int64_t sequences = 0;
+  // kMoe: m rows of width k (d_model) enter the block; the experts are n
+  // wide (expert_d_ff, or its share when experts are split by width).
+  // `routed` (token, expert) assignments land on this device's experts,
+  // `experts_touched` of them distinct (expectations, so fractional), out
+  // of the model's `experts_total` routed experts; each token picks `top_k`;
+  // an expert has `expert_matrices` weight matrices (3 gated, 2 not).
+  double routed = 0;
+  double experts_touched = 0;
+  int64_t experts_total = 0;
+  int32_t top_k = 0;
+  int32_t expert_matrices = 3;
 };
 
 // What an op costs on one device. Energies in pJ, sizes in bytes.

@@ -43,6 +43,15 @@ using google::protobuf::Reflection;
 //          head); codellama/CodeLlama-34b-hf; mistralai/Mistral-7B-v0.3 (no
 //          sliding window, unlike v0.1). Llama-3.1 and Qwen3 contexts are
 //          their max_position_embeddings (131,072 and 40,960). All bf16.
+//  [HF-MOE] Mixture-of-experts models, from their released config.json
+//          (num_experts / num_local_experts, num_experts_per_tok,
+//          moe_intermediate_size; Mixtral's experts are intermediate_size
+//          wide; every layer is an MoE layer: Qwen3-MoE's mlp_only_layers is
+//          empty and decoder_sparse_step 1): Qwen/Qwen3-30B-A3B (30.5B
+//          parameters, 3.3B active), Qwen/Qwen3-30B-A3B-Instruct-2507 (the
+//          same shapes, 262,144 positions), Qwen/Qwen3-235B-A22B,
+//          mistralai/Mixtral-8x7B-v0.1 (46.7B, 12.9B active),
+//          mistralai/Mixtral-8x22B-v0.1. All bf16.
 // AttAcc's evaluation (§7) uses GPT-3 175B, LLaMA 65B and MT-NLG 530B.
 constexpr absl::string_view kModelPresets[][2] = {
     {"gpt3-175b",  // [GPT3]
@@ -143,6 +152,36 @@ constexpr absl::string_view kModelPresets[][2] = {
           num_kv_heads: 8 d_head: 128 d_ff: 14336 ff_kind: FF_KIND_SWIGLU
           vocab_size: 32768 max_context_tokens: 32768 tied_embeddings: false
           dtype: DTYPE_BF16 hf_name: "mistralai/Mistral-7B-v0.3")pb"},
+    {"qwen3-30b-a3b",  // [HF-MOE]
+     R"pb(name: "Qwen3-30B-A3B" num_layers: 48 d_model: 2048 num_heads: 32
+          num_kv_heads: 4 d_head: 128 d_ff: 6144 ff_kind: FF_KIND_SWIGLU
+          vocab_size: 151936 max_context_tokens: 40960 tied_embeddings: false
+          qk_norm: true num_experts: 128 experts_per_token: 8 expert_d_ff: 768
+          dtype: DTYPE_BF16 hf_name: "Qwen/Qwen3-30B-A3B")pb"},
+    {"qwen3-30b-a3b-instruct-2507",  // [HF-MOE]
+     R"pb(name: "Qwen3-30B-A3B-Instruct-2507" num_layers: 48 d_model: 2048 num_heads: 32
+          num_kv_heads: 4 d_head: 128 d_ff: 6144 ff_kind: FF_KIND_SWIGLU
+          vocab_size: 151936 max_context_tokens: 262144 tied_embeddings: false
+          qk_norm: true num_experts: 128 experts_per_token: 8 expert_d_ff: 768
+          dtype: DTYPE_BF16 hf_name: "Qwen/Qwen3-30B-A3B-Instruct-2507")pb"},
+    {"qwen3-235b-a22b",  // [HF-MOE]
+     R"pb(name: "Qwen3-235B-A22B" num_layers: 94 d_model: 4096 num_heads: 64
+          num_kv_heads: 4 d_head: 128 d_ff: 12288 ff_kind: FF_KIND_SWIGLU
+          vocab_size: 151936 max_context_tokens: 40960 tied_embeddings: false
+          qk_norm: true num_experts: 128 experts_per_token: 8 expert_d_ff: 1536
+          dtype: DTYPE_BF16 hf_name: "Qwen/Qwen3-235B-A22B")pb"},
+    {"mixtral-8x7b",  // [HF-MOE]
+     R"pb(name: "Mixtral-8x7B" num_layers: 32 d_model: 4096 num_heads: 32
+          num_kv_heads: 8 d_head: 128 d_ff: 14336 ff_kind: FF_KIND_SWIGLU
+          vocab_size: 32000 max_context_tokens: 32768 tied_embeddings: false
+          num_experts: 8 experts_per_token: 2 expert_d_ff: 14336
+          dtype: DTYPE_BF16 hf_name: "mistralai/Mixtral-8x7B-v0.1")pb"},
+    {"mixtral-8x22b",  // [HF-MOE]
+     R"pb(name: "Mixtral-8x22B" num_layers: 56 d_model: 6144 num_heads: 48
+          num_kv_heads: 8 d_head: 128 d_ff: 16384 ff_kind: FF_KIND_SWIGLU
+          vocab_size: 32000 max_context_tokens: 65536 tied_embeddings: false
+          num_experts: 8 experts_per_token: 2 expert_d_ff: 16384
+          dtype: DTYPE_BF16 hf_name: "mistralai/Mixtral-8x22B-v0.1")pb"},
 };
 
 // ------------------------------------------------------------------ xPUs ----

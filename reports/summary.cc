@@ -63,6 +63,10 @@ std::string SummaryJson(const ResolvedScenario& sc, const Workload& wl,
   kv("xpu", JsonString(p.cluster().xpu().preset()));
   kv("replicas", absl::StrCat(sc.replicas));
   kv("tensor_parallel", absl::StrCat(sc.tensor_parallel));
+  if (sc.model.moe()) {
+    kv("data_parallel", absl::StrCat(sc.data_parallel));
+    kv("expert_parallel", p.cluster().expert_parallel() ? "true" : "false");
+  }
   if (sc.has_attention_device) {
     kv("attention_device", JsonString(sc.attention_label));
     kv("overlap_policy", JsonString(scheduler::OverlapPolicyName(sc.planner.overlap)));
@@ -70,8 +74,8 @@ std::string SummaryJson(const ResolvedScenario& sc, const Workload& wl,
   if (sc.tbt_slo_s > 0) kv("slo_tbt_s", FormatFigure(sc.tbt_slo_s));
   kv("seed", absl::StrCat(sc.seed));
   kv("workload", JsonString(wl.description));
-  kv("kv_capacity_blocks_per_replica", absl::StrCat(sc.kv.blocks));
-  kv("kv_capacity_tokens_per_replica", absl::StrCat(sc.kv.tokens));
+  kv("kv_capacity_blocks_per_replica", absl::StrCat(sc.kv.blocks * sc.data_parallel));
+  kv("kv_capacity_tokens_per_replica", absl::StrCat(sc.kv.tokens * sc.data_parallel));
   kv("requests", absl::StrCat(s.requests));
   kv("requests_completed", absl::StrCat(s.completed));
   kv("requests_rejected", absl::StrCat(s.rejected));
@@ -161,10 +165,18 @@ std::string FormatSummaryTable(const ResolvedScenario& sc, const Workload& wl,
   absl::StrAppendFormat(&t, "servesim: %s\n", sc.proto.name());
   absl::StrAppendFormat(&t, "  model      %s (%s)\n", sc.model.name,
                         devices::DTypeName(sc.model.dtype));
-  absl::StrAppendFormat(&t, "  cluster    %d replica(s) x %d %s (TP=%d), KV %d tokens/replica\n",
-                        sc.replicas, sc.tensor_parallel,
-                        sc.proto.cluster().xpu().preset(), sc.tensor_parallel,
-                        sc.kv.tokens);
+  if (sc.data_parallel > 1) {
+    absl::StrAppendFormat(
+        &t, "  cluster    %d replica(s) x DP=%d x %d %s (TP=%d, %s), KV %d tokens/replica\n",
+        sc.replicas, sc.data_parallel, sc.tensor_parallel, sc.proto.cluster().xpu().preset(),
+        sc.tensor_parallel,
+        sc.proto.cluster().expert_parallel() ? "experts split by expert" : "experts split by width",
+        sc.kv.tokens * sc.data_parallel);
+  } else {
+    absl::StrAppendFormat(&t, "  cluster    %d replica(s) x %d %s (TP=%d), KV %d tokens/replica\n",
+                          sc.replicas, sc.tensor_parallel, sc.proto.cluster().xpu().preset(),
+                          sc.tensor_parallel, sc.kv.tokens);
+  }
   absl::StrAppendFormat(&t, "  workload   %s\n\n", wl.description);
   absl::StrAppendFormat(&t, "  requests   %d arrived, %d done, %d rejected (%d too long, %d over KV capacity), %d preemptions\n",
                         s.requests, s.completed, s.rejected, s.rejected_too_long,

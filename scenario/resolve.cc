@@ -166,6 +166,7 @@ absl::Status ResolveProfile(const LoadedScenario& sc, const servesim::v1::ModelS
   ref->set_ff1_n(d.FfInputMatrices() * (d.d_ff / tp));
   ref->set_ff2_k(d.d_ff / tp);
   ref->set_lm_head_n((d.vocab_size + tp - 1) / tp);
+  ref->set_expert_d_ff(d.expert_d_ff);
   return absl::OkStatus();
 }
 
@@ -254,8 +255,45 @@ absl::StatusOr<ResolvedScenario> Resolve(const LoadedScenario& sc) {
             absl::StrCat("must divide num_heads (", m.num_heads(), ")"));
   }
 
+  const bool moe = m.num_experts() > 0;
+  if (m.has_num_experts() && m.num_experts() != 0) {
+    ck.Range<int64_t>("model.num_experts", m.num_experts(), 2, 4096);
+    ck.Require(m.has_experts_per_token(), "model.experts_per_token",
+               "an MoE model (model.num_experts > 0) needs its top-k");
+    ck.Require(m.has_expert_d_ff(), "model.expert_d_ff",
+               "an MoE model (model.num_experts > 0) needs its experts' width");
+    ck.Range<int64_t>("model.experts_per_token", m.experts_per_token(), 1, m.num_experts());
+    ck.Range<int64_t>("model.expert_d_ff", m.expert_d_ff(), 1, 1 << 22);
+    ck.Range<int64_t>("model.shared_experts", m.shared_experts(), 0, 64);
+    ck.Range<int64_t>("model.dense_layers", m.dense_layers(), 0, m.num_layers() - 1);
+    ck.Range<double>("model.routing_skew", m.routing_skew(), 0, 16);
+  } else {
+    for (auto [set, field] : {std::pair{m.has_experts_per_token(), "model.experts_per_token"},
+                              {m.has_expert_d_ff(), "model.expert_d_ff"},
+                              {m.has_shared_experts(), "model.shared_experts"},
+                              {m.has_dense_layers(), "model.dense_layers"},
+                              {m.has_routing_skew(), "model.routing_skew"}}) {
+      if (set) ck.Fail(field, "set", "only for MoE models (set model.num_experts > 0)");
+    }
+  }
+
   const auto& c = p.cluster();
   ck.Range<int32_t>("cluster.replicas", c.replicas(), 1, 4096);
+  const int64_t dp = c.has_data_parallel() ? c.data_parallel() : 1;
+  ck.Range<int32_t>("cluster.data_parallel", static_cast<int32_t>(dp), 1, 1024);
+  if (ck.status().ok() && dp > 1 && !moe) {
+    ck.Fail("cluster.data_parallel", dp,
+            "data-parallel ranks in lockstep are for MoE models; a dense model's data-parallel "
+            "engines are independent replicas (cluster.replicas)");
+  }
+  if (ck.status().ok() && c.expert_parallel() && !moe) {
+    ck.Fail("cluster.expert_parallel", "true", "only for MoE models (model.num_experts > 0)");
+  }
+  if (ck.status().ok() && moe && (c.has_attacc() || c.has_attention_pool())) {
+    ck.Fail(c.has_attacc() ? "cluster.attacc" : "cluster.attention_pool", "set",
+            "attention devices beside the xPUs are not modelled with MoE models yet; serve "
+            "the MoE model on xPUs alone");
+  }
   ck.Range<int32_t>("cluster.tensor_parallel", c.tensor_parallel(), 1, 64);
   const int64_t tp = c.tensor_parallel();
   if (ck.status().ok() && m.num_heads() % tp != 0) {
@@ -265,6 +303,30 @@ absl::StatusOr<ResolvedScenario> Resolve(const LoadedScenario& sc) {
   if (ck.status().ok() && m.d_ff() % tp != 0) {
     ck.Fail("cluster.tensor_parallel", tp,
             absl::StrCat("must divide model.d_ff (", m.d_ff(), ")"));
+  }
+  if (ck.status().ok() && moe) {
+    // The MoE layers are split over data_parallel x tensor_parallel xPUs.
+    const int64_t group = dp * tp;
+    if (c.expert_parallel() && m.num_experts() % group != 0) {
+      ck.Fail(c.has_data_parallel() ? "cluster.data_parallel" : "cluster.tensor_parallel",
+              c.has_data_parallel() ? dp : tp,
+              absl::StrCat("expert parallelism splits model.num_experts (", m.num_experts(),
+                           ") over data_parallel x tensor_parallel = ", group,
+                           " xPUs: it must divide evenly"));
+    } else if (!c.expert_parallel() && m.expert_d_ff() % group != 0) {
+      ck.Fail(
+          c.has_data_parallel() ? "cluster.data_parallel" : "cluster.tensor_parallel",
+          c.has_data_parallel() ? dp : tp,
+          absl::StrCat("without expert parallelism each expert's width model.expert_d_ff (",
+                       m.expert_d_ff(), ") is split over data_parallel x tensor_parallel = ", group,
+                       " xPUs: it must divide evenly (or set "
+                       "cluster.expert_parallel)"));
+    }
+    if (m.shared_experts() > 0 && (m.shared_experts() * m.expert_d_ff()) % tp != 0) {
+      ck.Fail("cluster.tensor_parallel", tp,
+              absl::StrCat("must divide the shared experts' width (",
+                           m.shared_experts() * m.expert_d_ff(), ")"));
+    }
   }
   if (ck.status().ok() && m.num_kv_heads() % tp != 0 && tp % m.num_kv_heads() != 0) {
     ck.Fail("cluster.tensor_parallel", tp,
@@ -306,6 +368,7 @@ absl::StatusOr<ResolvedScenario> Resolve(const LoadedScenario& sc) {
   ck.Range<int64_t>("scheduler.long_prefill_token_threshold", s.long_prefill_token_threshold(), 0,
                     1 << 22);
   ck.Range<double>("scheduler.step_overhead_s", s.step_overhead_s(), 0, 1);
+  ck.Range<int64_t>("scheduler.cuda_graph_max_tokens", s.cuda_graph_max_tokens(), 0, 1000000);
   ck.Range<double>("scheduler.runtime_reserve_bytes", s.runtime_reserve_bytes(), 0, 1e15);
   ck.Positive("slo.ttft_s", p.slo().ttft_s());
   ck.Positive("slo.tpot_s", p.slo().tpot_s());
@@ -371,8 +434,27 @@ absl::StatusOr<ResolvedScenario> Resolve(const LoadedScenario& sc) {
     }
   }
 
+  out.data_parallel = dp;
+  out.cuda_graph_max_tokens = s.cuda_graph_max_tokens();
+  out.planner.data_parallel = dp;
+  out.planner.expert_parallel = c.expert_parallel();
+  if (moe) {
+    auto routing =
+        devices::ExpertRouting::Create(m.num_experts(), m.experts_per_token(), m.routing_skew(),
+                                       p.seed(), c.expert_parallel() ? dp * tp : 1);
+    if (!routing.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(sc.Where("model.num_experts"), ": ", routing.status().message()));
+    }
+    out.planner.routing = std::make_shared<const devices::ExpertRouting>(*std::move(routing));
+  }
+
   // Memory: weights and the activation workspace must leave room for KV.
-  scheduler::IterationPlanner sizes(out.model, tp, /*device=*/nullptr);
+  scheduler::PlannerConfig size_config;
+  size_config.tensor_parallel = tp;
+  size_config.data_parallel = dp;
+  size_config.expert_parallel = c.expert_parallel();
+  scheduler::IterationPlanner sizes(out.model, size_config);
   out.weight_bytes_per_xpu = sizes.WeightBytesPerXpu();
   out.activation_bytes_per_xpu = sizes.ActivationBytesPerXpu(s.max_tokens_per_iteration());
   if (s.batching() == servesim::v1::BATCHING_POLICY_VLLM_V1) {
@@ -389,7 +471,8 @@ absl::StatusOr<ResolvedScenario> Resolve(const LoadedScenario& sc) {
   kin.memory_bytes_per_xpu = x.memory_bytes();
   kin.xpus = tp;
   kin.memory_utilization = c.memory_utilization();
-  kin.weight_bytes = out.model.WeightBytes();
+  kin.weight_bytes =
+      moe ? out.weight_bytes_per_xpu * static_cast<double>(tp) : out.model.WeightBytes();
   kin.activation_bytes_per_xpu = out.activation_bytes_per_xpu + out.runtime_reserve_bytes_per_xpu;
   kin.kv_bytes_per_token_per_xpu = sizes.KvBytesPerTokenPerXpu();
   kin.block_tokens = s.kv_block_tokens();

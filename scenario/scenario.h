@@ -90,6 +90,11 @@ struct ResolvedScenario {
   std::vector<std::string> fallbacks;
   int64_t replicas = 1;
   int64_t tensor_parallel = 1;
+  // MoE models: data-parallel ranks per replica, stepping in lockstep
+  // (cluster.data_parallel); each rank is a TP group with its own batch
+  // and KV cache of `kv`.
+  int64_t data_parallel = 1;
+  int64_t cuda_graph_max_tokens = 0;   // scheduler.cuda_graph_max_tokens
   scheduler::BatchingConfig batching;  // kv_capacity_blocks filled in
   scheduler::RoutingPolicy routing = scheduler::RoutingPolicy::kRoundRobin;
   scheduler::KvCapacity kv;

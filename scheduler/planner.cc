@@ -43,7 +43,11 @@ IterationPlanner::IterationPlanner(const devices::ModelDims& model,
   heads_ = model_.num_heads / tp_;
   kv_heads_ = std::max<int64_t>(1, model_.num_kv_heads / tp_);
   ff_ = model_.d_ff / tp_;
+  dp_ = std::max<int64_t>(1, config_.data_parallel);
+  routing_ = config_.routing.get();
 }
+
+int64_t IterationPlanner::MoeGroup() const { return dp_ * tp_; }
 
 double IterationPlanner::FfDeviceFraction(int64_t tokens) const {
   if (!(config_.device_bandwidth > 0) || !std::isfinite(config_.device_bandwidth)) return 0;
@@ -69,14 +73,25 @@ int64_t IterationPlanner::KvBytesPerTokenPerXpu() const {
 }
 
 double IterationPlanner::WeightBytesPerXpu() const {
-  return model_.WeightBytes() / static_cast<double>(tp_);
+  // Routed experts are split over the whole MoE group (by expert or by
+  // width); everything else over the tensor-parallel group.
+  const double routed = static_cast<double>(model_.RoutedExpertParams()) * model_.bytes_per_element;
+  return (model_.WeightBytes() - routed) / static_cast<double>(tp_) +
+         routed / static_cast<double>(MoeGroup());
 }
 
 double IterationPlanner::ActivationBytesPerXpu(int64_t tokens) const {
-  const double per_token =
-      model_.d_model +
-      static_cast<double>(heads_ + 2 * kv_heads_) * model_.d_head +
-      static_cast<double>(model_.FfInputMatrices() * ff_);
+  // An MoE layer's intermediate: top-k experts' per token, of the whole
+  // group's tokens when ranks exchange them (the larger of the two).
+  double ff_width = static_cast<double>(ff_);
+  if (model_.moe()) {
+    const double moe_width =
+        static_cast<double>(model_.experts_per_token * model_.expert_d_ff * MoeGroup());
+    ff_width = model_.DenseFfLayers() == 0 ? moe_width : std::max(ff_width, moe_width);
+  }
+  const double per_token = model_.d_model +
+                           static_cast<double>(heads_ + 2 * kv_heads_) * model_.d_head +
+                           static_cast<double>(model_.FfInputMatrices()) * ff_width;
   return 2.0 * per_token * static_cast<double>(tokens) * model_.bytes_per_element;
 }
 
@@ -138,24 +153,160 @@ void IterationPlanner::BuildLayerOps(const Batch& batch) {
   allreduce();
   elementwise(Stage::kResidual, t * d, 3 * elem, 1);  // a + b -> c
   elementwise(Stage::kNorm, t * d, 2 * elem, 5);
-  gemm(Stage::kFf1, t, model_.FfInputMatrices() * ff_, d);
-  if (model_.ff_kind == devices::FfKind::kSwiGlu) {
-    // silu(gate) * up: read two, write one; ~6 FLOPs.
-    elementwise(Stage::kActivation, t * ff_, 3 * elem, 6);
+  auto dense_ff = [&](int64_t width) {
+    gemm(Stage::kFf1, t, model_.FfInputMatrices() * width, d);
+    if (model_.ff_kind == devices::FfKind::kSwiGlu) {
+      // silu(gate) * up: read two, write one; ~6 FLOPs.
+      elementwise(Stage::kActivation, t * width, 3 * elem, 6);
+    } else {
+      // GELU (tanh form): read, write; ~8 FLOPs.
+      elementwise(Stage::kActivation, t * width, 2 * elem, 8);
+    }
+    gemm(Stage::kFf2, t, d, width);
+  };
+  op_layers_.assign(ops_.size(), LayerSet::kEvery);
+  if (!model_.moe()) {
+    dense_ff(ff_);
+    allreduce();
+    elementwise(Stage::kResidual, t * d, 3 * elem, 1);
+    op_layers_.resize(ops_.size(), LayerSet::kEvery);
   } else {
-    // GELU (tanh form): read, write; ~8 FLOPs.
-    elementwise(Stage::kActivation, t * ff_, 2 * elem, 8);
+    // MoE layers: shared experts (a dense FF on the rank's own tokens,
+    // split by TP), the routed experts, the exchange with the group.
+    if (model_.shared_experts > 0 && t > 0) {
+      dense_ff(model_.shared_experts * model_.expert_d_ff / tp_);
+    }
+    moe_at_ = static_cast<int>(ops_.size());
+    moe_group_tokens_ = group_tokens_ > 0 ? group_tokens_ : t * dp_;
+    MoeOps(moe_group_tokens_, &ops_);
+    elementwise(Stage::kResidual, t * d, 3 * elem, 1);
+    op_layers_.resize(ops_.size(), LayerSet::kMoe);
+    if (model_.DenseFfLayers() > 0) {
+      dense_ff(ff_);
+      allreduce();
+      elementwise(Stage::kResidual, t * d, 3 * elem, 1);
+      op_layers_.resize(ops_.size(), LayerSet::kDenseFf);
+    }
   }
-  gemm(Stage::kFf2, t, d, ff_);
-  allreduce();
-  elementwise(Stage::kResidual, t * d, 3 * elem, 1);
   layer_ops_ = ops_.size();
 
   // Once per iteration.
   elementwise(Stage::kEmbedding, t * d, 2 * elem, 0);  // gather rows
   elementwise(Stage::kFinalNorm, batch.emitting * d, 2 * elem, 5);
   gemm(Stage::kLmHead, batch.emitting, (model_.vocab_size + tp_ - 1) / tp_, d);
+  op_layers_.resize(ops_.size(), LayerSet::kOnce);
   SetCounts(t, static_cast<int64_t>(batch.entries.size()), &ops_, 0);
+}
+
+void IterationPlanner::MoeOps(int64_t group_tokens, std::vector<Op>* out) const {
+  const int64_t g = MoeGroup();
+  const double elem = model_.bytes_per_element;
+  Op op;
+  op.kind = OpKind::kMoe;
+  op.stage = Stage::kMoe;
+  op.k = model_.d_model;
+  op.experts_total = model_.num_experts;
+  op.top_k = static_cast<int32_t>(model_.experts_per_token);
+  op.expert_matrices = model_.ff_kind == devices::FfKind::kSwiGlu ? 3 : 2;
+  // Every rank of the group sees the group's tokens (all-gathered, or
+  // replicated within a TP group).
+  op.m = group_tokens;
+  const double tokens = static_cast<double>(group_tokens);
+  if (config_.expert_parallel && routing_ != nullptr) {
+    // Whole experts on each rank: the slowest rank's expected load, the
+    // one with the most assignments or the one touching the most experts
+    // (the same rank unless routing is skewed).
+    op.n = model_.expert_d_ff;
+    const devices::ExpertLoad busiest = routing_->Busiest(tokens);
+    op.routed = busiest.assignments;
+    op.experts_touched = busiest.experts_touched;
+    const int64_t widest = routing_->ranks() > 1 ? routing_->MostTouched(tokens) : 0;
+    if (widest != routing_->busiest_rank() && device_ != nullptr) {
+      auto hit = slowest_load_.find(group_tokens);
+      if (hit == slowest_load_.end()) {
+        const devices::ExpertLoad wide = routing_->Rank(widest, tokens);
+        Op other = op;
+        other.routed = wide.assignments;
+        other.experts_touched = wide.experts_touched;
+        const Op both[2] = {op, other};
+        devices::Cost c[2];
+        devices::ExpertLoad pick = busiest;
+        if (device_->Estimate(both, absl::MakeSpan(c, 2)).ok() && c[1].time_s > c[0].time_s) {
+          pick = wide;
+        }
+        if (slowest_load_.size() > 65536) slowest_load_.clear();
+        hit = slowest_load_.emplace(group_tokens, pick).first;
+      }
+      op.routed = hit->second.assignments;
+      op.experts_touched = hit->second.experts_touched;
+    }
+  } else {
+    // Every expert on every rank, 1/g of its width.
+    op.n = model_.expert_d_ff / g;
+    op.routed = tokens * static_cast<double>(model_.experts_per_token);
+    op.experts_touched = routing_ != nullptr ? routing_->Rank(0, tokens).experts_touched : 0;
+  }
+  out->push_back(op);
+  if (g > 1) {
+    // Dispatch and combine: all-gather the group's tokens, reduce-scatter
+    // the outputs (vLLM's allgather_reducescatter; with one DP rank, TP's
+    // all-reduce): the two halves of one ring all-reduce.
+    Op ar;
+    ar.kind = OpKind::kAllReduce;
+    ar.stage = Stage::kMoeDispatch;
+    ar.bytes = tokens * static_cast<double>(model_.d_model) * elem;
+    ar.participants = static_cast<int>(g);
+    out->push_back(ar);
+  }
+}
+
+absl::StatusOr<IterationCost> IterationPlanner::PlanIdleRank(int64_t group_tokens) {
+  IterationCost out;
+  if (!model_.moe() || group_tokens <= 0) return out;
+  idle_ops_.clear();
+  MoeOps(group_tokens, &idle_ops_);
+  idle_costs_.assign(idle_ops_.size(), devices::Cost{});
+  RETURN_IF_ERROR(device_->Estimate(idle_ops_, absl::MakeSpan(idle_costs_)));
+  const double layers = static_cast<double>(model_.MoeLayers());
+  for (size_t i = 0; i < idle_ops_.size(); ++i) {
+    const devices::Cost c = idle_costs_[i].Scaled(layers);
+    out.stages[static_cast<int>(idle_ops_[i].stage)] += c;
+    out.total += c;
+  }
+  out.time_s = out.total.time_s;
+  out.xpu_busy_s = out.time_s;
+  const double tp = static_cast<double>(tp_);
+  out.total = out.total.Scaled(tp);
+  out.total.time_s = out.time_s;
+  return out;
+}
+
+double IterationPlanner::LayersOf(LayerSet set) const {
+  switch (set) {
+    case LayerSet::kEvery:
+      return static_cast<double>(model_.num_layers);
+    case LayerSet::kMoe:
+      return static_cast<double>(model_.MoeLayers());
+    case LayerSet::kDenseFf:
+      return static_cast<double>(model_.DenseFfLayers());
+    case LayerSet::kOnce:
+      return 1;
+  }
+  return 1;
+}
+
+bool IterationPlanner::InLayer(LayerSet set, int32_t layer) const {
+  switch (set) {
+    case LayerSet::kEvery:
+      return true;
+    case LayerSet::kMoe:
+      return layer >= model_.DenseFfLayers();
+    case LayerSet::kDenseFf:
+      return layer < model_.DenseFfLayers();
+    case LayerSet::kOnce:
+      return false;
+  }
+  return false;
 }
 
 void IterationPlanner::SetCounts(int64_t tokens, int64_t sequences, std::vector<Op>* ops,
@@ -198,6 +349,8 @@ absl::StatusOr<IterationCost> IterationPlanner::Plan(const Batch& batch) {
   // Every op but the attention depends on the token counts only: a batch
   // with the same counts as the last re-costs its attention alone (the
   // device is pure, and costs are per op).
+  // MoE layers also depend on the group's tokens: when only those changed,
+  // the MoE ops are rebuilt and re-costed in place.
   const std::array<int64_t, 4> key = {batch.prefill_tokens, batch.decode_tokens,
                                       batch.emitting,
                                       static_cast<int64_t>(batch.entries.size())};
@@ -209,6 +362,22 @@ absl::StatusOr<IterationCost> IterationPlanner::Plan(const Batch& batch) {
     ops_[kAttentionOp].seqs = seqs_;
     RETURN_IF_ERROR(device_->Estimate(absl::MakeConstSpan(&ops_[kAttentionOp], 1),
                                       absl::MakeSpan(&costs_[kAttentionOp], 1)));
+    const int64_t group =
+        group_tokens_ > 0 ? group_tokens_ : (batch.prefill_tokens + batch.decode_tokens) * dp_;
+    if (moe_at_ >= 0 && group != moe_group_tokens_) {
+      idle_ops_.clear();
+      MoeOps(group, &idle_ops_);
+      const size_t at = static_cast<size_t>(moe_at_);
+      for (size_t i = 0; i < idle_ops_.size(); ++i) {
+        const int64_t tokens = ops_[at + i].tokens, sequences = ops_[at + i].sequences;
+        ops_[at + i] = idle_ops_[i];
+        ops_[at + i].tokens = tokens;
+        ops_[at + i].sequences = sequences;
+      }
+      RETURN_IF_ERROR(device_->Estimate(absl::MakeConstSpan(&ops_[at], idle_ops_.size()),
+                                        absl::MakeSpan(&costs_[at], idle_ops_.size())));
+      moe_group_tokens_ = group;
+    }
   } else {
     ops_valid_ = false;
     BuildLayerOps(batch);
@@ -217,12 +386,12 @@ absl::StatusOr<IterationCost> IterationPlanner::Plan(const Batch& batch) {
     ops_key_ = key;
     ops_valid_ = true;
   }
-  const double layers = static_cast<double>(model_.num_layers);
   if (spans_ != nullptr) {
     // The ops run one after another on each xPU, layer after layer.
     double at = 0;
     for (int32_t l = 0; l < model_.num_layers; ++l) {
       for (size_t i = 0; i < layer_ops_; ++i) {
+        if (!InLayer(op_layers_[i], l)) continue;
         Emit(Track::kXpu, devices::StageName(ops_[i].stage), l, -1, at, at + costs_[i].time_s);
         at += costs_[i].time_s;
       }
@@ -233,8 +402,7 @@ absl::StatusOr<IterationCost> IterationPlanner::Plan(const Batch& batch) {
     }
   }
   for (size_t i = 0; i < ops_.size(); ++i) {
-    const devices::Cost c =
-        i < layer_ops_ ? costs_[i].Scaled(layers) : costs_[i];
+    const devices::Cost c = i < layer_ops_ ? costs_[i].Scaled(LayersOf(op_layers_[i])) : costs_[i];
     out.stages[static_cast<int>(ops_[i].stage)] += c;
     out.total += c;
   }

@@ -12,6 +12,13 @@
 //   norm -> QKV -> attention (each sequence with its own KV length) ->
 //   projection -> all-reduce -> residual -> norm -> FF1 (gate+up for SwiGLU)
 //   -> activation -> FF2 -> all-reduce -> residual
+// Mixture-of-experts layers (docs/moe.md) replace the FF block: shared
+// experts as a dense FF of their width, then one kMoe op (router and routed
+// experts, with the expected load of devices/moe_routing.h on the busiest
+// rank) over the whole data-parallel group's tokens, then the exchange with
+// the group (one ring all-reduce's worth: all-gather in, reduce-scatter
+// out) when the group has more than one xPU; the first dense_layers layers
+// keep the dense FF.
 // The layer cost times num_layers, plus once per iteration the embedding
 // gather, the final norm and the LM head over the rows that emit a token,
 // is the iteration. The xPUs of the group run in lockstep, so time is one
@@ -38,12 +45,15 @@
 #define SERVESIM_SCHEDULER_PLANNER_H_
 
 #include <array>
+#include <memory>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "devices/device.h"
 #include "devices/model.h"
+#include "devices/moe_routing.h"
 #include "devices/ops.h"
 #include "scheduler/batching.h"
 
@@ -69,6 +79,13 @@ struct PlannerConfig {
   double device_bandwidth = 0;
   int64_t ff_min_batch = 1;
   int64_t ff_max_batch = 1;
+  // Mixture of experts (docs/moe.md): data-parallel ranks stepping with this
+  // one (the MoE group is data_parallel x tensor_parallel xPUs), whether the
+  // experts are split by expert (else by width), and the routing model
+  // (shared, immutable; required for MoE models).
+  int64_t data_parallel = 1;
+  bool expert_parallel = false;
+  std::shared_ptr<const devices::ExpertRouting> routing;
 };
 
 struct IterationCost {
@@ -110,6 +127,14 @@ class IterationPlanner {
 
   // Costs `batch`. Errors only if the device rejects an op.
   absl::StatusOr<IterationCost> Plan(const Batch& batch);
+  // MoE models: the tokens of the whole data-parallel group in the coming
+  // iteration, which every rank's MoE layers process (0, the default: this
+  // rank's tokens times data_parallel, as if every rank were as busy).
+  void SetGroupTokens(int64_t tokens) { group_tokens_ = tokens; }
+  // A rank with no batch while others step (MoE models with
+  // data_parallel > 1): it runs the MoE layers for the group's tokens
+  // (vLLM's dummy batch; the rank's own part is nothing).
+  absl::StatusOr<IterationCost> PlanIdleRank(int64_t group_tokens);
   // The same, and the schedule's spans, every layer, into `spans` (cleared
   // first). Costs exactly what Plan(batch) costs; slower, for sampled
   // iterations.
@@ -137,6 +162,14 @@ class IterationPlanner {
 
  private:
   void BuildLayerOps(const Batch& batch);
+  // Which layers an op of ops_[0, layer_ops_) runs in.
+  enum class LayerSet : uint8_t { kEvery, kMoe, kDenseFf, kOnce };
+  double LayersOf(LayerSet set) const;
+  bool InLayer(LayerSet set, int32_t layer) const;
+  int64_t MoeGroup() const;
+  // Appends an MoE layer's expert block for `group_tokens` tokens of the
+  // group: the kMoe op and, with more than one xPU, the exchange.
+  void MoeOps(int64_t group_tokens, std::vector<devices::Op>* out) const;
   // Stamps ops [from, end) with the iteration's tokens and sequences.
   static void SetCounts(int64_t tokens, int64_t sequences, std::vector<devices::Op>* ops,
                         size_t from);
@@ -169,6 +202,15 @@ class IterationPlanner {
   int64_t tp_;
   const devices::Device* device_;
   int64_t heads_, kv_heads_, ff_;
+  int64_t dp_ = 1;
+  const devices::ExpertRouting* routing_ = nullptr;  // config_.routing's
+  int64_t group_tokens_ = 0;
+  std::vector<LayerSet> op_layers_;  // per op of ops_
+  std::vector<devices::Op> idle_ops_;
+  // Skewed expert parallelism: the slower of the two candidate ranks' loads
+  // per group token count (MoeOps).
+  mutable std::unordered_map<int64_t, devices::ExpertLoad> slowest_load_;
+  std::vector<devices::Cost> idle_costs_;
   std::vector<devices::AttentionSeq> seqs_;
   std::vector<devices::Op> ops_;
   std::vector<devices::Cost> costs_;
@@ -176,6 +218,10 @@ class IterationPlanner {
   static constexpr size_t kAttentionOp = 2;  // index in ops_
   bool ops_valid_ = false;
   std::array<int64_t, 4> ops_key_{};
+  // ops_[moe_at_] is the MoE block (-1: a dense model), built for
+  // moe_group_tokens_ tokens of the group.
+  int moe_at_ = -1;
+  int64_t moe_group_tokens_ = 0;
   // PlanWithDevice's scratch, reused: no allocation per iteration.
   std::vector<devices::AttentionSeq> dec_seqs_, pre_seqs_, seqs_a_, seqs_b_;
   std::vector<int32_t> dec_stacks_, st_a_, st_b_;

@@ -209,11 +209,9 @@ absl::Status MapModel(const Struct& setup, const std::string& setup_path,
                      "; expected the model's Hugging Face name (or give --set model.preset=NAME)"));
   }
   const std::string& hf = name->string_value();
-  if (const Value* moe = Field(setup, "model.moe");
-      moe != nullptr && moe->kind_case() == Value::kBoolValue && moe->bool_value()) {
-    return absl::UnimplementedError(absl::StrCat(
-        setup_path, ": model.moe is true (", hf, "): mixture-of-experts models are not modelled"));
-  }
+  const Value* moe_flag = Field(setup, "model.moe");
+  const bool moe =
+      moe_flag != nullptr && moe_flag->kind_case() == Value::kBoolValue && moe_flag->bool_value();
   // Recorded architecture fields -> ModelSpec setters.
   struct Dim {
     const char* field;
@@ -242,11 +240,20 @@ absl::Status MapModel(const Struct& setup, const std::string& setup_path,
     for (const Dim& d : dims) {
       const Value* v = Field(setup, absl::StrCat("model.", d.field));
       if (v == nullptr || v->kind_case() != Value::kNumberValue) continue;
-      if (static_cast<int64_t>(v->number_value()) != (spec.*d.get)()) {
+      // An MoE model's FF width may be recorded as its experts'.
+      const bool expert_width = spec.num_experts() > 0 &&
+                                d.set == &servesim::v1::ModelSpec::set_d_ff &&
+                                static_cast<int64_t>(v->number_value()) == spec.expert_d_ff();
+      if (static_cast<int64_t>(v->number_value()) != (spec.*d.get)() && !expert_width) {
         return absl::InvalidArgumentError(absl::StrCat(
             setup_path, ": model.", d.field, " is ", Describe(v), " but preset ", preset, " (",
             hf, ") has ", (spec.*d.get)(), "; give the model explicitly with --set model.*"));
       }
+    }
+    if (moe != (spec.num_experts() > 0)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          setup_path, ": model.moe is ", moe ? "true" : "false", " but preset ", preset, " (", hf,
+          ") is ", spec.num_experts() > 0 ? "a mixture of experts" : "dense"));
     }
     out->set_preset(preset);
     return absl::OkStatus();
@@ -294,6 +301,36 @@ absl::Status MapModel(const Struct& setup, const std::string& setup_path,
         std::pair{"qk_norm", &servesim::v1::ModelSpec::set_qk_norm}}) {
     const Value* v = Field(setup, absl::StrCat("model.", field));
     (out->*set)(v != nullptr && v->kind_case() == Value::kBoolValue && v->bool_value());
+  }
+  if (moe) {
+    // The experts, under the names Hugging Face configs use.
+    auto first = [&](std::initializer_list<const char*> names) -> const Value* {
+      for (const char* n : names) {
+        const Value* v = Field(setup, absl::StrCat("model.", n));
+        if (v != nullptr && v->kind_case() == Value::kNumberValue) return v;
+      }
+      return nullptr;
+    };
+    const Value* experts = first({"num_experts", "n_routed_experts", "num_local_experts"});
+    const Value* top_k = first({"num_experts_per_tok", "experts_per_token", "top_k"});
+    const Value* width = first({"moe_intermediate_size", "expert_intermediate_size"});
+    if (experts == nullptr || top_k == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(setup_path,
+                       ": model.moe is true but model.num_experts and model.num_experts_per_tok "
+                       "are not recorded; give --set model.preset=NAME or model.num_experts, "
+                       "model.experts_per_token and model.expert_d_ff"));
+    }
+    out->set_num_experts(static_cast<int64_t>(experts->number_value()));
+    out->set_experts_per_token(static_cast<int64_t>(top_k->number_value()));
+    out->set_expert_d_ff(width != nullptr ? static_cast<int64_t>(width->number_value())
+                                          : out->d_ff());
+    if (const Value* v = first({"n_shared_experts", "shared_experts"}); v != nullptr) {
+      out->set_shared_experts(static_cast<int64_t>(v->number_value()));
+    }
+    if (const Value* v = first({"first_k_dense_replace", "dense_layers"}); v != nullptr) {
+      out->set_dense_layers(static_cast<int64_t>(v->number_value()));
+    }
   }
   notes->push_back(absl::StrCat("model ", hf,
                                 ": no preset; dimensions from setup.json's model block"));
@@ -436,13 +473,72 @@ absl::StatusOr<ReplaySetup> PrepareReplay(const std::string& run_dir, const std:
   RETURN_IF_ERROR(par("dp", &dp));
   RETURN_IF_ERROR(par("pp", &pp));
   RETURN_IF_ERROR(par("ep", &ep));
-  if (pp > 1 || ep > 1) {
-    return absl::UnimplementedError(absl::StrCat(
-        setup_path, ": parallelism.", pp > 1 ? "pp" : "ep", " is ", pp > 1 ? pp : ep,
-        "; pipeline and expert parallelism are not modelled"));
+  if (pp > 1) {
+    return absl::UnimplementedError(absl::StrCat(setup_path, ": parallelism.pp is ", pp,
+                                                 "; pipeline parallelism is not modelled"));
   }
+  bool moe_model = false;
+  if (const Value* moe = Field(setup, "model.moe");
+      moe != nullptr && moe->kind_case() == Value::kBoolValue) {
+    moe_model = moe->bool_value();
+  } else if (!model->preset().empty()) {
+    moe_model = devices::ModelPreset(model->preset()).ok() &&
+                devices::ModelPreset(model->preset())->num_experts() > 0;
+  }
+  const Value* ep_flag = Field(setup, "parallelism.enable_expert_parallel");
+  const bool expert_parallel =
+      ep > 1 ||
+      (ep_flag != nullptr && ep_flag->kind_case() == Value::kBoolValue && ep_flag->bool_value());
   cluster->set_tensor_parallel(static_cast<int32_t>(tp));
-  cluster->set_replicas(static_cast<int32_t>(dp));  // data-parallel ranks, one engine each
+  if (moe_model) {
+    // vLLM with an MoE model: the data-parallel engines step together, the
+    // MoE layers sharded over all dp x tp GPUs (by expert with
+    // enable_expert_parallel, whose group is then dp x tp GPUs).
+    if (expert_parallel && ep > 1 && ep != dp * tp) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(setup_path, ": parallelism.ep is ", ep,
+                       " but vLLM's expert-parallel group is dp x tp = ", dp * tp));
+    }
+    if (dp > 1) cluster->set_data_parallel(static_cast<int32_t>(dp));
+    cluster->set_expert_parallel(expert_parallel);
+    cluster->set_replicas(1);
+    if (dp > 1) {
+      // The ranks pad to one token count when the step runs under CUDA
+      // graphs (vLLM's default unless enforce_eager).
+      const Knob eager = ReadKnob(setup, "enforce_eager");
+      if (eager.value != nullptr && eager.value->kind_case() == Value::kBoolValue &&
+          eager.value->bool_value()) {
+        sc.mutable_scheduler()->set_cuda_graph_max_tokens(0);
+      } else {
+        const Knob cap = ReadKnob(setup, "cudagraph_capture_max");
+        const Knob seqs = ReadKnob(setup, "max_num_seqs");
+        int64_t v = 512;
+        if (cap.value != nullptr && cap.value->kind_case() == Value::kNumberValue &&
+            cap.value->number_value() >= 1) {
+          v = static_cast<int64_t>(cap.value->number_value());
+        } else {
+          if (seqs.value != nullptr && seqs.value->kind_case() == Value::kNumberValue) {
+            v = std::min<int64_t>(512, 2 * static_cast<int64_t>(seqs.value->number_value()));
+          }
+          out.assumptions.push_back(absl::StrCat(
+              "engine_knobs.cudagraph_capture_max not recorded: ", v,
+              " (vLLM's default, min(2 x max_num_seqs, 512)); data-parallel ranks pad to one "
+              "token count under CUDA graphs"));
+        }
+        if (eager.value == nullptr) {
+          out.assumptions.push_back(
+              "engine_knobs.enforce_eager not recorded: false (vLLM's default: CUDA graphs)");
+        }
+        sc.mutable_scheduler()->set_cuda_graph_max_tokens(v);
+      }
+    }
+  } else {
+    if (expert_parallel) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          setup_path, ": expert parallelism is on but the model is dense (model.moe false)"));
+    }
+    cluster->set_replicas(static_cast<int32_t>(dp));  // data-parallel ranks, one engine each
+  }
   if (const Value* n = Field(setup, "hardware.gpu_count");
       n != nullptr && n->kind_case() == Value::kNumberValue && n->number_value() != double(tp * dp)) {
     return absl::InvalidArgumentError(absl::StrCat(setup_path, ": hardware.gpu_count is ",

@@ -149,6 +149,8 @@ const char* OpKindName(OpKind k) {
       return "elementwise";
     case OpKind::kAllReduce:
       return "all-reduce";
+    case OpKind::kMoe:
+      return "moe";
   }
   return "unknown";
 }

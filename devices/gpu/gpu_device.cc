@@ -140,8 +140,8 @@ DeviceDescription GpuDevice::Describe() const {
   d.preset = x.preset();
   d.memory_bytes = x.memory_bytes();
   d.lookahead_ok = true;  // pure
-  d.accepts = {OpKind::kGemm, OpKind::kAttention, OpKind::kElementwise,
-               OpKind::kAllReduce};
+  d.accepts = {OpKind::kGemm, OpKind::kAttention, OpKind::kElementwise, OpKind::kAllReduce,
+               OpKind::kMoe};
   d.parameters = {
       {"peak_flops_fp16", x.peak_flops_fp16()},
       {"peak_flops_int8", x.peak_flops_int8()},
@@ -171,7 +171,9 @@ DeviceDescription GpuDevice::Describe() const {
 
 GpuDevice::OpClass GpuDevice::ClassOf(const Op& op) {
   switch (op.kind) {
-    case OpKind::kGemm: return kGemmClass;
+    case OpKind::kGemm:
+    case OpKind::kMoe:
+      return kGemmClass;
     case OpKind::kAttention: return kAttentionClass;
     case OpKind::kElementwise:
       switch (op.stage) {
@@ -233,6 +235,8 @@ Cost GpuDevice::RooflineCost(const Op& op) const {
       return Roofline(op.elements * op.flops_per_element, op.elements * op.bytes_per_element,
                       ClassOf(op));
     }
+    case OpKind::kMoe:
+      return MoeCost(op);
     case OpKind::kAllReduce: {
       Cost c;
       if (op.participants > 1 && op.bytes > 0) {
@@ -249,6 +253,39 @@ Cost GpuDevice::RooflineCost(const Op& op) const {
     }
   }
   return Cost{};
+}
+
+Cost GpuDevice::MoeCost(const Op& op) const {
+  if (op.m <= 0 || op.k <= 0) return Cost{};
+  const double m = static_cast<double>(op.m), k = static_cast<double>(op.k);
+  const double n = static_cast<double>(op.n), e = static_cast<double>(op.experts_total);
+  const double a = op.routed, x = op.experts_touched, mats = op.expert_matrices;
+  // Router: [m x k] x [k x E], then top-k (negligible).
+  double flops = 2 * m * k * e;
+  double bytes = (m * k + k * e + m * e) * elem_bytes_;
+  // Experts: each assignment runs its expert's matrices (gate+up and down
+  // when gated: 2 k n FLOPs per matrix) and the activation (~6 FLOPs per
+  // element); the touched experts' weights are read once; activations: the
+  // m input rows, per assignment the intermediate (gate+up written, read by
+  // the activation, its output written and read by down: 2 * mats * n) and
+  // the k-wide output, and the m combined rows.
+  const double expert_flops = 2 * k * n * mats;
+  flops += a * (expert_flops + 6 * n);
+  bytes += (x * mats * k * n + m * k + a * 2 * mats * n + a * k + m * k) * elem_bytes_;
+  Cost c = Roofline(flops, bytes, kGemmClass);
+  if (x > 0 && a > 0 && n > 0) {
+    // The grouped GEMM pads each expert's rows to its row tile (vLLM's
+    // fused_moe: 16 rows for small batches), which costs time, not FLOPs.
+    const double rows = a / x;
+    const double padded = x * std::ceil(rows / kMoeRowTile) * kMoeRowTile;
+    const Caps& caps = caps_[kGemmClass];
+    const double padded_flops = flops + (padded - a) * expert_flops;
+    c.time_s = std::max(padded_flops / caps.flops_per_s, bytes / caps.bytes_per_s);
+    // Router GEMM, top-k and the token sort, two grouped GEMMs: four
+    // kernels' launch overhead.
+    c.time_s += kMoeKernels * caps.overhead_s;
+  }
+  return c;
 }
 
 double GpuDevice::GemmTime(double m, double n, double k) const {
@@ -383,6 +420,34 @@ double GpuDevice::ProfiledTime(const Op& op, const Cost& c) const {
                           clamped.kv_decode_mean != q.kv_decode_mean;
       if (beyond) t *= AttentionTime(op, q) / AttentionTime(op, clamped);
       p.Count(beyond);
+      return t;
+    }
+    case OpKind::kMoe: {
+      if (!p.has_moe() || op.top_k <= 0 || op.routed <= 0) {
+        if (!p.has_moe()) p.CountMissing();
+        return c.time_s;
+      }
+      // The bundle's tokens are the rows whose experts run here: the
+      // assignments over top-k.
+      const double tokens = op.routed / op.top_k;
+      bool beyond = false;
+      double ct = tokens, cx = op.experts_touched;
+      double t = p.Moe(tokens, op.experts_touched, &beyond, &ct, &cx);
+      p.Count(beyond);
+      if (beyond) {
+        Op g = op;
+        g.routed = ct * op.top_k;
+        g.m = std::max<int64_t>(
+            1, static_cast<int64_t>(std::llround(static_cast<double>(op.m) * ct / tokens)));
+        g.experts_touched = cx;
+        t *= c.time_s / MoeCost(g).time_s;
+      }
+      // Experts narrower than measured (split by width over ranks).
+      if (ref.expert_d_ff() > 0 && op.n != ref.expert_d_ff()) {
+        Op w = op;
+        w.n = ref.expert_d_ff();
+        t *= c.time_s / MoeCost(w).time_s;
+      }
       return t;
     }
     case OpKind::kAllReduce:

@@ -18,6 +18,12 @@
 //  - Elementwise: elements * bytes_per_element bytes, the op's FLOPs.
 //  - All-reduce among p peers (ring): 2(p-1) steps, each one link latency
 //    plus (bytes / p) / link_bw; each peer sends 2(p-1)/p * bytes.
+//  - MoE block (m rows, routed assignments a over x touched experts of width
+//    n, E experts): router 2 m k E FLOPs; experts a (2 k n mats + 6 n)
+//    FLOPs; bytes: router weights, the touched experts' weights x mats k n,
+//    activations 2 m k + a (2 mats n + k). Time: the roofline with each
+//    expert's rows padded to 16 (the grouped GEMM's tile) plus four kernel
+//    overheads (MoeCost).
 // Energy: FLOPs * flop_energy (int8 ops for DTYPE_INT8), device-memory bytes
 // * dram_energy, link bytes * link energy (figures in devices/presets.cc).
 // Functional kernel: exact attention (devices/reference_attention.h).
@@ -34,6 +40,9 @@
 //  - Residual adds: no time (vLLM fuses them into the next RMSNorm).
 //  - Attention: the bundle's table (profile.h), for the op's sequences.
 //  - All-reduce: the link model above (the bundle measures one rank).
+//  - MoE block: moe.csv at (assignments / top-k tokens, touched experts);
+//    experts narrower than the bundle's (split by width) scaled by the
+//    roofline's ratio of the two widths.
 // Past the measured grid, a time is the last measured point's scaled by the
 // roofline's ratio of the two shapes (anchored extrapolation); a GEMM of
 // another shape than the model's (a head-group tile) likewise. FLOPs, bytes
@@ -67,6 +76,10 @@ class GpuDevice : public Device {
 
   // Query-block height of the prefill attention tiling.
   static constexpr int64_t kQueryBlock = 128;
+  // MoE block (OpKind::kMoe): the grouped GEMM's row tile and the block's
+  // kernels (router, top-k and sort, two grouped GEMMs).
+  static constexpr double kMoeRowTile = 16;
+  static constexpr double kMoeKernels = 4;
 
  private:
   explicit GpuDevice(const servesim::v1::GpuDeviceSpec& spec);
@@ -80,6 +93,7 @@ class GpuDevice : public Device {
   // The roofline time of a GEMM [m x k] x [k x n], and of one attention
   // batch as the profile sees it (profile.h).
   double GemmTime(double m, double n, double k) const;
+  Cost MoeCost(const Op& op) const;
   double AttentionTime(const Op& op, const AttentionShapeQuery& q) const;
   // The measured time of `op` (roofline cost `c`), or c.time_s where the
   // bundle does not cover it.

@@ -270,6 +270,39 @@ absl::StatusOr<std::shared_ptr<const GpuProfile>> GpuProfile::Load(const std::st
     n->leaf = std::move(curve);
   }
 
+  // Optional: the MoE block, measured at TP 1 (a tp<N> folder without one
+  // takes its sibling tp1's; docs/profiles.md).
+  {
+    std::string moe_path = (fs::path(tp_dir) / "moe.csv").string();
+    if (!fs::exists(moe_path))
+      moe_path = (fs::path(tp_dir).parent_path() / "tp1" / "moe.csv").string();
+    if (fs::exists(moe_path)) {
+      ASSIGN_OR_RETURN(const std::string moe, ReadAll(moe_path));
+      h = Fnv1a(Fnv1a(h, "moe.csv"), moe);
+      const std::vector<std::string> mcols = {"tokens", "activated_experts", "time_us"};
+      ASSIGN_OR_RETURN(Csv mcsv, ReadCsv(moe_path, moe, mcols));
+      std::pair<double, double> prev{-1, -1};
+      for (size_t r = 0; r < mcsv.rows.size(); ++r) {
+        double v[3];
+        for (size_t i = 0; i < 3; ++i) {
+          ASSIGN_OR_RETURN(v[i], Number(mcsv, r, i, mcols[i]));
+        }
+        if (!(std::make_pair(v[0], v[1]) > prev) || v[0] < 1 || v[1] < 1) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              moe_path, ":", mcsv.lines[r], ": grid point (", mcsv.rows[r][0], ", ",
+              mcsv.rows[r][1],
+              ") is not after the previous row's or below 1; expected rows ascending and "
+              "unique in (tokens, activated_experts), both >= 1"));
+        }
+        prev = {v[0], v[1]};
+        ProfileCurve& c = p->moe_[v[0]];
+        c.x.push_back(v[1]);
+        c.t.push_back(v[2] * 1e-6);
+        p->moe_max_experts_ = std::max(p->moe_max_experts_, v[1]);
+      }
+    }
+  }
+
   // Optional: the skew fit and its bins (meta.yaml, one level up).
   ASSIGN_OR_RETURN(const std::string skew, file("skew_fit.csv", false));
   const std::string meta_path = (fs::path(tp_dir).parent_path() / "meta.yaml").string();
@@ -428,6 +461,22 @@ GpuProfile::Counts GpuProfile::counts() const {
 void GpuProfile::Count(bool beyond) const {
   lookups_.fetch_add(1, std::memory_order_relaxed);
   if (beyond) beyond_.fetch_add(1, std::memory_order_relaxed);
+}
+
+double GpuProfile::Moe(double tokens, double experts, bool* beyond, double* clamped_tokens,
+                       double* clamped_experts) const {
+  if (moe_.empty()) return 0;
+  const double max_tokens = moe_.rbegin()->first;
+  if (tokens > max_tokens || experts > moe_max_experts_) *beyond = true;
+  tokens = std::clamp(tokens, moe_.begin()->first, max_tokens);
+  experts = std::min(experts, moe_max_experts_);
+  *clamped_tokens = tokens;
+  *clamped_experts = experts;
+  auto hi = moe_.lower_bound(tokens);
+  if (hi->first == tokens || hi == moe_.begin()) return hi->second.Eval(experts, nullptr);
+  auto lo = std::prev(hi);
+  const double w = (tokens - lo->first) / (hi->first - lo->first);
+  return (1 - w) * lo->second.Eval(experts, nullptr) + w * hi->second.Eval(experts, nullptr);
 }
 
 }  // namespace servesim::devices

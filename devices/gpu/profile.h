@@ -15,7 +15,11 @@
 //   per_sequence.csv  layer,sequences,time_us: lm_head and sampler.
 //   skew_fit.csv      optional: alpha per bucket, for decode batches whose KV
 //                     lengths differ (below).
-//   moe.csv           optional: tokens,activated_experts,time_us.
+//   moe.csv           optional: tokens,activated_experts,time_us: a whole
+//                     MoE block on one rank holding every expert whole,
+//                     against the tokens entering it and the distinct
+//                     experts they touch. Measured at TP 1 only: a tp<N>
+//                     folder without one uses its sibling tp1's.
 // and <variant>/meta.yaml: provenance, and the skew fit's bucket bins and
 // default alpha per TP degree.
 //
@@ -92,6 +96,15 @@ class GpuProfile {
   double Attention(const AttentionShapeQuery& q, AttentionShapeQuery* clamped) const;
   // The skew fit's alpha for `q` (0 when the decodes' histories are equal).
   double SkewAlpha(const AttentionShapeQuery& q) const;
+  // One MoE block's time for `tokens` tokens touching `experts` distinct
+  // experts: linear in the experts among those measured at each of the two
+  // nearest token counts (each row clamped to its own range), then linear
+  // in the tokens; exact at grid points. `beyond`: tokens or experts past
+  // the grid's largest (the caller anchors the roofline there), with the
+  // clamped query in *clamped_tokens, *clamped_experts. 0 without moe.csv.
+  bool has_moe() const { return !moe_.empty(); }
+  double Moe(double tokens, double experts, bool* beyond, double* clamped_tokens,
+             double* clamped_experts) const;
 
   // Every measured point, for calibration: dense and per-sequence curves by
   // layer, and the attention table's rows (prefill_chunk, kv_prefill,
@@ -137,6 +150,8 @@ class GpuProfile {
   };
   Bins n_bins_, sr_bins_, kvb_bins_, kp_bins_;
   std::map<std::string, double> alpha_;
+  std::map<double, ProfileCurve> moe_;  // tokens -> time against experts
+  double moe_max_experts_ = 0;
   double alpha_default_ = 0;
   mutable std::atomic<int64_t> lookups_{0}, beyond_{0}, missing_{0};
 };

@@ -51,9 +51,12 @@ int PresetsCommand(const Args& args) {
       std::cout << "  " << name << "\n";
       PrintMessage(*m);
       const auto dims = devices::ModelDimsFromSpec(*m);
-      std::cout << absl::StrFormat("    = %.2fB parameters, %s fp16 weights, %d KB KV per token\n",
-                                   dims.TotalParams() / 1e9, FormatGb(dims.WeightBytes()),
-                                   dims.KvBytesPerToken() / 1024);
+      std::cout << absl::StrFormat(
+          "    = %.2fB parameters%s, %s fp16 weights, %d KB KV per token\n",
+          dims.TotalParams() / 1e9,
+          dims.moe() ? absl::StrFormat(" (%.2fB active)", dims.ActiveParams() / 1e9)
+                     : std::string(),
+          FormatGb(dims.WeightBytes()), dims.KvBytesPerToken() / 1024);
     }
   }
   if (k.empty() || k == "xpus") {

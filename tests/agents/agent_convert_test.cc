@@ -139,6 +139,38 @@ TEST(AgentConvertTest, CostsAreBitExact) {
   ExpectSameBits(c, DecodeCost(parsed));
 }
 
+TEST(AgentConvertTest, MoeOpsRoundTripAndBadOnesAreRefused) {
+  Op moe;
+  moe.kind = OpKind::kMoe;
+  moe.stage = devices::Stage::kMoe;
+  moe.m = 10, moe.n = 768, moe.k = 2048;
+  moe.routed = 40.5, moe.experts_touched = 30.25, moe.experts_total = 128;
+  moe.top_k = 8, moe.expert_matrices = 3;
+  v1::EstimateRequest req;
+  EncodeOps(absl::MakeConstSpan(&moe, 1), &req);
+  DecodedOps d;
+  ASSERT_TRUE(DecodeOps(req, &d).ok());
+  ASSERT_EQ(d.ops.size(), 1u);
+  const Op& b = d.ops[0];
+  EXPECT_EQ(b.kind, OpKind::kMoe);
+  EXPECT_EQ(b.stage, devices::Stage::kMoe);
+  EXPECT_EQ(std::tie(b.m, b.n, b.k, b.experts_total, b.top_k, b.expert_matrices),
+            std::tie(moe.m, moe.n, moe.k, moe.experts_total, moe.top_k, moe.expert_matrices));
+  EXPECT_EQ(Bits(b.routed), Bits(moe.routed));
+  EXPECT_EQ(Bits(b.experts_touched), Bits(moe.experts_touched));
+  req.mutable_ops(0)->set_top_k(129);
+  const absl::Status st = DecodeOps(req, &d);
+  EXPECT_NE(st.message().find("top_k 1..experts_total"), absl::string_view::npos) << st;
+  // The GPU accepts MoE ops, and says so through Describe.
+  v1::DescribeResponse wire;
+  devices::DeviceDescription desc;
+  desc.accepts = {OpKind::kGemm, OpKind::kMoe};
+  EncodeDescription(desc, &wire);
+  auto back = DecodeDescription(wire);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->accepts, desc.accepts);
+}
+
 TEST(AgentConvertTest, TensorsAndDescriptionsRoundTrip) {
   for (auto type : {devices::ElementType::kFp16, devices::ElementType::kFp32}) {
     const devices::Tensor t = Ramp(type, {2, 3, 4}, 0.3f);

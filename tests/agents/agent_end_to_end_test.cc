@@ -234,6 +234,25 @@ TEST(AgentEndToEndTest, GpuOutputsAreByteIdenticalWithOneAndTwoAgents) {
   EXPECT_TRUE(absl::StrContains(bad.out, "the scenario has no attacc device")) << bad.out;
 }
 
+// Mixture of experts: two lockstep data-parallel ranks whose MoE ops are
+// costed by a GPU agent give the in-process outputs byte for byte.
+TEST(AgentEndToEndTest, MoeDataParallelOutputsAreByteIdenticalOnAnAgent) {
+  const std::string dir = FreshDir();
+  const std::string sc = SERVESIM_SOURCE_DIR "/tests/testdata/golden_qwen3_moe_dp2_ep2.pbtxt";
+  Agents ag;
+  ag.procs.push_back(StartAgent(dir, "gpu"));
+  const std::vector<std::string> window = {"--set", "workload.window_end_s=30"};
+  std::vector<std::string> a = {"run", sc, "--quiet", "--out", dir + "/in"};
+  a.insert(a.end(), window.begin(), window.end());
+  const Result in = RunServesim(a);
+  ASSERT_EQ(in.code, 0) << in.out;
+  a = {"run", sc, "--quiet", "--out", dir + "/one", "--agent", "gpu=" + ag.List(0, 1)};
+  a.insert(a.end(), window.begin(), window.end());
+  const Result one = RunServesim(a);
+  ASSERT_EQ(one.code, 0) << one.out;
+  ExpectSameOutputs(dir + "/in", dir + "/one");
+}
+
 TEST(AgentEndToEndTest, AttAccOutputsAreByteIdenticalWithOneAndTwoAgentsPerKind) {
   const std::string dir = FreshDir();
   Agents ag;

@@ -97,7 +97,7 @@ TEST(ModelTest, Llama3AndQwen3ParameterCounts) {
 }
 
 TEST(PresetTest, EveryPresetIsComplete) {
-  EXPECT_EQ(ModelPresetNames().size(), 22u);
+  EXPECT_EQ(ModelPresetNames().size(), 27u);
   for (const auto& name : ModelPresetNames()) {
     auto m = ModelPreset(name);
     ASSERT_TRUE(m.ok());
@@ -105,6 +105,10 @@ TEST(PresetTest, EveryPresetIsComplete) {
     EXPECT_GT(m->num_layers(), 0) << name;
     EXPECT_GT(m->max_context_tokens(), 0) << name;
     EXPECT_EQ(m->num_heads() % m->num_kv_heads(), 0) << name;
+    if (m->num_experts() > 0) {
+      EXPECT_GE(m->num_experts(), m->experts_per_token()) << name;
+      EXPECT_GT(m->expert_d_ff(), 0) << name;
+    }
   }
   for (const auto& name : XpuPresetNames()) {
     auto x = XpuPreset(name);

@@ -267,7 +267,8 @@ TEST(ScenarioOverrideTest, UnknownFieldListsTheMessagesFields) {
             "--set cluster.nosuch: ClusterSpec has no field \"nosuch\"; its "
             "fields: replicas, xpu, tensor_parallel, interconnect, frontend, "
             "memory_utilization, attacc, overlap, head_groups, ff_min_batch, ff_max_batch, "
-            "attention_pool, xpu_endpoints, attention_endpoints, profile");
+            "attention_pool, xpu_endpoints, attention_endpoints, profile, data_parallel, "
+            "expert_parallel");
 }
 
 TEST(ScenarioOverrideTest, MessageFieldIsNotAssignable) {

@@ -236,8 +236,9 @@ TEST(ScenarioPresetTest, UnknownModelPreset) {
             "s.pbtxt:3: model.preset: unknown model preset \"gpt5\"; known: "
             "codellama-34b, gpt2-large, gpt2-medium, gpt2-xl, gpt3-175b, llama-65b, "
             "llama2-13b, llama2-70b, llama2-7b, llama3.1-405b, llama3.1-70b, llama3.1-8b, "
-            "llama3.2-1b, llama3.2-3b, mistral-7b, mt-nlg-530b, opt-13b, opt-6.7b, opt-66b, "
-            "qwen3-14b, qwen3-32b, qwen3-8b");
+            "llama3.2-1b, llama3.2-3b, mistral-7b, mixtral-8x22b, mixtral-8x7b, mt-nlg-530b, "
+            "opt-13b, opt-6.7b, opt-66b, qwen3-14b, qwen3-235b-a22b, qwen3-30b-a3b, "
+            "qwen3-30b-a3b-instruct-2507, qwen3-32b, qwen3-8b");
 }
 
 TEST(ScenarioPresetTest, UnknownXpuPreset) {
@@ -587,6 +588,76 @@ TEST(ProfileResolveTest, AMissingTpFolderIsAnErrorWhenRequiredElseAListedFallbac
   ASSERT_EQ(none->fallbacks.size(), 1u);
   EXPECT_EQ(none->fallbacks[0], "profile: no bundle folder " + ProfilesRoot() +
                                     "/RTXPRO6000/Qwen/Qwen3-8B/bf16; GPU costs from the roofline");
+}
+
+}  // namespace
+}  // namespace servesim::scenario
+
+// ------------------------------------------------- mixture of experts ----
+
+namespace servesim::scenario {
+namespace {
+
+std::string MoeScenario(const std::string& cluster_extra, const std::string& model_extra = "") {
+  return absl::StrCat("model { preset: \"qwen3-30b-a3b\" ", model_extra,
+                      " }\n"
+                      "cluster {\n"
+                      "  xpu { preset: \"h100-sxm-80gb\" }\n  ",
+                      cluster_extra, "\n}\n");
+}
+
+TEST(ScenarioMoeTest, DataParallelExpertParallelSplitsTheExpertsOnly) {
+  auto r = ParseAndResolve(MoeScenario("data_parallel: 2 expert_parallel: true"));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->data_parallel, 2);
+  // Each GPU: everything but the routed experts, and half of those.
+  const double routed = 48.0 * 128 * 3 * 2048 * 768 * 2;
+  EXPECT_DOUBLE_EQ(r->weight_bytes_per_xpu, r->model.WeightBytes() - routed / 2);
+  EXPECT_NE(r->planner.routing, nullptr);
+  EXPECT_EQ(r->planner.routing->ranks(), 2);
+  // Without expert parallelism the routing model has one rank (every GPU
+  // holds a slice of every expert), and the weights split the same.
+  auto w = ParseAndResolve(MoeScenario("data_parallel: 2"));
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_EQ(w->planner.routing->ranks(), 1);
+  EXPECT_DOUBLE_EQ(w->weight_bytes_per_xpu, r->weight_bytes_per_xpu);
+}
+
+TEST(ScenarioMoeTest, LayoutsThatDoNotDivideAreRefusedWithTheNumbers) {
+  auto r = ParseAndResolve(MoeScenario("data_parallel: 3 expert_parallel: true"));
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(std::string(r.status().message()),
+              HasSubstr("cluster.data_parallel = 3: expert parallelism splits model.num_experts "
+                        "(128) over data_parallel x tensor_parallel = 3 xPUs"));
+  r = ParseAndResolve(MoeScenario("data_parallel: 5"));
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(std::string(r.status().message()),
+              HasSubstr("model.expert_d_ff (768) is split over data_parallel x tensor_parallel = "
+                        "5 xPUs"));
+  r = ParseAndResolve(MoeScenario("", "experts_per_token: 200"));
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(std::string(r.status().message()),
+              HasSubstr("model.experts_per_token = 200: allowed range [1, 128]"));
+}
+
+TEST(ScenarioMoeTest, MoeOnlySettingsOnADenseModelAreRefused) {
+  auto r = ParseAndResolve(
+      "model { preset: \"llama3.1-8b\" }\ncluster {\n  xpu { preset: \"h100-sxm-80gb\" }\n"
+      "  data_parallel: 2\n}\n");
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(std::string(r.status().message()),
+              HasSubstr("cluster.data_parallel = 2: data-parallel ranks in lockstep are for MoE "
+                        "models"));
+  r = ParseAndResolve(
+      "model { preset: \"llama3.1-8b\" expert_d_ff: 10 }\ncluster {\n  xpu { preset: "
+      "\"h100-sxm-80gb\" }\n}\n");
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(std::string(r.status().message()),
+              HasSubstr("model.expert_d_ff = set: only for MoE"));
+  r = ParseAndResolve(MoeScenario("attacc { preset: \"attacc_bank\" }"));
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(std::string(r.status().message()),
+              HasSubstr("attention devices beside the xPUs are not modelled with MoE models"));
 }
 
 }  // namespace

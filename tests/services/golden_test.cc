@@ -50,6 +50,7 @@ TEST_P(GoldenTest, SummaryMatchesReviewedGolden) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Scenarios, GoldenTest,
-                         ::testing::Values("llama2_13b_azure_5min", "gpt3_saturated"));
+                         ::testing::Values("llama2_13b_azure_5min", "gpt3_saturated",
+                                           "qwen3_moe_dp2_ep2"));
 
 }  // namespace

@@ -88,6 +88,41 @@ TEST(ReplayCliTest, FixtureRunWithAKnownAnswer) {
   EXPECT_NE(r.out.find("e2e_s                mean"), std::string::npos) << r.out;
 }
 
+// A mixture-of-experts run on two data-parallel ranks with expert
+// parallelism (vLLM's DP2 + EP2), its bundle measuring the MoE block at 7 us
+// whatever its load, so a rank's step is the dense fixture's: prefill 48 us,
+// decode 44 us, and a rank with no work runs only the MoE layers, 2 x 7 =
+// 14 us. The links cost nothing. r0 arrives at 0 and takes rank 0; r1, at
+// 20 us, takes rank 1 (4 x 0 waiting + 0 running beats rank 0's 1 running).
+// The ranks step together, each step as long as the slower rank:
+//   0-48     rank 0 prefills r0, rank 1 idle (14)     -> r0's first token at 48
+//   48-96    r0 decodes (44), r1 prefills (48)         -> r0 waits for r1: 48
+//   96-140   both decode                               -> r0 3rd, r1 2nd token
+//   140-184  both decode                               -> r0 done at 184
+//   184-228  rank 0 idle (14), r1 decodes (44)         -> r1 done at 228
+// r0: TTFT 48, E2E 184, TPOT (184 - 48) / 3; r1: TTFT 76, E2E 208, TPOT 44.
+TEST(ReplayCliTest, DataParallelExpertParallelRanksStepTogether) {
+  const std::string out = FreshDir("replay_moe");
+  std::vector<std::string> args = FixtureArgs(kFixture + "/tiny_moe_run", out);
+  args.insert(args.end(), {"--set", "cluster.interconnect.latency_s=0", "--set",
+                           "cluster.interconnect.bandwidth_bytes_per_s=1e15"});
+  const auto r = RunServesim(args);
+  ASSERT_EQ(r.code, 0) << r.out;
+  const std::vector<std::string> requests = Lines(ReadFile(out + "/requests.csv"));
+  ASSERT_EQ(requests.size(), 3u);
+  EXPECT_EQ(requests[1], "0,0.000000,0.000048,0.000184,16,4,0.000048,0.000045,0.000184,0,0,done");
+  EXPECT_EQ(requests[2], "1,0.000020,0.000096,0.000228,16,4,0.000076,0.000044,0.000208,0,0,done");
+  const std::string scenario = ReadFile(out + "/scenario.pbtxt");
+  EXPECT_NE(scenario.find("data_parallel: 2"), std::string::npos) << scenario;
+  EXPECT_NE(scenario.find("expert_parallel: true"), std::string::npos) << scenario;
+  EXPECT_NE(r.out.find("DP=2"), std::string::npos) << r.out;
+  const std::string info = ReadFile(out + "/run_info.json");
+  EXPECT_NE(info.find("\"missing_layer\": 0,"), std::string::npos) << info;
+  // Five lockstep steps, each recording both ranks' batches.
+  const std::vector<std::string> its = Lines(ReadFile(out + "/iterations.csv"));
+  EXPECT_EQ(its.size(), 6u);
+}
+
 // scheduler.step_overhead_s: a CPU time added to every step, here 1 ms on
 // the fixture's four steps per request.
 TEST(ReplayCliTest, StepOverheadAddsToEveryStep) {
