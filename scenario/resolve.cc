@@ -290,9 +290,22 @@ absl::StatusOr<ResolvedScenario> Resolve(const LoadedScenario& sc) {
     ck.Fail("cluster.expert_parallel", "true", "only for MoE models (model.num_experts > 0)");
   }
   if (ck.status().ok() && moe && (c.has_attacc() || c.has_attention_pool())) {
-    ck.Fail(c.has_attacc() ? "cluster.attacc" : "cluster.attention_pool", "set",
-            "attention devices beside the xPUs are not modelled with MoE models yet; serve "
-            "the MoE model on xPUs alone");
+    // An attention device beside an MoE model's xPUs: one TP group whose
+    // layers are attention and routed experts only (docs/moe.md).
+    const char* device = c.has_attacc() ? "cluster.attacc" : "cluster.attention_pool";
+    if (dp > 1) {
+      ck.Fail(device, "set",
+              "attention devices are modelled beside one data-parallel rank; set "
+              "cluster.data_parallel to 1 (experts split over the tensor-parallel group)");
+    } else if (m.shared_experts() > 0 || m.dense_layers() > 0) {
+      ck.Fail(device, "set",
+              "attention devices are modelled beside MoE models whose every layer has routed "
+              "experts only (model.shared_experts and model.dense_layers 0)");
+    } else if (c.overlap() == servesim::v1::OVERLAP_POLICY_HEAD_LEVEL_FF) {
+      ck.Fail("cluster.overlap", "HEAD_LEVEL_FF",
+              "feed-forward co-processing splits a dense FF; an MoE model's experts stay on the "
+              "xPUs (use SERIAL, HEAD_LEVEL or BATCH_LEVEL)");
+    }
   }
   ck.Range<int32_t>("cluster.tensor_parallel", c.tensor_parallel(), 1, 64);
   const int64_t tp = c.tensor_parallel();

@@ -465,6 +465,19 @@ void IterationPlanner::XpuLayerOps(int64_t tokens,
     set_elem(ops[9], Stage::kActivation, t * ff_k, 2 * elem, 8);
   }
   set_gemm(ops[10], Stage::kFf2, t, d, ff_k);
+  if (model_.moe()) {
+    // The MoE block in the FF's place (one data-parallel rank, no shared
+    // experts, no dense layers: scenario resolution refuses the rest with
+    // an attention device); its exchange is the TP all-reduce the FF block
+    // already ends with, so MoeOps' all-reduce is not taken.
+    std::vector<Op> moe;
+    MoeOps(t, &moe);
+    ops[8] = moe.front();
+    ops[9] = Op{};
+    set_elem(ops[9], Stage::kActivation, 0, 0, 0);
+    ops[10] = Op{};
+    set_gemm(ops[10], Stage::kFf2, 0, d, 0);
+  }
 }
 
 IterationPlanner::XpuLayer IterationPlanner::XpuLayerFrom(absl::Span<const devices::Cost> c,

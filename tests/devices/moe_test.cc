@@ -343,6 +343,52 @@ TEST_F(MoePlannerTest, SkewedRanksWaitForTheSlowestNotTheBusiest) {
               1e-12);
 }
 
+// An attention device that charges 1 us per attention op.
+class MicrosecondAttention : public devices::Device {
+ public:
+  devices::DeviceDescription Describe() const override {
+    devices::DeviceDescription d;
+    d.kind = "fake";
+    d.accepts = {devices::OpKind::kAttention};
+    return d;
+  }
+  absl::Status Estimate(absl::Span<const devices::Op> ops,
+                        absl::Span<devices::Cost> costs) const override {
+    for (size_t i = 0; i < ops.size(); ++i) costs[i].time_s = 1e-6;
+    return absl::OkStatus();
+  }
+  absl::StatusOr<devices::AttentionResult> Execute(const devices::AttentionCall&) const override {
+    return absl::UnimplementedError("costs only");
+  }
+};
+
+TEST_F(MoePlannerTest, BesideAnAttentionDeviceTheExpertsTakeTheFeedForwardsPlace) {
+  MicrosecondAttention att;
+  PlannerConfig c = Config(1, false);
+  c.tensor_parallel = 2;
+  c.attention = &att;
+  c.link_bytes_per_s = 64e9;
+  c.link_latency_s = 1e-6;
+  IterationPlanner p(model_, c);
+  auto cost = p.Plan(UniformBatch(8, 1, 100));
+  ASSERT_TRUE(cost.ok()) << cost.status();
+  // Decode attention went to the device: 48 layers x 1 us.
+  EXPECT_NEAR(cost->device_busy_s, 48e-6, 1e-12);
+  // The xPUs' FF block is the MoE block for 8 tokens on each of the two
+  // xPUs, every expert 768 / 2 wide: 64 assignments.
+  devices::Op moe;
+  moe.kind = devices::OpKind::kMoe;
+  moe.stage = devices::Stage::kMoe;
+  moe.m = 8, moe.n = 384, moe.k = 2048;
+  moe.experts_total = 128, moe.top_k = 8, moe.expert_matrices = 3;
+  moe.routed = 64;
+  moe.experts_touched = 128 * (1 - std::pow(15.0 / 16, 8));
+  moe.tokens = 8, moe.sequences = 8;
+  devices::Cost want;
+  ASSERT_TRUE(device_->Estimate(absl::MakeConstSpan(&moe, 1), absl::MakeSpan(&want, 1)).ok());
+  EXPECT_NEAR(cost->stages[static_cast<int>(devices::Stage::kFf1)].time_s, 48 * want.time_s, 1e-12);
+}
+
 TEST_F(MoePlannerTest, DenseFirstLayersKeepTheDenseFeedForward) {
   devices::ModelDims m = model_;
   m.dense_layers = 3;

@@ -88,6 +88,29 @@ TEST(DocFiguresTest, AttAccSaturatedExamples) {
                 0.02);
 }
 
+// docs/moe.md, "What attention offload buys on today's models": the static
+// evaluation at a 50 ms TBT limit, DGX_Base and DGX+AttAcc (head-level),
+// tokens/s and J per token (scripts/offload_modern_models.sh).
+TEST(DocFiguresTest, OffloadOnModernModelsAt50ms) {
+  struct Row {
+    const char* model;
+    double base_tput, attacc_tput, base_j, attacc_j;
+  };
+  for (const Row& row : {Row{"gpt3-175b", 383.2, 738.0, 1.101, 0.551},
+                         Row{"llama3.1-70b", 1763.0, 1103.0, 0.195, 0.234},
+                         Row{"mixtral-8x22b", 2543.6, 1942.1, 0.164, 0.164},
+                         Row{"qwen3-235b-a22b", 2185.5, 571.9, 0.200, 0.474}}) {
+    const std::vector<std::string> sets = {absl::StrCat("model.preset=", row.model),
+                                           "model.max_context_tokens=4096"};
+    const Figures base = RunExample("attacc/gpt3_175b_dgx_base_saturated.pbtxt", sets);
+    const Figures att = RunExample("attacc/gpt3_175b_dgx_attacc_saturated.pbtxt", sets);
+    EXPECT_FIGURE(base["throughput_tokens_per_s"], row.base_tput, 0.005) << row.model;
+    EXPECT_FIGURE(att["throughput_tokens_per_s"], row.attacc_tput, 0.005) << row.model;
+    EXPECT_FIGURE(base["energy_per_token_j"], row.base_j, 0.01) << row.model;
+    EXPECT_FIGURE(att["energy_per_token_j"], row.attacc_j, 0.01) << row.model;
+  }
+}
+
 // A pruning device against the same run with its non-pruning preset: V
 // pruning (the device's own figure), DRAM access reduction and attention
 // speedup (the baseline's bytes and busy time over the device's).

@@ -654,10 +654,26 @@ TEST(ScenarioMoeTest, MoeOnlySettingsOnADenseModelAreRefused) {
   ASSERT_FALSE(r.ok());
   EXPECT_THAT(std::string(r.status().message()),
               HasSubstr("model.expert_d_ff = set: only for MoE"));
-  r = ParseAndResolve(MoeScenario("attacc { preset: \"attacc_bank\" }"));
+}
+
+TEST(ScenarioMoeTest, AttentionDevicesSitBesideOneRankOfRoutedExpertsOnly) {
+  auto r = ParseAndResolve(MoeScenario(
+      "attacc { preset: \"attacc_bank\" stacks: 40 } overlap: OVERLAP_POLICY_HEAD_LEVEL"));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->has_attention_device);
+  r = ParseAndResolve(
+      MoeScenario("data_parallel: 2 expert_parallel: true attacc { preset: \"attacc_bank\" }"));
   ASSERT_FALSE(r.ok());
   EXPECT_THAT(std::string(r.status().message()),
-              HasSubstr("attention devices beside the xPUs are not modelled with MoE models"));
+              HasSubstr("attention devices are modelled beside one data-parallel rank"));
+  r = ParseAndResolve(MoeScenario("attacc { preset: \"attacc_bank\" }", "shared_experts: 1"));
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("routed experts only"));
+  r = ParseAndResolve(
+      MoeScenario("attacc { preset: \"attacc_bank\" } overlap: OVERLAP_POLICY_HEAD_LEVEL_FF"));
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(std::string(r.status().message()),
+              HasSubstr("an MoE model's experts stay on the xPUs"));
 }
 
 }  // namespace
