@@ -267,18 +267,23 @@ absl::StatusOr<IterationCost> IterationPlanner::PlanIdleRank(int64_t group_token
   MoeOps(group_tokens, &idle_ops_);
   idle_costs_.assign(idle_ops_.size(), devices::Cost{});
   RETURN_IF_ERROR(device_->Estimate(idle_ops_, absl::MakeSpan(idle_costs_)));
-  const double layers = static_cast<double>(model_.MoeLayers());
-  for (size_t i = 0; i < idle_ops_.size(); ++i) {
-    const devices::Cost c = idle_costs_[i].Scaled(layers);
-    out.stages[static_cast<int>(idle_ops_[i].stage)] += c;
-    out.total += c;
-  }
-  out.time_s = out.total.time_s;
-  out.xpu_busy_s = out.time_s;
-  const double tp = static_cast<double>(tp_);
-  out.total = out.total.Scaled(tp);
-  out.total.time_s = out.time_s;
+  idle_sets_.assign(idle_ops_.size(), LayerSet::kMoe);
+  AddUp(idle_ops_, idle_costs_, idle_sets_, &out);
   return out;
+}
+
+void IterationPlanner::AddUp(absl::Span<const Op> ops, absl::Span<const devices::Cost> costs,
+                             absl::Span<const LayerSet> sets, IterationCost* out) const {
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const devices::Cost c = costs[i].Scaled(LayersOf(sets[i]));
+    out->stages[static_cast<int>(ops[i].stage)] += c;
+    out->total += c;
+  }
+  out->time_s = out->total.time_s;
+  out->xpu_busy_s = out->time_s;
+  // Energy and traffic of the whole group; time is one xPU's.
+  out->total = out->total.Scaled(static_cast<double>(tp_));
+  out->total.time_s = out->time_s;
 }
 
 double IterationPlanner::LayersOf(LayerSet set) const {
@@ -401,17 +406,7 @@ absl::StatusOr<IterationCost> IterationPlanner::Plan(const Batch& batch) {
       at += costs_[i].time_s;
     }
   }
-  for (size_t i = 0; i < ops_.size(); ++i) {
-    const devices::Cost c = i < layer_ops_ ? costs_[i].Scaled(LayersOf(op_layers_[i])) : costs_[i];
-    out.stages[static_cast<int>(ops_[i].stage)] += c;
-    out.total += c;
-  }
-  out.time_s = out.total.time_s;
-  out.xpu_busy_s = out.time_s;
-  // Energy and traffic of the whole group; time is one xPU's.
-  const double tp = static_cast<double>(tp_);
-  out.total = out.total.Scaled(tp);
-  out.total.time_s = out.time_s;
+  AddUp(ops_, costs_, op_layers_, &out);
   return out;
 }
 

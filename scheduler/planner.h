@@ -167,6 +167,11 @@ class IterationPlanner {
   double LayersOf(LayerSet set) const;
   bool InLayer(LayerSet set, int32_t layer) const;
   int64_t MoeGroup() const;
+  // Adds up ops' costs, each once per layer of its set (kOnce: once), into
+  // `out`: stages and total, time one xPU's, energy and traffic the TP
+  // group's.
+  void AddUp(absl::Span<const devices::Op> ops, absl::Span<const devices::Cost> costs,
+             absl::Span<const LayerSet> sets, IterationCost* out) const;
   // Appends an MoE layer's expert block for `group_tokens` tokens of the
   // group: the kMoe op and, with more than one xPU, the exchange.
   void MoeOps(int64_t group_tokens, std::vector<devices::Op>* out) const;
@@ -211,6 +216,7 @@ class IterationPlanner {
   // per group token count (MoeOps).
   mutable std::unordered_map<int64_t, devices::ExpertLoad> slowest_load_;
   std::vector<devices::Cost> idle_costs_;
+  std::vector<LayerSet> idle_sets_;
   std::vector<devices::AttentionSeq> seqs_;
   std::vector<devices::Op> ops_;
   std::vector<devices::Cost> costs_;
