@@ -85,6 +85,11 @@ void EncodeOps(absl::Span<const Op> ops, v1::EstimateRequest* request) {
       o->set_top_k(op.top_k);
       o->set_expert_matrices(op.expert_matrices);
     }
+    if (op.kv_latent > 0) {
+      o->set_kv_latent(op.kv_latent);
+      o->set_d_rope(op.d_rope);
+      o->set_d_value(op.d_value);
+    }
     o->set_seq_list(-1);
     o->set_stack_list(-1);
     if (!op.seqs.empty()) {
@@ -274,6 +279,18 @@ absl::Status DecodeOps(const v1::EstimateRequest& request, DecodedOps* out) {
       op.experts_total = o.experts_total();
       op.top_k = o.top_k();
       op.expert_matrices = o.expert_matrices();
+    }
+    if (o.kv_latent() != 0 || o.d_rope() != 0 || o.d_value() != 0) {
+      if (op.kind != OpKind::kAttention || o.kv_latent() < 1 || o.kv_latent() > kMaxDHead ||
+          o.d_rope() < 0 || o.d_rope() > kMaxDHead || o.d_value() < 0 || o.d_value() > kMaxDHead) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "ops[", i, "]: kv_latent = ", o.kv_latent(), ", d_rope = ", o.d_rope(),
+            ", d_value = ", o.d_value(), "; expected on attention ops only, kv_latent 1..",
+            kMaxDHead, ", d_rope and d_value 0..", kMaxDHead));
+      }
+      op.kv_latent = o.kv_latent();
+      op.d_rope = o.d_rope();
+      op.d_value = o.d_value();
     }
     // Lists belong to attention ops; other kinds ignore them (proto3
     // leaves an unset index at 0).

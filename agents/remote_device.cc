@@ -371,10 +371,15 @@ void RemoteDevice::KeysLocked(absl::Span<const Op> ops, std::vector<MemoKey>* ke
     }
     k.kind = static_cast<uint8_t>(op.kind);
     k.stage = static_cast<uint8_t>(op.stage);
-    k.ints = {op.m,        op.n,        op.k,        op.heads,  op.kv_heads,  op.d_head,
-              op.head_begin, op.head_end, op.elements, op.tokens, op.sequences};
+    // clang-format off
+    k.ints = {op.m,         op.n,          op.k,        op.heads,    op.kv_heads,
+              op.d_head,    op.head_begin, op.head_end, op.elements, op.tokens,
+              op.sequences, op.kv_latent,  op.d_rope,   op.d_value,  op.experts_total,
+              op.top_k,     op.expert_matrices};
+    // clang-format on
     k.bits = {absl::bit_cast<uint64_t>(op.bytes_per_element),
-              absl::bit_cast<uint64_t>(op.flops_per_element), absl::bit_cast<uint64_t>(op.bytes)};
+              absl::bit_cast<uint64_t>(op.flops_per_element), absl::bit_cast<uint64_t>(op.bytes),
+              absl::bit_cast<uint64_t>(op.routed), absl::bit_cast<uint64_t>(op.experts_touched)};
     k.participants = op.participants;
     // A list's length is part of its content, so lists of different lengths
     // at one address are told apart by the content, not the address.

@@ -153,9 +153,13 @@ class RemoteDevice : public devices::Device {
   // An op's inputs with its sequence and stack lists by interned id (0:
   // none).
   struct MemoKey {
-    // m, n, k, heads, kv_heads, d_head, head range, elements, tokens, sequences
-    std::array<int64_t, 11> ints{};
-    std::array<uint64_t, 3> bits{};  // bytes_per_element, flops_per_element, bytes
+    // m, n, k, heads, kv_heads, d_head, head range, elements, tokens,
+    // sequences, MLA's kv_latent, d_rope, d_value, MoE's experts_total,
+    // top_k, expert_matrices
+    std::array<int64_t, 17> ints{};
+    // bytes_per_element, flops_per_element, bytes, MoE's routed and
+    // experts_touched
+    std::array<uint64_t, 5> bits{};
     int32_t participants = 0;
     uint32_t seq_list = 0, stack_list = 0;
     uint8_t kind = 0, stage = 0;

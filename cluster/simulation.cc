@@ -14,6 +14,7 @@
 #include "common/sim_time.h"
 #include "common/status_macros.h"
 #include "devices/registry.h"
+#include "scheduler/pipeline.h"
 #include "scheduler/planner.h"
 
 namespace sg4 = simgrid::s4u;
@@ -197,7 +198,7 @@ class Engine {
         observer_(sh->metrics->ObserverFor(replica)) {
     const scheduler::PlannerConfig pc =
         ReplicaPlannerConfig(*sh->sc, device_.get(), attention_.get());
-    for (int64_t i = 0; i < sh->sc->data_parallel; ++i) {
+    for (int64_t i = 0; i < sh->sc->ranks(); ++i) {
       ranks_.push_back(std::make_unique<Rank>(sh->sc->batching, sh->sc->model, pc));
     }
   }
@@ -297,6 +298,9 @@ class Engine {
   // lockstep: every rank with work schedules a batch, the MoE layers see
   // the group's tokens, a rank without work runs them for the others
   // (PlanIdleRank), and the iteration lasts as long as the slowest rank.
+  // Pipeline stages keep one batch per stage in flight, one per rank
+  // (vLLM's virtual engines): the step is their steady-state cycle through
+  // the stages (scheduler/pipeline.h).
   absl::StatusOr<double> Iteration(double start) {
     if (sh_->sc->tbt_slo_s > 0) {
       ASSIGN_OR_RETURN(int64_t cap, SloCap());
@@ -314,9 +318,12 @@ class Engine {
       most_tokens = std::max(most_tokens, b.prefill_tokens + b.decode_tokens);
       if (lead == nullptr) lead = r.get();
     }
-    // Under CUDA graphs every rank runs the largest rank's captured size.
+    // Under CUDA graphs every data-parallel rank runs the largest rank's
+    // captured size.
+    const bool lockstep = sh_->sc->data_parallel > 1;
+    const bool pipeline = sh_->sc->pipeline_parallel > 1;
     const int64_t graph_max = sh_->sc->cuda_graph_max_tokens;
-    if (ranks_.size() > 1 && graph_max > 0 && most_tokens <= graph_max) {
+    if (lockstep && graph_max > 0 && most_tokens <= graph_max) {
       group_tokens =
           static_cast<int64_t>(ranks_.size()) * std::min(graph_max, CapturedTokens(most_tokens));
     }
@@ -324,37 +331,63 @@ class Engine {
       return absl::InternalError(absl::StrCat(
           "replica ", replica_, ": work queued but nothing schedulable at t=", start));
     }
-    const bool lockstep = ranks_.size() > 1;
     IterationRecord it;
     it.replica = replica_;
     it.start_s = start;
     it.bound = lead->batch->bound;
     it.batch_cap = batch_cap_;
     double time_s = 0, xpu_busy_s = 0, device_busy_s = 0;
+    double pipe_bytes = 0;  // hidden states between pipeline stages
     cost_ = scheduler::IterationCost{};
+    // Idle ranks' planners are alike (same model, layout and device), so
+    // one answers for all of them.
+    const scheduler::IterationCost* idle = nullptr;
+    steps_.clear();
     for (auto& r : ranks_) {
-      if (r->batch != nullptr) {
+      if (r->batch == nullptr && pipeline) {
+        r->cost = scheduler::IterationCost{};  // an empty slot of the pipeline
+      } else if (r->batch == nullptr && idle != nullptr) {
+        r->cost = *idle;
+      } else if (r->batch != nullptr) {
         if (lockstep) r->planner.SetGroupTokens(group_tokens);
         ASSIGN_OR_RETURN(r->cost, r->planner.Plan(*r->batch));
         it.batch_size += static_cast<int32_t>(r->batch->entries.size());
         it.prefill_tokens += r->batch->prefill_tokens;
         it.decode_tokens += r->batch->decode_tokens;
+        if (pipeline) {
+          steps_.push_back(scheduler::StepOf(sh_->sc->pipeline, r->cost,
+                                             r->batch->prefill_tokens + r->batch->decode_tokens));
+          pipe_bytes += static_cast<double>(sh_->sc->pipeline_parallel - 1) *
+                        scheduler::StageTransferBytes(
+                            sh_->sc->pipeline, r->batch->prefill_tokens + r->batch->decode_tokens);
+        }
       } else {
         ASSIGN_OR_RETURN(r->cost, r->planner.PlanIdleRank(group_tokens));
+        idle = &r->cost;
       }
       it.kv_blocks_used += r->scheduler.kv().used();
       it.waiting += r->scheduler.num_waiting();
       time_s = std::max(time_s, r->cost.time_s);
       xpu_busy_s = std::max(xpu_busy_s, r->cost.xpu_busy_s);
       device_busy_s = std::max(device_busy_s, r->cost.device_busy_s);
-      if (!lockstep) {
+      if (!lockstep && !pipeline) {
         cost_ = r->cost;
       } else {
         cost_.total += r->cost.total;
         cost_.device_total += r->cost.device_total;
       }
     }
-    if (lockstep) {
+    if (pipeline) {
+      // The in-flight batches' steady-state cycle (scheduler/pipeline.h);
+      // the busiest stage's xPUs are busy for its share.
+      const scheduler::PipelineCycle cycle =
+          scheduler::SteadyCycle(steps_, sh_->sc->pipeline_parallel);
+      time_s = cycle.time_s;
+      xpu_busy_s = cycle.busiest_stage_s;
+      cost_.total.link_bytes += pipe_bytes;
+      cost_.total.link_energy_pj += pipe_bytes * sh_->sc->pipeline.link_energy_pj_per_byte;
+    }
+    if (lockstep || pipeline) {
       cost_.time_s = time_s;
       cost_.total.time_s = time_s;
       cost_.xpu_busy_s = xpu_busy_s;
@@ -533,6 +566,7 @@ class Engine {
   int64_t batch_cap_ = 0;
   absl::flat_hash_map<int64_t, int64_t> slo_caps_;
   scheduler::IterationCost cost_;  // the current iteration's
+  std::vector<scheduler::PipelineStep> steps_;  // its in-flight batches' stages
 };
 
 void BuildPlatform(const ResolvedScenario& sc, sg4::NetZone** zone_out,
@@ -607,7 +641,7 @@ absl::StatusOr<RunResult> RunSimulation(const ResolvedScenario& sc,
   }
   metrics_options.ttft_slo_s = sc.ttft_slo_s;
   metrics_options.tpot_slo_s = sc.tpot_slo_s;
-  metrics_options.kv_capacity_blocks = sc.kv.blocks * sc.data_parallel;
+  metrics_options.kv_capacity_blocks = sc.kv.blocks * sc.ranks();
   metrics_options.replicas = static_cast<int>(sc.replicas);
   metrics_options.time_series = options.time_series;
   metrics_options.sink = options.sink;
@@ -621,7 +655,7 @@ absl::StatusOr<RunResult> RunSimulation(const ResolvedScenario& sc,
   sh.paced = options.pace > 0;
   sh.interrupt = options.interrupt;
   sh.loads.assign(sc.replicas, scheduler::ReplicaLoad{});
-  for (auto& l : sh.loads) l.kv_blocks_capacity = sc.kv.blocks * sc.data_parallel;
+  for (auto& l : sh.loads) l.kv_blocks_capacity = sc.kv.blocks * sc.ranks();
 
   sg4::NetZone* zone = nullptr;
   std::vector<sg4::Host*> engine_hosts;

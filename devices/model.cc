@@ -3,6 +3,14 @@
 namespace servesim::devices {
 
 int64_t ModelDims::AttentionParamsPerLayer() const {
+  if (mla()) {
+    const int64_t h = num_heads, qk = d_head + rope_head_dim;
+    const int64_t q = q_lora_rank > 0 ? d_model * q_lora_rank + q_lora_rank + q_lora_rank * h * qk
+                                      : d_model * h * qk;
+    const int64_t kv = d_model * (kv_lora_rank + rope_head_dim) + kv_lora_rank +
+                       kv_lora_rank * h * (d_head + dv());
+    return q + kv + h * dv() * d_model;
+  }
   const int64_t q = num_heads * d_head;
   const int64_t kv = num_kv_heads * d_head;
   return d_model * q + 2 * d_model * kv + q * d_model;
@@ -50,9 +58,12 @@ ModelDims ModelDimsFromSpec(const servesim::v1::ModelSpec& spec) {
                                                              : FfKind::kGelu;
   m.vocab_size = spec.vocab_size();
   m.max_context_tokens = spec.max_context_tokens();
-  m.bytes_per_element = spec.dtype() == servesim::v1::DTYPE_INT8 ? 1 : 2;
   m.tied_embeddings = spec.tied_embeddings();
   m.dtype = spec.dtype() == servesim::v1::DTYPE_UNSPECIFIED ? servesim::v1::DTYPE_FP16 : spec.dtype();
+  m.kv_dtype = ResolvedKvDType(spec.dtype(), spec.kv_dtype());
+  m.bytes_per_element = DTypeBytes(m.dtype);
+  m.act_bytes_per_element = m.dtype == servesim::v1::DTYPE_INT8 ? 1 : 2;
+  m.kv_bytes_per_element = DTypeBytes(m.kv_dtype);
   m.qk_norm = spec.qk_norm();
   m.num_experts = spec.num_experts();
   m.experts_per_token = spec.experts_per_token();
@@ -60,7 +71,27 @@ ModelDims ModelDimsFromSpec(const servesim::v1::ModelSpec& spec) {
   m.shared_experts = spec.shared_experts();
   m.dense_layers = spec.dense_layers();
   m.routing_skew = spec.routing_skew();
+  m.kv_lora_rank = spec.kv_lora_rank();
+  m.q_lora_rank = spec.q_lora_rank();
+  m.rope_head_dim = spec.rope_head_dim();
+  m.v_head_dim = spec.v_head_dim();
   return m;
+}
+
+servesim::v1::DType ResolvedKvDType(servesim::v1::DType dtype, servesim::v1::DType kv_dtype) {
+  if (kv_dtype != servesim::v1::DTYPE_UNSPECIFIED) return kv_dtype;
+  switch (dtype) {
+    case servesim::v1::DTYPE_UNSPECIFIED:
+      return servesim::v1::DTYPE_FP16;
+    case servesim::v1::DTYPE_FP8:
+      return servesim::v1::DTYPE_BF16;
+    default:
+      return dtype;
+  }
+}
+
+int64_t DTypeBytes(servesim::v1::DType dtype) {
+  return dtype == servesim::v1::DTYPE_INT8 || dtype == servesim::v1::DTYPE_FP8 ? 1 : 2;
 }
 
 const char* DTypeName(servesim::v1::DType dtype) {
@@ -69,6 +100,8 @@ const char* DTypeName(servesim::v1::DType dtype) {
       return "int8";
     case servesim::v1::DTYPE_BF16:
       return "bf16";
+    case servesim::v1::DTYPE_FP8:
+      return "fp8";
     default:
       return "fp16";
   }

@@ -7,6 +7,12 @@
 //   FF weights per layer        = 2*d*d_ff (GELU) or 3*d*d_ff (SwiGLU)
 //   KV elements per token       = 2 * layers * kv * dh     (AttAcc §3.2)
 // Norm gains/biases are counted (2*d per norm, 2 norms per layer + final).
+// Multi-head latent attention (kv_lora_rank > 0; DeepSeek-V2 §2.1,
+// DeepSeek-V3; docs/models.md): per layer, the queries come from a latent
+// of q_lora_rank (d*q_r + q_r*h*(dh+r), a norm of q_r) or directly (d*h*
+// (dh+r)); keys and values from one latent, d*(c+r) with a norm of c, up-
+// projected by c*h*(dh+dv); output dv*h*d. The cache holds the latent and
+// the RoPE key: (c + r) elements per token and layer.
 // Mixture of experts (num_experts > 0; docs/moe.md): the first dense_layers
 // layers keep the dense FF; each other layer has a router [d x E] and
 // E + shared experts of 3*d*d_e (SwiGLU) or 2*d*d_e (GELU) weights each.
@@ -33,8 +39,14 @@ struct ModelDims {
   FfKind ff_kind = FfKind::kGelu;
   int64_t vocab_size = 0;
   int64_t max_context_tokens = 0;
-  int64_t bytes_per_element = 2;  // 2 for fp16 and bf16, 1 for int8
+  // Element bytes of the weights (2 for fp16 and bf16, 1 for int8 and
+  // fp8), of activations between kernels (1 for int8's W8A8, else 2) and of
+  // the KV cache.
+  int64_t bytes_per_element = 2;
+  int64_t act_bytes_per_element = 2;
+  int64_t kv_bytes_per_element = 2;
   servesim::v1::DType dtype = servesim::v1::DTYPE_FP16;
+  servesim::v1::DType kv_dtype = servesim::v1::DTYPE_FP16;
   bool qk_norm = false;  // per-head RMSNorm of Q and K (Qwen3)
   bool tied_embeddings = false;
   // Mixture of experts; num_experts == 0: dense.
@@ -44,7 +56,19 @@ struct ModelDims {
   int64_t shared_experts = 0;
   int64_t dense_layers = 0;
   double routing_skew = 0;
+  // Multi-head latent attention; kv_lora_rank == 0: standard attention.
+  int64_t kv_lora_rank = 0;
+  int64_t q_lora_rank = 0;
+  int64_t rope_head_dim = 0;
+  int64_t v_head_dim = 0;  // 0: d_head
 
+  bool mla() const { return kv_lora_rank > 0; }
+  int64_t dv() const { return v_head_dim > 0 ? v_head_dim : d_head; }
+  // Cached elements per token and layer on one xPU: the latent and RoPE key
+  // (MLA, on every xPU of a TP group), else K and V of `kv_heads` heads.
+  int64_t KvElementsPerLayer(int64_t kv_heads) const {
+    return mla() ? kv_lora_rank + rope_head_dim : 2 * kv_heads * d_head;
+  }
   bool moe() const { return num_experts > 0; }
   int64_t MoeLayers() const { return moe() ? num_layers - dense_layers : 0; }
   int64_t DenseFfLayers() const { return num_layers - MoeLayers(); }
@@ -61,6 +85,15 @@ struct ModelDims {
   // Weights one token's forward pass reads (routed experts: top-k only).
   int64_t ActiveParams() const;
 
+  // Weights every xPU of a tensor-parallel group holds whole: MLA's query
+  // and KV down-projections and their norms (vLLM's replicated
+  // fused_qkv_a_proj); 0 for other models.
+  int64_t ReplicatedParams() const {
+    if (!mla()) return 0;
+    return num_layers *
+           (d_model * (q_lora_rank + kv_lora_rank + rope_head_dim) + q_lora_rank + kv_lora_rank);
+  }
+
   // Parameter counts.
   int64_t AttentionParamsPerLayer() const;
   int64_t FfParamsPerLayer() const;
@@ -68,11 +101,16 @@ struct ModelDims {
   int64_t ParamsPerLayer() const;  // attention + (dense) FF + 2 norms
   int64_t EmbeddingParams() const;  // token embedding (+ LM head if untied)
   int64_t TotalParams() const;
-  double WeightBytes() const { return double(TotalParams()) * bytes_per_element; }
+  // FP8 checkpoints keep the embedding and LM head in 16 bits (vLLM
+  // quantizes the linear layers only).
+  double WeightBytes() const {
+    return double(TotalParams()) * double(bytes_per_element) +
+           (dtype == servesim::v1::DTYPE_FP8 ? double(EmbeddingParams()) : 0.0);
+  }
 
   // KV-cache bytes one token occupies across all layers and KV heads.
   int64_t KvBytesPerToken() const {
-    return 2 * num_layers * num_kv_heads * d_head * bytes_per_element;
+    return num_layers * KvElementsPerLayer(num_kv_heads) * kv_bytes_per_element;
   }
   // Number of FF weight matrices that read the layer input (gate+up for
   // SwiGLU, one for GELU).
@@ -83,8 +121,13 @@ struct ModelDims {
 // scenario/scenario.h) to ModelDims.
 ModelDims ModelDimsFromSpec(const servesim::v1::ModelSpec& spec);
 
-// "fp16", "bf16" or "int8".
+// "fp16", "bf16", "int8" or "fp8".
 const char* DTypeName(servesim::v1::DType dtype);
+// The KV cache's dtype: kv_dtype when set, else the weights' (16-bit for
+// FP8 weights: vLLM's kv_cache_dtype "auto" keeps the activations' type).
+servesim::v1::DType ResolvedKvDType(servesim::v1::DType dtype, servesim::v1::DType kv_dtype);
+// Bytes per element of a dtype: 1 for int8 and fp8, else 2.
+int64_t DTypeBytes(servesim::v1::DType dtype);
 
 }  // namespace servesim::devices
 

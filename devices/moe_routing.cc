@@ -87,6 +87,7 @@ absl::StatusOr<ExpertRouting> ExpertRouting::Create(int64_t experts, int64_t top
   for (size_t i = 0; i < n; ++i) {
     r.log_miss_[i] = r.q_[i] >= 1 ? -INFINITY : std::log1p(-r.q_[i]);
   }
+  r.uniform_ = skew == 0;
   const int64_t per = experts / ranks;
   double best = -1;
   for (int64_t rank = 0; rank < ranks; ++rank) {
@@ -101,6 +102,7 @@ absl::StatusOr<ExpertRouting> ExpertRouting::Create(int64_t experts, int64_t top
 }
 
 int64_t ExpertRouting::MostTouched(double tokens) const {
+  if (uniform_) return busiest_;  // every rank alike
   int64_t best = 0;
   double most = -1;
   for (int64_t r = 0; r < ranks_; ++r) {
@@ -117,6 +119,16 @@ ExpertLoad ExpertRouting::Rank(int64_t r, double tokens) const {
   ExpertLoad load;
   if (!(tokens > 0)) return load;
   const int64_t per = experts() / ranks_;
+  if (uniform_) {
+    // Every expert alike: the same sums as below with one exp (added up
+    // term by term, so the results are the same to the bit).
+    const double a = tokens * q_[0], x = 1 - std::exp(tokens * log_miss_[0]);
+    for (int64_t i = 0; i < per; ++i) {
+      load.assignments += a;
+      load.experts_touched += x;
+    }
+    return load;
+  }
   for (int64_t i = r * per; i < (r + 1) * per; ++i) {
     const size_t e = static_cast<size_t>(i);
     load.assignments += tokens * q_[e];

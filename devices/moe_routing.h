@@ -57,6 +57,7 @@ class ExpertRouting {
   const std::vector<double>& pick_probability() const { return q_; }
   int64_t experts() const { return static_cast<int64_t>(q_.size()); }
   int64_t ranks() const { return ranks_; }
+  bool uniform() const { return uniform_; }  // skew 0
 
  private:
   ExpertRouting() = default;
@@ -64,6 +65,7 @@ class ExpertRouting {
   std::vector<double> log_miss_;  // log(1 - q_i); -inf when q_i == 1
   int64_t ranks_ = 1;
   int64_t busiest_ = 0;
+  bool uniform_ = true;  // skew 0: every q_i = k / E
 };
 
 }  // namespace servesim::devices

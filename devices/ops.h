@@ -67,6 +67,15 @@ struct Op {
   int64_t m = 0, n = 0, k = 0;
   // kAttention: heads handled by this device; the span is borrowed.
   int64_t heads = 0, kv_heads = 0, d_head = 0;
+  // Multi-head latent attention (kv_latent > 0; DeepSeek-V3): the cache
+  // holds one latent of kv_latent elements and a RoPE key of d_rope per
+  // token, shared by all heads; d_head is a head's non-RoPE key width and
+  // d_value its value width. A one-token query attends in the latent
+  // (absorbed: keys kv_latent + d_rope, values kv_latent wide, one KV head);
+  // a longer chunk as `kv_heads` ordinary heads of keys d_head + d_rope and
+  // values d_value wide, up-projected from the latents by the planner's
+  // GEMMs.
+  int64_t kv_latent = 0, d_rope = 0, d_value = 0;
   absl::Span<const AttentionSeq> seqs;
   // Attention devices that hold whole heads (AttAcc): only the query heads
   // [head_begin, head_end) of every sequence are in this op (a head group of
@@ -140,13 +149,21 @@ struct Cost {
     return *this;
   }
   Cost Scaled(double f) const {
-    Cost c = *this;
-    for (double* v : {&c.time_s, &c.flops, &c.dram_bytes, &c.link_bytes,
-                      &c.compute_energy_pj, &c.dram_energy_pj, &c.link_energy_pj,
-                      &c.bg_bus_bytes, &c.tsv_bytes, &c.external_bytes, &c.cycles,
-                      &c.score_s, &c.softmax_s, &c.context_s}) {
-      *v *= f;
-    }
+    Cost c;
+    c.time_s = time_s * f;
+    c.flops = flops * f;
+    c.dram_bytes = dram_bytes * f;
+    c.link_bytes = link_bytes * f;
+    c.compute_energy_pj = compute_energy_pj * f;
+    c.dram_energy_pj = dram_energy_pj * f;
+    c.link_energy_pj = link_energy_pj * f;
+    c.bg_bus_bytes = bg_bus_bytes * f;
+    c.tsv_bytes = tsv_bytes * f;
+    c.external_bytes = external_bytes * f;
+    c.cycles = cycles * f;
+    c.score_s = score_s * f;
+    c.softmax_s = softmax_s * f;
+    c.context_s = context_s * f;
     return c;
   }
 };

@@ -52,6 +52,19 @@ using google::protobuf::Reflection;
 //          same shapes, 262,144 positions), Qwen/Qwen3-235B-A22B,
 //          mistralai/Mixtral-8x7B-v0.1 (46.7B, 12.9B active),
 //          mistralai/Mixtral-8x22B-v0.1. All bf16.
+//  [HF-MLA] deepseek-ai/DeepSeek-V3 config.json (DeepSeek-R1 and V3.1 share
+//          the architecture: serve them with this preset): 61 layers, hidden 7168, 128 heads,
+//          q_lora_rank 1536, kv_lora_rank 512, qk_nope_head_dim 128,
+//          qk_rope_head_dim 64, v_head_dim 128, intermediate_size 18432 for
+//          the first_k_dense_replace = 3 dense layers, 256 routed experts
+//          (top 8) and 1 shared expert of moe_intermediate_size 2048, vocab
+//          129,280, 163,840 positions, untied; released in FP8 (e4m3, 128 x
+//          128 block scales: quantization_config) with the embedding and LM
+//          head in bf16. 671B parameters, 37B active (DeepSeek-V3 technical
+//          report, §1; the multi-token-prediction module's 14B is not served
+//          by default and not counted). The routing's node-limited groups
+//          (n_group 8, topk_group 4) are not modelled: the routing model's
+//          loads are per expert.
 // AttAcc's evaluation (§7) uses GPT-3 175B, LLaMA 65B and MT-NLG 530B.
 constexpr absl::string_view kModelPresets[][2] = {
     {"gpt3-175b",  // [GPT3]
@@ -182,6 +195,13 @@ constexpr absl::string_view kModelPresets[][2] = {
           vocab_size: 32000 max_context_tokens: 65536 tied_embeddings: false
           num_experts: 8 experts_per_token: 2 expert_d_ff: 16384
           dtype: DTYPE_BF16 hf_name: "mistralai/Mixtral-8x22B-v0.1")pb"},
+    {"deepseek-v3",  // [HF-MLA]
+     R"pb(name: "DeepSeek-V3" num_layers: 61 d_model: 7168 num_heads: 128
+          num_kv_heads: 128 d_head: 128 d_ff: 18432 ff_kind: FF_KIND_SWIGLU
+          vocab_size: 129280 max_context_tokens: 163840 tied_embeddings: false
+          kv_lora_rank: 512 q_lora_rank: 1536 rope_head_dim: 64 v_head_dim: 128
+          num_experts: 256 experts_per_token: 8 expert_d_ff: 2048 shared_experts: 1
+          dense_layers: 3 dtype: DTYPE_FP8 hf_name: "deepseek-ai/DeepSeek-V3")pb"},
 };
 
 // ------------------------------------------------------------------ xPUs ----
@@ -325,6 +345,16 @@ constexpr absl::string_view kXpuPresets[][2] = {
 //    plus protocol) are assumptions.
 //  - Ethernet 100G / 400G: 12.5 / 50 GB/s line rate; 10 us latency (NIC,
 //    switch and stack) and 40 pJ/B are assumptions.
+//  [NIC] One NIC per GPU, as DGX H100/H200 (8 x ConnectX-7, 400 Gb/s
+//    InfiniBand NDR or Ethernet, one per GPU: the DGX H100/H200 user guide)
+//    and HGX B200 (8 x ConnectX-7 400G; ConnectX-8 800G on B300) wire them:
+//    InfiniBand NDR 400 Gb/s = 50 GB/s each way, XDR 800 Gb/s = 100 GB/s
+//    (NVIDIA Quantum-2 / Quantum-X800 datasheets); RoCE 400G the same 50
+//    GB/s. latency_s is a ring step's network latency over a switch: 5 us
+//    (InfiniBand) and 8 us (RoCE) are assumptions of the order of NCCL's
+//    own tuning model (src/graph/tuning.cc, hwLat: a ring step over the
+//    network 0.9-6.6 us by protocol, over NVLink 0.4-5.7 us) plus a switch
+//    hop; 40 pJ/B as Ethernet (assumption).
 constexpr absl::string_view kLinkPresets[][2] = {
     {"nvlink3",
      R"pb(bandwidth_bytes_per_s: 300e9 latency_s: 3e-6 energy_pj_per_byte: 10.4)pb"},
@@ -342,6 +372,12 @@ constexpr absl::string_view kLinkPresets[][2] = {
      R"pb(bandwidth_bytes_per_s: 12.5e9 latency_s: 10e-6 energy_pj_per_byte: 40)pb"},
     {"ethernet-400g",
      R"pb(bandwidth_bytes_per_s: 50e9 latency_s: 10e-6 energy_pj_per_byte: 40)pb"},
+    {"infiniband-ndr",  // [NIC]
+     R"pb(bandwidth_bytes_per_s: 50e9 latency_s: 5e-6 energy_pj_per_byte: 40)pb"},
+    {"infiniband-xdr",  // [NIC]
+     R"pb(bandwidth_bytes_per_s: 100e9 latency_s: 5e-6 energy_pj_per_byte: 40)pb"},
+    {"roce-400g",  // [NIC]
+     R"pb(bandwidth_bytes_per_s: 50e9 latency_s: 8e-6 energy_pj_per_byte: 40)pb"},
 };
 
 template <typename Msg, size_t N>

@@ -67,6 +67,7 @@ std::string SummaryJson(const ResolvedScenario& sc, const Workload& wl,
     kv("data_parallel", absl::StrCat(sc.data_parallel));
     kv("expert_parallel", p.cluster().expert_parallel() ? "true" : "false");
   }
+  if (sc.pipeline_parallel > 1) kv("pipeline_parallel", absl::StrCat(sc.pipeline_parallel));
   if (sc.has_attention_device) {
     kv("attention_device", JsonString(sc.attention_label));
     kv("overlap_policy", JsonString(scheduler::OverlapPolicyName(sc.planner.overlap)));
@@ -74,8 +75,8 @@ std::string SummaryJson(const ResolvedScenario& sc, const Workload& wl,
   if (sc.tbt_slo_s > 0) kv("slo_tbt_s", FormatFigure(sc.tbt_slo_s));
   kv("seed", absl::StrCat(sc.seed));
   kv("workload", JsonString(wl.description));
-  kv("kv_capacity_blocks_per_replica", absl::StrCat(sc.kv.blocks * sc.data_parallel));
-  kv("kv_capacity_tokens_per_replica", absl::StrCat(sc.kv.tokens * sc.data_parallel));
+  kv("kv_capacity_blocks_per_replica", absl::StrCat(sc.kv.blocks * sc.ranks()));
+  kv("kv_capacity_tokens_per_replica", absl::StrCat(sc.kv.tokens * sc.ranks()));
   kv("requests", absl::StrCat(s.requests));
   kv("requests_completed", absl::StrCat(s.completed));
   kv("requests_rejected", absl::StrCat(s.rejected));
@@ -172,6 +173,11 @@ std::string FormatSummaryTable(const ResolvedScenario& sc, const Workload& wl,
         sc.tensor_parallel,
         sc.proto.cluster().expert_parallel() ? "experts split by expert" : "experts split by width",
         sc.kv.tokens * sc.data_parallel);
+  } else if (sc.pipeline_parallel > 1) {
+    absl::StrAppendFormat(
+        &t, "  cluster    %d replica(s) x PP=%d x %d %s (TP=%d), KV %d tokens/replica\n",
+        sc.replicas, sc.pipeline_parallel, sc.tensor_parallel, sc.proto.cluster().xpu().preset(),
+        sc.tensor_parallel, sc.kv.tokens * sc.pipeline_parallel);
   } else {
     absl::StrAppendFormat(&t, "  cluster    %d replica(s) x %d %s (TP=%d), KV %d tokens/replica\n",
                           sc.replicas, sc.tensor_parallel, sc.proto.cluster().xpu().preset(),

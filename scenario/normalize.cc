@@ -68,6 +68,15 @@ absl::Status Normalize(LoadedScenario* scenario) {
   if (c->frontend().preset().empty() && !c->frontend().has_bandwidth_bytes_per_s()) {
     c->mutable_frontend()->set_preset("ethernet-100g");
   }
+  // The NIC only where groups span nodes (other scenarios resolve as they
+  // always have).
+  if (c->xpus_per_node() > 0) {
+    if (c->internode().preset().empty() && !c->internode().has_bandwidth_bytes_per_s()) {
+      c->mutable_internode()->set_preset("infiniband-ndr");
+    }
+    RETURN_IF_ERROR(FillFromPreset(c->mutable_internode(), &devices::LinkPreset, *scenario,
+                                   "cluster.internode"));
+  }
   RETURN_IF_ERROR(FillFromPreset(c->mutable_interconnect(), &devices::LinkPreset, *scenario, "cluster.interconnect"));
   RETURN_IF_ERROR(FillFromPreset(c->mutable_frontend(), &devices::LinkPreset, *scenario, "cluster.frontend"));
   // Explicit hardware without a preset still gets the documented defaults.
@@ -157,6 +166,10 @@ absl::Status Normalize(LoadedScenario* scenario) {
       c->set_overlap(servesim::v1::OVERLAP_POLICY_SERIAL);
     }
     if (!c->has_head_groups()) c->set_head_groups(8);
+  }
+  if (c->xpus_per_node() > 0) {
+    if (!c->internode().has_latency_s()) c->mutable_internode()->set_latency_s(0);
+    if (!c->internode().has_energy_pj_per_byte()) c->mutable_internode()->set_energy_pj_per_byte(0);
   }
   for (auto* link : {c->mutable_interconnect(), c->mutable_frontend()}) {
     if (!link->has_latency_s()) link->set_latency_s(0);

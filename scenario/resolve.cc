@@ -112,9 +112,7 @@ absl::Status ResolveProfile(const LoadedScenario& sc, const servesim::v1::ModelS
   if (root.is_relative()) root = fs::path(sc.base_dir) / root;
   const std::string gpu = !ps.gpu().empty() ? ps.gpu() : x.profile_name();
   const std::string model = !ps.model().empty() ? ps.model() : m.hf_name();
-  const std::string variant =
-      !ps.variant().empty() ? ps.variant()
-                            : (m.dtype() == servesim::v1::DTYPE_BF16 ? "bf16" : "fp16");
+  const std::string variant = !ps.variant().empty() ? ps.variant() : devices::DTypeName(m.dtype());
   auto missing = [&](const std::string& what) -> absl::Status {
     if (ps.required()) {
       return absl::NotFoundError(absl::StrCat(where, ": cluster.profile: ", what));
@@ -122,6 +120,11 @@ absl::Status ResolveProfile(const LoadedScenario& sc, const servesim::v1::ModelS
     out->fallbacks.push_back(absl::StrCat("profile: ", what, "; GPU costs from the roofline"));
     return absl::OkStatus();
   };
+  if (m.kv_lora_rank() > 0) {
+    return missing(absl::StrCat("model ", m.name(),
+                                " uses multi-head latent attention, whose layers the bundle "
+                                "format does not measure"));
+  }
   if (gpu.empty()) {
     return missing(absl::StrCat("the xPU", x.preset().empty() ? "" : " preset " + x.preset(),
                                 " names no profile (set cluster.profile.gpu)"));
@@ -277,6 +280,28 @@ absl::StatusOr<ResolvedScenario> Resolve(const LoadedScenario& sc) {
     }
   }
 
+  const bool mla = m.kv_lora_rank() > 0;
+  if (m.has_kv_lora_rank() && m.kv_lora_rank() != 0) {
+    ck.Range<int64_t>("model.kv_lora_rank", m.kv_lora_rank(), 1, 65536);
+    ck.Range<int64_t>("model.q_lora_rank", m.q_lora_rank(), 0, 65536);
+    ck.Range<int64_t>("model.rope_head_dim", m.rope_head_dim(), 0, 1024);
+    if (m.has_v_head_dim()) ck.Range<int64_t>("model.v_head_dim", m.v_head_dim(), 1, 4096);
+    if (ck.status().ok() && m.num_kv_heads() != m.num_heads()) {
+      ck.Fail("model.num_kv_heads", m.num_kv_heads(),
+              absl::StrCat("multi-head latent attention (model.kv_lora_rank > 0) up-projects "
+                           "keys and values for every head: set it to model.num_heads (",
+                           m.num_heads(), ")"));
+    }
+  } else {
+    for (auto [set, field] : {std::pair{m.has_q_lora_rank(), "model.q_lora_rank"},
+                              {m.has_rope_head_dim(), "model.rope_head_dim"},
+                              {m.has_v_head_dim(), "model.v_head_dim"}}) {
+      if (set) {
+        ck.Fail(field, "set", "only for multi-head latent attention (set model.kv_lora_rank > 0)");
+      }
+    }
+  }
+
   const auto& c = p.cluster();
   ck.Range<int32_t>("cluster.replicas", c.replicas(), 1, 4096);
   const int64_t dp = c.has_data_parallel() ? c.data_parallel() : 1;
@@ -288,6 +313,13 @@ absl::StatusOr<ResolvedScenario> Resolve(const LoadedScenario& sc) {
   }
   if (ck.status().ok() && c.expert_parallel() && !moe) {
     ck.Fail("cluster.expert_parallel", "true", "only for MoE models (model.num_experts > 0)");
+  }
+  if (ck.status().ok() && mla && (c.has_attacc() || c.has_attention_pool())) {
+    ck.Fail(c.has_attacc() ? "cluster.attacc" : "cluster.attention_pool", "set",
+            "multi-head latent attention has no mapping on the attention devices: AttAcc's "
+            "GEMV units and the pruning accelerators read each KV head's keys and values "
+            "separately (AttAcc §4.3), while MLA's heads share one latent that serves as both; "
+            "serve this model on the xPUs (docs/models.md)");
   }
   if (ck.status().ok() && moe && (c.has_attacc() || c.has_attention_pool())) {
     // An attention device beside an MoE model's xPUs: one TP group whose
@@ -306,6 +338,22 @@ absl::StatusOr<ResolvedScenario> Resolve(const LoadedScenario& sc) {
               "feed-forward co-processing splits a dense FF; an MoE model's experts stay on the "
               "xPUs (use SERIAL, HEAD_LEVEL or BATCH_LEVEL)");
     }
+  }
+  const int64_t pp = c.has_pipeline_parallel() ? c.pipeline_parallel() : 1;
+  ck.Range<int32_t>("cluster.pipeline_parallel", static_cast<int32_t>(pp), 1, 64);
+  if (ck.status().ok() && pp > m.num_layers()) {
+    ck.Fail("cluster.pipeline_parallel", pp,
+            absl::StrCat("a stage holds at least one layer: at most model.num_layers (",
+                         m.num_layers(), ")"));
+  }
+  if (ck.status().ok() && pp > 1 && dp > 1) {
+    ck.Fail("cluster.pipeline_parallel", pp,
+            "pipeline stages and data-parallel ranks together are not modelled; set one of "
+            "cluster.pipeline_parallel and cluster.data_parallel to 1");
+  }
+  if (ck.status().ok() && pp > 1 && (c.has_attacc() || c.has_attention_pool())) {
+    ck.Fail("cluster.pipeline_parallel", pp,
+            "attention devices are modelled beside one pipeline stage; set it to 1");
   }
   ck.Range<int32_t>("cluster.tensor_parallel", c.tensor_parallel(), 1, 64);
   const int64_t tp = c.tensor_parallel();
@@ -361,8 +409,12 @@ absl::StatusOr<ResolvedScenario> Resolve(const LoadedScenario& sc) {
   ck.NonNegative("cluster.xpu.dram_energy_pj_per_byte", x.dram_energy_pj_per_byte());
   ck.NonNegative("cluster.xpu.flop_energy_pj", x.flop_energy_pj());
   ck.NonNegative("cluster.xpu.int8_op_energy_pj", x.int8_op_energy_pj());
-  for (const char* name : {"interconnect", "frontend"}) {
-    const auto& l = std::string(name) == "interconnect" ? c.interconnect() : c.frontend();
+  ck.Range<int32_t>("cluster.xpus_per_node", c.xpus_per_node(), 0, 1024);
+  for (const char* name : {"interconnect", "frontend", "internode"}) {
+    if (std::string(name) == "internode" && c.xpus_per_node() == 0) continue;
+    const auto& l = std::string(name) == "interconnect" ? c.interconnect()
+                    : std::string(name) == "frontend"   ? c.frontend()
+                                                        : c.internode();
     const std::string base = absl::StrCat("cluster.", name);
     ck.Positive(absl::StrCat(base, ".bandwidth_bytes_per_s"), l.bandwidth_bytes_per_s());
     ck.NonNegative(absl::StrCat(base, ".latency_s"), l.latency_s());
@@ -438,6 +490,17 @@ absl::StatusOr<ResolvedScenario> Resolve(const LoadedScenario& sc) {
   *gpu->mutable_xpu() = x;
   *gpu->mutable_interconnect() = c.interconnect();
   gpu->set_dtype(m.dtype());
+  gpu->set_kv_dtype(out.model.kv_dtype);
+  if (c.xpus_per_node() > 0) {
+    gpu->set_xpus_per_node(c.xpus_per_node());
+    *gpu->mutable_internode() = c.internode();
+  }
+  if (m.dtype() == servesim::v1::DTYPE_FP8 && !(x.peak_flops_fp8() > 0)) {
+    out.fallbacks.push_back(absl::StrCat(
+        "model.dtype FP8 on ", x.preset().empty() ? "an xPU" : x.preset(),
+        " without FP8 tensor cores (cluster.xpu.peak_flops_fp8 0): weight-only FP8, GEMMs at "
+        "the 16-bit rate"));
+  }
   RETURN_IF_ERROR(ResolveProfile(sc, m, x, tp, &out));
   if (!x.roofline().empty()) {
     // Per-class caps are checked by the device; report them here, located.
@@ -485,9 +548,42 @@ absl::StatusOr<ResolvedScenario> Resolve(const LoadedScenario& sc) {
   kin.xpus = tp;
   kin.memory_utilization = c.memory_utilization();
   kin.weight_bytes =
-      moe ? out.weight_bytes_per_xpu * static_cast<double>(tp) : out.model.WeightBytes();
+      moe || mla ? out.weight_bytes_per_xpu * static_cast<double>(tp) : out.model.WeightBytes();
   kin.activation_bytes_per_xpu = out.activation_bytes_per_xpu + out.runtime_reserve_bytes_per_xpu;
   kin.kv_bytes_per_token_per_xpu = sizes.KvBytesPerTokenPerXpu();
+  out.pipeline_parallel = pp;
+  if (pp > 1) {
+    // Each stage's xPUs hold its layers' weights and KV; the first the
+    // embedding, the last the LM head (tied: each end its copy). The
+    // fullest stage bounds the memory plan.
+    const std::vector<int64_t> layers = scheduler::PipelineLayers(m.num_layers(), pp);
+    const int64_t most = *std::max_element(layers.begin(), layers.end());
+    const devices::ModelDims& d = out.model;
+    const double matrix = static_cast<double>(d.vocab_size * d.d_model) *
+                          (d.dtype == servesim::v1::DTYPE_FP8 ? 2.0 : double(d.bytes_per_element)) /
+                          static_cast<double>(tp);
+    const double in_layers = out.weight_bytes_per_xpu - (d.tied_embeddings ? 1.0 : 2.0) * matrix;
+    double fullest = 0;
+    for (size_t j = 0; j < layers.size(); ++j) {
+      const double w = in_layers * static_cast<double>(layers[j]) / double(d.num_layers) +
+                       (j == 0 ? matrix : 0.0) + (j + 1 == layers.size() ? matrix : 0.0);
+      fullest = std::max(fullest, w);
+    }
+    out.weight_bytes_per_xpu = fullest;
+    kin.weight_bytes = fullest * static_cast<double>(tp);
+    kin.kv_bytes_per_token_per_xpu = sizes.KvBytesPerTokenPerXpu() / d.num_layers * most;
+    auto& pc = out.pipeline;
+    pc.layers = layers;
+    pc.num_layers = d.num_layers;
+    pc.tensor_parallel = tp;
+    pc.d_model = static_cast<double>(d.d_model);
+    pc.act_bytes = static_cast<double>(d.act_bytes_per_element);
+    const bool across_nodes = c.xpus_per_node() > 0 && tp * pp > c.xpus_per_node();
+    const auto& link = across_nodes ? c.internode() : c.interconnect();
+    pc.link_bytes_per_s = link.bandwidth_bytes_per_s();
+    pc.link_latency_s = link.latency_s();
+    pc.link_energy_pj_per_byte = link.energy_pj_per_byte();
+  }
   kin.block_tokens = s.kv_block_tokens();
   out.planner.tensor_parallel = tp;
   if (c.has_attacc()) {
@@ -496,7 +592,7 @@ absl::StatusOr<ResolvedScenario> Resolve(const LoadedScenario& sc) {
     out.has_attention_device = true;
     auto* spec = out.attention_device.mutable_attacc();
     *spec->mutable_attacc() = c.attacc();
-    spec->set_dtype(m.dtype());
+    spec->set_dtype(out.model.kv_dtype);
     out.attention_kind = "attacc";
     out.attention_label = absl::StrCat(c.attacc().preset(), " x ", c.attacc().stacks(), " stacks");
     out.attention_link = c.attacc().link();
@@ -552,7 +648,7 @@ absl::StatusOr<ResolvedScenario> Resolve(const LoadedScenario& sc) {
     // One head's KV, all layers, per position.
     const double head_bytes = 2.0 * static_cast<double>(out.model.num_layers) *
                               static_cast<double>(out.model.d_head) *
-                              out.model.bytes_per_element;
+                              static_cast<double>(out.model.kv_bytes_per_element);
     out.batching.placement_stacks = c.attacc().stacks();
     out.batching.placement_capacity_tokens = static_cast<int64_t>(std::floor(
         (stack_bytes - out.device_ff_weight_bytes / c.attacc().stacks()) / head_bytes));
@@ -647,6 +743,11 @@ absl::StatusOr<ResolvedScenario> Resolve(const LoadedScenario& sc) {
       out.kv.tokens = out.kv.blocks * s.kv_block_tokens();
       out.kv.usable_bytes_per_xpu =
           static_cast<double>(out.kv.blocks) * s.kv_block_tokens() * kin.kv_bytes_per_token_per_xpu;
+    }
+    if (pp > 1) {
+      // One share per in-flight batch's scheduler.
+      out.kv.blocks /= pp;
+      out.kv.tokens = out.kv.blocks * s.kv_block_tokens();
     }
   }
   const double available = x.memory_bytes() * c.memory_utilization();

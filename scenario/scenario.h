@@ -32,6 +32,7 @@
 #include "google/protobuf/text_format.h"
 #include "scheduler/batching.h"
 #include "scheduler/kv_cache.h"
+#include "scheduler/pipeline.h"
 #include "scheduler/planner.h"
 #include "scheduler/router.h"
 #include "servesim/v1/hardware.pb.h"
@@ -94,6 +95,14 @@ struct ResolvedScenario {
   // (cluster.data_parallel); each rank is a TP group with its own batch
   // and KV cache of `kv`.
   int64_t data_parallel = 1;
+  // Pipeline stages (cluster.pipeline_parallel), and as many in-flight
+  // batches, each with its own scheduler and a 1/S share of `kv`; the
+  // stage split in `pipeline`.
+  int64_t pipeline_parallel = 1;
+  scheduler::PipelineConfig pipeline;
+  // Schedulers per replica: data-parallel ranks or pipeline batches; `kv`
+  // is each one's.
+  int64_t ranks() const { return data_parallel * pipeline_parallel; }
   int64_t cuda_graph_max_tokens = 0;   // scheduler.cuda_graph_max_tokens
   scheduler::BatchingConfig batching;  // kv_capacity_blocks filled in
   scheduler::RoutingPolicy routing = scheduler::RoutingPolicy::kRoundRobin;

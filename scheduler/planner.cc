@@ -68,31 +68,46 @@ double IterationPlanner::LinkTime(double bytes) const {
 }
 
 int64_t IterationPlanner::KvBytesPerTokenPerXpu() const {
-  return 2 * model_.num_layers * kv_heads_ * model_.d_head *
-         model_.bytes_per_element;
+  return model_.num_layers * model_.KvElementsPerLayer(kv_heads_) * model_.kv_bytes_per_element;
 }
 
 double IterationPlanner::WeightBytesPerXpu() const {
   // Routed experts are split over the whole MoE group (by expert or by
-  // width); everything else over the tensor-parallel group.
-  const double routed = static_cast<double>(model_.RoutedExpertParams()) * model_.bytes_per_element;
-  return (model_.WeightBytes() - routed) / static_cast<double>(tp_) +
+  // width); MLA's down-projections are on every xPU; everything else is
+  // split over the tensor-parallel group.
+  const double w = static_cast<double>(model_.bytes_per_element);
+  const double routed = static_cast<double>(model_.RoutedExpertParams()) * w;
+  const double replicated = static_cast<double>(model_.ReplicatedParams()) * w;
+  return (model_.WeightBytes() - routed - replicated) / static_cast<double>(tp_) + replicated +
          routed / static_cast<double>(MoeGroup());
 }
 
 double IterationPlanner::ActivationBytesPerXpu(int64_t tokens) const {
-  // An MoE layer's intermediate: top-k experts' per token, of the whole
-  // group's tokens when ranks exchange them (the larger of the two).
-  double ff_width = static_cast<double>(ff_);
+  const double t = static_cast<double>(tokens);
+  // The FF intermediate (gate and up, or up): the dense FF's, or an MoE
+  // layer's, the larger where the model has both. vLLM's fused MoE kernel
+  // runs every row it is given (the group's tokens when ranks exchange
+  // them) against each of its top-k experts, at most kFusedMoeChunkRows
+  // rows at a time; the experts are this xPU's width (whole with expert
+  // parallelism).
+  double ff = t * static_cast<double>(ff_);
   if (model_.moe()) {
-    const double moe_width =
-        static_cast<double>(model_.experts_per_token * model_.expert_d_ff * MoeGroup());
-    ff_width = model_.DenseFfLayers() == 0 ? moe_width : std::max(ff_width, moe_width);
+    const double rows = std::min(t * static_cast<double>(dp_), kFusedMoeChunkRows);
+    const int64_t width =
+        config_.expert_parallel ? model_.expert_d_ff : model_.expert_d_ff / MoeGroup();
+    const double moe = rows * static_cast<double>(model_.experts_per_token * width);
+    ff = model_.DenseFfLayers() == 0 ? moe : std::max(ff, moe);
   }
-  const double per_token = model_.d_model +
-                           static_cast<double>(heads_ + 2 * kv_heads_) * model_.d_head +
-                           static_cast<double>(model_.FfInputMatrices()) * ff_width;
-  return 2.0 * per_token * static_cast<double>(tokens) * model_.bytes_per_element;
+  // The attention block's outputs: Q, K and V, or with MLA the latents,
+  // the queries and the up-projected keys and values of a prefill.
+  const double qkv =
+      model_.mla()
+          ? static_cast<double>(model_.q_lora_rank + model_.kv_lora_rank + model_.rope_head_dim +
+                                heads_ * (2 * model_.d_head + model_.rope_head_dim + model_.dv()))
+          : static_cast<double>(heads_ + 2 * kv_heads_) * model_.d_head;
+  const double live = t * (static_cast<double>(model_.d_model) + qkv) +
+                      static_cast<double>(model_.FfInputMatrices()) * ff;
+  return 2.0 * live * static_cast<double>(model_.act_bytes_per_element);
 }
 
 void IterationPlanner::BuildLayerOps(const Batch& batch) {
@@ -103,7 +118,7 @@ void IterationPlanner::BuildLayerOps(const Batch& batch) {
   }
   const int64_t t = batch.prefill_tokens + batch.decode_tokens;
   const int64_t d = model_.d_model;
-  const double elem = model_.bytes_per_element;
+  const double elem = model_.act_bytes_per_element;
   const double act_bytes = static_cast<double>(t) * d * elem;
 
   auto elementwise = [&](Stage s, int64_t elements, double bytes_per_element,
@@ -137,7 +152,28 @@ void IterationPlanner::BuildLayerOps(const Batch& batch) {
   // LayerNorm/RMSNorm: read x, write y; ~5 FLOPs per element (mean,
   // variance, scale, shift).
   elementwise(Stage::kNorm, t * d, 2 * elem, 5);
-  gemm(Stage::kQkv, t, (heads_ + 2 * kv_heads_) * model_.d_head, d);
+  const MlaRows rows = MlaRowsOf(batch);
+  if (!model_.mla()) {
+    gemm(Stage::kQkv, t, (heads_ + 2 * kv_heads_) * model_.d_head, d);
+  } else {
+    // MLA the way vLLM runs it (DeepSeek-V3's absorbed decode): the query
+    // and KV down-projections (replicated over TP) and their norms, the
+    // query up-projection; decode tokens fold W_UK into the query
+    // ([t_dec x dh] x [dh x c] per head) and attend over the latent;
+    // prefill tokens up-project their whole context's latents to per-head
+    // keys and values (kv_b_proj) and attend as ordinary heads.
+    const int64_t c = model_.kv_lora_rank, r = model_.rope_head_dim;
+    const int64_t q_lora = model_.q_lora_rank;
+    gemm(Stage::kQkv, t, q_lora + c + r, d);
+    elementwise(Stage::kNorm, t * (q_lora + c), 2 * elem, 5);
+    if (q_lora > 0) {
+      gemm(Stage::kQkv, t, heads_ * (model_.d_head + r), q_lora);
+    } else {
+      gemm(Stage::kQkv, t, heads_ * (model_.d_head + r), d);
+    }
+    gemm(Stage::kQkv, rows.decode, heads_ * c, model_.d_head);
+    gemm(Stage::kQkv, rows.prefill_context, heads_ * (model_.d_head + model_.dv()), c);
+  }
   {
     Op op;
     op.kind = OpKind::kAttention;
@@ -145,11 +181,20 @@ void IterationPlanner::BuildLayerOps(const Batch& batch) {
     op.heads = heads_;
     op.kv_heads = kv_heads_;
     op.d_head = model_.d_head;
+    if (model_.mla()) {
+      op.kv_latent = model_.kv_lora_rank;
+      op.d_rope = model_.rope_head_dim;
+      op.d_value = model_.dv();
+    }
     op.seqs = seqs_;
+    attention_at_ = ops_.size();
     ops_.push_back(op);
   }
-  static_assert(kAttentionOp == 2, "norm, QKV, then attention");
-  gemm(Stage::kProjection, t, d, heads_ * model_.d_head);
+  if (model_.mla()) {
+    // Decode: the latent context times W_UV per head, then o_proj.
+    gemm(Stage::kProjection, rows.decode, heads_ * model_.dv(), model_.kv_lora_rank);
+  }
+  gemm(Stage::kProjection, t, d, heads_ * model_.dv());
   allreduce();
   elementwise(Stage::kResidual, t * d, 3 * elem, 1);  // a + b -> c
   elementwise(Stage::kNorm, t * d, 2 * elem, 5);
@@ -198,9 +243,24 @@ void IterationPlanner::BuildLayerOps(const Batch& batch) {
   SetCounts(t, static_cast<int64_t>(batch.entries.size()), &ops_, 0);
 }
 
+IterationPlanner::MlaRows IterationPlanner::MlaRowsOf(const Batch& batch) const {
+  MlaRows rows;
+  if (!model_.mla()) return rows;
+  // vLLM's MLA backends take a request with one new token down the decode
+  // path and any longer chunk down the prefill path.
+  for (const BatchEntry& e : batch.entries) {
+    if (e.new_tokens == 1) {
+      ++rows.decode;
+    } else {
+      rows.prefill_context += e.past_tokens + e.new_tokens;
+    }
+  }
+  return rows;
+}
+
 void IterationPlanner::MoeOps(int64_t group_tokens, std::vector<Op>* out) const {
   const int64_t g = MoeGroup();
-  const double elem = model_.bytes_per_element;
+  const double elem = model_.act_bytes_per_element;
   Op op;
   op.kind = OpKind::kMoe;
   op.stage = Stage::kMoe;
@@ -217,22 +277,30 @@ void IterationPlanner::MoeOps(int64_t group_tokens, std::vector<Op>* out) const 
     // one with the most assignments or the one touching the most experts
     // (the same rank unless routing is skewed).
     op.n = model_.expert_d_ff;
-    const devices::ExpertLoad busiest = routing_->Busiest(tokens);
-    op.routed = busiest.assignments;
-    op.experts_touched = busiest.experts_touched;
-    const int64_t widest = routing_->ranks() > 1 ? routing_->MostTouched(tokens) : 0;
-    if (widest != routing_->busiest_rank() && device_ != nullptr) {
+    if (routing_->uniform()) {
+      const devices::ExpertLoad busiest = routing_->Busiest(tokens);
+      op.routed = busiest.assignments;
+      op.experts_touched = busiest.experts_touched;
+    } else {
+      // Skewed: the slower of the two candidates, memoised per count (the
+      // search over ranks costs an exp per expert).
       auto hit = slowest_load_.find(group_tokens);
       if (hit == slowest_load_.end()) {
-        const devices::ExpertLoad wide = routing_->Rank(widest, tokens);
-        Op other = op;
-        other.routed = wide.assignments;
-        other.experts_touched = wide.experts_touched;
-        const Op both[2] = {op, other};
-        devices::Cost c[2];
+        const devices::ExpertLoad busiest = routing_->Busiest(tokens);
         devices::ExpertLoad pick = busiest;
-        if (device_->Estimate(both, absl::MakeSpan(c, 2)).ok() && c[1].time_s > c[0].time_s) {
-          pick = wide;
+        const int64_t widest = routing_->ranks() > 1 ? routing_->MostTouched(tokens) : 0;
+        if (widest != routing_->busiest_rank() && device_ != nullptr) {
+          const devices::ExpertLoad wide = routing_->Rank(widest, tokens);
+          Op one = op, other = op;
+          one.routed = busiest.assignments;
+          one.experts_touched = busiest.experts_touched;
+          other.routed = wide.assignments;
+          other.experts_touched = wide.experts_touched;
+          const Op both[2] = {one, other};
+          devices::Cost c[2];
+          if (device_->Estimate(both, absl::MakeSpan(c, 2)).ok() && c[1].time_s > c[0].time_s) {
+            pick = wide;
+          }
         }
         if (slowest_load_.size() > 65536) slowest_load_.clear();
         hit = slowest_load_.emplace(group_tokens, pick).first;
@@ -274,11 +342,19 @@ absl::StatusOr<IterationCost> IterationPlanner::PlanIdleRank(int64_t group_token
 
 void IterationPlanner::AddUp(absl::Span<const Op> ops, absl::Span<const devices::Cost> costs,
                              absl::Span<const LayerSet> sets, IterationCost* out) const {
+  // The running total in a local (not behind `out`, which the stages
+  // alias), the layer counts looked up once: the same additions in the
+  // same order, so the same sums to the bit.
+  const double layers[] = {LayersOf(LayerSet::kEvery), LayersOf(LayerSet::kMoe),
+                           LayersOf(LayerSet::kDenseFf), LayersOf(LayerSet::kOnce)};
+  static_assert(static_cast<int>(LayerSet::kOnce) == 3, "one count per set");
+  devices::Cost total = out->total;
   for (size_t i = 0; i < ops.size(); ++i) {
-    const devices::Cost c = costs[i].Scaled(LayersOf(sets[i]));
+    const devices::Cost c = costs[i].Scaled(layers[static_cast<int>(sets[i])]);
     out->stages[static_cast<int>(ops[i].stage)] += c;
-    out->total += c;
+    total += c;
   }
+  out->total = total;
   out->time_s = out->total.time_s;
   out->xpu_busy_s = out->time_s;
   // Energy and traffic of the whole group; time is one xPU's.
@@ -356,17 +432,20 @@ absl::StatusOr<IterationCost> IterationPlanner::Plan(const Batch& batch) {
   // device is pure, and costs are per op).
   // MoE layers also depend on the group's tokens: when only those changed,
   // the MoE ops are rebuilt and re-costed in place.
-  const std::array<int64_t, 4> key = {batch.prefill_tokens, batch.decode_tokens,
-                                      batch.emitting,
-                                      static_cast<int64_t>(batch.entries.size())};
+  // (MLA's up-projections also depend on the decode and prefill rows.)
+  const MlaRows rows = MlaRowsOf(batch);
+  const std::array<int64_t, 6> key = {
+      batch.prefill_tokens, batch.decode_tokens,
+      batch.emitting,       static_cast<int64_t>(batch.entries.size()),
+      rows.decode,          rows.prefill_context};
   if (ops_valid_ && key == ops_key_) {
     seqs_.clear();
     for (const BatchEntry& e : batch.entries) {
       seqs_.push_back({e.new_tokens, e.past_tokens, e.request_id});
     }
-    ops_[kAttentionOp].seqs = seqs_;
-    RETURN_IF_ERROR(device_->Estimate(absl::MakeConstSpan(&ops_[kAttentionOp], 1),
-                                      absl::MakeSpan(&costs_[kAttentionOp], 1)));
+    ops_[attention_at_].seqs = seqs_;
+    RETURN_IF_ERROR(device_->Estimate(absl::MakeConstSpan(&ops_[attention_at_], 1),
+                                      absl::MakeSpan(&costs_[attention_at_], 1)));
     const int64_t group =
         group_tokens_ > 0 ? group_tokens_ : (batch.prefill_tokens + batch.decode_tokens) * dp_;
     if (moe_at_ >= 0 && group != moe_group_tokens_) {
@@ -415,7 +494,7 @@ void IterationPlanner::XpuLayerOps(int64_t tokens,
                                    double ff_xpu_share, int groups,
                                    std::vector<Op>* out) const {
   const int64_t t = tokens, d = model_.d_model;
-  const double elem = model_.bytes_per_element;
+  const double elem = model_.act_bytes_per_element;
   const int64_t qkv_n = (heads_ + 2 * kv_heads_) * model_.d_head;
   const int64_t proj_k = heads_ * model_.d_head;
   const int64_t ff_n = static_cast<int64_t>(
@@ -495,7 +574,7 @@ IterationPlanner::XpuLayer IterationPlanner::XpuLayerFrom(absl::Span<const devic
 
 void IterationPlanner::TailOps(int64_t tokens, int64_t emitting, std::vector<Op>* out) const {
   // Once per iteration on the xPUs: embedding, final norm, LM head.
-  const double elem = model_.bytes_per_element;
+  const double elem = model_.act_bytes_per_element;
   const int64_t d = model_.d_model;
   const size_t at = out->size();
   out->resize(at + kTailOps);
@@ -569,7 +648,8 @@ absl::StatusOr<IterationCost> IterationPlanner::PlanWithDevice(const Batch& batc
   using devices::Cost;
   const devices::Device* dev = config_.attention;
   const int64_t t = batch.prefill_tokens + batch.decode_tokens;
-  const double elem = model_.bytes_per_element;
+  const double elem = model_.act_bytes_per_element;
+  const double kv_elem = model_.kv_bytes_per_element;
   const int64_t H = model_.num_heads, KV = model_.num_kv_heads, dh = model_.d_head;
   const int64_t d = model_.d_model;
 
@@ -748,7 +828,7 @@ absl::StatusOr<IterationCost> IterationPlanner::PlanWithDevice(const Batch& batc
     const std::vector<Cost>& att = attention_costs(att_at, groups, &att_);
     const double send = static_cast<double>(b_dec) * (H + 2 * KV) * dh * elem;
     const double recv = static_cast<double>(b_dec) * H * dh * elem;
-    const double kv_copy = static_cast<double>(prefill_tokens) * 2 * KV * dh * elem;
+    const double kv_copy = static_cast<double>(prefill_tokens) * 2 * KV * dh * kv_elem;
     link_bytes += send + recv + kv_copy;
     // Feed-forward: the xPUs' share, and the device's in parallel.
     Cost dev_ff;

@@ -146,9 +146,12 @@ class IterationPlanner {
   int64_t ff_per_xpu() const { return ff_; }
   // Activation workspace one xPU reserves for an iteration of `tokens`
   // tokens: the largest live set of one layer (the residual stream, the QKV
-  // output and the FF intermediate, in the model's element type), counted
-  // twice for producer and consumer buffers.
+  // output and the FF intermediate, in the activations' element type),
+  // counted twice for producer and consumer buffers.
   double ActivationBytesPerXpu(int64_t tokens) const;
+  // vLLM's fused MoE kernel takes at most this many rows per call
+  // (VLLM_FUSED_MOE_CHUNK_SIZE's default), so its intermediate is bounded.
+  static constexpr double kFusedMoeChunkRows = 32768;
   // KV bytes per token on one xPU.
   int64_t KvBytesPerTokenPerXpu() const;
   // Model weights resident on one xPU (embedding and LM head split too).
@@ -162,6 +165,13 @@ class IterationPlanner {
 
  private:
   void BuildLayerOps(const Batch& batch);
+  // MLA models: the batch's decode rows (one new token) and its prefill
+  // chunks' context rows (past + new), which MLA's up-projections run over;
+  // zeros for other models.
+  struct MlaRows {
+    int64_t decode = 0, prefill_context = 0;
+  };
+  MlaRows MlaRowsOf(const Batch& batch) const;
   // Which layers an op of ops_[0, layer_ops_) runs in.
   enum class LayerSet : uint8_t { kEvery, kMoe, kDenseFf, kOnce };
   double LayersOf(LayerSet set) const;
@@ -221,9 +231,9 @@ class IterationPlanner {
   std::vector<devices::Op> ops_;
   std::vector<devices::Cost> costs_;
   // ops_ and costs_ answer the token counts ops_key_ (see Plan).
-  static constexpr size_t kAttentionOp = 2;  // index in ops_
+  size_t attention_at_ = 2;  // the attention op's index in ops_
   bool ops_valid_ = false;
-  std::array<int64_t, 4> ops_key_{};
+  std::array<int64_t, 6> ops_key_{};
   // ops_[moe_at_] is the MoE block (-1: a dense model), built for
   // moe_group_tokens_ tokens of the group.
   int moe_at_ = -1;

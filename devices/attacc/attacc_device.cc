@@ -110,6 +110,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "devices/interrupt.h"
+#include "devices/model.h"
 #include "devices/presets.h"
 #include "devices/reference_attention.h"
 #include "devices/registry.h"
@@ -260,12 +261,14 @@ absl::StatusOr<std::unique_ptr<Device>> AttAccDevice::Create(const servesim::v1:
   const auto dtype = spec.attacc().dtype();
   // BF16 has FP16's width: its KV takes the same bytes and a bf16 MAC unit
   // is no larger than the paper's fp16 one (an assumption; AttAcc §5 gives
-  // fp16 lanes).
+  // fp16 lanes). An FP8 KV cache takes INT8's byte per element and its
+  // lanes (likewise an assumption: the paper has no 8-bit float unit).
   if (dtype != servesim::v1::DTYPE_UNSPECIFIED && dtype != servesim::v1::DTYPE_FP16 &&
-      dtype != servesim::v1::DTYPE_BF16 && dtype != servesim::v1::DTYPE_INT8) {
-    return Bad("dtype", dtype, "DTYPE_FP16, DTYPE_BF16 or DTYPE_INT8");
+      dtype != servesim::v1::DTYPE_BF16 && dtype != servesim::v1::DTYPE_INT8 &&
+      dtype != servesim::v1::DTYPE_FP8) {
+    return Bad("dtype", dtype, "DTYPE_FP16, DTYPE_BF16, DTYPE_INT8 or DTYPE_FP8");
   }
-  const int64_t elem = dtype == servesim::v1::DTYPE_INT8 ? 1 : 2;
+  const int64_t elem = DTypeBytes(dtype);
   // The geometry: each field within 4-8x of HBM3's (16 channels, 2 pseudo
   // channels, 2 ranks, 4 x 4 banks, 16,384 rows of 1 KiB, 32-byte columns)
   // and of AttAcc's 40 stacks, so that the per-channel and per-stack arrays
@@ -361,7 +364,7 @@ absl::StatusOr<std::unique_ptr<Device>> AttAccDevice::Create(const servesim::v1:
 
 AttAccDevice::AttAccDevice(const servesim::v1::AttAccDeviceSpec& spec) : spec_(spec) {
   const AttAccSpec& a = spec_.attacc();
-  elem_bytes_ = spec_.dtype() == servesim::v1::DTYPE_INT8 ? 1 : 2;
+  elem_bytes_ = DTypeBytes(spec_.dtype());
   lanes_ = a.column_bytes() / elem_bytes_;
   const int64_t p = a.pseudo_channels(), r = a.ranks(), b = a.bank_groups(),
                 k = a.banks_per_group();

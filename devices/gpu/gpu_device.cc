@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "devices/model.h"
 #include "devices/reference_attention.h"
 #include "devices/registry.h"
 
@@ -50,6 +51,24 @@ absl::StatusOr<std::unique_ptr<Device>> GpuDevice::Create(
   }
   if (int8) {
     if (absl::Status s = Positive(x.peak_flops_int8(), "xpu.peak_flops_int8"); !s.ok()) return s;
+  }
+  if (spec.gpu().xpus_per_node() < 0 || spec.gpu().xpus_per_node() > 1024) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "gpu device: xpus_per_node = ", spec.gpu().xpus_per_node(), "; expected 0..1024"));
+  }
+  if (spec.gpu().xpus_per_node() > 0) {
+    const auto& n = spec.gpu().internode();
+    if (absl::Status s = Positive(n.bandwidth_bytes_per_s(), "internode.bandwidth_bytes_per_s");
+        !s.ok()) {
+      return s;
+    }
+    for (auto [v, name] : {std::pair{n.latency_s(), "internode.latency_s"},
+                           {n.energy_pj_per_byte(), "internode.energy_pj_per_byte"}}) {
+      if (!(v >= 0) || !std::isfinite(v)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("gpu device: ", name, " = ", v, "; expected >= 0"));
+      }
+    }
   }
   for (auto [v, name] : {std::pair{x.compute_utilization(), "xpu.compute_utilization"},
                          {x.memory_utilization(), "xpu.memory_utilization"}}) {
@@ -115,10 +134,19 @@ absl::StatusOr<std::unique_ptr<Device>> GpuDevice::Create(
 GpuDevice::GpuDevice(const servesim::v1::GpuDeviceSpec& spec) : spec_(spec) {
   const auto& x = spec_.xpu();
   const bool int8 = spec_.dtype() == servesim::v1::DTYPE_INT8;
+  const bool fp8 = spec_.dtype() == servesim::v1::DTYPE_FP8;
+  // INT8 (W8A8) runs every kernel at the 8-bit rate; FP8 its GEMMs (with
+  // FP8 tensor cores; weight-only FP8 otherwise) and the rest at 16 bits.
+  const bool fp8_cores = fp8 && x.peak_flops_fp8() > 0;
   const double peak = int8 ? x.peak_flops_int8() : x.peak_flops_fp16();
-  for (Caps& c : caps_) {
-    c = {peak * x.compute_utilization(), x.memory_bw_bytes_per_s() * x.memory_utilization(),
-         x.kernel_overhead_s()};
+  const double gemm_peak = fp8_cores ? x.peak_flops_fp8() : peak;
+  const double energy = int8 ? x.int8_op_energy_pj() : x.flop_energy_pj();
+  const double gemm_energy = fp8_cores ? x.int8_op_energy_pj() : energy;
+  for (int cls = 0; cls < kNumOpClasses; ++cls) {
+    const bool gemm = cls == kGemmClass;
+    caps_[cls] = {(gemm ? gemm_peak : peak) * x.compute_utilization(),
+                  x.memory_bw_bytes_per_s() * x.memory_utilization(), x.kernel_overhead_s(),
+                  gemm ? gemm_energy : energy};
   }
   for (const auto& r : x.roofline()) {
     const OpClass cls = r.op_class() == "gemm"         ? kGemmClass
@@ -126,11 +154,14 @@ GpuDevice::GpuDevice(const servesim::v1::GpuDeviceSpec& spec) : spec_(spec) {
                         : r.op_class() == "norm"       ? kNormClass
                         : r.op_class() == "activation" ? kActivationClass
                                                        : kEmbeddingClass;
-    caps_[cls] = {peak * r.compute_utilization(),
-                  x.memory_bw_bytes_per_s() * r.memory_utilization(), r.kernel_overhead_s()};
+    caps_[cls] = {(cls == kGemmClass ? gemm_peak : peak) * r.compute_utilization(),
+                  x.memory_bw_bytes_per_s() * r.memory_utilization(), r.kernel_overhead_s(),
+                  caps_[cls].energy_pj};
   }
-  op_energy_pj_ = int8 ? x.int8_op_energy_pj() : x.flop_energy_pj();
-  elem_bytes_ = int8 ? 1 : 2;
+  w_bytes_ = static_cast<double>(DTypeBytes(spec_.dtype()));
+  a_bytes_ = int8 ? 1 : 2;
+  kv_bytes_ = static_cast<double>(DTypeBytes(ResolvedKvDType(spec_.dtype(), spec_.kv_dtype())));
+  lm_head_bytes_ = fp8 ? 2 : w_bytes_;
 }
 
 DeviceDescription GpuDevice::Describe() const {
@@ -153,10 +184,10 @@ DeviceDescription GpuDevice::Describe() const {
       {"dram_energy_pj_per_byte", x.dram_energy_pj_per_byte()},
       {"flop_energy_pj", x.flop_energy_pj()},
       {"int8_op_energy_pj", x.int8_op_energy_pj()},
-      {"interconnect_bandwidth_bytes_per_s",
-       spec_.interconnect().bandwidth_bytes_per_s()},
+      {"interconnect_bandwidth_bytes_per_s", spec_.interconnect().bandwidth_bytes_per_s()},
       {"interconnect_latency_s", spec_.interconnect().latency_s()},
-      {"element_bytes", elem_bytes_},
+      {"element_bytes", w_bytes_},
+      {"kv_element_bytes", kv_bytes_},
   };
   for (const auto& r : x.roofline()) {
     d.parameters.push_back({absl::StrCat("roofline_", r.op_class(), "_compute_utilization"),
@@ -194,7 +225,7 @@ Cost GpuDevice::Roofline(double flops, double bytes, OpClass cls) const {
   c.flops = flops;
   c.dram_bytes = bytes;
   c.time_s = std::max(flops / caps.flops_per_s, bytes / caps.bytes_per_s) + caps.overhead_s;
-  c.compute_energy_pj = flops * op_energy_pj_;
+  c.compute_energy_pj = flops * caps.energy_pj;
   c.dram_energy_pj = bytes * spec_.xpu().dram_energy_pj_per_byte();
   return c;
 }
@@ -204,9 +235,11 @@ Cost GpuDevice::RooflineCost(const Op& op) const {
     case OpKind::kGemm: {
       if (op.m <= 0 || op.n <= 0 || op.k <= 0) return Cost{};
       const double m = op.m, n = op.n, k = op.k;
-      return Roofline(2 * m * n * k, (m * k + k * n + m * n) * elem_bytes_, kGemmClass);
+      const double w = op.stage == Stage::kLmHead ? lm_head_bytes_ : w_bytes_;
+      return Roofline(2 * m * n * k, (m * k + m * n) * a_bytes_ + k * n * w, kGemmClass);
     }
     case OpKind::kAttention: {
+      if (op.kv_latent > 0) return MlaAttentionCost(op);
       double pairs = 0;  // attended (query, key) pairs, per head
       double kv_rows_read = 0;
       double new_rows = 0;
@@ -224,10 +257,9 @@ Cost GpuDevice::RooflineCost(const Op& op) const {
       if (new_rows == 0) return Cost{};
       const double dh = op.d_head;
       const double flops = pairs * op.heads * (4 * dh + 5);
-      const double bytes = elem_bytes_ * dh *
-                           (2 * op.heads * new_rows +         // Q read, O written
-                            2 * op.kv_heads * new_rows +      // new K, V appended
-                            2 * op.kv_heads * kv_rows_read);  // cached K, V read
+      const double bytes = dh * (a_bytes_ * 2 * op.heads * new_rows +       // Q read, O written
+                                 kv_bytes_ * (2 * op.kv_heads * new_rows +  // new K, V appended
+                                              2 * op.kv_heads * kv_rows_read));  // cached K, V
       return Roofline(flops, bytes, kAttentionClass);
     }
     case OpKind::kElementwise: {
@@ -242,8 +274,24 @@ Cost GpuDevice::RooflineCost(const Op& op) const {
       if (op.participants > 1 && op.bytes > 0) {
         const double p = op.participants;
         const auto& link = spec_.interconnect();
-        c.time_s = 2 * (p - 1) * (link.latency_s() + op.bytes / p / link.bandwidth_bytes_per_s());
         c.link_bytes = 2 * (p - 1) / p * op.bytes;
+        const int per_node = spec_.xpus_per_node();
+        if (per_node > 0 && op.participants > per_node) {
+          // Across nodes: NCCL runs one ring channel per NIC, each slicing
+          // the data; every xPU is its channel's node boundary once, so a
+          // step moves 1/C of its slice over its NIC and the rest over
+          // the node's links, and lasts as long as the slower of the two.
+          const auto& net = spec_.internode();
+          const double slice = op.bytes / p, channels = per_node;
+          const double step = std::max(
+              net.latency_s() + slice / channels / net.bandwidth_bytes_per_s(),
+              link.latency_s() + slice * (channels - 1) / channels / link.bandwidth_bytes_per_s());
+          c.time_s = 2 * (p - 1) * step;
+          c.link_energy_pj = c.link_bytes / channels * net.energy_pj_per_byte() +
+                             c.link_bytes * (channels - 1) / channels * link.energy_pj_per_byte();
+          return c;
+        }
+        c.time_s = 2 * (p - 1) * (link.latency_s() + op.bytes / p / link.bandwidth_bytes_per_s());
         c.link_energy_pj = c.link_bytes * link.energy_pj_per_byte();
         // Each step also reads and writes its slice in device memory and
         // adds it (the reduction), which the roofline above ignores: it is
@@ -262,7 +310,7 @@ Cost GpuDevice::MoeCost(const Op& op) const {
   const double a = op.routed, x = op.experts_touched, mats = op.expert_matrices;
   // Router: [m x k] x [k x E], then top-k (negligible).
   double flops = 2 * m * k * e;
-  double bytes = (m * k + k * e + m * e) * elem_bytes_;
+  double bytes = (m * k + m * e) * a_bytes_ + k * e * w_bytes_;
   // Experts: each assignment runs its expert's matrices (gate+up and down
   // when gated: 2 k n FLOPs per matrix) and the activation (~6 FLOPs per
   // element); the touched experts' weights are read once; activations: the
@@ -271,7 +319,7 @@ Cost GpuDevice::MoeCost(const Op& op) const {
   // the k-wide output, and the m combined rows.
   const double expert_flops = 2 * k * n * mats;
   flops += a * (expert_flops + 6 * n);
-  bytes += (x * mats * k * n + m * k + a * 2 * mats * n + a * k + m * k) * elem_bytes_;
+  bytes += x * mats * k * n * w_bytes_ + (m * k + a * 2 * mats * n + a * k + m * k) * a_bytes_;
   Cost c = Roofline(flops, bytes, kGemmClass);
   if (x > 0 && a > 0 && n > 0) {
     // The grouped GEMM pads each expert's rows to its row tile (vLLM's
@@ -288,8 +336,48 @@ Cost GpuDevice::MoeCost(const Op& op) const {
   return c;
 }
 
+Cost GpuDevice::MlaAttentionCost(const Op& op) const {
+  const double h = op.heads, c = op.kv_latent, r = op.d_rope;
+  const double dn = op.d_head, dv = op.d_value > 0 ? op.d_value : op.d_head;
+  // Decode (one new token; FlashMLA's absorbed form): every head's query
+  // is c + r wide and attends to the shared latent rows, which one kernel
+  // reads once for all heads; its output is c wide (W_UV comes after).
+  double d_pairs = 0, d_rows = 0, d_read = 0;
+  // Prefill chunks: ordinary heads over the up-projected keys (dn + r) and
+  // values (dv), read per 128-row query block as FlashAttention does.
+  double p_pairs = 0, p_rows = 0, p_read = 0;
+  for (const AttentionSeq& s : op.seqs) {
+    const double past = s.past_tokens, n = s.new_tokens;
+    if (s.new_tokens == 1) {
+      d_pairs += past + 1;
+      d_rows += 1;
+      d_read += past + 1;
+      continue;
+    }
+    p_pairs += n * past + n * (n + 1) / 2;
+    p_rows += n;
+    for (int64_t start = 0; start < s.new_tokens; start += kQueryBlock) {
+      p_read += past + static_cast<double>(std::min(start + kQueryBlock, s.new_tokens));
+    }
+  }
+  Cost total;
+  if (d_rows > 0) {
+    total +=
+        Roofline(d_pairs * h * (2 * (c + r) + 2 * c + 5),
+                 a_bytes_ * d_rows * h * ((c + r) + c) + kv_bytes_ * (d_rows + d_read) * (c + r),
+                 kAttentionClass);
+  }
+  if (p_rows > 0) {
+    total +=
+        Roofline(p_pairs * h * (2 * (dn + r) + 2 * dv + 5),
+                 a_bytes_ * (p_rows + p_read) * h * (dn + r + dv) + kv_bytes_ * p_rows * (c + r),
+                 kAttentionClass);
+  }
+  return total;
+}
+
 double GpuDevice::GemmTime(double m, double n, double k) const {
-  return Roofline(2 * m * n * k, (m * k + k * n + m * n) * elem_bytes_, kGemmClass).time_s;
+  return Roofline(2 * m * n * k, (m * k + m * n) * a_bytes_ + k * n * w_bytes_, kGemmClass).time_s;
 }
 
 double GpuDevice::AttentionTime(const Op& op, const AttentionShapeQuery& q) const {
@@ -395,6 +483,10 @@ double GpuDevice::ProfiledTime(const Op& op, const Cost& c) const {
       });
     }
     case OpKind::kAttention: {
+      if (op.kv_latent > 0) {  // bundles measure standard attention only
+        p.CountMissing();
+        return c.time_s;
+      }
       AttentionShapeQuery q;
       double kv_sum = 0;
       bool first_decode = true;

@@ -17,7 +17,10 @@
 //    as one fused kernel (one overhead).
 //  - Elementwise: elements * bytes_per_element bytes, the op's FLOPs.
 //  - All-reduce among p peers (ring): 2(p-1) steps, each one link latency
-//    plus (bytes / p) / link_bw; each peer sends 2(p-1)/p * bytes.
+//    plus (bytes / p) / link_bw; each peer sends 2(p-1)/p * bytes. Among
+//    more peers than a node's xpus_per_node = C: C ring channels, one per
+//    NIC; a step lasts max(net latency + (bytes/p)/C / nic_bw, link latency
+//    + (bytes/p)(C-1)/C / link_bw) (docs/models.md, "Across nodes").
 //  - MoE block (m rows, routed assignments a over x touched experts of width
 //    n, E experts): router 2 m k E FLOPs; experts a (2 k n mats + 6 n)
 //    FLOPs; bytes: router weights, the touched experts' weights x mats k n,
@@ -99,15 +102,20 @@ class GpuDevice : public Device {
   // bundle does not cover it.
   double ProfiledTime(const Op& op, const Cost& c) const;
 
+  // Multi-head latent attention (Op.kv_latent > 0).
+  Cost MlaAttentionCost(const Op& op) const;
+
   servesim::v1::GpuDeviceSpec spec_;
   struct Caps {
     double flops_per_s;  // effective: peak * compute_utilization
     double bytes_per_s;  // effective: bw * memory_utilization
     double overhead_s;   // per kernel
+    double energy_pj;    // per FLOP (16-bit) or OP (8-bit)
   };
   Caps caps_[kNumOpClasses];
-  double op_energy_pj_;    // per FLOP (fp16) or OP (int8)
-  double elem_bytes_;
+  // Element bytes of weights, of activations and of the KV cache; the LM
+  // head's weights (16-bit in FP8 checkpoints).
+  double w_bytes_, a_bytes_, kv_bytes_, lm_head_bytes_;
   std::shared_ptr<const GpuProfile> profile_;  // null: the roofline only
 };
 

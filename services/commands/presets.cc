@@ -52,11 +52,12 @@ int PresetsCommand(const Args& args) {
       PrintMessage(*m);
       const auto dims = devices::ModelDimsFromSpec(*m);
       std::cout << absl::StrFormat(
-          "    = %.2fB parameters%s, %s fp16 weights, %d KB KV per token\n",
+          "    = %.2fB parameters%s, %s %s weights, %d KB %s KV per token\n",
           dims.TotalParams() / 1e9,
           dims.moe() ? absl::StrFormat(" (%.2fB active)", dims.ActiveParams() / 1e9)
                      : std::string(),
-          FormatGb(dims.WeightBytes()), dims.KvBytesPerToken() / 1024);
+          FormatGb(dims.WeightBytes()), devices::DTypeName(dims.dtype),
+          dims.KvBytesPerToken() / 1024, devices::DTypeName(dims.kv_dtype));
     }
   }
   if (k.empty() || k == "xpus") {

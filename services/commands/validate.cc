@@ -4,6 +4,7 @@
 #include <string>
 
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "google/protobuf/text_format.h"
 #include "services/commands/commands.h"
 #include "services/commands/scenario_args.h"
@@ -43,6 +44,31 @@ int ValidateCommand(const Args& args) {
            : absl::StrFormat("by width: every expert, %d of its %d columns per xPU",
                              sc->model.expert_d_ff / group, sc->model.expert_d_ff));
   }
+  if (const int per_node = sc->proto.cluster().xpus_per_node(); per_node > 0) {
+    const int64_t group = sc->data_parallel * sc->tensor_parallel;
+    const int64_t xpus = group * sc->pipeline_parallel;
+    std::cout << absl::StrFormat(
+        "# nodes: %d xPUs per replica over %d node(s) of %d; collectives among more than %d "
+        "xPUs cross nodes over %s (%s each way per xPU)\n",
+        xpus, (xpus + per_node - 1) / per_node, per_node, per_node,
+        sc->proto.cluster().internode().preset().empty() ? std::string("cluster.internode")
+                                                         : sc->proto.cluster().internode().preset(),
+        FormatGb(sc->proto.cluster().internode().bandwidth_bytes_per_s()) + "/s");
+  }
+  if (sc->pipeline_parallel > 1) {
+    std::cout << absl::StrFormat(
+        "# pipeline: %d stages of %s layers, %d batches in flight; per xPU the fullest stage's "
+        "weights and KV\n",
+        sc->pipeline_parallel, absl::StrJoin(sc->pipeline.layers, "+"), sc->pipeline_parallel);
+  }
+  if (sc->model.mla()) {
+    const devices::ModelDims& m = sc->model;
+    std::cout << absl::StrFormat(
+        "# attention: multi-head latent, %d heads over a latent of %d + a RoPE key of %d per "
+        "token and layer: %d bytes of %s KV per token on every xPU of a tensor-parallel group\n",
+        m.num_heads, m.kv_lora_rank, m.rope_head_dim, m.KvBytesPerToken(),
+        devices::DTypeName(m.kv_dtype));
+  }
   std::cout << absl::StrFormat(
       "# memory plan per xPU: weights %s, activations %s, KV %s\n"
       "# KV capacity per replica: %s%d blocks x %d tokens = %d tokens\n"
@@ -50,9 +76,11 @@ int ValidateCommand(const Args& args) {
       FormatGb(sc->weight_bytes_per_xpu), FormatGb(sc->activation_bytes_per_xpu),
       FormatGb(sc->kv.usable_bytes_per_xpu),
       sc->data_parallel > 1 ? absl::StrFormat("%d data-parallel ranks x ", sc->data_parallel)
-                            : std::string(),
-      sc->kv.blocks, sc->batching.kv_block_tokens, sc->kv.tokens * sc->data_parallel,
-      wl->description, wl->num_requests);
+      : sc->pipeline_parallel > 1
+          ? absl::StrFormat("%d in-flight batches x ", sc->pipeline_parallel)
+          : std::string(),
+      sc->kv.blocks, sc->batching.kv_block_tokens, sc->kv.tokens * sc->ranks(), wl->description,
+      wl->num_requests);
   std::cout << "OK\n";
   return 0;
 }

@@ -171,6 +171,30 @@ TEST(AgentConvertTest, MoeOpsRoundTripAndBadOnesAreRefused) {
   EXPECT_EQ(back->accepts, desc.accepts);
 }
 
+TEST(AgentConvertTest, LatentAttentionOpsRoundTripAndStrayLatentsAreRefused) {
+  const std::vector<devices::AttentionSeq> seqs = {{1, 99, 4}, {16, 0, 5}};
+  Op mla;
+  mla.kind = OpKind::kAttention;
+  mla.stage = devices::Stage::kAttention;
+  mla.heads = mla.kv_heads = 16;
+  mla.d_head = 128;
+  mla.kv_latent = 512, mla.d_rope = 64, mla.d_value = 128;
+  mla.seqs = seqs;
+  v1::EstimateRequest req;
+  EncodeOps(absl::MakeConstSpan(&mla, 1), &req);
+  DecodedOps d;
+  ASSERT_TRUE(DecodeOps(req, &d).ok());
+  ASSERT_EQ(d.ops.size(), 1u);
+  const Op& b = d.ops[0];
+  EXPECT_EQ(std::tie(b.kv_latent, b.d_rope, b.d_value),
+            std::tie(mla.kv_latent, mla.d_rope, mla.d_value));
+  EXPECT_EQ(b.seqs.size(), 2u);
+  // A latent on a GEMM is a malformed request.
+  req.mutable_ops(0)->set_kind(v1::OP_KIND_GEMM);
+  const absl::Status st = DecodeOps(req, &d);
+  EXPECT_NE(st.message().find("expected on attention ops only"), absl::string_view::npos) << st;
+}
+
 TEST(AgentConvertTest, TensorsAndDescriptionsRoundTrip) {
   for (auto type : {devices::ElementType::kFp16, devices::ElementType::kFp32}) {
     const devices::Tensor t = Ramp(type, {2, 3, 4}, 0.3f);

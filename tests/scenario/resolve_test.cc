@@ -234,8 +234,9 @@ TEST(ScenarioPresetTest, UnknownModelPreset) {
   EXPECT_EQ(r.status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(std::string(r.status().message()),
             "s.pbtxt:3: model.preset: unknown model preset \"gpt5\"; known: "
-            "codellama-34b, gpt2-large, gpt2-medium, gpt2-xl, gpt3-175b, llama-65b, "
-            "llama2-13b, llama2-70b, llama2-7b, llama3.1-405b, llama3.1-70b, llama3.1-8b, "
+            "codellama-34b, deepseek-v3, gpt2-large, gpt2-medium, gpt2-xl, "
+            "gpt3-175b, llama-65b, llama2-13b, llama2-70b, llama2-7b, llama3.1-405b, llama3.1-70b, "
+            "llama3.1-8b, "
             "llama3.2-1b, llama3.2-3b, mistral-7b, mixtral-8x22b, mixtral-8x7b, mt-nlg-530b, "
             "opt-13b, opt-6.7b, opt-66b, qwen3-14b, qwen3-235b-a22b, qwen3-30b-a3b, "
             "qwen3-30b-a3b-instruct-2507, qwen3-32b, qwen3-8b");
@@ -262,8 +263,8 @@ TEST(ScenarioPresetTest, UnknownLinkPreset) {
   EXPECT_EQ(r.status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(std::string(r.status().message()),
             "s.pbtxt:9: cluster.interconnect.preset: unknown link preset "
-            "\"nvlink9\"; known: ethernet-100g, ethernet-400g, nvlink3, "
-            "nvlink4, nvlink5, pcie4, pcie5, xgmi-mi300x");
+            "\"nvlink9\"; known: ethernet-100g, ethernet-400g, infiniband-ndr, "
+            "infiniband-xdr, nvlink3, nvlink4, nvlink5, pcie4, pcie5, roce-400g, xgmi-mi300x");
 }
 
 TEST(ScenarioPresetTest, InterconnectDefaultsToTheXpusOwnLink) {
@@ -674,6 +675,99 @@ TEST(ScenarioMoeTest, AttentionDevicesSitBesideOneRankOfRoutedExpertsOnly) {
   ASSERT_FALSE(r.ok());
   EXPECT_THAT(std::string(r.status().message()),
               HasSubstr("an MoE model's experts stay on the xPUs"));
+}
+
+std::string DeepSeekScenario(const std::string& cluster_extra,
+                             const std::string& model_extra = "") {
+  return absl::StrCat("model { preset: \"deepseek-v3\" ", model_extra,
+                      " }\n"
+                      "cluster {\n"
+                      "  xpu { preset: \"h200-sxm-141gb\" }\n  ",
+                      cluster_extra, "\n}\n");
+}
+
+TEST(ScenarioMlaTest, DeepSeekV3OnDataParallelRanksHoldsItsLatentCache) {
+  auto r = ParseAndResolve(DeepSeekScenario("data_parallel: 32 expert_parallel: true"));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->model.mla());
+  // Per GPU: everything but the routed experts (FP8, embedding and LM head
+  // in bf16), and 8 of every MoE layer's 256 experts.
+  const double routed = 58.0 * 256 * 3 * 7168 * 2048;
+  EXPECT_DOUBLE_EQ(r->weight_bytes_per_xpu, r->model.WeightBytes() - routed + routed / 32);
+  EXPECT_EQ(r->xpu_device.gpu().kv_dtype(), servesim::v1::DTYPE_BF16);
+  // KV: 61 x 576 x 2 bytes per token per rank, in blocks of 16 tokens.
+  EXPECT_EQ(r->model.KvBytesPerToken(), 61 * 576 * 2);
+  EXPECT_EQ(r->kv.blocks, static_cast<int64_t>(r->kv.usable_bytes_per_xpu / (16 * 70272.0)));
+}
+
+TEST(ScenarioMlaTest, InconsistentLatentShapesAndAttentionDevicesAreRefused) {
+  auto r = ParseAndResolve(DeepSeekScenario("tensor_parallel: 8", "num_kv_heads: 8"));
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(std::string(r.status().message()),
+              HasSubstr("model.num_kv_heads = 8: multi-head latent attention"));
+  r = ParseAndResolve(
+      "model { preset: \"llama3.1-8b\" rope_head_dim: 64 }\ncluster {\n  xpu { preset: "
+      "\"h100-sxm-80gb\" }\n}\n");
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(std::string(r.status().message()),
+              HasSubstr("model.rope_head_dim = set: only for multi-head latent attention"));
+  r = ParseAndResolve(DeepSeekScenario("tensor_parallel: 8 attacc { preset: \"attacc_bank\" }"));
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(std::string(r.status().message()),
+              HasSubstr("multi-head latent attention has no mapping on the attention devices"));
+  // Too large for one GPU: refused with the numbers.
+  r = ParseAndResolve(DeepSeekScenario(""));
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("does not fit a replica of 1 x"));
+}
+
+TEST(ScenarioMlaTest, Fp8OnAnXpuWithoutFp8CoresIsWeightOnlyAndSaysSo) {
+  auto r = ParseAndResolve(
+      "model { preset: \"llama3.1-8b\" dtype: DTYPE_FP8 kv_dtype: DTYPE_FP8 }\n"
+      "cluster {\n  xpu { preset: \"a100-80gb\" }\n}\n");
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->fallbacks.size(), 1u);
+  EXPECT_THAT(r->fallbacks[0], HasSubstr("weight-only FP8"));
+  EXPECT_EQ(r->model.KvBytesPerToken(), 32 * 2 * 8 * 128);
+}
+
+TEST(ScenarioPipelineTest, StagesHoldTheirLayersAndAnEndMatrixEach) {
+  auto r = ParseAndResolve(
+      "model { preset: \"llama3.1-405b\" }\n"
+      "cluster {\n  xpu { preset: \"h100-sxm-80gb\" }\n  tensor_parallel: 8\n"
+      "  pipeline_parallel: 2\n  xpus_per_node: 8\n}\n");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->pipeline_parallel, 2);
+  EXPECT_EQ(r->ranks(), 2);
+  EXPECT_EQ(r->pipeline.layers, (std::vector<int64_t>{63, 63}));
+  // Half the layers and one of the two vocabulary matrices per stage:
+  // exactly half of a TP8 xPU's share.
+  EXPECT_NEAR(r->weight_bytes_per_xpu, r->model.WeightBytes() / 16, 1);
+  // The stages sit on two nodes: the hand-off crosses the NICs (the
+  // internode default, InfiniBand NDR).
+  EXPECT_DOUBLE_EQ(r->pipeline.link_bytes_per_s, 50e9);
+  // KV: 63 layers x 8 / 8 heads x 128 x 2 x 2 bytes per token on each xPU,
+  // shared by the two in-flight batches.
+  const double per_token = 63.0 * 1 * 128 * 2 * 2;
+  EXPECT_EQ(r->kv.blocks, static_cast<int64_t>(r->kv.usable_bytes_per_xpu / (16 * per_token)) / 2);
+}
+
+TEST(ScenarioPipelineTest, LayoutsItCannotServeAreRefused) {
+  auto r = ParseAndResolve(
+      "model { preset: \"llama3.2-1b\" }\ncluster {\n  xpu { preset: \"h100-sxm-80gb\" }\n"
+      "  pipeline_parallel: 17\n}\n");
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(std::string(r.status().message()),
+              HasSubstr("cluster.pipeline_parallel = 17: a stage holds at least one layer: at "
+                        "most model.num_layers (16)"));
+  r = ParseAndResolve(MoeScenario("data_parallel: 2 pipeline_parallel: 2"));
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(std::string(r.status().message()),
+              HasSubstr("pipeline stages and data-parallel ranks together are not modelled"));
+  r = ParseAndResolve(MoeScenario("pipeline_parallel: 2 attacc { preset: \"attacc_bank\" }"));
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(std::string(r.status().message()),
+              HasSubstr("attention devices are modelled beside one pipeline stage"));
 }
 
 }  // namespace

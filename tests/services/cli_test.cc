@@ -688,6 +688,42 @@ TEST(CliTest, AzureWindowKeepsTheFirstTwoMinutes) {
   EXPECT_TRUE(absl::StrContains(r.out, "window [0, 120) s")) << r.out;
 }
 
+TEST(CliTest, PipelineStagesAddTheirHandOffsToALoneRequestsSteps) {
+  // One request: a single batch in flight, so each step is its round trip
+  // through both stages, which split the model's time exactly, plus one
+  // hand-off of the hidden states and residual: one token, 2 x 4096 x 2
+  // bytes over NVLink 4 (3 us + 16,384 B / 450 GB/s).
+  const std::string dir = FreshDir();
+  const std::string scenario = dir + "/s.pbtxt";
+  WriteFile(scenario,
+            "model { preset: \"llama3.1-8b\" }\n"
+            "cluster { xpu { preset: \"h100-sxm-80gb\" } }\n"
+            "workload {\n"
+            "  constant { rate_rps: 1 }\n"
+            "  num_requests: 1\n"
+            "  lengths { fixed { input_tokens: 100 output_tokens: 6 } }\n"
+            "}\n"
+            "scheduler { batching: BATCHING_POLICY_VLLM_V1 }\n");
+  const RunResult one = RunServesim({"run", scenario, "--quiet", "--out", dir + "/one"});
+  const RunResult two = RunServesim(
+      {"run", scenario, "--quiet", "--out", dir + "/two", "--set", "cluster.pipeline_parallel=2"});
+  ASSERT_EQ(one.code, 0) << one.out;
+  ASSERT_EQ(two.code, 0) << two.out;
+  EXPECT_EQ(JsonValue(ReadFile(dir + "/two/summary.json"), "pipeline_parallel"), "2");
+  const std::vector<std::string> a = Lines(ReadFile(dir + "/one/iterations.csv"));
+  const std::vector<std::string> b = Lines(ReadFile(dir + "/two/iterations.csv"));
+  ASSERT_EQ(a.size(), 7u);  // header, the prefill, 5 decodes
+  ASSERT_EQ(b.size(), a.size());
+  const int duration = Column(a[0], "duration_s");
+  for (size_t i = 1; i < a.size(); ++i) {
+    double da = 0, db = 0;
+    ASSERT_TRUE(absl::SimpleAtod(Fields(a[i])[duration], &da));
+    ASSERT_TRUE(absl::SimpleAtod(Fields(b[i])[duration], &db));
+    const double hand_off = 3e-6 + 2.0 * (i == 1 ? 100 : 1) * 4096 * 2 / 450e9;
+    EXPECT_NEAR(db - da, hand_off, 2e-9) << i;
+  }
+}
+
 TEST(CliTest, TooLongRequestsAreRejectedAndCounted) {
   const std::string dir = FreshDir();
   const std::string scenario = dir + "/s.pbtxt";
