@@ -85,6 +85,7 @@ void EncodeOps(absl::Span<const Op> ops, v1::EstimateRequest* request) {
       o->set_top_k(op.top_k);
       o->set_expert_matrices(op.expert_matrices);
     }
+    o->set_window(op.window);
     if (op.kv_latent > 0) {
       o->set_kv_latent(op.kv_latent);
       o->set_d_rope(op.d_rope);
@@ -291,6 +292,14 @@ absl::Status DecodeOps(const v1::EstimateRequest& request, DecodedOps* out) {
       op.kv_latent = o.kv_latent();
       op.d_rope = o.d_rope();
       op.d_value = o.d_value();
+    }
+    if (o.window() != 0) {
+      if (op.kind != OpKind::kAttention || o.window() < 0 || o.window() > kMaxGemmDim) {
+        return absl::InvalidArgumentError(absl::StrCat("ops[", i, "]: window = ", o.window(),
+                                                       "; expected on attention ops only, 0..",
+                                                       kMaxGemmDim));
+      }
+      op.window = o.window();
     }
     // Lists belong to attention ops; other kinds ignore them (proto3
     // leaves an unset index at 0).

@@ -375,7 +375,7 @@ void RemoteDevice::KeysLocked(absl::Span<const Op> ops, std::vector<MemoKey>* ke
     k.ints = {op.m,         op.n,          op.k,        op.heads,    op.kv_heads,
               op.d_head,    op.head_begin, op.head_end, op.elements, op.tokens,
               op.sequences, op.kv_latent,  op.d_rope,   op.d_value,  op.experts_total,
-              op.top_k,     op.expert_matrices};
+              op.top_k,     op.expert_matrices, op.window};
     // clang-format on
     k.bits = {absl::bit_cast<uint64_t>(op.bytes_per_element),
               absl::bit_cast<uint64_t>(op.flops_per_element), absl::bit_cast<uint64_t>(op.bytes),

@@ -155,8 +155,8 @@ class RemoteDevice : public devices::Device {
   struct MemoKey {
     // m, n, k, heads, kv_heads, d_head, head range, elements, tokens,
     // sequences, MLA's kv_latent, d_rope, d_value, MoE's experts_total,
-    // top_k, expert_matrices
-    std::array<int64_t, 17> ints{};
+    // top_k, expert_matrices, the sliding window
+    std::array<int64_t, 18> ints{};
     // bytes_per_element, flops_per_element, bytes, MoE's routed and
     // experts_touched
     std::array<uint64_t, 5> bits{};

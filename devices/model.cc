@@ -75,7 +75,21 @@ ModelDims ModelDimsFromSpec(const servesim::v1::ModelSpec& spec) {
   m.q_lora_rank = spec.q_lora_rank();
   m.rope_head_dim = spec.rope_head_dim();
   m.v_head_dim = spec.v_head_dim();
+  m.sliding_window = spec.sliding_window();
+  m.full_attention_interval = spec.full_attention_interval();
+  m.expert_dtype = ResolvedExpertDType(m.dtype, spec.expert_dtype());
+  m.expert_bytes_per_element = DTypeWeightBytes(m.expert_dtype);
   return m;
+}
+
+servesim::v1::DType ResolvedExpertDType(servesim::v1::DType dtype,
+                                        servesim::v1::DType expert_dtype) {
+  if (expert_dtype != servesim::v1::DTYPE_UNSPECIFIED) return expert_dtype;
+  return dtype == servesim::v1::DTYPE_UNSPECIFIED ? servesim::v1::DTYPE_FP16 : dtype;
+}
+
+double DTypeWeightBytes(servesim::v1::DType dtype) {
+  return dtype == servesim::v1::DTYPE_MXFP4 ? 4.25 / 8 : static_cast<double>(DTypeBytes(dtype));
 }
 
 servesim::v1::DType ResolvedKvDType(servesim::v1::DType dtype, servesim::v1::DType kv_dtype) {
@@ -102,6 +116,8 @@ const char* DTypeName(servesim::v1::DType dtype) {
       return "bf16";
     case servesim::v1::DTYPE_FP8:
       return "fp8";
+    case servesim::v1::DTYPE_MXFP4:
+      return "mxfp4";
     default:
       return "fp16";
   }

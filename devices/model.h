@@ -62,6 +62,20 @@ struct ModelDims {
   int64_t rope_head_dim = 0;
   int64_t v_head_dim = 0;  // 0: d_head
 
+  // Sliding-window attention; sliding_window == 0: every layer full.
+  int64_t sliding_window = 0;
+  int64_t full_attention_interval = 0;
+  // The routed experts' weights (MXFP4: 4.25 bits = 0.53125 bytes).
+  servesim::v1::DType expert_dtype = servesim::v1::DTYPE_FP16;
+  double expert_bytes_per_element = 2;
+
+  // Layers attending to the whole context, and to the window only; layer
+  // l is full when (l + 1) is a multiple of full_attention_interval.
+  int64_t FullAttentionLayers() const {
+    if (sliding_window <= 0) return num_layers;
+    return full_attention_interval > 0 ? num_layers / full_attention_interval : 0;
+  }
+  int64_t SlidingLayers() const { return num_layers - FullAttentionLayers(); }
   bool mla() const { return kv_lora_rank > 0; }
   int64_t dv() const { return v_head_dim > 0 ? v_head_dim : d_head; }
   // Cached elements per token and layer on one xPU: the latent and RoPE key
@@ -103,9 +117,11 @@ struct ModelDims {
   int64_t TotalParams() const;
   // FP8 checkpoints keep the embedding and LM head in 16 bits (vLLM
   // quantizes the linear layers only).
+  // Routed experts at their own element type.
   double WeightBytes() const {
     return double(TotalParams()) * double(bytes_per_element) +
-           (dtype == servesim::v1::DTYPE_FP8 ? double(EmbeddingParams()) : 0.0);
+           (dtype == servesim::v1::DTYPE_FP8 ? double(EmbeddingParams()) : 0.0) +
+           double(RoutedExpertParams()) * (expert_bytes_per_element - double(bytes_per_element));
   }
 
   // KV-cache bytes one token occupies across all layers and KV heads.
@@ -121,13 +137,19 @@ struct ModelDims {
 // scenario/scenario.h) to ModelDims.
 ModelDims ModelDimsFromSpec(const servesim::v1::ModelSpec& spec);
 
-// "fp16", "bf16", "int8" or "fp8".
+// "fp16", "bf16", "int8", "fp8" or "mxfp4".
 const char* DTypeName(servesim::v1::DType dtype);
 // The KV cache's dtype: kv_dtype when set, else the weights' (16-bit for
 // FP8 weights: vLLM's kv_cache_dtype "auto" keeps the activations' type).
 servesim::v1::DType ResolvedKvDType(servesim::v1::DType dtype, servesim::v1::DType kv_dtype);
-// Bytes per element of a dtype: 1 for int8 and fp8, else 2.
+// Bytes per element of a dtype: 1 for int8 and fp8, else 2 (MXFP4, which
+// is not a whole byte, has DTypeWeightBytes).
 int64_t DTypeBytes(servesim::v1::DType dtype);
+// Bytes per weight, MXFP4 included: 4 bits plus an 8-bit scale per 32.
+double DTypeWeightBytes(servesim::v1::DType dtype);
+// The routed experts' dtype: expert_dtype when set, else the weights'.
+servesim::v1::DType ResolvedExpertDType(servesim::v1::DType dtype,
+                                        servesim::v1::DType expert_dtype);
 
 }  // namespace servesim::devices
 

@@ -76,6 +76,9 @@ struct Op {
   // values d_value wide, up-projected from the latents by the planner's
   // GEMMs.
   int64_t kv_latent = 0, d_rope = 0, d_value = 0;
+  // Sliding-window attention: each query sees the last `window` positions
+  // (itself included) of its sequence; 0: all of them.
+  int64_t window = 0;
   absl::Span<const AttentionSeq> seqs;
   // Attention devices that hold whole heads (AttAcc): only the query heads
   // [head_begin, head_end) of every sequence are in this op (a head group of

@@ -65,6 +65,17 @@ using google::protobuf::Reflection;
 //          by default and not counted). The routing's node-limited groups
 //          (n_group 8, topk_group 4) are not modelled: the routing model's
 //          loads are per expert.
+//  [HF-OSS] openai/gpt-oss-120b and openai/gpt-oss-20b, config.json: 36 / 24
+//          layers, hidden 2880, 64 query heads and 8 KV heads of 64,
+//          128 / 32 experts of intermediate_size 2880 (top 4), vocab
+//          201,088, 131,072 positions, untied; layer_types alternate
+//          sliding_attention (window 128) and full_attention, the first
+//          sliding; the experts in MXFP4 (quantization_config; attention,
+//          router, embedding and LM head in bf16). 116.8B and 20.9B
+//          parameters (OpenAI's gpt-oss model card, Table 1: 5.1B and 3.6B
+//          active, which counts one of the embedding and unembedding).
+//          Not counted: biases (q/k/v/o and experts, ~0.04%) and the
+//          attention sinks (one logit per head).
 // AttAcc's evaluation (§7) uses GPT-3 175B, LLaMA 65B and MT-NLG 530B.
 constexpr absl::string_view kModelPresets[][2] = {
     {"gpt3-175b",  // [GPT3]
@@ -202,6 +213,20 @@ constexpr absl::string_view kModelPresets[][2] = {
           kv_lora_rank: 512 q_lora_rank: 1536 rope_head_dim: 64 v_head_dim: 128
           num_experts: 256 experts_per_token: 8 expert_d_ff: 2048 shared_experts: 1
           dense_layers: 3 dtype: DTYPE_FP8 hf_name: "deepseek-ai/DeepSeek-V3")pb"},
+    {"gpt-oss-120b",  // [HF-OSS]
+     R"pb(name: "gpt-oss-120b" num_layers: 36 d_model: 2880 num_heads: 64
+          num_kv_heads: 8 d_head: 64 d_ff: 2880 ff_kind: FF_KIND_SWIGLU
+          vocab_size: 201088 max_context_tokens: 131072 tied_embeddings: false
+          num_experts: 128 experts_per_token: 4 expert_d_ff: 2880
+          sliding_window: 128 full_attention_interval: 2 dtype: DTYPE_BF16
+          expert_dtype: DTYPE_MXFP4 hf_name: "openai/gpt-oss-120b")pb"},
+    {"gpt-oss-20b",  // [HF-OSS]
+     R"pb(name: "gpt-oss-20b" num_layers: 24 d_model: 2880 num_heads: 64
+          num_kv_heads: 8 d_head: 64 d_ff: 2880 ff_kind: FF_KIND_SWIGLU
+          vocab_size: 201088 max_context_tokens: 131072 tied_embeddings: false
+          num_experts: 32 experts_per_token: 4 expert_d_ff: 2880
+          sliding_window: 128 full_attention_interval: 2 dtype: DTYPE_BF16
+          expert_dtype: DTYPE_MXFP4 hf_name: "openai/gpt-oss-20b")pb"},
 };
 
 // ------------------------------------------------------------------ xPUs ----

@@ -302,6 +302,30 @@ absl::StatusOr<ResolvedScenario> Resolve(const LoadedScenario& sc) {
     }
   }
 
+  if (m.has_sliding_window()) {
+    ck.Range<int64_t>("model.sliding_window", m.sliding_window(), 1, 1 << 24);
+    ck.Range<int64_t>("model.full_attention_interval", m.full_attention_interval(), 0, 1024);
+    if (ck.status().ok() && mla) {
+      ck.Fail("model.sliding_window", m.sliding_window(),
+              "sliding windows over multi-head latent attention are not modelled");
+    }
+  } else if (m.has_full_attention_interval()) {
+    ck.Fail("model.full_attention_interval", m.full_attention_interval(),
+            "only with sliding-window layers (set model.sliding_window)");
+  }
+  for (auto [dtype, field] :
+       {std::pair{m.dtype(), "model.dtype"}, {m.kv_dtype(), "model.kv_dtype"}}) {
+    if (dtype == servesim::v1::DTYPE_MXFP4) {
+      ck.Fail(field, "DTYPE_MXFP4",
+              "MXFP4 is for an MoE model's routed experts (model.expert_dtype); expected "
+              "DTYPE_FP16, DTYPE_BF16, DTYPE_INT8 or DTYPE_FP8");
+    }
+  }
+  if (m.expert_dtype() != servesim::v1::DTYPE_UNSPECIFIED && !moe) {
+    ck.Fail("model.expert_dtype", servesim::v1::DType_Name(m.expert_dtype()),
+            "only for MoE models (set model.num_experts > 0)");
+  }
+
   const auto& c = p.cluster();
   ck.Range<int32_t>("cluster.replicas", c.replicas(), 1, 4096);
   const int64_t dp = c.has_data_parallel() ? c.data_parallel() : 1;
@@ -313,6 +337,11 @@ absl::StatusOr<ResolvedScenario> Resolve(const LoadedScenario& sc) {
   }
   if (ck.status().ok() && c.expert_parallel() && !moe) {
     ck.Fail("cluster.expert_parallel", "true", "only for MoE models (model.num_experts > 0)");
+  }
+  if (ck.status().ok() && m.sliding_window() > 0 && (c.has_attacc() || c.has_attention_pool())) {
+    ck.Fail(c.has_attacc() ? "cluster.attacc" : "cluster.attention_pool", "set",
+            "sliding-window layers are not modelled on the attention devices (the papers' "
+            "mappings keep a sequence's whole cache); serve this model on the xPUs");
   }
   if (ck.status().ok() && mla && (c.has_attacc() || c.has_attention_pool())) {
     ck.Fail(c.has_attacc() ? "cluster.attacc" : "cluster.attention_pool", "set",
@@ -491,6 +520,7 @@ absl::StatusOr<ResolvedScenario> Resolve(const LoadedScenario& sc) {
   *gpu->mutable_interconnect() = c.interconnect();
   gpu->set_dtype(m.dtype());
   gpu->set_kv_dtype(out.model.kv_dtype);
+  if (m.expert_dtype() != servesim::v1::DTYPE_UNSPECIFIED) gpu->set_expert_dtype(m.expert_dtype());
   if (c.xpus_per_node() > 0) {
     gpu->set_xpus_per_node(c.xpus_per_node());
     *gpu->mutable_internode() = c.internode();

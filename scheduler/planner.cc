@@ -76,7 +76,8 @@ double IterationPlanner::WeightBytesPerXpu() const {
   // width); MLA's down-projections are on every xPU; everything else is
   // split over the tensor-parallel group.
   const double w = static_cast<double>(model_.bytes_per_element);
-  const double routed = static_cast<double>(model_.RoutedExpertParams()) * w;
+  const double routed =
+      static_cast<double>(model_.RoutedExpertParams()) * model_.expert_bytes_per_element;
   const double replicated = static_cast<double>(model_.ReplicatedParams()) * w;
   return (model_.WeightBytes() - routed - replicated) / static_cast<double>(tp_) + replicated +
          routed / static_cast<double>(MoeGroup());
@@ -188,7 +189,17 @@ void IterationPlanner::BuildLayerOps(const Batch& batch) {
     }
     op.seqs = seqs_;
     attention_at_ = ops_.size();
+    window_at_ = -1;
+    if (model_.sliding_window > 0 && model_.FullAttentionLayers() == 0) {
+      op.window = model_.sliding_window;  // every layer slides
+    }
     ops_.push_back(op);
+    if (model_.sliding_window > 0 && model_.FullAttentionLayers() > 0) {
+      // The sliding layers' attention beside the full layers'.
+      op.window = model_.sliding_window;
+      window_at_ = static_cast<int>(ops_.size());
+      ops_.push_back(op);
+    }
   }
   if (model_.mla()) {
     // Decode: the latent context times W_UV per head, then o_proj.
@@ -210,6 +221,10 @@ void IterationPlanner::BuildLayerOps(const Batch& batch) {
     gemm(Stage::kFf2, t, d, width);
   };
   op_layers_.assign(ops_.size(), LayerSet::kEvery);
+  if (window_at_ >= 0) {
+    op_layers_[attention_at_] = LayerSet::kFullAttention;
+    op_layers_[static_cast<size_t>(window_at_)] = LayerSet::kSlidingAttention;
+  }
   if (!model_.moe()) {
     dense_ff(ff_);
     allreduce();
@@ -345,9 +360,11 @@ void IterationPlanner::AddUp(absl::Span<const Op> ops, absl::Span<const devices:
   // The running total in a local (not behind `out`, which the stages
   // alias), the layer counts looked up once: the same additions in the
   // same order, so the same sums to the bit.
-  const double layers[] = {LayersOf(LayerSet::kEvery), LayersOf(LayerSet::kMoe),
-                           LayersOf(LayerSet::kDenseFf), LayersOf(LayerSet::kOnce)};
-  static_assert(static_cast<int>(LayerSet::kOnce) == 3, "one count per set");
+  const double layers[] = {
+      LayersOf(LayerSet::kEvery),         LayersOf(LayerSet::kMoe),
+      LayersOf(LayerSet::kDenseFf),       LayersOf(LayerSet::kOnce),
+      LayersOf(LayerSet::kFullAttention), LayersOf(LayerSet::kSlidingAttention)};
+  static_assert(static_cast<int>(LayerSet::kSlidingAttention) == 5, "one count per set");
   devices::Cost total = out->total;
   for (size_t i = 0; i < ops.size(); ++i) {
     const devices::Cost c = costs[i].Scaled(layers[static_cast<int>(sets[i])]);
@@ -372,6 +389,10 @@ double IterationPlanner::LayersOf(LayerSet set) const {
       return static_cast<double>(model_.DenseFfLayers());
     case LayerSet::kOnce:
       return 1;
+    case LayerSet::kFullAttention:
+      return static_cast<double>(model_.FullAttentionLayers());
+    case LayerSet::kSlidingAttention:
+      return static_cast<double>(model_.SlidingLayers());
   }
   return 1;
 }
@@ -386,6 +407,12 @@ bool IterationPlanner::InLayer(LayerSet set, int32_t layer) const {
       return layer < model_.DenseFfLayers();
     case LayerSet::kOnce:
       return false;
+    case LayerSet::kFullAttention:
+    case LayerSet::kSlidingAttention: {
+      const bool full =
+          model_.full_attention_interval > 0 && (layer + 1) % model_.full_attention_interval == 0;
+      return full == (set == LayerSet::kFullAttention);
+    }
   }
   return false;
 }
@@ -446,6 +473,12 @@ absl::StatusOr<IterationCost> IterationPlanner::Plan(const Batch& batch) {
     ops_[attention_at_].seqs = seqs_;
     RETURN_IF_ERROR(device_->Estimate(absl::MakeConstSpan(&ops_[attention_at_], 1),
                                       absl::MakeSpan(&costs_[attention_at_], 1)));
+    if (window_at_ >= 0) {
+      const size_t w = static_cast<size_t>(window_at_);
+      ops_[w].seqs = seqs_;
+      RETURN_IF_ERROR(
+          device_->Estimate(absl::MakeConstSpan(&ops_[w], 1), absl::MakeSpan(&costs_[w], 1)));
+    }
     const int64_t group =
         group_tokens_ > 0 ? group_tokens_ : (batch.prefill_tokens + batch.decode_tokens) * dp_;
     if (moe_at_ >= 0 && group != moe_group_tokens_) {

@@ -173,7 +173,16 @@ class IterationPlanner {
   };
   MlaRows MlaRowsOf(const Batch& batch) const;
   // Which layers an op of ops_[0, layer_ops_) runs in.
-  enum class LayerSet : uint8_t { kEvery, kMoe, kDenseFf, kOnce };
+  // kFullAttention / kSlidingAttention: a model with both kinds of
+  // attention layers (ModelDims::FullAttentionLayers).
+  enum class LayerSet : uint8_t {
+    kEvery,
+    kMoe,
+    kDenseFf,
+    kOnce,
+    kFullAttention,
+    kSlidingAttention
+  };
   double LayersOf(LayerSet set) const;
   bool InLayer(LayerSet set, int32_t layer) const;
   int64_t MoeGroup() const;
@@ -232,6 +241,7 @@ class IterationPlanner {
   std::vector<devices::Cost> costs_;
   // ops_ and costs_ answer the token counts ops_key_ (see Plan).
   size_t attention_at_ = 2;  // the attention op's index in ops_
+  int window_at_ = -1;       // the sliding layers' attention op's; -1: none
   bool ops_valid_ = false;
   std::array<int64_t, 6> ops_key_{};
   // ops_[moe_at_] is the MoE block (-1: a dense model), built for

@@ -162,6 +162,7 @@ GpuDevice::GpuDevice(const servesim::v1::GpuDeviceSpec& spec) : spec_(spec) {
   a_bytes_ = int8 ? 1 : 2;
   kv_bytes_ = static_cast<double>(DTypeBytes(ResolvedKvDType(spec_.dtype(), spec_.kv_dtype())));
   lm_head_bytes_ = fp8 ? 2 : w_bytes_;
+  expert_w_bytes_ = DTypeWeightBytes(ResolvedExpertDType(spec_.dtype(), spec_.expert_dtype()));
 }
 
 DeviceDescription GpuDevice::Describe() const {
@@ -245,8 +246,21 @@ Cost GpuDevice::RooflineCost(const Op& op) const {
       double new_rows = 0;
       for (const AttentionSeq& s : op.seqs) {
         const double past = s.past_tokens, n = s.new_tokens;
-        pairs += n * past + n * (n + 1) / 2;
         new_rows += n;
+        if (op.window > 0) {
+          // Query i sees min(past + i + 1, W) positions: the first k of
+          // them all they have, the rest W.
+          const double w = static_cast<double>(op.window);
+          const double k = std::clamp(w - past, 0.0, n);
+          pairs += k * past + k * (k + 1) / 2 + (n - k) * w;
+          for (int64_t start = 0; start < s.new_tokens; start += kQueryBlock) {
+            const int64_t end = std::min(start + kQueryBlock, s.new_tokens);
+            const int64_t first = std::max<int64_t>(0, s.past_tokens + start - op.window + 1);
+            kv_rows_read += static_cast<double>(s.past_tokens + end - first);
+          }
+          continue;
+        }
+        pairs += n * past + n * (n + 1) / 2;
         // Query block j covers rows [j*B, min((j+1)*B, n)) and reads the
         // past plus rows up to its end.
         for (int64_t start = 0; start < s.new_tokens; start += kQueryBlock) {
@@ -319,7 +333,8 @@ Cost GpuDevice::MoeCost(const Op& op) const {
   // the k-wide output, and the m combined rows.
   const double expert_flops = 2 * k * n * mats;
   flops += a * (expert_flops + 6 * n);
-  bytes += x * mats * k * n * w_bytes_ + (m * k + a * 2 * mats * n + a * k + m * k) * a_bytes_;
+  bytes +=
+      x * mats * k * n * expert_w_bytes_ + (m * k + a * 2 * mats * n + a * k + m * k) * a_bytes_;
   Cost c = Roofline(flops, bytes, kGemmClass);
   if (x > 0 && a > 0 && n > 0) {
     // The grouped GEMM pads each expert's rows to its row tile (vLLM's
@@ -483,7 +498,7 @@ double GpuDevice::ProfiledTime(const Op& op, const Cost& c) const {
       });
     }
     case OpKind::kAttention: {
-      if (op.kv_latent > 0) {  // bundles measure standard attention only
+      if (op.kv_latent > 0 || op.window > 0) {  // bundles measure full attention only
         p.CountMissing();
         return c.time_s;
       }

@@ -14,7 +14,10 @@
 //    new K/V rows written, and the cached K/V read once per 128-row query
 //    block (FlashAttention-2 tiling; one block for a decode step), causally:
 //    block j reads the past plus its own prefix. All sequences of the op run
-//    as one fused kernel (one overhead).
+//    as one fused kernel (one overhead). With a sliding window W (Op.window)
+//    a query sees its last W positions: pairs sum min(past + i + 1, W), and
+//    a block reads from W - 1 rows before its first query. Multi-head
+//    latent attention: MlaAttentionCost (docs/models.md).
 //  - Elementwise: elements * bytes_per_element bytes, the op's FLOPs.
 //  - All-reduce among p peers (ring): 2(p-1) steps, each one link latency
 //    plus (bytes / p) / link_bw; each peer sends 2(p-1)/p * bytes. Among
@@ -116,6 +119,7 @@ class GpuDevice : public Device {
   // Element bytes of weights, of activations and of the KV cache; the LM
   // head's weights (16-bit in FP8 checkpoints).
   double w_bytes_, a_bytes_, kv_bytes_, lm_head_bytes_;
+  double expert_w_bytes_;                      // routed experts' weights (MXFP4: 0.53125)
   std::shared_ptr<const GpuProfile> profile_;  // null: the roofline only
 };
 

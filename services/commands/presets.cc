@@ -4,6 +4,7 @@
 #include <iostream>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "devices/attacc/attacc_device.h"
@@ -52,11 +53,14 @@ int PresetsCommand(const Args& args) {
       PrintMessage(*m);
       const auto dims = devices::ModelDimsFromSpec(*m);
       std::cout << absl::StrFormat(
-          "    = %.2fB parameters%s, %s %s weights, %d KB %s KV per token\n",
+          "    = %.2fB parameters%s, %s %s%s weights, %d KB %s KV per token\n",
           dims.TotalParams() / 1e9,
           dims.moe() ? absl::StrFormat(" (%.2fB active)", dims.ActiveParams() / 1e9)
                      : std::string(),
           FormatGb(dims.WeightBytes()), devices::DTypeName(dims.dtype),
+          dims.expert_dtype != dims.dtype
+              ? absl::StrCat(" (experts ", devices::DTypeName(dims.expert_dtype), ")")
+              : std::string(),
           dims.KvBytesPerToken() / 1024, devices::DTypeName(dims.kv_dtype));
     }
   }

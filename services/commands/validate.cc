@@ -61,6 +61,13 @@ int ValidateCommand(const Args& args) {
         "weights and KV\n",
         sc->pipeline_parallel, absl::StrJoin(sc->pipeline.layers, "+"), sc->pipeline_parallel);
   }
+  if (sc->model.sliding_window > 0) {
+    const devices::ModelDims& m = sc->model;
+    std::cout << absl::StrFormat(
+        "# attention: %d sliding-window layers (the last %d tokens) and %d full; the KV cache "
+        "is sized for every layer's every token\n",
+        m.SlidingLayers(), m.sliding_window, m.FullAttentionLayers());
+  }
   if (sc->model.mla()) {
     const devices::ModelDims& m = sc->model;
     std::cout << absl::StrFormat(

@@ -193,6 +193,16 @@ TEST(AgentConvertTest, LatentAttentionOpsRoundTripAndStrayLatentsAreRefused) {
   req.mutable_ops(0)->set_kind(v1::OP_KIND_GEMM);
   const absl::Status st = DecodeOps(req, &d);
   EXPECT_NE(st.message().find("expected on attention ops only"), absl::string_view::npos) << st;
+  // A sliding window rides along the same way.
+  Op sliding = mla;
+  sliding.kv_latent = sliding.d_rope = sliding.d_value = 0;
+  sliding.window = 128;
+  v1::EstimateRequest wreq;
+  EncodeOps(absl::MakeConstSpan(&sliding, 1), &wreq);
+  ASSERT_TRUE(DecodeOps(wreq, &d).ok());
+  EXPECT_EQ(d.ops[0].window, 128);
+  wreq.mutable_ops(0)->set_window(-1);
+  EXPECT_FALSE(DecodeOps(wreq, &d).ok());
 }
 
 TEST(AgentConvertTest, TensorsAndDescriptionsRoundTrip) {

@@ -97,7 +97,7 @@ TEST(ModelTest, Llama3AndQwen3ParameterCounts) {
 }
 
 TEST(PresetTest, EveryPresetIsComplete) {
-  EXPECT_EQ(ModelPresetNames().size(), 28u);
+  EXPECT_EQ(ModelPresetNames().size(), 30u);
   for (const auto& name : ModelPresetNames()) {
     auto m = ModelPreset(name);
     ASSERT_TRUE(m.ok());

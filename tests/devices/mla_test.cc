@@ -283,3 +283,99 @@ TEST_F(MlaPlannerTest, DecodeFoldsTheUpProjectionsAndPrefillExpandsItsContext) {
 
 }  // namespace
 }  // namespace servesim::scheduler
+
+// ------------------------------------------------ sliding windows, MXFP4 ----
+
+namespace servesim::devices {
+namespace {
+
+TEST(SlidingWindowModelTest, GptOssParametersAndWeightsMatchThePublishedCounts) {
+  const ModelDims big = Preset("gpt-oss-120b");
+  // OpenAI's model card: 116.8B and 20.9B parameters.
+  EXPECT_NEAR(big.TotalParams() / 1e9, 116.8, 0.05);
+  EXPECT_NEAR(Preset("gpt-oss-20b").TotalParams() / 1e9, 20.9, 0.05);
+  // Attention 2880 x 4096 + 2 x 2880 x 512 + 4096 x 2880 per layer.
+  EXPECT_EQ(big.AttentionParamsPerLayer(), 26542080);
+  // Alternating layers, the first sliding: 18 of each.
+  EXPECT_EQ(big.SlidingLayers(), 18);
+  EXPECT_EQ(big.FullAttentionLayers(), 18);
+  // Routed experts at 4.25 bits, everything else bf16: about 65 GB, which
+  // is why the model serves from one 80 GB GPU.
+  const double routed = 36.0 * 128 * 3 * 2880 * 2880;
+  EXPECT_EQ(big.RoutedExpertParams(), static_cast<int64_t>(routed));
+  EXPECT_DOUBLE_EQ(big.WeightBytes(),
+                   (static_cast<double>(big.TotalParams()) - routed) * 2 + routed * 4.25 / 8);
+  EXPECT_NEAR(big.WeightBytes() / 1e9, 65.2, 0.1);
+}
+
+TEST(SlidingWindowGpuTest, QueriesSeeTheirLastWindowOfPositions) {
+  auto gpu = RoundGpu(servesim::v1::DTYPE_FP16);
+  Op op;
+  op.kind = OpKind::kAttention;
+  op.stage = Stage::kAttention;
+  op.heads = op.kv_heads = 1;
+  op.d_head = 8;
+  op.window = 4;
+  // A decode step after 9 cached positions sees 4: 4 pairs x (4 x 8 + 5)
+  // FLOPs; it reads 4 cached rows (K and V, 8 wide, 2 bytes), writes 1 row
+  // and moves its query and output.
+  const std::vector<AttentionSeq> decode = {{1, 9, 0}};
+  op.seqs = decode;
+  Cost c = CostOf(*gpu, op);
+  EXPECT_DOUBLE_EQ(c.flops, 4 * 37);
+  EXPECT_DOUBLE_EQ(c.dram_bytes, 8 * 2 * (2 * 1 + 2 * 1 + 2 * 4));
+  // A 6-token prompt: 1 + 2 + 3 + 4 + 4 + 4 = 18 pairs; one query block
+  // reads its 6 rows.
+  const std::vector<AttentionSeq> prompt = {{6, 0, 1}};
+  op.seqs = prompt;
+  c = CostOf(*gpu, op);
+  EXPECT_DOUBLE_EQ(c.flops, 18 * 37);
+  EXPECT_DOUBLE_EQ(c.dram_bytes, 8 * 2 * (2 * 6 + 2 * 6 + 2 * 6));
+  // A window wider than the context changes nothing.
+  op.window = 100;
+  Op full = op;
+  full.window = 0;
+  EXPECT_DOUBLE_EQ(CostOf(*gpu, op).time_s, CostOf(*gpu, full).time_s);
+}
+
+}  // namespace
+}  // namespace servesim::devices
+
+namespace servesim::scheduler {
+namespace {
+
+TEST(SlidingWindowPlannerTest, FullAndSlidingLayersEachAttendTheirWay) {
+  servesim::v1::DeviceSpec spec;
+  *spec.mutable_gpu()->mutable_xpu() = *devices::XpuPreset("h100-sxm-80gb");
+  *spec.mutable_gpu()->mutable_interconnect() = *devices::LinkPreset("nvlink4");
+  spec.mutable_gpu()->set_dtype(servesim::v1::DTYPE_BF16);
+  spec.mutable_gpu()->set_expert_dtype(servesim::v1::DTYPE_MXFP4);
+  auto device = *devices::CreateDevice(spec);
+  const devices::ModelDims m = devices::ModelDimsFromSpec(*devices::ModelPreset("gpt-oss-120b"));
+  PlannerConfig c;
+  c.xpu = device.get();
+  c.routing = std::make_shared<const devices::ExpertRouting>(
+      *devices::ExpertRouting::Create(128, 4, 0, 1, 1));
+  IterationPlanner p(m, c);
+  auto cost = p.Plan(UniformBatch(8, 1, 2000));
+  ASSERT_TRUE(cost.ok()) << cost.status();
+  std::vector<const devices::Op*> attention;
+  for (const auto& op : p.last_ops()) {
+    if (op.kind == devices::OpKind::kAttention) attention.push_back(&op);
+  }
+  ASSERT_EQ(attention.size(), 2u);
+  EXPECT_EQ(attention[0]->window, 0);
+  EXPECT_EQ(attention[1]->window, 128);
+  // The attention stage: 18 layers of each op.
+  std::vector<devices::Cost> each(2);
+  const devices::Op ops[2] = {*attention[0], *attention[1]};
+  ASSERT_TRUE(device->Estimate(ops, absl::MakeSpan(each)).ok());
+  EXPECT_NEAR(cost->stages[static_cast<int>(devices::Stage::kAttention)].time_s,
+              18 * each[0].time_s + 18 * each[1].time_s, 1e-12);
+  // The sliding layers read 128 of 2,001 cached positions (plus the same
+  // queries, outputs and new rows).
+  EXPECT_LT(each[1].dram_bytes, each[0].dram_bytes / 10);
+}
+
+}  // namespace
+}  // namespace servesim::scheduler

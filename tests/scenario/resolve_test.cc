@@ -234,8 +234,9 @@ TEST(ScenarioPresetTest, UnknownModelPreset) {
   EXPECT_EQ(r.status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(std::string(r.status().message()),
             "s.pbtxt:3: model.preset: unknown model preset \"gpt5\"; known: "
-            "codellama-34b, deepseek-v3, gpt2-large, gpt2-medium, gpt2-xl, "
-            "gpt3-175b, llama-65b, llama2-13b, llama2-70b, llama2-7b, llama3.1-405b, llama3.1-70b, "
+            "codellama-34b, deepseek-v3, gpt-oss-120b, gpt-oss-20b, gpt2-large, gpt2-medium, "
+            "gpt2-xl, gpt3-175b, llama-65b, llama2-13b, llama2-70b, llama2-7b, llama3.1-405b, "
+            "llama3.1-70b, "
             "llama3.1-8b, "
             "llama3.2-1b, llama3.2-3b, mistral-7b, mixtral-8x22b, mixtral-8x7b, mt-nlg-530b, "
             "opt-13b, opt-6.7b, opt-66b, qwen3-14b, qwen3-235b-a22b, qwen3-30b-a3b, "
@@ -768,6 +769,32 @@ TEST(ScenarioPipelineTest, LayoutsItCannotServeAreRefused) {
   ASSERT_FALSE(r.ok());
   EXPECT_THAT(std::string(r.status().message()),
               HasSubstr("attention devices are modelled beside one pipeline stage"));
+}
+
+TEST(ScenarioSlidingWindowTest, GptOssServesFromOneGpuAndMisusedFieldsAreRefused) {
+  auto r = ParseAndResolve(
+      "model { preset: \"gpt-oss-120b\" }\ncluster {\n  xpu { preset: \"h100-sxm-80gb\" }\n}\n");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_NEAR(r->weight_bytes_per_xpu / 1e9, 65.2, 0.1);
+  EXPECT_EQ(r->xpu_device.gpu().expert_dtype(), servesim::v1::DTYPE_MXFP4);
+  r = ParseAndResolve(
+      "model { preset: \"llama3.1-8b\" dtype: DTYPE_MXFP4 }\ncluster {\n  xpu { preset: "
+      "\"h100-sxm-80gb\" }\n}\n");
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(std::string(r.status().message()),
+              HasSubstr("model.dtype = DTYPE_MXFP4: MXFP4 is for an MoE model's routed experts"));
+  r = ParseAndResolve(
+      "model { preset: \"llama3.1-8b\" full_attention_interval: 2 }\ncluster {\n  xpu { "
+      "preset: \"h100-sxm-80gb\" }\n}\n");
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(std::string(r.status().message()),
+              HasSubstr("only with sliding-window layers (set model.sliding_window)"));
+  r = ParseAndResolve(
+      "model { preset: \"llama3.1-8b\" sliding_window: 4096 }\ncluster {\n  xpu { preset: "
+      "\"a100-hbm3\" }\n  attacc { preset: \"attacc_bank\" }\n}\n");
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(std::string(r.status().message()),
+              HasSubstr("sliding-window layers are not modelled on the attention devices"));
 }
 
 }  // namespace
