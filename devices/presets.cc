@@ -403,6 +403,25 @@ constexpr absl::string_view kLinkPresets[][2] = {
      R"pb(bandwidth_bytes_per_s: 100e9 latency_s: 5e-6 energy_pj_per_byte: 40)pb"},
     {"roce-400g",  // [NIC]
      R"pb(bandwidth_bytes_per_s: 50e9 latency_s: 8e-6 energy_pj_per_byte: 40)pb"},
+    {"infiniband-hdr",  // [NIC]
+     R"pb(bandwidth_bytes_per_s: 25e9 latency_s: 5e-6 energy_pj_per_byte: 40)pb"},
+};
+
+// ----------------------------------------------------------------- nodes ----
+// Eight GPUs on one NVLink domain (the xPU preset's own link) and one NIC
+// per GPU, as the vendors' datasheets give them:
+//  - DGX A100: 8 x A100 80GB (NVLink 3 through NVSwitch), 8 single-port
+//    ConnectX-6 VPI for the compute fabric, 200 Gb/s HDR InfiniBand.
+//  - DGX H100 / DGX H200: 8 x H100 80GB / H200 141GB (NVLink 4, 900 GB/s
+//    per GPU), 8 x ConnectX-7 at 400 Gb/s (NDR InfiniBand or Ethernet).
+//  - HGX B200 (DGX B200): 8 x B200 (NVLink 5, 1.8 TB/s per GPU), 8 x
+//    ConnectX-7 400 Gb/s compute ports.
+// An Ethernet fabric: set cluster.internode { preset: "roce-400g" }.
+constexpr absl::string_view kNodePresets[][2] = {
+    {"dgx-a100", R"pb(xpu: "a100-80gb" xpus: 8 nic: "infiniband-hdr")pb"},
+    {"dgx-h100", R"pb(xpu: "h100-sxm-80gb" xpus: 8 nic: "infiniband-ndr")pb"},
+    {"dgx-h200", R"pb(xpu: "h200-sxm-141gb" xpus: 8 nic: "infiniband-ndr")pb"},
+    {"hgx-b200", R"pb(xpu: "b200-180gb" xpus: 8 nic: "infiniband-ndr")pb"},
 };
 
 template <typename Msg, size_t N>
@@ -438,6 +457,11 @@ const std::map<std::string, servesim::v1::LinkSpec>& Links() {
   return *m;
 }
 
+const std::map<std::string, servesim::v1::NodeSpec>& Nodes() {
+  static const auto* m = new auto(ParseTable<servesim::v1::NodeSpec>(kNodePresets, ""));
+  return *m;
+}
+
 template <typename Msg>
 absl::StatusOr<Msg> Find(const std::map<std::string, Msg>& table,
                          absl::string_view name, absl::string_view what) {
@@ -470,9 +494,13 @@ absl::StatusOr<servesim::v1::XpuSpec> XpuPreset(absl::string_view name) {
 absl::StatusOr<servesim::v1::LinkSpec> LinkPreset(absl::string_view name) {
   return Find(Links(), name, "link");
 }
+absl::StatusOr<servesim::v1::NodeSpec> NodePreset(absl::string_view name) {
+  return Find(Nodes(), name, "node");
+}
 std::vector<std::string> ModelPresetNames() { return Names(Models()); }
 std::vector<std::string> XpuPresetNames() { return Names(Xpus()); }
 std::vector<std::string> LinkPresetNames() { return Names(Links()); }
+std::vector<std::string> NodePresetNames() { return Names(Nodes()); }
 
 void ParseBuiltInPreset(absl::string_view kind, absl::string_view name,
                         const std::string& text, Message* out) {

@@ -20,10 +20,12 @@ namespace servesim::devices {
 absl::StatusOr<servesim::v1::ModelSpec> ModelPreset(absl::string_view name);
 absl::StatusOr<servesim::v1::XpuSpec> XpuPreset(absl::string_view name);
 absl::StatusOr<servesim::v1::LinkSpec> LinkPreset(absl::string_view name);
+absl::StatusOr<servesim::v1::NodeSpec> NodePreset(absl::string_view name);
 
 std::vector<std::string> ModelPresetNames();
 std::vector<std::string> XpuPresetNames();
 std::vector<std::string> LinkPresetNames();
+std::vector<std::string> NodePresetNames();
 
 // Parses one compiled-in preset of `kind` (protobuf text `text`) into
 // `out` and sets its `preset` field to `name`. The tables are compiled in,

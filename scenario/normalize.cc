@@ -59,6 +59,19 @@ absl::Status Normalize(LoadedScenario* scenario) {
   if (!c->has_replicas()) c->set_replicas(1);
   if (!c->has_tensor_parallel()) c->set_tensor_parallel(1);
   if (!c->has_memory_utilization()) c->set_memory_utilization(0.9);
+  if (c->has_node()) {
+    // A node preset fills what the cluster leaves unset.
+    RETURN_IF_ERROR(
+        FillFromPreset(c->mutable_node(), &devices::NodePreset, *scenario, "cluster.node"));
+    const auto& n = c->node();
+    if (c->xpu().preset().empty() && !c->xpu().has_peak_flops_fp16()) {
+      c->mutable_xpu()->set_preset(n.xpu());
+    }
+    if (!c->has_xpus_per_node() && n.has_xpus()) c->set_xpus_per_node(n.xpus());
+    if (c->internode().preset().empty() && !c->internode().has_bandwidth_bytes_per_s()) {
+      c->mutable_internode()->set_preset(n.nic());
+    }
+  }
   RETURN_IF_ERROR(FillFromPreset(c->mutable_xpu(), &devices::XpuPreset, *scenario, "cluster.xpu"));
   // The xPU's own GPU-to-GPU link (its preset's), else NVLink 3.
   if (c->interconnect().preset().empty() && !c->interconnect().has_bandwidth_bytes_per_s()) {

@@ -41,9 +41,10 @@ int PresetsCommand(const Args& args) {
   });
   if (auto exit = ParseFlags(flags, args)) return *exit;
   const std::string& k = kind;
-  if (!k.empty() && k != "models" && k != "xpus" && k != "links" && k != "attacc" &&
+  if (!k.empty() && k != "models" && k != "xpus" && k != "links" && k != "nodes" && k != "attacc" &&
       k != "topick" && k != "spatten" && k != "cta" && k != "lad") {
-    return UsageError("presets takes models, xpus, links, attacc, topick, spatten, cta or lad");
+    return UsageError(
+        "presets takes models, xpus, links, nodes, attacc, topick, spatten, cta or lad");
   }
   if (k.empty() || k == "models") {
     std::cout << "models (model.preset):\n";
@@ -72,10 +73,18 @@ int PresetsCommand(const Args& args) {
     }
   }
   if (k.empty() || k == "links") {
-    std::cout << "links (cluster.interconnect.preset, cluster.frontend.preset):\n";
+    std::cout << "links (cluster.interconnect.preset, cluster.frontend.preset, "
+                 "cluster.internode.preset):\n";
     for (const auto& name : devices::LinkPresetNames()) {
       std::cout << "  " << name << "\n";
       PrintMessage(*devices::LinkPreset(name));
+    }
+  }
+  if (k.empty() || k == "nodes") {
+    std::cout << "nodes (cluster.node.preset):\n";
+    for (const auto& name : devices::NodePresetNames()) {
+      std::cout << "  " << name << "\n";
+      PrintMessage(*devices::NodePreset(name));
     }
   }
   if (k.empty() || k == "attacc") {

@@ -13,7 +13,7 @@ Usage:
   servesim validate SCENARIO.pbtxt [--set path=value ...]
                                           parse and check; print the resolved
                                           scenario and the replica memory plan
-  servesim presets [models|xpus|links|attacc|topick|spatten|cta|lad]
+  servesim presets [models|xpus|links|nodes|attacc|topick|spatten|cta|lad]
                                           list presets with their parameters
   servesim study attacc [--out DIR] [--trace FILE | --no-trace]
                                           the AttAcc paper's evaluation (§7):

@@ -253,6 +253,35 @@ TEST(AgentEndToEndTest, MoeDataParallelOutputsAreByteIdenticalOnAnAgent) {
   ExpectSameOutputs(dir + "/in", dir + "/one");
 }
 
+TEST(AgentEndToEndTest, LatentSlidingAndNodeSpanningModelsAreByteIdenticalOnAnAgent) {
+  // DeepSeek-V3 on 16 data-parallel ranks over two nodes (MLA ops, FP8
+  // GEMMs, a cross-node exchange) and gpt-oss-20b (windowed attention,
+  // MXFP4 experts) in two pipeline stages: the agent's costs are the same.
+  const std::string dir = FreshDir();
+  Agents ag;
+  ag.procs.push_back(StartAgent(dir, "gpu"));
+  const std::string trace = SERVESIM_SOURCE_DIR "/examples/traces/AzureLLMInferenceTrace_conv.csv";
+  struct Case {
+    std::string name, model, cluster;
+  };
+  for (const Case& c : {Case{"deepseek", "deepseek-v3",
+                             "data_parallel: 16 expert_parallel: true node { preset: \"dgx-h200\" }"},
+                        Case{"gpt_oss", "gpt-oss-20b",
+                             "pipeline_parallel: 2 xpu { preset: \"h100-sxm-80gb\" }"}}) {
+    const std::string sc = dir + "/" + c.name + ".pbtxt";
+    WriteFile(sc, absl::StrCat("model { preset: \"", c.model, "\" }\ncluster { ", c.cluster,
+                               " }\nworkload { trace { path: \"", trace,
+                               "\" } max_requests: 150 }\n"
+                               "scheduler { batching: BATCHING_POLICY_VLLM_V1 }\n"));
+    const Result in = RunServesim({"run", sc, "--quiet", "--out", dir + "/" + c.name + "_in"});
+    ASSERT_EQ(in.code, 0) << in.out;
+    const Result on = RunServesim({"run", sc, "--quiet", "--out", dir + "/" + c.name + "_agent",
+                                   "--agent", "gpu=" + ag.List(0, 1)});
+    ASSERT_EQ(on.code, 0) << on.out;
+    ExpectSameOutputs(dir + "/" + c.name + "_in", dir + "/" + c.name + "_agent");
+  }
+}
+
 TEST(AgentEndToEndTest, AttAccOutputsAreByteIdenticalWithOneAndTwoAgentsPerKind) {
   const std::string dir = FreshDir();
   Agents ag;

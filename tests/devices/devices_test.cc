@@ -123,6 +123,15 @@ TEST(PresetTest, EveryPresetIsComplete) {
   EXPECT_EQ(ModelPreset("mt-nlg-530b")->d_head(), 160);
   EXPECT_EQ(ModelPreset("nope").status().code(), absl::StatusCode::kNotFound);
   EXPECT_NE(ModelPreset("nope").status().message().find("gpt3-175b"), std::string::npos);
+  // Every node names an xPU and a NIC that exist.
+  EXPECT_EQ(NodePresetNames().size(), 4u);
+  for (const auto& name : NodePresetNames()) {
+    auto n = NodePreset(name);
+    ASSERT_TRUE(n.ok());
+    EXPECT_TRUE(XpuPreset(n->xpu()).ok()) << name;
+    EXPECT_TRUE(LinkPreset(n->nic()).ok()) << name;
+    EXPECT_EQ(n->xpus(), 8) << name;
+  }
 }
 
 TEST(PresetTest, FillUnsetKeepsExplicitFields) {

@@ -264,7 +264,7 @@ TEST(ScenarioPresetTest, UnknownLinkPreset) {
   EXPECT_EQ(r.status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(std::string(r.status().message()),
             "s.pbtxt:9: cluster.interconnect.preset: unknown link preset "
-            "\"nvlink9\"; known: ethernet-100g, ethernet-400g, infiniband-ndr, "
+            "\"nvlink9\"; known: ethernet-100g, ethernet-400g, infiniband-hdr, infiniband-ndr, "
             "infiniband-xdr, nvlink3, nvlink4, nvlink5, pcie4, pcie5, roce-400g, xgmi-mi300x");
 }
 
@@ -769,6 +769,32 @@ TEST(ScenarioPipelineTest, LayoutsItCannotServeAreRefused) {
   ASSERT_FALSE(r.ok());
   EXPECT_THAT(std::string(r.status().message()),
               HasSubstr("attention devices are modelled beside one pipeline stage"));
+}
+
+TEST(ScenarioNodeTest, ANodePresetFillsTheXpuTheNodeSizeAndTheNic) {
+  auto r = ParseAndResolve(
+      "model { preset: \"llama3.1-405b\" }\ncluster {\n  node { preset: \"dgx-h100\" }\n"
+      "  tensor_parallel: 8\n  pipeline_parallel: 2\n}\n");
+  ASSERT_TRUE(r.ok()) << r.status();
+  const auto& c = r->proto.cluster();
+  EXPECT_EQ(c.xpu().preset(), "h100-sxm-80gb");
+  EXPECT_EQ(c.xpus_per_node(), 8);
+  EXPECT_EQ(c.internode().preset(), "infiniband-ndr");
+  EXPECT_DOUBLE_EQ(c.interconnect().bandwidth_bytes_per_s(), 450e9);  // the H100's NVLink 4
+  EXPECT_DOUBLE_EQ(r->pipeline.link_bytes_per_s, 50e9);               // the stages sit on two nodes
+  // The cluster's own fields win.
+  r = ParseAndResolve(
+      "model { preset: \"llama3.1-8b\" }\ncluster {\n  node { preset: \"dgx-h100\" }\n"
+      "  internode { preset: \"roce-400g\" }\n  xpus_per_node: 4\n}\n");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->proto.cluster().internode().preset(), "roce-400g");
+  EXPECT_EQ(r->proto.cluster().xpus_per_node(), 4);
+  r = ParseAndResolve(
+      "model { preset: \"llama3.1-8b\" }\ncluster {\n  node { preset: \"dgx-z\" }\n}\n");
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(std::string(r.status().message()),
+              HasSubstr("cluster.node.preset: unknown node preset \"dgx-z\"; known: dgx-a100, "
+                        "dgx-h100, dgx-h200, hgx-b200"));
 }
 
 TEST(ScenarioSlidingWindowTest, GptOssServesFromOneGpuAndMisusedFieldsAreRefused) {
