@@ -228,10 +228,19 @@ TEST_F(MlaPlannerTest, TensorParallelSplitsHeadsButEveryXpuHoldsTheWholeLatent) 
 
 TEST_F(MlaPlannerTest, DecodeFoldsTheUpProjectionsAndPrefillExpandsItsContext) {
   IterationPlanner p(model_, Config(8));
+  auto entry = [](int32_t slot, int64_t new_tokens, int64_t past_tokens) {
+    BatchEntry e;
+    e.slot = slot;
+    e.new_tokens = new_tokens;
+    e.past_tokens = past_tokens;
+    e.prefill = new_tokens > 1;
+    e.emits_token = true;
+    return e;
+  };
   Batch b;
-  b.entries.push_back({0, 1, 500, false, true});  // decode
-  b.entries.push_back({1, 1, 300, false, true});  // decode
-  b.entries.push_back({2, 100, 50, true, true});  // a prompt's last 100 after 50 cached
+  b.entries.push_back(entry(0, 1, 500));   // decode
+  b.entries.push_back(entry(1, 1, 300));   // decode
+  b.entries.push_back(entry(2, 100, 50));  // a prompt's last 100 after 50 cached
   b.decode_tokens = 2;
   b.prefill_tokens = 100;
   b.emitting = 3;
@@ -277,7 +286,9 @@ TEST_F(MlaPlannerTest, DecodeFoldsTheUpProjectionsAndPrefillExpandsItsContext) {
   b.entries[2].past_tokens = 70;  // same token counts
   ASSERT_TRUE(p.Plan(b).ok());
   for (const auto& op : p.last_ops()) {
-    if (op.stage == devices::Stage::kQkv && op.k == 512) EXPECT_EQ(op.m, 170);
+    if (op.stage == devices::Stage::kQkv && op.k == 512) {
+      EXPECT_EQ(op.m, 170);
+    }
   }
 }
 
