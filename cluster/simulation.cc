@@ -4,8 +4,11 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <functional>
 #include <limits>
 #include <memory>
+#include <simgrid/Exception.hpp>
 #include <simgrid/s4u.hpp>
 #include <thread>
 
@@ -36,6 +39,10 @@ struct Message {
   scheduler::RequestSpec request;
   bool end = false;        // end of stream: no request
   int64_t total_sent = 0;  // with end of stream
+  // A part of a request's KV on its way to a decode replica: -1 not one;
+  // 0 one of several; n > 0 the last one sent, of n in all.
+  int32_t kv_parts = -1;
+  double prefill_end_s = 0;  // with the last KV part
   Message* prev = nullptr;  // MessageList links
   Message* next = nullptr;
 };
@@ -51,8 +58,9 @@ class MessageList {
   ~MessageList() {
     while (head_ != nullptr) Delete(head_);
   }
-  Message* New(const scheduler::RequestSpec& request, bool end, int64_t total_sent) {
-    auto* m = new Message{request, end, total_sent, nullptr, head_};
+  Message* New(const scheduler::RequestSpec& request, bool end, int64_t total_sent,
+               int32_t kv_parts = -1) {
+    auto* m = new Message{request, end, total_sent, kv_parts, 0, nullptr, head_};
     if (head_ != nullptr) head_->prev = m;
     head_ = m;
     return m;
@@ -79,6 +87,9 @@ struct Shared {
   bool record_timeline = false;
   bool paced = false;  // RunOptions::pace > 0
   std::vector<scheduler::ReplicaLoad> loads;
+  // Cache-aware routing: how many of a request's leading blocks replica
+  // `r`'s prefix cache holds (its engine answers).
+  std::function<int64_t(int r, const scheduler::RequestSpec&)> cached_blocks;
   std::vector<sg4::Mailbox*> engine_boxes;
   sg4::Mailbox* router_box = nullptr;
   // What engines may run ahead of (see Engine::Run): the arrival time of the
@@ -86,6 +97,32 @@ struct Shared {
   // received by an engine.
   double next_arrival_s = std::numeric_limits<double>::infinity();
   int64_t in_flight = 0;
+  // Disaggregation: the first `prefill_replicas` engines are the prefill
+  // pool's, the rest the decode pool's (0: colocated). KV parts sent and
+  // not yet received; per prefill engine, the end of the step it sleeps
+  // through (-1 while it waits for work): it hands nothing off before.
+  int64_t prefill_replicas = 0;
+  int64_t kv_in_flight = 0;
+  std::vector<double> prefill_busy_until;
+  std::unique_ptr<scheduler::Router> decode_router;
+  // The platform's links with the traffic they carried (summary.json):
+  // one NIC link per replica (index = replica), then the racks' uplinks.
+  std::vector<metrics::LinkLoad> links;
+  std::vector<int> rack_of;  // per replica; -1 without racks
+  // The earliest time a request or a KV part not yet received can reach an
+  // engine of the pool that gets requests (arrivals) or hand-offs. A
+  // prefill engine is busy (may hand off) from the moment it takes a
+  // message until it blocks for the next, and says until when (the end of
+  // the step it sleeps through, or now).
+  double ArrivalFloor() const { return in_flight > 0 ? sg4::Engine::get_clock() : next_arrival_s; }
+  double HandoffFloor() const {
+    if (kv_in_flight > 0) return sg4::Engine::get_clock();
+    double t = ArrivalFloor();
+    for (double busy : prefill_busy_until) {
+      if (busy >= 0) t = std::min(t, busy);
+    }
+    return t;
+  }
   absl::Status error;  // first internal error; stops the run
   const std::atomic<int>* interrupt = nullptr;  // RunOptions::interrupt
 
@@ -147,8 +184,13 @@ void Source(Shared* sh) {
 }
 
 void RouterActor(Shared* sh) {
-  scheduler::Router router(sh->sc->routing);
-  std::vector<int64_t> sent(sh->engine_boxes.size(), 0);
+  // Arrivals go to the prefill pool when there is one.
+  const ResolvedScenario& front = sh->prefill_replicas > 0 ? *sh->sc->prefill_pool : *sh->sc;
+  const size_t targets = sh->prefill_replicas > 0 ? static_cast<size_t>(sh->prefill_replicas)
+                                                  : sh->engine_boxes.size();
+  const absl::Span<const scheduler::ReplicaLoad> loads(sh->loads.data(), targets);
+  scheduler::Router router(front.routing);
+  std::vector<int64_t> sent(targets, 0);
   int64_t expected = -1, received = 0;
   while (expected < 0 || received < expected) {
     auto* msg = sh->router_box->get<Message>();
@@ -158,13 +200,20 @@ void RouterActor(Shared* sh) {
       continue;
     }
     ++received;
-    const int r = router.Route(sh->loads);
+    if (router.policy() == scheduler::RoutingPolicy::kPrefixAffinity) {
+      const int64_t bt = front.batching.kv_block_tokens;
+      for (size_t i = 0; i < targets; ++i) {
+        sh->loads[i].prompt_blocks = (msg->request.input_tokens + bt - 1) / bt;
+        sh->loads[i].prefix_hit_blocks = sh->cached_blocks(static_cast<int>(i), msg->request);
+      }
+    }
+    const int r = router.Route(loads);
     ++sh->loads[r].outstanding;
     ++sent[r];
     sh->engine_boxes[r]->put_init(msg, static_cast<uint64_t>(WireBytes(msg->request)))
         ->detach();
   }
-  for (size_t r = 0; r < sh->engine_boxes.size(); ++r) {
+  for (size_t r = 0; r < targets; ++r) {
     sh->engine_boxes[r]->put_init(sh->messages.New({}, true, sent[r]), 0)->detach();
   }
 }
@@ -187,31 +236,65 @@ int64_t CapturedTokens(int64_t tokens) {
   return (tokens + 15) / 16 * 16;
 }
 
+// The pool of each replica: the scenario itself when colocated.
+const ResolvedScenario& PoolOf(const ResolvedScenario& sc, int64_t replica) {
+  if (!sc.disaggregated()) return sc;
+  return replica < sc.prefill_pool->replicas ? *sc.prefill_pool : *sc.decode_pool;
+}
+
+// What an engine's replica does: everything, or one side of a
+// disaggregated cluster.
+enum class Role { kColocated, kPrefill, kDecode };
+
 class Engine {
  public:
-  Engine(Shared* sh, int replica, std::shared_ptr<devices::Device> device,
-         std::shared_ptr<devices::Device> attention)
+  // `pool`: the resolved scenario of the engine's pool (the whole
+  // scenario when colocated); borrowed.
+  Engine(Shared* sh, const ResolvedScenario* pool, Role role, int replica,
+         std::shared_ptr<devices::Device> device, std::shared_ptr<devices::Device> attention)
       : sh_(sh),
+        pool_(pool),
+        role_(role),
         replica_(replica),
         device_(std::move(device)),
         attention_(std::move(attention)),
         observer_(sh->metrics->ObserverFor(replica)) {
     const scheduler::PlannerConfig pc =
-        ReplicaPlannerConfig(*sh->sc, device_.get(), attention_.get());
-    for (int64_t i = 0; i < sh->sc->ranks(); ++i) {
-      ranks_.push_back(std::make_unique<Rank>(sh->sc->batching, sh->sc->model, pc));
+        ReplicaPlannerConfig(*pool, device_.get(), attention_.get());
+    for (int64_t i = 0; i < pool->ranks(); ++i) {
+      ranks_.push_back(std::make_unique<Rank>(pool->batching, pool->model, pc));
+    }
+    // A decode replica hears the end of every prefill replica's stream.
+    ends_needed_ = role == Role::kDecode ? sh->prefill_replicas : 1;
+    if (role == Role::kPrefill) {
+      handed_.assign(static_cast<size_t>(sh->sc->replicas - sh->prefill_replicas), 0);
     }
   }
 
   void Run() {
     sg4::Mailbox* box = sh_->engine_boxes[replica_];
     while (true) {
-      while (box->ready()) Receive(box->get<Message>());
+      if (role_ == Role::kDecode) {
+        TakeLanded();
+      } else {
+        while (box->ready()) Receive(box->get<Message>());
+      }
       if (Idle()) {
-        if (expected_ >= 0 && done_ >= expected_) break;
+        if (ends_ >= ends_needed_ && done_ >= expected_) break;
         // Its next iteration starts no earlier than now.
         sh_->metrics->MarkIdle(replica_, sg4::Engine::get_clock());
-        Receive(box->get<Message>());  // block until work arrives
+        // Block until work arrives.
+        if (role_ == Role::kDecode) {
+          while (landed_.empty()) {
+            asleep_ = true;
+            wake_->acquire();
+            asleep_ = false;
+          }
+          TakeLanded();
+        } else {
+          if (role_ == Role::kPrefill) sh_->prefill_busy_until[replica_] = -1;
+          Receive(box->get<Message>());
+        }
         continue;
       }
       // Iterations run back to back without a SimGrid event while nothing
@@ -238,9 +321,13 @@ class Engine {
           return;
         }
         const double end = t + *duration;
-        if (!FastForward() || !(end < sh_->next_arrival_s) || sh_->in_flight > 0) {
+        const double floor = role_ == Role::kDecode ? sh_->HandoffFloor() : sh_->ArrivalFloor();
+        if (!FastForward() || !(end < floor)) {
+          if (role_ == Role::kPrefill) sh_->prefill_busy_until[replica_] = end;
           sg4::this_actor::sleep_until(end);
           CompleteAt(sg4::Engine::get_clock());
+          // Busy until it blocks for work (Run), as it may start a step now.
+          if (role_ == Role::kPrefill) sh_->prefill_busy_until[replica_] = sg4::Engine::get_clock();
           break;
         }
         CompleteAt(end);
@@ -258,9 +345,29 @@ class Engine {
     }
     sh_->metrics->AddPrefixCache(hit, query);
     sh_->metrics->MarkDone(replica_);
+    if (role_ == Role::kPrefill) sh_->prefill_busy_until[replica_] = -1;
+    // The end of this prefill replica's hand-offs, to every decode replica.
+    for (size_t d = 0; d < handed_.size(); ++d) {
+      sh_->engine_boxes[sh_->prefill_replicas + d]
+          ->put_init(sh_->messages.New({}, true, handed_[d]), 0)
+          ->detach();
+    }
   }
 
  private:
+  // A request in the prefill pool: what the decode pool will serve, where,
+  // the KV parts sent so far and the last layer's bytes of its last chunk.
+  struct Handoff {
+    scheduler::RequestSpec spec;
+    int decode = -1;
+    int32_t parts_sent = 0;
+    double tail_bytes = 0;
+  };
+  struct Arriving {
+    int32_t received = 0, expected = 0;
+    double prefill_end_s = 0;
+  };
+
   // One data-parallel rank (one for every model but MoE ones with
   // cluster.data_parallel > 1): a TP group with its own batch and KV cache.
   struct Rank {
@@ -281,7 +388,11 @@ class Engine {
   }
 
   // Without a live sink or pacing, whose observers watch the clock.
-  bool FastForward() const { return sh_->live == nullptr && !sh_->paced; }
+  // Prefill replicas hand KV off as their steps start and end, in SimGrid
+  // time.
+  bool FastForward() const {
+    return sh_->live == nullptr && !sh_->paced && role_ != Role::kPrefill;
+  }
 
   void CompleteAt(double t) {
     const int64_t finished_before = finished_;
@@ -302,7 +413,7 @@ class Engine {
   // (vLLM's virtual engines): the step is their steady-state cycle through
   // the stages (scheduler/pipeline.h).
   absl::StatusOr<double> Iteration(double start) {
-    if (sh_->sc->tbt_slo_s > 0) {
+    if (pool_->tbt_slo_s > 0) {
       ASSIGN_OR_RETURN(int64_t cap, SloCap());
       for (auto& r : ranks_) r->scheduler.SetBatchCap(std::max<int64_t>(1, cap));
     }
@@ -320,9 +431,9 @@ class Engine {
     }
     // Under CUDA graphs every data-parallel rank runs the largest rank's
     // captured size.
-    const bool lockstep = sh_->sc->data_parallel > 1;
-    const bool pipeline = sh_->sc->pipeline_parallel > 1;
-    const int64_t graph_max = sh_->sc->cuda_graph_max_tokens;
+    const bool lockstep = pool_->data_parallel > 1;
+    const bool pipeline = pool_->pipeline_parallel > 1;
+    const int64_t graph_max = pool_->cuda_graph_max_tokens;
     if (lockstep && graph_max > 0 && most_tokens <= graph_max) {
       group_tokens =
           static_cast<int64_t>(ranks_.size()) * std::min(graph_max, CapturedTokens(most_tokens));
@@ -355,11 +466,11 @@ class Engine {
         it.prefill_tokens += r->batch->prefill_tokens;
         it.decode_tokens += r->batch->decode_tokens;
         if (pipeline) {
-          steps_.push_back(scheduler::StepOf(sh_->sc->pipeline, r->cost,
+          steps_.push_back(scheduler::StepOf(pool_->pipeline, r->cost,
                                              r->batch->prefill_tokens + r->batch->decode_tokens));
-          pipe_bytes += static_cast<double>(sh_->sc->pipeline_parallel - 1) *
+          pipe_bytes += static_cast<double>(pool_->pipeline_parallel - 1) *
                         scheduler::StageTransferBytes(
-                            sh_->sc->pipeline, r->batch->prefill_tokens + r->batch->decode_tokens);
+                            pool_->pipeline, r->batch->prefill_tokens + r->batch->decode_tokens);
         }
       } else {
         ASSIGN_OR_RETURN(r->cost, r->planner.PlanIdleRank(group_tokens));
@@ -381,11 +492,11 @@ class Engine {
       // The in-flight batches' steady-state cycle (scheduler/pipeline.h);
       // the busiest stage's xPUs are busy for its share.
       const scheduler::PipelineCycle cycle =
-          scheduler::SteadyCycle(steps_, sh_->sc->pipeline_parallel);
+          scheduler::SteadyCycle(steps_, pool_->pipeline_parallel);
       time_s = cycle.time_s;
       xpu_busy_s = cycle.busiest_stage_s;
       cost_.total.link_bytes += pipe_bytes;
-      cost_.total.link_energy_pj += pipe_bytes * sh_->sc->pipeline.link_energy_pj_per_byte;
+      cost_.total.link_energy_pj += pipe_bytes * pool_->pipeline.link_energy_pj_per_byte;
     }
     if (lockstep || pipeline) {
       cost_.time_s = time_s;
@@ -395,7 +506,7 @@ class Engine {
     }
     const scheduler::IterationCost* cost = &cost_;
     // The engine's host time per step that does not overlap the xPUs.
-    const double duration = cost->time_s + sh_->sc->step_overhead_s;
+    const double duration = cost->time_s + pool_->step_overhead_s;
     it.duration_s = duration;
     it.energy_j = cost->total.energy_pj() * 1e-12;
     it.xpu_busy_s = cost->xpu_busy_s;
@@ -403,6 +514,11 @@ class Engine {
     sh_->metrics->AddIteration(it);
     sh_->metrics->AddEnergy(cost->total, cost->device_total);
     RETURN_IF_ERROR(SampleTimeline(*lead, it));
+    if (role_ == Role::kPrefill && sh_->sc->kv_layerwise) {
+      for (const auto& r : ranks_) {
+        if (r->batch != nullptr) StreamLayers(*r->batch);
+      }
+    }
     if (sh_->live != nullptr) {
       LiveIteration li;
       li.replica = replica_;
@@ -438,6 +554,9 @@ class Engine {
    public:
     explicit Counting(Engine* e) : e_(e) {}
     void OnToken(const scheduler::RequestState& r, double t, double gap) override {
+      // A prefill replica's token is not the user's: the decode replica
+      // computes the first one again (vLLM's KV connectors).
+      if (e_->role_ == Role::kPrefill) return;
       e_->observer_->OnToken(r, t, gap);
       if (LiveSink* live = e_->sh_->live) {
         if (gap < 0) {
@@ -450,6 +569,10 @@ class Engine {
     void OnFinish(const scheduler::RequestState& r, double t) override {
       ++e_->finished_;
       --e_->sh_->loads[e_->replica_].outstanding;
+      if (e_->role_ == Role::kPrefill) {
+        e_->HandOff(r.spec.id, t);
+        return;
+      }
       e_->observer_->OnFinish(r, t);
       if (LiveSink* live = e_->sh_->live) live->OnFinish(e_->replica_, t - r.spec.arrival_s);
     }
@@ -466,17 +589,181 @@ class Engine {
   };
 
   void Receive(Message* msg) {
+    const int64_t before = finished_;
+    const double now = sg4::Engine::get_clock();
+    // A prefill replica may hand off from now on: busy before the message
+    // stops counting as in flight.
+    if (role_ == Role::kPrefill) sh_->prefill_busy_until[replica_] = now;
     if (msg->end) {
-      expected_ = msg->total_sent;
+      expected_ += msg->total_sent;
+      ++ends_;
+    } else if (msg->kv_parts >= 0) {
+      --sh_->kv_in_flight;
+      ReceiveKv(*msg, now);
     } else {
       --sh_->in_flight;
-      const int64_t before = finished_;
       if (sh_->live != nullptr) sh_->live->OnArrival(replica_);
-      PickRank().scheduler.Add(msg->request, sg4::Engine::get_clock(), &counting_);
-      done_ += finished_ - before;
+      if (role_ == Role::kPrefill) {
+        Prefill(msg->request, now);
+      } else {
+        PickRank().scheduler.Add(msg->request, now, &counting_);
+      }
     }
+    done_ += finished_ - before;
     sh_->messages.Delete(msg);
     UpdateLoad();
+  }
+
+  // ---- disaggregation (docs/disaggregation.md) ----
+
+  // A request reaches the prefill pool: it prefills there and yields one
+  // token, then hands off. One whose whole answer could never fit the
+  // model's context is refused here, before the prefill is spent on it.
+  void Prefill(const scheduler::RequestSpec& spec, double now) {
+    if (spec.input_tokens + spec.output_tokens > pool_->batching.max_context_tokens) {
+      counting_.OnReject(spec, scheduler::RejectReason::kTooLong, now);
+      return;
+    }
+    scheduler::RequestSpec p = spec;
+    p.output_tokens = 1;
+    Rank& rank = PickRank();
+    if (rank.scheduler.Add(p, now, &counting_) == scheduler::RejectReason::kNone) {
+      specs_.emplace(spec.id, Handoff{spec, -1, 0});
+    }
+  }
+
+  // The decode replica request `id` goes to, chosen by the decode pool's
+  // router on its first KV part.
+  int DecodeReplica(Handoff& h) {
+    if (h.decode < 0) {
+      const int64_t p = sh_->prefill_replicas;
+      const absl::Span<const scheduler::ReplicaLoad> loads(
+          sh_->loads.data() + p, static_cast<size_t>(sh_->sc->replicas - p));
+      h.decode = static_cast<int>(p + sh_->decode_router->Route(loads));
+      ++sh_->loads[h.decode].outstanding;
+    }
+    return h.decode;
+  }
+
+  // Sends `bytes` of request `h`'s KV to its decode replica as a SimGrid
+  // flow from this replica's host; `parts` as Message::kv_parts.
+  void SendKv(Handoff& h, double bytes, int32_t parts) {
+    const int d = DecodeReplica(h);
+    ++h.parts_sent;
+    ++sh_->kv_in_flight;
+    sh_->links[replica_].bytes += bytes;
+    sh_->links[d].bytes += bytes;
+    const int ra = sh_->rack_of[replica_], rb = sh_->rack_of[d];
+    if (ra >= 0 && ra != rb) {
+      const size_t racks = static_cast<size_t>(sh_->sc->replicas);
+      sh_->links[racks + ra].bytes += bytes;
+      sh_->links[racks + rb].bytes += bytes;
+    }
+    // Out of one NIC and into another.
+    sh_->metrics->AddTransferEnergy(
+        bytes * 1e-12 *
+        (pool_->proto.cluster().internode().energy_pj_per_byte() +
+         PoolOf(*sh_->sc, d).proto.cluster().internode().energy_pj_per_byte()));
+    auto* msg = sh_->messages.New(h.spec, false, 0, parts);
+    msg->prefill_end_s = sg4::Engine::get_clock();
+    sh_->engine_boxes[d]->put_init(msg, static_cast<uint64_t>(std::ceil(bytes)))->detach();
+  }
+
+  double KvBytes(int64_t tokens) const {
+    return static_cast<double>(tokens) * sh_->sc->kv_bytes_per_token;
+  }
+
+  // Layer-wise transfer: as a step that ends a prompt starts, the KV of
+  // every layer but the last leaves (the layers compute one after another
+  // while it streams); the last layer's follows when the step ends. KV the
+  // prompt's earlier chunks or the prefix cache hold leaves then too.
+  void StreamLayers(const scheduler::Batch& batch) {
+    const double layers = static_cast<double>(pool_->model.num_layers);
+    for (const scheduler::BatchEntry& e : batch.entries) {
+      if (!e.prefill || !e.emits_token) continue;
+      auto it = specs_.find(e.request_id);
+      if (it == specs_.end()) continue;
+      Handoff& h = it->second;
+      const double total = KvBytes(h.spec.input_tokens);
+      h.tail_bytes = KvBytes(e.new_tokens) / layers;
+      SendKv(h, total - h.tail_bytes, 0);
+    }
+  }
+
+  // Request `id`'s prefill ended at `t`: the rest of its KV leaves.
+  void HandOff(int64_t id, double t) {
+    auto it = specs_.find(id);
+    Handoff& h = it->second;
+    const double bytes =
+        sh_->sc->kv_layerwise && h.parts_sent > 0 ? h.tail_bytes : KvBytes(h.spec.input_tokens);
+    sh_->metrics->OnHandoff(id, replica_, t, KvBytes(h.spec.input_tokens));
+    SendKv(h, bytes, h.parts_sent + 1);
+    ++handed_[static_cast<size_t>(h.decode - sh_->prefill_replicas)];
+    specs_.erase(it);
+  }
+
+ public:
+  // The most of `spec`'s leading blocks one of this replica's ranks holds
+  // cached.
+  int64_t CachedPrefixBlocks(const scheduler::RequestSpec& spec) const {
+    int64_t most = 0;
+    for (const auto& r : ranks_) most = std::max(most, r->scheduler.CachedPrefixBlocks(spec));
+    return most;
+  }
+
+  // Decode replicas: a receiver actor takes every message as it lands, so
+  // that a KV part's time is its transfer's end, not the end of the step
+  // the engine was in; the engine takes them between steps.
+  void Land(Message* msg) {
+    if (msg->end) {
+      ++landed_ends_;
+      landed_expected_ += msg->total_sent;
+    } else if (msg->kv_parts > 0) {
+      ++landed_finals_;
+    }
+    landed_.push_back({msg, sg4::Engine::get_clock()});
+    if (asleep_) wake_->release();
+  }
+  // The receiver's loop: until every prefill replica's stream has ended
+  // and each request it announced has landed.
+  void Receiver() {
+    sg4::Mailbox* box = sh_->engine_boxes[replica_];
+    while (landed_ends_ < ends_needed_ || landed_finals_ < landed_expected_) {
+      Land(box->get<Message>());
+    }
+  }
+
+ private:
+  void TakeLanded() {
+    for (const auto& [msg, t] : landed_) {
+      landed_s_ = t;
+      Receive(msg);
+    }
+    landed_.clear();
+  }
+
+  // A KV part reaches this decode replica; with the last one the request
+  // joins a rank's queue, its prompt's KV in place.
+  void ReceiveKv(const Message& msg, double now) {
+    const int64_t id = msg.request.id;
+    Arriving& a = arriving_[id];
+    ++a.received;
+    if (msg.kv_parts > 0) {
+      a.expected = msg.kv_parts;
+      a.prefill_end_s = msg.prefill_end_s;
+    }
+    if (a.expected == 0 || a.received < a.expected) return;
+    const double prefill_end_s = a.prefill_end_s;
+    arriving_.erase(id);
+    sh_->metrics->OnKvReady(id, landed_s_);
+    if (sh_->live != nullptr) {
+      sh_->live->OnKvTransfer(replica_, KvBytes(msg.request.input_tokens),
+                              landed_s_ - prefill_end_s);
+    }
+    scheduler::RequestSpec spec = msg.request;
+    spec.kv_ready_tokens = spec.input_tokens;
+    if (sh_->live != nullptr) sh_->live->OnArrival(replica_);
+    PickRank().scheduler.Add(spec, now, &counting_);
   }
 
   // The rank an arriving request joins: vLLM's data-parallel load balancer
@@ -504,9 +791,9 @@ class Engine {
     auto it = slo_caps_.find(bucket);
     if (it == slo_caps_.end()) {
       ASSIGN_OR_RETURN(int64_t cap,
-                       scheduler::MaxBatchWithinSlo(ranks_[0]->planner, sh_->sc->tbt_slo_s,
+                       scheduler::MaxBatchWithinSlo(ranks_[0]->planner, pool_->tbt_slo_s,
                                                     std::max<int64_t>(1, bucket * 64),
-                                                    sh_->sc->batching.max_batch_size));
+                                                    pool_->batching.max_batch_size));
       it = slo_caps_.emplace(bucket, cap).first;
     }
     batch_cap_ = it->second;
@@ -552,7 +839,19 @@ class Engine {
   }
 
   Shared* sh_;
+  const ResolvedScenario* pool_;
+  Role role_;
   int replica_;
+  absl::flat_hash_map<int64_t, Handoff> specs_;      // prefill replicas
+  std::vector<int64_t> handed_;                      // per decode replica
+  absl::flat_hash_map<int64_t, Arriving> arriving_;  // decode replicas
+  // Decode replicas: messages landed and not yet taken, with their times;
+  // what the receiver counted; the engine's wake-up while it waits idle.
+  std::vector<std::pair<Message*, double>> landed_;
+  double landed_s_ = 0;  // the time of the message Receive() takes
+  int64_t landed_ends_ = 0, landed_expected_ = 0, landed_finals_ = 0;
+  sg4::SemaphorePtr wake_ = sg4::Semaphore::create(0);
+  bool asleep_ = false;
   std::shared_ptr<devices::Device> device_;
   std::shared_ptr<devices::Device> attention_;
   scheduler::RequestObserver* observer_;
@@ -560,7 +859,8 @@ class Engine {
   Counting counting_{this};
   int64_t iteration_index_ = 0;
   int64_t timeline_samples_ = 0;
-  int64_t expected_ = -1;  // requests the router sent; known at the end
+  int64_t expected_ = 0;                // requests sent here, summed from the end messages
+  int64_t ends_ = 0, ends_needed_ = 1;  // end messages received, expected
   int64_t finished_ = 0;   // finished or rejected
   int64_t done_ = 0;
   int64_t batch_cap_ = 0;
@@ -569,11 +869,8 @@ class Engine {
   std::vector<scheduler::PipelineStep> steps_;  // its in-flight batches' stages
 };
 
-void BuildPlatform(const ResolvedScenario& sc, sg4::NetZone** zone_out,
-                   std::vector<sg4::Host*>* engine_hosts,
-                   sg4::Host** clients,
-                   sg4::Host** router) {
-  const auto& c = sc.proto.cluster();
+void BuildPlatform(const ResolvedScenario& sc, Shared* sh, std::vector<sg4::Host*>* engine_hosts,
+                   sg4::Host** clients, sg4::Host** router) {
   auto* zone = sg4::create_full_zone("cluster");
   *clients = zone->create_host("clients", 1e9);
   *router = zone->create_host("router", 1e9);
@@ -582,13 +879,16 @@ void BuildPlatform(const ResolvedScenario& sc, sg4::NetZone** zone_out,
         ->set_latency(l.latency_s())
         ->seal();
   };
-  auto* in = make_link("frontend.in", c.frontend());
+  const auto& front = PoolOf(sc, 0).proto.cluster();
+  auto* in = make_link("frontend.in", front.frontend());
   zone->add_route((*clients)->get_netpoint(), (*router)->get_netpoint(), nullptr, nullptr,
                   {sg4::LinkInRoute(in)}, true);
   for (int64_t r = 0; r < sc.replicas; ++r) {
+    const ResolvedScenario& pool = PoolOf(sc, r);
+    const auto& c = pool.proto.cluster();
     std::vector<sg4::Host*> xpus;
     std::vector<sg4::Link*> links;
-    for (int64_t j = 0; j < sc.tensor_parallel; ++j) {
+    for (int64_t j = 0; j < pool.tensor_parallel; ++j) {
       xpus.push_back(zone->create_host(absl::StrCat("r", r, ".xpu", j),
                                        c.xpu().peak_flops_fp16()));
       links.push_back(make_link(absl::StrCat("r", r, ".xpu", j, ".link"), c.interconnect()));
@@ -596,14 +896,79 @@ void BuildPlatform(const ResolvedScenario& sc, sg4::NetZone** zone_out,
     auto* fe = make_link(absl::StrCat("r", r, ".frontend"), c.frontend());
     zone->add_route((*router)->get_netpoint(), xpus[0]->get_netpoint(), nullptr, nullptr,
                     {sg4::LinkInRoute(fe)}, true);
-    for (int64_t j = 1; j < sc.tensor_parallel; ++j) {
+    for (int64_t j = 1; j < pool.tensor_parallel; ++j) {
       zone->add_route(xpus[0]->get_netpoint(), xpus[j]->get_netpoint(), nullptr, nullptr,
                       {sg4::LinkInRoute(links[0]), sg4::LinkInRoute(links[j])}, true);
     }
     engine_hosts->push_back(xpus[0]);
   }
+  if (sc.disaggregated()) {
+    // Each replica's NICs as one link of their summed bandwidth; nodes in
+    // racks, each pool from a fresh node; racks joined through a spine over
+    // split-duplex uplinks (docs/disaggregation.md, "Platform").
+    const auto& fabric = sc.proto.cluster().disaggregation().fabric();
+    std::vector<sg4::Link*> nics;
+    std::vector<int64_t> node_of(static_cast<size_t>(sc.replicas));
+    std::vector<double> node_nic_bw;  // per node: its NICs' bandwidth
+    int64_t used = 0, per_node = 0;   // xPUs used on the current node, its size
+    for (int64_t r = 0; r < sc.replicas; ++r) {
+      const ResolvedScenario& pool = PoolOf(sc, r);
+      const auto& c = pool.proto.cluster();
+      const int64_t xpus = pool.tensor_parallel * pool.ranks();
+      const int64_t size = c.xpus_per_node() > 0 ? c.xpus_per_node() : xpus;
+      const bool pool_start = r == 0 || r == sc.prefill_pool->replicas;
+      if (pool_start || used + std::min(xpus, size) > per_node) {
+        node_nic_bw.push_back(static_cast<double>(size) * c.internode().bandwidth_bytes_per_s());
+        used = 0;
+        per_node = size;
+      }
+      node_of[r] = static_cast<int64_t>(node_nic_bw.size()) - 1;
+      // A replica larger than a node takes whole nodes.
+      const int64_t extra = (xpus + size - 1) / size - 1;
+      for (int64_t k = 0; k < extra; ++k) node_nic_bw.push_back(node_nic_bw.back());
+      used = xpus > size ? size : used + xpus;
+      const double bw = static_cast<double>(xpus) * c.internode().bandwidth_bytes_per_s();
+      nics.push_back(zone->create_link(absl::StrCat("r", r, ".nic"), bw)
+                         ->set_latency(c.internode().latency_s())
+                         ->seal());
+      sh->links.push_back({absl::StrCat("r", r, ".nic"), bw, 0});
+    }
+    const int64_t per_rack = fabric.nodes_per_rack();
+    std::vector<sg4::Link*> uplinks;
+    if (per_rack > 0) {
+      const int64_t racks = (static_cast<int64_t>(node_nic_bw.size()) + per_rack - 1) / per_rack;
+      for (int64_t k = 0; k < racks; ++k) {
+        double most = 0;
+        for (int64_t n = k * per_rack;
+             n < std::min<int64_t>((k + 1) * per_rack, static_cast<int64_t>(node_nic_bw.size()));
+             ++n) {
+          most = std::max(most, node_nic_bw[n]);
+        }
+        const double bw = static_cast<double>(per_rack) * most / fabric.oversubscription();
+        auto* up = zone->create_split_duplex_link(absl::StrCat("rack", k, ".uplink"), bw);
+        up->set_latency(fabric.spine_latency_s() / 2)->seal();
+        uplinks.push_back(up);
+        sh->links.push_back({absl::StrCat("rack", k, ".uplink"), bw, 0});
+      }
+    }
+    for (int64_t r = 0; r < sc.replicas; ++r) {
+      sh->rack_of.push_back(per_rack > 0 ? static_cast<int>(node_of[r] / per_rack) : -1);
+    }
+    for (int64_t p = 0; p < sc.prefill_pool->replicas; ++p) {
+      for (int64_t d = sc.prefill_pool->replicas; d < sc.replicas; ++d) {
+        std::vector<sg4::LinkInRoute> route = {sg4::LinkInRoute(nics[p])};
+        const int ra = sh->rack_of[p], rb = sh->rack_of[d];
+        if (ra >= 0 && ra != rb) {
+          route.emplace_back(uplinks[ra], sg4::LinkInRoute::Direction::UP);
+          route.emplace_back(uplinks[rb], sg4::LinkInRoute::Direction::DOWN);
+        }
+        route.emplace_back(nics[d]);
+        zone->add_route((*engine_hosts)[p]->get_netpoint(), (*engine_hosts)[d]->get_netpoint(),
+                        nullptr, nullptr, route, false);
+      }
+    }
+  }
   zone->seal();
-  *zone_out = zone;
 }
 
 }  // namespace
@@ -632,6 +997,19 @@ absl::StatusOr<RunResult> RunSimulation(const ResolvedScenario& sc,
     return absl::InvalidArgumentError(
         absl::StrCat("unrecognised SimGrid argument: ", argv[1]));
   }
+  if (sc.disaggregated()) {
+    // KV flows take latency + bytes / bandwidth, links shared max-min fair
+    // (CM02), with no TCP window bound and no reverse-path traffic: RDMA
+    // over InfiniBand or RoCE, not SimGrid's TCP-calibrated default. Flags
+    // the command line set stay.
+    for (const char* cfg :
+         {"network/model:CM02", "network/TCP-gamma:0", "network/crosstraffic:0"}) {
+      const std::string key = std::string(cfg).substr(0, std::string(cfg).find(':'));
+      bool given = false;
+      for (const std::string& a : options.simgrid_args) given |= a.find(key) != std::string::npos;
+      if (!given) sg4::Engine::set_config(cfg);
+    }
+  }
 
   RunResult result;
   MetricsOptions metrics_options;
@@ -641,7 +1019,12 @@ absl::StatusOr<RunResult> RunSimulation(const ResolvedScenario& sc,
   }
   metrics_options.ttft_slo_s = sc.ttft_slo_s;
   metrics_options.tpot_slo_s = sc.tpot_slo_s;
-  metrics_options.kv_capacity_blocks = sc.kv.blocks * sc.ranks();
+  metrics_options.kv_capacity_blocks = 0;
+  for (int64_t r = 0; r < sc.replicas; ++r) {
+    const ResolvedScenario& pool = PoolOf(sc, r);
+    metrics_options.kv_capacity_blocks += pool.kv.blocks * pool.ranks();
+  }
+  metrics_options.kv_capacity_blocks /= sc.replicas;  // per replica
   metrics_options.replicas = static_cast<int>(sc.replicas);
   metrics_options.time_series = options.time_series;
   metrics_options.sink = options.sink;
@@ -655,26 +1038,40 @@ absl::StatusOr<RunResult> RunSimulation(const ResolvedScenario& sc,
   sh.paced = options.pace > 0;
   sh.interrupt = options.interrupt;
   sh.loads.assign(sc.replicas, scheduler::ReplicaLoad{});
-  for (auto& l : sh.loads) l.kv_blocks_capacity = sc.kv.blocks * sc.ranks();
+  for (int64_t r = 0; r < sc.replicas; ++r) {
+    const ResolvedScenario& pool = PoolOf(sc, r);
+    sh.loads[r].kv_blocks_capacity = pool.kv.blocks * pool.ranks();
+  }
+  if (sc.disaggregated()) {
+    sh.prefill_replicas = sc.prefill_pool->replicas;
+    sh.prefill_busy_until.assign(static_cast<size_t>(sh.prefill_replicas), -1.0);
+    sh.decode_router = std::make_unique<scheduler::Router>(sc.decode_pool->routing);
+  }
 
-  sg4::NetZone* zone = nullptr;
   std::vector<sg4::Host*> engine_hosts;
   sg4::Host *clients = nullptr, *router = nullptr;
-  BuildPlatform(sc, &zone, &engine_hosts, &clients, &router);
-
   std::vector<std::unique_ptr<Engine>> engines;
+  sh.cached_blocks = [&engines](int r, const scheduler::RequestSpec& spec) {
+    return engines[static_cast<size_t>(r)]->CachedPrefixBlocks(spec);
+  };
+  BuildPlatform(sc, &sh, &engine_hosts, &clients, &router);
+
   for (int64_t r = 0; r < sc.replicas; ++r) {
-    std::shared_ptr<devices::Device> device = sc.xpu_agent;
+    const ResolvedScenario& pool = PoolOf(sc, r);
+    const Role role = !sc.disaggregated()       ? Role::kColocated
+                      : r < sh.prefill_replicas ? Role::kPrefill
+                                                : Role::kDecode;
+    std::shared_ptr<devices::Device> device = pool.xpu_agent;
     if (device == nullptr) {
-      ASSIGN_OR_RETURN(device, devices::CreateDevice(sc.xpu_device));
+      ASSIGN_OR_RETURN(device, devices::CreateDevice(pool.xpu_device));
     }
     std::shared_ptr<devices::Device> attention =
-        sc.attention_shared != nullptr ? sc.attention_shared : sc.attention_agent;
-    if (sc.has_attention_device && attention == nullptr) {
-      ASSIGN_OR_RETURN(attention, scenario::CreateAttentionDevice(sc));
+        pool.attention_shared != nullptr ? pool.attention_shared : pool.attention_agent;
+    if (pool.has_attention_device && attention == nullptr) {
+      ASSIGN_OR_RETURN(attention, scenario::CreateAttentionDevice(pool));
     }
-    engines.push_back(std::make_unique<Engine>(&sh, static_cast<int>(r), std::move(device),
-                                               std::move(attention)));
+    engines.push_back(std::make_unique<Engine>(&sh, &pool, role, static_cast<int>(r),
+                                               std::move(device), std::move(attention)));
     sh.engine_boxes.push_back(sg4::Mailbox::by_name(absl::StrCat("engine", r)));
   }
   sh.router_box = sg4::Mailbox::by_name("router");
@@ -687,6 +1084,11 @@ absl::StatusOr<RunResult> RunSimulation(const ResolvedScenario& sc,
     Engine* e = engines[r].get();
     auto actor = sg4::Actor::create(absl::StrCat("engine", r), engine_hosts[r],
                                     [e]() { e->Run(); });
+    if (r >= sh.prefill_replicas && sh.prefill_replicas > 0) {
+      // A decode replica's messages land at its receiver (Engine::Land).
+      actor = sg4::Actor::create(absl::StrCat("engine", r, ".kv"), engine_hosts[r],
+                                 [e]() { e->Receiver(); });
+    }
     sh.engine_boxes[r]->set_receiver(actor);
   }
   sg4::Actor::create("source", clients, Source, &sh);
@@ -718,11 +1120,11 @@ absl::StatusOr<RunResult> RunSimulation(const ResolvedScenario& sc,
   }
   // Idle replicas hold back no iteration that starts before the next
   // request can reach them (MetricsCollector's merge).
-  result.metrics->SetArrivalFloor([&sh] {
-    return sh.in_flight > 0 ? sg4::Engine::get_clock() : sh.next_arrival_s;
-  });
+  result.metrics->SetArrivalFloor(
+      [&sh] { return sh.prefill_replicas > 0 ? sh.HandoffFloor() : sh.ArrivalFloor(); });
   engine.run();
   result.metrics->SetArrivalFloor(nullptr);
+  result.metrics->SetLinkLoads(std::move(sh.links));
   result.metrics->Finish();
   if (!sh.error.ok()) {
     if (options.partial != nullptr) {

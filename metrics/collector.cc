@@ -63,7 +63,10 @@ MetricsCollector::MetricsCollector(const MetricsOptions& options)
       ttft_(options.exact_percentile_max_samples),
       tbt_(options.exact_percentile_max_samples),
       tpot_(options.exact_percentile_max_samples),
-      e2e_(options.exact_percentile_max_samples) {}
+      e2e_(options.exact_percentile_max_samples),
+      ttft_prefill_(options.exact_percentile_max_samples),
+      ttft_transfer_(options.exact_percentile_max_samples),
+      ttft_decode_(options.exact_percentile_max_samples) {}
 
 MetricsCollector::~MetricsCollector() = default;
 
@@ -124,6 +127,13 @@ void MetricsCollector::Fold(const RequestRecord& r) {
   req_.output_tokens += r.output_tokens;
   const double t = r.first_token_s - r.arrival_s;
   ttft_.Add(t);
+  if (r.kv_ready_s >= 0) {
+    ttft_prefill_.Add(r.prefill_end_s - r.arrival_s);
+    ttft_transfer_.Add(r.kv_ready_s - r.prefill_end_s);
+    ttft_decode_.Add(r.first_token_s - r.kv_ready_s);
+    ttft_transfer_sum_ += r.kv_ready_s - r.prefill_end_s;
+    ttft_handed_off_sum_ += t;
+  }
   e2e_.Add(r.finish_s - r.arrival_s);
   bool met = t <= options_.ttft_slo_s;
   if (r.output_tokens > 1) {
@@ -254,13 +264,30 @@ Summary ComputeSummary(const MetricsCollector& metrics) {
                              ? static_cast<double>(it.kv_blocks_max) /
                                    static_cast<double>(o.kv_capacity_blocks)
                              : 0;
-  s.energy_j = it.energy_j;
+  s.energy_j = it.energy_j + metrics.transfer_energy_j();
   if (s.iterations > 0) s.batch_size_mean = it.batch_sum / static_cast<double>(s.iterations);
   s.prefix_hit_tokens = metrics.prefix_hit_tokens();
   s.prefix_query_tokens = metrics.prefix_query_tokens();
   s.device_busy_s = metrics.energy().device_busy_s;
   s.device_dram_bytes = metrics.energy().device_dram_bytes;
   if (it.busy_s > 0) s.kv_utilization_mean = it.kv_weighted / it.busy_s;
+  s.handoffs = metrics.handoffs();
+  s.kv_bytes = metrics.kv_bytes();
+  s.ttft_prefill_s = metrics.ttft_prefill().ToDistribution();
+  s.ttft_transfer_s = metrics.ttft_transfer().ToDistribution();
+  s.ttft_decode_s = metrics.ttft_decode().ToDistribution();
+  if (metrics.ttft_handed_off_sum_s() > 0) {
+    s.ttft_transfer_share = metrics.ttft_transfer_sum_s() / metrics.ttft_handed_off_sum_s();
+  }
+  for (const LinkLoad& l : metrics.link_loads()) {
+    Summary::LinkUse u;
+    u.name = l.name;
+    u.bytes = l.bytes;
+    if (s.makespan_s > 0 && l.bandwidth_bytes_per_s > 0) {
+      u.utilization = l.bytes / (l.bandwidth_bytes_per_s * s.makespan_s);
+    }
+    s.links.push_back(std::move(u));
+  }
   if (s.output_tokens > 0) {
     s.energy_per_token_j = s.energy_j / static_cast<double>(s.output_tokens);
   }

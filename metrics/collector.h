@@ -100,6 +100,38 @@ class MetricsCollector {
     energy_.device_dram_bytes += device.dram_bytes;
   }
   const EnergyParts& energy() const { return energy_; }
+  // Disaggregation: request `id`'s prefill ended on `prefill_replica` at
+  // `t_s` and its KV (`bytes`) left for the decode pool; the whole KV
+  // reached the decode replica at `t_s` (OnKvReady).
+  void OnHandoff(int64_t id, int prefill_replica, double t_s, double bytes) {
+    RequestRecord& rec = Live(id);
+    rec.prefill_replica = prefill_replica;
+    rec.prefill_end_s = t_s;
+    ++handoffs_;
+    kv_bytes_ += bytes;
+  }
+  void OnKvReady(int64_t id, double t_s) { Live(id).kv_ready_s = t_s; }
+  // Energy of KV moved between the pools (the NICs' per-byte energy), J;
+  // in the run's energy and its links part.
+  void AddTransferEnergy(double j) {
+    transfer_energy_j_ += j;
+    energy_.links += j;
+  }
+  double transfer_energy_j() const { return transfer_energy_j_; }
+  int64_t handoffs() const { return handoffs_; }
+  double kv_bytes() const { return kv_bytes_; }
+  // The platform's links and their traffic, set at the end of the run.
+  void SetLinkLoads(std::vector<LinkLoad> links) { links_ = std::move(links); }
+  const std::vector<LinkLoad>& link_loads() const { return links_; }
+  // TTFT's parts over completed requests that were handed off: arrival to
+  // prefill end, prefill end to KV ready (the transfer not hidden behind
+  // the prefill), KV ready to the first token (decode queue and step).
+  const QuantileAccumulator& ttft_prefill() const { return ttft_prefill_; }
+  const QuantileAccumulator& ttft_transfer() const { return ttft_transfer_; }
+  const QuantileAccumulator& ttft_decode() const { return ttft_decode_; }
+  double ttft_transfer_sum_s() const { return ttft_transfer_sum_; }
+  double ttft_handed_off_sum_s() const { return ttft_handed_off_sum_; }
+
   // A replica's prefix-cache totals, added as it ends.
   void AddPrefixCache(int64_t hit_tokens, int64_t query_tokens) {
     prefix_hit_tokens_ += hit_tokens;
@@ -169,6 +201,11 @@ class MetricsCollector {
   std::vector<std::unique_ptr<ReplicaObserver>> observers_;
   double last_event_s_ = 0;
   int64_t prefix_hit_tokens_ = 0, prefix_query_tokens_ = 0;
+  int64_t handoffs_ = 0;
+  double kv_bytes_ = 0, transfer_energy_j_ = 0;
+  std::vector<LinkLoad> links_;
+  QuantileAccumulator ttft_prefill_, ttft_transfer_, ttft_decode_;
+  double ttft_transfer_sum_ = 0, ttft_handed_off_sum_ = 0;
 };
 
 struct Summary {
@@ -196,6 +233,21 @@ struct Summary {
   // Prefix caching: prompt tokens admissions found cached, and prompt
   // tokens admitted (hit rate = hit / query); both 0 without caching.
   int64_t prefix_hit_tokens = 0, prefix_query_tokens = 0;
+  // Disaggregation (handoffs > 0): requests handed from the prefill pool
+  // to the decode pool, the KV bytes moved, TTFT's parts over completed
+  // requests (MetricsCollector::ttft_prefill() and after), the transfer's
+  // share of their summed TTFT, and each link's mean utilisation over the
+  // makespan (bytes / (bandwidth x makespan); both directions count, so a
+  // link busy one way at full rate reads 1).
+  int64_t handoffs = 0;
+  double kv_bytes = 0;
+  Distribution ttft_prefill_s, ttft_transfer_s, ttft_decode_s;
+  double ttft_transfer_share = 0;
+  struct LinkUse {
+    std::string name;
+    double bytes = 0, utilization = 0;
+  };
+  std::vector<LinkUse> links;
 };
 
 // From the collector's streaming results (after Finish); the SLOs and KV

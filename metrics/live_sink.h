@@ -41,6 +41,11 @@ class LiveSink {
   virtual void OnFinish(int replica, double e2e_s) = 0;
   virtual void OnReject(int replica, scheduler::RejectReason why) = 0;
   virtual void OnIteration(const LiveIteration& it) = 0;
+  // Disaggregation: a request's whole KV (`bytes`) reached decode replica
+  // `replica`, `exposed_s` after its prefill ended.
+  virtual void OnKvTransfer(int replica, double bytes, double exposed_s) {
+    (void)replica, (void)bytes, (void)exposed_s;
+  }
   // Simulated time advanced to `simulated_s`; `wall_s` since the start.
   virtual void OnClock(double simulated_s, double wall_s) = 0;
   virtual void OnDone(double simulated_s, double wall_s) = 0;

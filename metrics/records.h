@@ -5,6 +5,7 @@
 #define SERVESIM_METRICS_RECORDS_H_
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "scheduler/batching.h"
@@ -24,6 +25,11 @@ struct RequestRecord {
   int32_t replica = -1;
   int32_t preemptions = 0;
   RequestStatus status = RequestStatus::kPending;
+  // Disaggregated clusters: the prefill replica, when its prefill ended
+  // (the KV left), and when the whole KV reached the decode replica.
+  int32_t prefill_replica = -1;
+  double prefill_end_s = -1;
+  double kv_ready_s = -1;
 };
 
 struct IterationRecord {
@@ -47,6 +53,13 @@ struct EnergyParts {
   // The attention device's work over the run (busy seconds, summed over
   // replicas; bytes read from its memory).
   double device_busy_s = 0, device_dram_bytes = 0;
+};
+
+// A link of the platform and what crossed it over the run.
+struct LinkLoad {
+  std::string name;
+  double bandwidth_bytes_per_s = 0;  // per direction
+  double bytes = 0;                  // both directions
 };
 
 // A sampled iteration's schedule for timeline.json.

@@ -103,9 +103,15 @@ absl::StatusOr<std::unique_ptr<CsvRecordWriter>> CsvRecordWriter::Open(const Out
     return absl::OkStatus();
   };
   if (o.requests_csv()) {
-    if (absl::Status st = open(w->requests_, "requests.csv",
-                               "id,arrival_s,first_token_s,finish_s,input_tokens,output_tokens,"
-                               "ttft_s,tpot_s,e2e_s,replica,preemptions,status\n");
+    w->disaggregated_ = sc.disaggregated();
+    if (absl::Status st =
+            open(w->requests_, "requests.csv",
+                 w->disaggregated_ ? "id,arrival_s,first_token_s,finish_s,input_tokens,"
+                                     "output_tokens,ttft_s,tpot_s,e2e_s,replica,preemptions,"
+                                     "status,prefill_replica,prefill_end_s,kv_ready_s\n"
+                                   : "id,arrival_s,first_token_s,finish_s,input_tokens,"
+                                     "output_tokens,ttft_s,tpot_s,e2e_s,replica,preemptions,"
+                                     "status\n");
         !st.ok()) {
       return st;
     }
@@ -141,7 +147,16 @@ void CsvRecordWriter::Flush(File& f) {
 
 void CsvRecordWriter::OnRequest(const RequestRecord& r) {
   if (requests_.file == nullptr) return;
-  Append(requests_, RequestRow(r));
+  std::string row = RequestRow(r);
+  if (disaggregated_) {
+    // The hand-off's columns (empty for a request the prefill pool never
+    // handed off, or whose KV never arrived).
+    row.pop_back();
+    absl::StrAppend(&row, ",", r.prefill_replica >= 0 ? absl::StrCat(r.prefill_replica) : "", ",",
+                    r.prefill_end_s >= 0 ? absl::StrFormat("%.6f", r.prefill_end_s) : "", ",",
+                    r.kv_ready_s >= 0 ? absl::StrFormat("%.6f", r.kv_ready_s) : "", "\n");
+  }
+  Append(requests_, row);
 }
 
 void CsvRecordWriter::OnIteration(const IterationRecord& it) {

@@ -43,6 +43,7 @@ class CsvRecordWriter : public metrics::RecordSink {
   void Flush(File& f);
   const OutputDir& dir_;
   File requests_, iterations_;
+  bool disaggregated_ = false;  // requests.csv's hand-off columns
   absl::Status status_;
 };
 

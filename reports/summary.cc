@@ -2,6 +2,7 @@
 
 #include <string>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "devices/model.h"
@@ -133,6 +134,39 @@ std::string SummaryJson(const ResolvedScenario& sc, const Workload& wl,
                                                     static_cast<double>(s.prefix_query_tokens)
                                               : 0.0));
   }
+  if (sc.disaggregated()) {
+    // The pools, the hand-offs and TTFT's parts (docs/disaggregation.md).
+    auto pool = [&](const ResolvedScenario& ps) {
+      std::string o = absl::StrCat("{\"replicas\": ", ps.replicas,
+                                   ", \"xpu\": ", JsonString(ps.proto.cluster().xpu().preset()),
+                                   ", \"tensor_parallel\": ", ps.tensor_parallel);
+      if (ps.data_parallel > 1) absl::StrAppend(&o, ", \"data_parallel\": ", ps.data_parallel);
+      if (ps.pipeline_parallel > 1) {
+        absl::StrAppend(&o, ", \"pipeline_parallel\": ", ps.pipeline_parallel);
+      }
+      if (ps.has_attention_device) {
+        absl::StrAppend(&o, ", \"attention_device\": ", JsonString(ps.attention_label));
+      }
+      return absl::StrCat(o, ", \"kv_capacity_tokens_per_replica\": ", ps.kv.tokens * ps.ranks(),
+                          "}");
+    };
+    kv("prefill_pool", pool(*sc.prefill_pool));
+    kv("decode_pool", pool(*sc.decode_pool));
+    kv("kv_transfer_policy", JsonString(sc.kv_layerwise ? "layerwise" : "after_prefill"));
+    kv("handoffs", absl::StrCat(s.handoffs));
+    kv("kv_transfer_bytes", FormatFigure(s.kv_bytes));
+    kv("ttft_prefill_s", Dist(s.ttft_prefill_s));
+    kv("ttft_kv_transfer_s", Dist(s.ttft_transfer_s));
+    kv("ttft_decode_s", Dist(s.ttft_decode_s));
+    kv("ttft_kv_transfer_share", FormatFigure(s.ttft_transfer_share));
+    std::string links = "[";
+    for (size_t i = 0; i < s.links.size(); ++i) {
+      absl::StrAppend(&links, i ? ", " : "", "{\"name\": ", JsonString(s.links[i].name),
+                      ", \"bytes\": ", FormatFigure(s.links[i].bytes),
+                      ", \"utilization\": ", FormatFigure(s.links[i].utilization), "}");
+    }
+    kv("links", links + "]");
+  }
   kv("energy_j", FormatFigure(s.energy_j));
   if (sc.has_attention_device) {
     if (sc.attention_device.has_topick() || sc.attention_device.has_spatten() ||
@@ -166,7 +200,17 @@ std::string FormatSummaryTable(const ResolvedScenario& sc, const Workload& wl,
   absl::StrAppendFormat(&t, "servesim: %s\n", sc.proto.name());
   absl::StrAppendFormat(&t, "  model      %s (%s)\n", sc.model.name,
                         devices::DTypeName(sc.model.dtype));
-  if (sc.data_parallel > 1) {
+  if (sc.disaggregated()) {
+    for (const auto* ps : {sc.prefill_pool.get(), sc.decode_pool.get()}) {
+      absl::StrAppendFormat(&t, "  %-10s %d replica(s) x %d %s (TP=%d%s%s), KV %d tokens/replica\n",
+                            ps == sc.prefill_pool.get() ? "prefill" : "decode", ps->replicas,
+                            ps->tensor_parallel * ps->ranks(), ps->proto.cluster().xpu().preset(),
+                            ps->tensor_parallel,
+                            ps->data_parallel > 1 ? absl::StrCat(", DP=", ps->data_parallel) : "",
+                            ps->has_attention_device ? absl::StrCat(", ", ps->attention_label) : "",
+                            ps->kv.tokens * ps->ranks());
+    }
+  } else if (sc.data_parallel > 1) {
     absl::StrAppendFormat(
         &t, "  cluster    %d replica(s) x DP=%d x %d %s (TP=%d, %s), KV %d tokens/replica\n",
         sc.replicas, sc.data_parallel, sc.tensor_parallel, sc.proto.cluster().xpu().preset(),
@@ -210,6 +254,25 @@ std::string FormatSummaryTable(const ResolvedScenario& sc, const Workload& wl,
                         s.batch_size_mean, s.batch_size_max, s.iterations);
   absl::StrAppendFormat(&t, "  KV cache   mean %.1f%%, max %.1f%% used\n",
                         100 * s.kv_utilization_mean, 100 * s.kv_utilization_max);
+  if (sc.disaggregated()) {
+    double busiest = 0;
+    std::string busiest_name = "-";
+    for (const auto& l : s.links) {
+      if (l.utilization > busiest) {
+        busiest = l.utilization;
+        busiest_name = l.name;
+      }
+    }
+    absl::StrAppendFormat(
+        &t,
+        "  hand-off   %d requests, %.2f GB of KV (%s); TTFT mean = prefill %s + "
+        "transfer %s + decode %s ms; transfer %.1f%% of TTFT; busiest link %s %.1f%%\n",
+        s.handoffs, s.kv_bytes / 1e9, sc.kv_layerwise ? "layer-wise" : "after prefill",
+        absl::StripLeadingAsciiWhitespace(Ms(s.ttft_prefill_s.mean)),
+        absl::StripLeadingAsciiWhitespace(Ms(s.ttft_transfer_s.mean)),
+        absl::StripLeadingAsciiWhitespace(Ms(s.ttft_decode_s.mean)), 100 * s.ttft_transfer_share,
+        busiest_name, 100 * busiest);
+  }
   absl::StrAppendFormat(&t, "  energy     %.1f kJ, %.3f J per output token\n",
                         s.energy_j / 1e3, s.energy_per_token_j);
   absl::StrAppendFormat(&t, "  time       %.1f s simulated in %.2f s wall (%.0fx real time)\n",

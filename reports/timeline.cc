@@ -42,9 +42,16 @@ std::string TimelineJson(const ResolvedScenario& sc, const MetricsCollector& met
     out += e;
   };
   for (int64_t r = 0; r < sc.replicas; ++r) {
-    event(absl::StrFormat(
-        R"({"ph":"M","name":"process_name","pid":%d,"tid":0,"args":{"name":"replica %d"}})", r,
-        r));
+    // A disaggregated cluster's replica is its pool's.
+    const bool prefill = sc.disaggregated() && r < sc.prefill_pool->replicas;
+    const ResolvedScenario& pool = !sc.disaggregated() ? sc
+                                   : prefill           ? *sc.prefill_pool
+                                                       : *sc.decode_pool;
+    const std::string label =
+        !sc.disaggregated() ? absl::StrCat("replica ", r)
+                            : absl::StrCat("replica ", r, prefill ? " (prefill)" : " (decode)");
+    event(absl::StrFormat(R"({"ph":"M","name":"process_name","pid":%d,"tid":0,"args":{"name":%s}})",
+                          r, JsonString(label)));
     event(absl::StrFormat(
         R"({"ph":"M","name":"thread_name","pid":%d,"tid":%d,"args":{"name":"iterations"}})", r,
         kIterationTid));
@@ -52,12 +59,12 @@ std::string TimelineJson(const ResolvedScenario& sc, const MetricsCollector& met
       const auto track = static_cast<scheduler::Track>(t);
       std::string name = scheduler::TrackName(track);
       if (track == scheduler::Track::kXpu) {
-        name = absl::StrCat("xpu (", sc.tensor_parallel, " x ", sc.proto.cluster().xpu().preset(),
-                            ", one shown)");
+        name = absl::StrCat("xpu (", pool.tensor_parallel, " x ",
+                            pool.proto.cluster().xpu().preset(), ", one shown)");
       } else if (track == scheduler::Track::kDevice) {
-        name = device;
+        name = pool.has_attention_device ? pool.attention_label : device;
       }
-      if (!sc.has_attention_device && track != scheduler::Track::kXpu) continue;
+      if (!pool.has_attention_device && track != scheduler::Track::kXpu) continue;
       event(absl::StrFormat(
           R"({"ph":"M","name":"thread_name","pid":%d,"tid":%d,"args":{"name":%s}})", r, Tid(track),
           JsonString(name)));

@@ -52,24 +52,50 @@ std::string Dirname(const std::string& path) {
 
 }  // namespace
 
-std::string LoadedScenario::Where(absl::string_view field_path) const {
-  if (overridden.count(std::string(field_path)) > 0) {
-    return absl::StrCat(path, " (--set ", field_path, ")");
-  }
+namespace {
+
+// The line (0-based) where `field_path`, or its nearest written ancestor,
+// was written; -1 if none was. `exact`: whether the field itself was.
+int LineOf(const TextFormat::ParseInfoTree* tree, absl::string_view field_path, bool* exact) {
   int line = -1;
-  const TextFormat::ParseInfoTree* tree = locations.get();
+  *exact = false;
   const Descriptor* desc = servesim::v1::Scenario::descriptor();
-  for (absl::string_view part : absl::StrSplit(field_path, '.')) {
+  const std::vector<absl::string_view> parts = absl::StrSplit(field_path, '.');
+  for (size_t i = 0; i < parts.size(); ++i) {
     if (tree == nullptr || desc == nullptr) break;
-    const FieldDescriptor* f = desc->FindFieldByName(std::string(part));
+    const FieldDescriptor* f = desc->FindFieldByName(std::string(parts[i]));
     if (f == nullptr) break;
     const auto loc = tree->GetLocation(f, f->is_repeated() ? 0 : -1);
     if (loc.line < 0) break;
     line = loc.line;
+    if (i + 1 == parts.size()) *exact = true;
     if (f->cpp_type() != FieldDescriptor::CPPTYPE_MESSAGE) break;
     tree = tree->GetTreeForNested(f, f->is_repeated() ? 0 : -1);
     desc = f->message_type();
   }
+  return line;
+}
+
+}  // namespace
+
+std::string LoadedScenario::Where(absl::string_view field_path) const {
+  // A pool's field: where the pool sets it, else where the scenario does,
+  // else the pool's nearest written ancestor (the pool at least).
+  int pool_line = -1;
+  if (!pool_path.empty() &&
+      (absl::StartsWith(field_path, "cluster.") || absl::StartsWith(field_path, "scheduler."))) {
+    const std::string pooled = absl::StrCat(pool_path, ".", field_path);
+    if (overridden.count(pooled) > 0) return absl::StrCat(path, " (--set ", pooled, ")");
+    bool exact = false;
+    pool_line = LineOf(locations.get(), pooled, &exact);
+    if (exact) return absl::StrCat(path, ":", pool_line + 1);
+  }
+  if (overridden.count(std::string(field_path)) > 0) {
+    return absl::StrCat(path, " (--set ", field_path, ")");
+  }
+  bool exact = false;
+  int line = LineOf(locations.get(), field_path, &exact);
+  if (!exact && pool_line >= 0) line = pool_line;
   if (line < 0) return path;
   return absl::StrCat(path, ":", line + 1);
 }

@@ -33,28 +33,41 @@ absl::Status FillFromPreset(
   return absl::OkStatus();
 }
 
-}  // namespace
-
-absl::Status Normalize(LoadedScenario* scenario) {
+// The scheduler's defaults.
+absl::Status NormalizeScheduler(LoadedScenario* scenario) {
   auto& p = scenario->proto;
-  if (!p.has_seed()) p.set_seed(1);
-  if (p.name().empty()) {
-    // Untitled scenarios are named after their file, without folder and
-    // extension, so tables and summary.json always say what ran.
-    std::string stem = scenario->path.substr(scenario->path.find_last_of('/') + 1);
-    if (absl::EndsWith(stem, ".pbtxt")) stem.resize(stem.size() - 6);
-    p.set_name(stem);
+  auto* s = p.mutable_scheduler();
+  if (s->batching() == servesim::v1::BATCHING_POLICY_UNSPECIFIED) {
+    s->set_batching(servesim::v1::BATCHING_POLICY_PREFILL_FIRST);
   }
+  if (s->routing() == servesim::v1::ROUTING_POLICY_UNSPECIFIED) {
+    s->set_routing(servesim::v1::ROUTING_POLICY_ROUND_ROBIN);
+  }
+  const bool v1 = s->batching() == servesim::v1::BATCHING_POLICY_VLLM_V1;
+  if (!s->has_max_batch_size()) s->set_max_batch_size(256);
+  if (!s->has_max_tokens_per_iteration()) {
+    // vLLM v1 serving an API on a GPU under 70 GB: 2048 tokens per step.
+    const bool chunked = s->batching() == servesim::v1::BATCHING_POLICY_CHUNKED_PREFILL;
+    s->set_max_tokens_per_iteration(chunked ? 512 : v1 ? 2048 : 8192);
+  }
+  if (!s->has_kv_block_tokens()) s->set_kv_block_tokens(16);
+  if (!s->has_kv_watermark()) s->set_kv_watermark(v1 ? 0.0 : 0.01);
+  if (!s->has_prefix_caching()) s->set_prefix_caching(v1);
+  if (!s->has_num_kv_blocks()) s->set_num_kv_blocks(0);
+  if (!s->has_long_prefill_token_threshold()) s->set_long_prefill_token_threshold(0);
+  if (!s->has_step_overhead_s()) s->set_step_overhead_s(0);
+  // vLLM keeps CUDA graphs, the CUDA context, NCCL and cuBLAS workspaces
+  // besides weights, activations and KV: about 1 GiB on one GPU
+  // (docs/fidelity.md, "KV capacity").
+  if (!s->has_runtime_reserve_bytes()) s->set_runtime_reserve_bytes(v1 ? 1073741824.0 : 0.0);
 
-  auto* m = p.mutable_model();
-  RETURN_IF_ERROR(FillFromPreset(m, &devices::ModelPreset, *scenario, "model"));
-  if (!m->has_name()) m->set_name(m->preset().empty() ? "custom" : m->preset());
-  if (!m->has_num_kv_heads() && m->has_num_heads()) m->set_num_kv_heads(m->num_heads());
-  if (m->ff_kind() == servesim::v1::FF_KIND_UNSPECIFIED) m->set_ff_kind(servesim::v1::FF_KIND_GELU);
-  if (m->dtype() == servesim::v1::DTYPE_UNSPECIFIED) m->set_dtype(servesim::v1::DTYPE_FP16);
-  if (!m->has_tied_embeddings()) m->set_tied_embeddings(false);
-  if (!m->has_qk_norm()) m->set_qk_norm(false);
+  return absl::OkStatus();
+}
 
+// The cluster's presets and defaults (a colocated cluster, or one pool).
+absl::Status NormalizeCluster(LoadedScenario* scenario) {
+  auto& p = scenario->proto;
+  const auto* m = &p.model();
   auto* c = p.mutable_cluster();
   if (!c->has_replicas()) c->set_replicas(1);
   if (!c->has_tensor_parallel()) c->set_tensor_parallel(1);
@@ -189,32 +202,91 @@ absl::Status Normalize(LoadedScenario* scenario) {
     if (!link->has_energy_pj_per_byte()) link->set_energy_pj_per_byte(0);
   }
 
-  auto* s = p.mutable_scheduler();
-  if (s->batching() == servesim::v1::BATCHING_POLICY_UNSPECIFIED) {
-    s->set_batching(servesim::v1::BATCHING_POLICY_PREFILL_FIRST);
+  return absl::OkStatus();
+}
+
+// A disaggregated cluster: each pool is the scenario's cluster and
+// scheduler with the pool's fields merged over them, normalised as a
+// scenario of its own and written back in full; the top-level cluster then
+// holds the pools only.
+absl::Status NormalizePools(LoadedScenario* scenario) {
+  auto& p = scenario->proto;
+  servesim::v1::DisaggregationSpec d = p.cluster().disaggregation();
+  for (const bool prefill : {true, false}) {
+    const char* role = prefill ? "prefill" : "decode";
+    servesim::v1::PoolSpec* pool = prefill ? d.mutable_prefill() : d.mutable_decode();
+    const std::string path = absl::StrCat("cluster.disaggregation.", role);
+    if (pool->cluster().has_disaggregation()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(scenario->Where(absl::StrCat(path, ".cluster.disaggregation")), ": ", path,
+                       ".cluster.disaggregation is set: pools do not nest"));
+    }
+    LoadedScenario sub = *scenario;
+    sub.pool_path = path;
+    auto* c = sub.proto.mutable_cluster();
+    c->clear_disaggregation();
+    c->MergeFrom(pool->cluster());
+    sub.proto.mutable_scheduler()->MergeFrom(pool->scheduler());
+    // KV leaves a pool through its NICs.
+    if (c->internode().preset().empty() && !c->internode().has_bandwidth_bytes_per_s() &&
+        c->node().preset().empty() && c->node().nic().empty()) {
+      c->mutable_internode()->set_preset("infiniband-ndr");
+    }
+    RETURN_IF_ERROR(NormalizeCluster(&sub));
+    if (c->xpus_per_node() == 0) {
+      // The NIC is filled where nodes are named; a pool always has one.
+      RETURN_IF_ERROR(
+          FillFromPreset(c->mutable_internode(), &devices::LinkPreset, sub, "cluster.internode"));
+      if (!c->internode().has_latency_s()) c->mutable_internode()->set_latency_s(0);
+      if (!c->internode().has_energy_pj_per_byte()) {
+        c->mutable_internode()->set_energy_pj_per_byte(0);
+      }
+    }
+    RETURN_IF_ERROR(NormalizeScheduler(&sub));
+    *pool->mutable_cluster() = sub.proto.cluster();
+    *pool->mutable_scheduler() = sub.proto.scheduler();
   }
-  if (s->routing() == servesim::v1::ROUTING_POLICY_UNSPECIFIED) {
-    s->set_routing(servesim::v1::ROUTING_POLICY_ROUND_ROBIN);
+  if (d.kv_transfer() == servesim::v1::KV_TRANSFER_POLICY_UNSPECIFIED) {
+    d.set_kv_transfer(servesim::v1::KV_TRANSFER_POLICY_LAYERWISE);
   }
-  const bool v1 = s->batching() == servesim::v1::BATCHING_POLICY_VLLM_V1;
-  if (!s->has_max_batch_size()) s->set_max_batch_size(256);
-  if (!s->has_max_tokens_per_iteration()) {
-    // vLLM v1 serving an API on a GPU under 70 GB: 2048 tokens per step.
-    s->set_max_tokens_per_iteration(
-        s->batching() == servesim::v1::BATCHING_POLICY_CHUNKED_PREFILL ? 512
-        : v1                                                            ? 2048
-                                                                        : 8192);
+  auto* f = d.mutable_fabric();
+  if (!f->has_nodes_per_rack()) f->set_nodes_per_rack(0);
+  if (!f->has_oversubscription()) f->set_oversubscription(1.0);
+  if (!f->has_spine_latency_s()) f->set_spine_latency_s(1e-6);
+  p.mutable_cluster()->Clear();
+  *p.mutable_cluster()->mutable_disaggregation() = std::move(d);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status Normalize(LoadedScenario* scenario) {
+  auto& p = scenario->proto;
+  if (!p.has_seed()) p.set_seed(1);
+  if (p.name().empty()) {
+    // Untitled scenarios are named after their file, without folder and
+    // extension, so tables and summary.json always say what ran.
+    std::string stem = scenario->path.substr(scenario->path.find_last_of('/') + 1);
+    if (absl::EndsWith(stem, ".pbtxt")) stem.resize(stem.size() - 6);
+    p.set_name(stem);
   }
-  if (!s->has_kv_block_tokens()) s->set_kv_block_tokens(16);
-  if (!s->has_kv_watermark()) s->set_kv_watermark(v1 ? 0.0 : 0.01);
-  if (!s->has_prefix_caching()) s->set_prefix_caching(v1);
-  if (!s->has_num_kv_blocks()) s->set_num_kv_blocks(0);
-  if (!s->has_long_prefill_token_threshold()) s->set_long_prefill_token_threshold(0);
-  if (!s->has_step_overhead_s()) s->set_step_overhead_s(0);
-  // vLLM keeps CUDA graphs, the CUDA context, NCCL and cuBLAS workspaces
-  // besides weights, activations and KV: about 1 GiB on one GPU
-  // (docs/fidelity.md, "KV capacity").
-  if (!s->has_runtime_reserve_bytes()) s->set_runtime_reserve_bytes(v1 ? 1073741824.0 : 0.0);
+
+  auto* m = p.mutable_model();
+  RETURN_IF_ERROR(FillFromPreset(m, &devices::ModelPreset, *scenario, "model"));
+  if (!m->has_name()) m->set_name(m->preset().empty() ? "custom" : m->preset());
+  if (!m->has_num_kv_heads() && m->has_num_heads()) m->set_num_kv_heads(m->num_heads());
+  if (m->ff_kind() == servesim::v1::FF_KIND_UNSPECIFIED) m->set_ff_kind(servesim::v1::FF_KIND_GELU);
+  if (m->dtype() == servesim::v1::DTYPE_UNSPECIFIED) m->set_dtype(servesim::v1::DTYPE_FP16);
+  if (!m->has_tied_embeddings()) m->set_tied_embeddings(false);
+  if (!m->has_qk_norm()) m->set_qk_norm(false);
+
+  if (p.cluster().has_disaggregation()) {
+    RETURN_IF_ERROR(NormalizePools(scenario));
+  } else {
+    RETURN_IF_ERROR(NormalizeCluster(scenario));
+  }
+
+  RETURN_IF_ERROR(NormalizeScheduler(scenario));
 
   auto* slo = p.mutable_slo();
   if (!slo->has_ttft_s()) slo->set_ttft_s(5.0);

@@ -217,7 +217,77 @@ absl::Status ConnectAgents(const LoadedScenario& sc, ResolvedScenario* out) {
 
 }  // namespace
 
+absl::StatusOr<ResolvedScenario> ResolveDisaggregated(const LoadedScenario& sc) {
+  const auto& d = sc.proto.cluster().disaggregation();
+  {
+    Checker ck(sc);
+    const auto& f = d.fabric();
+    ck.Range<int32_t>("cluster.disaggregation.fabric.nodes_per_rack", f.nodes_per_rack(), 0, 65536);
+    ck.Range<double>("cluster.disaggregation.fabric.oversubscription", f.oversubscription(), 1, 64);
+    ck.Range<double>("cluster.disaggregation.fabric.spine_latency_s", f.spine_latency_s(), 0, 1);
+    RETURN_IF_ERROR(ck.status());
+  }
+  std::shared_ptr<ResolvedScenario> pools[2];
+  for (const bool prefill : {true, false}) {
+    const char* role = prefill ? "prefill" : "decode";
+    const servesim::v1::PoolSpec& pool = prefill ? d.prefill() : d.decode();
+    LoadedScenario sub = sc;
+    sub.pool_path = absl::StrCat("cluster.disaggregation.", role);
+    *sub.proto.mutable_cluster() = pool.cluster();
+    *sub.proto.mutable_scheduler() = pool.scheduler();
+    // A per-token latency target caps decode batches; prefill steps emit
+    // no tokens users wait on between two others.
+    if (prefill) sub.proto.mutable_slo()->clear_tbt_s();
+    absl::StatusOr<ResolvedScenario> r = Resolve(sub);
+    if (!r.ok()) {
+      // "file:line: cluster.x = v: ..." names the pool's field in full.
+      std::string msg(r.status().message());
+      size_t at = std::string::npos;
+      for (const char* head : {": cluster.", ": scheduler."}) {
+        at = std::min(at, msg.find(head));
+      }
+      // Otherwise the pool is named after the file's "path:line: ".
+      const size_t after_where =
+          absl::StartsWith(msg, sc.path) ? msg.find(": ", sc.path.size()) : std::string::npos;
+      if (at != std::string::npos && (after_where == std::string::npos || at == after_where)) {
+        msg.insert(at + 2, absl::StrCat(sub.pool_path, "."));
+      } else if (after_where != std::string::npos) {
+        msg.insert(after_where + 2, absl::StrCat("the ", role, " pool (", sub.pool_path, "): "));
+      } else {
+        msg = absl::StrCat("the ", role, " pool (", sub.pool_path, "): ", msg);
+      }
+      return absl::Status(r.status().code(), msg);
+    }
+    // Its KV leaves through the NICs: a link of no bandwidth would never
+    // deliver it.
+    const auto& nic = pool.cluster().internode();
+    if (!(nic.bandwidth_bytes_per_s() > 0)) {
+      const std::string field = absl::StrCat(sub.pool_path, ".cluster.internode");
+      return absl::InvalidArgumentError(
+          absl::StrCat(sub.Where("cluster.internode"), ": ", field,
+                       ".bandwidth_bytes_per_s = ", nic.bandwidth_bytes_per_s(),
+                       ": the KV transfer between the pools could never "
+                       "complete; expected > 0"));
+    }
+    pools[prefill ? 0 : 1] = std::make_shared<ResolvedScenario>(std::move(*r));
+  }
+  ResolvedScenario out = *pools[1];
+  out.proto = sc.proto;
+  out.replicas = pools[0]->replicas + pools[1]->replicas;
+  for (const std::string& f : pools[0]->fallbacks) {
+    out.fallbacks.push_back(absl::StrCat("prefill pool: ", f));
+  }
+  out.remote_devices.insert(out.remote_devices.end(), pools[0]->remote_devices.begin(),
+                            pools[0]->remote_devices.end());
+  out.prefill_pool = std::move(pools[0]);
+  out.decode_pool = std::move(pools[1]);
+  out.kv_layerwise = d.kv_transfer() != servesim::v1::KV_TRANSFER_POLICY_AFTER_PREFILL;
+  out.kv_bytes_per_token = static_cast<double>(out.model.KvBytesPerToken());
+  return out;
+}
+
 absl::StatusOr<ResolvedScenario> Resolve(const LoadedScenario& sc) {
+  if (sc.proto.cluster().has_disaggregation()) return ResolveDisaggregated(sc);
   const auto& p = sc.proto;
   Checker ck(sc);
   const auto& m = p.model();
@@ -818,6 +888,9 @@ absl::StatusOr<ResolvedScenario> Resolve(const LoadedScenario& sc) {
       break;
     case servesim::v1::ROUTING_POLICY_LEAST_KV_LOAD:
       out.routing = scheduler::RoutingPolicy::kLeastKvLoad;
+      break;
+    case servesim::v1::ROUTING_POLICY_PREFIX_AFFINITY:
+      out.routing = scheduler::RoutingPolicy::kPrefixAffinity;
       break;
     default:
       out.routing = scheduler::RoutingPolicy::kRoundRobin;

@@ -50,6 +50,10 @@ struct LoadedScenario {
   std::string base_dir;  // folder of `path`, for relative trace paths
   std::shared_ptr<google::protobuf::TextFormat::ParseInfoTree> locations;
   std::set<std::string> overridden;  // paths set by --set
+  // A disaggregated cluster's pool, normalised and resolved as a scenario
+  // of its own: "cluster.disaggregation.prefill" or "...decode"; Where()
+  // then names a cluster.* or scheduler.* field where the pool sets it.
+  std::string pool_path;
   // servesim run --agent KIND=HOST:PORT,...: endpoints by device kind; they
   // replace the scenario's xpu_endpoints / attention_endpoints for devices
   // of that kind. How to reach the agents (TLS, token, deadline).
@@ -141,6 +145,16 @@ struct ResolvedScenario {
   std::shared_ptr<devices::Device> attention_agent;
   // Every remote device of the run (owned above), for their call counts.
   std::vector<const agents::RemoteDevice*> remote_devices;
+
+  // Prefill/decode disaggregation (cluster.disaggregation;
+  // docs/disaggregation.md): each pool resolved as a scenario of its own,
+  // its cluster and scheduler the pool's. Null when colocated. The other
+  // fields then are the decode pool's, but `proto` (the whole scenario)
+  // and `replicas` (both pools': prefill replicas first).
+  std::shared_ptr<const ResolvedScenario> prefill_pool, decode_pool;
+  bool disaggregated() const { return decode_pool != nullptr; }
+  bool kv_layerwise = true;       // disaggregation.kv_transfer
+  double kv_bytes_per_token = 0;  // one copy of a token's KV, all layers
 };
 
 absl::StatusOr<ResolvedScenario> Resolve(const LoadedScenario& scenario);

@@ -64,6 +64,19 @@ uint64_t ReplicaScheduler::BlockKey(int32_t slot, int64_t b) const {
   return key == 0 ? 1 : key;  // 0 marks a private block
 }
 
+int64_t ReplicaScheduler::CachedPrefixBlocks(const RequestSpec& spec) const {
+  if (prefix_ == nullptr || spec.block_hashes == nullptr) return 0;
+  const int64_t max_blocks = std::min<int64_t>((spec.input_tokens - 1) / config_.kv_block_tokens,
+                                               static_cast<int64_t>(spec.block_hashes->size()));
+  std::vector<uint64_t> keys;
+  keys.reserve(static_cast<size_t>(std::max<int64_t>(max_blocks, 0)));
+  for (int64_t b = 0; b < max_blocks; ++b) {
+    const uint64_t key = (*spec.block_hashes)[static_cast<size_t>(b)];
+    keys.push_back(key == 0 ? 1 : key);  // as BlockKey names it
+  }
+  return prefix_->Lookup(keys, max_blocks).blocks;
+}
+
 PrefixCache::Match ReplicaScheduler::PrefixMatch(int32_t slot) {
   const RequestState& r = table_[slot];
   // Leave at least one token to compute (vLLM recomputes the last).
@@ -128,6 +141,7 @@ int32_t ReplicaScheduler::NewSlot(const RequestSpec& spec) {
   r.block_keys = std::move(keys);
   r.spec = spec;
   r.prompt_tokens = spec.input_tokens;
+  r.ready_tokens = spec.kv_ready_tokens;
   return slot;
 }
 
@@ -168,8 +182,9 @@ bool ReplicaScheduler::TryAdmit(int32_t slot, int64_t tokens_so_far) {
   PrefixCache::Match match;
   if (prefix_ != nullptr) match = PrefixMatch(slot);
   const int64_t cached = match.blocks * config_.kv_block_tokens;
+  const int64_t computed = ComputedAtAdmission(slot, cached);
   if (config_.policy == BatchingPolicy::kPrefillFirst && tokens_so_far > 0 &&
-      tokens_so_far + r.prompt_tokens - cached > config_.max_tokens_per_iteration) {
+      tokens_so_far + r.prompt_tokens - computed > config_.max_tokens_per_iteration) {
     batch_.bound = BatchBound::kTokenBudget;
     return false;
   }
@@ -187,6 +202,7 @@ bool ReplicaScheduler::TryAdmit(int32_t slot, int64_t tokens_so_far) {
   r.prefilled = 0;
   r.context_tokens = 0;
   if (prefix_ != nullptr) TakePrefix(slot, match);
+  r.prefilled = r.context_tokens = computed;
   Grow(slot, r.prompt_tokens);  // checked above
   r.running = true;
   running_.push_back(slot);
@@ -220,6 +236,7 @@ void ReplicaScheduler::Preempt(int32_t slot) {
   r.context_tokens = 0;
   // Recompute: the prompt now includes every token generated so far.
   r.prompt_tokens = r.spec.input_tokens + r.generated;
+  r.ready_tokens = 0;
   ++r.preemptions;
   ++total_preemptions_;
   queued_blocks_ += BlocksFor(r.prompt_tokens);
@@ -374,7 +391,7 @@ void ReplicaScheduler::ScheduleVllmV1() {
     RequestState& r = table_[slot];
     PrefixCache::Match match;
     if (prefix_ != nullptr) match = PrefixMatch(slot);
-    const int64_t cached = match.blocks * config_.kv_block_tokens;
+    const int64_t cached = ComputedAtAdmission(slot, match.blocks * config_.kv_block_tokens);
     int64_t n = r.prompt_tokens - cached;
     if (threshold > 0) n = std::min(n, threshold);
     n = std::min(n, budget);
@@ -391,6 +408,7 @@ void ReplicaScheduler::ScheduleVllmV1() {
     r.prefilled = 0;
     r.context_tokens = 0;
     if (prefix_ != nullptr) TakePrefix(slot, match);
+    r.prefilled = r.context_tokens = cached;
     Grow(slot, cached + n);  // checked above
     r.running = true;
     running_.push_back(slot);

@@ -46,11 +46,16 @@
 //    request first takes the cached blocks its prompt's leading block hashes
 //    name (leaving at least one token to compute), then computes the rest;
 //    every block that fills is cached.
+//  - A request whose KV arrives with it (RequestSpec::kv_ready_tokens)
+//    needs blocks for its whole prompt at admission, as any other, but
+//    computes only the rest (at least its last prompt token); preempted, it
+//    recomputes everything.
 //  - Requests whose prompt + output exceed max_context_tokens, or whose full
 //    KV could never fit (capacity minus watermark), are rejected at Add().
 #ifndef SERVESIM_SCHEDULER_BATCHING_H_
 #define SERVESIM_SCHEDULER_BATCHING_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -140,6 +145,9 @@ struct RequestState {
   std::vector<uint64_t> block_keys;
   int64_t hashed_blocks = 0;  // leading blocks already cached or tried
   int32_t preemptions = 0;
+  // Prompt tokens whose KV came with the request (RequestSpec::
+  // kv_ready_tokens); 0 once preempted (the KV is gone).
+  int64_t ready_tokens = 0;
   double first_token_s = -1;
   double last_token_s = -1;
   double finish_s = -1;
@@ -194,6 +202,11 @@ class ReplicaScheduler {
   const RequestState& state(int32_t slot) const { return table_[slot]; }
   const BatchingConfig& config() const { return config_; }
 
+  // With prefix caching: how many of `spec`'s leading prompt blocks (as
+  // the trace names them) the cache holds now, leaving the last token to
+  // compute as admission does; 0 without caching.
+  int64_t CachedPrefixBlocks(const RequestSpec& spec) const;
+
   // Blocks needed to hold `tokens` KV positions.
   int64_t BlocksFor(int64_t tokens) const {
     return (tokens + config_.kv_block_tokens - 1) / config_.kv_block_tokens;
@@ -219,6 +232,12 @@ class ReplicaScheduler {
   PrefixCache::Match PrefixMatch(int32_t slot);
   // Takes `match`'s cached blocks for `slot` and counts them in the stats.
   void TakePrefix(int32_t slot, const PrefixCache::Match& match);
+  // Prompt tokens admission finds computed: `cached` by the prefix cache,
+  // or more when the request brought its KV (less the last token).
+  int64_t ComputedAtAdmission(int32_t slot, int64_t cached) const {
+    const RequestState& r = table_[slot];
+    return std::max(cached, std::min(r.ready_tokens, r.prompt_tokens - 1));
+  }
   // Ensures `slot` holds blocks for `tokens` KV positions, allocating fresh
   // ones; false (nothing changed) when the pool cannot.
   bool Grow(int32_t slot, int64_t tokens);

@@ -18,6 +18,11 @@ struct RequestSpec {
   // Chained hashes of the prompt's full KV blocks (workload/prefix.h), for
   // prefix caching; null when the trace says nothing of the content.
   std::shared_ptr<const std::vector<uint64_t>> block_hashes;
+  // Leading prompt tokens whose KV arrives with the request, computed
+  // elsewhere (a disaggregated cluster's prefill pool): admission takes
+  // them as computed, but for the last prompt token, which the first step
+  // computes again to yield the first output token (vLLM's KV connectors).
+  int64_t kv_ready_tokens = 0;
 };
 
 }  // namespace servesim::scheduler

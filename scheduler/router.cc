@@ -28,6 +28,16 @@ int Router::Route(absl::Span<const ReplicaLoad> loads) {
       }
       return best;
     }
+    case RoutingPolicy::kPrefixAffinity: {
+      auto ahead = [](const ReplicaLoad& l) {
+        return l.kv_blocks_queued + l.prompt_blocks - l.prefix_hit_blocks;
+      };
+      int best = 0;
+      for (int i = 1; i < n; ++i) {
+        if (ahead(loads[i]) < ahead(loads[best])) best = i;
+      }
+      return best;
+    }
   }
   return 0;
 }

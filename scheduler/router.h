@@ -8,6 +8,11 @@
 //    count).
 //  - kLeastKvLoad: lowest (KV blocks held + blocks its queued prompts need)
 //    / capacity.
+//  - kPrefixAffinity: least prefill work ahead of the request, in blocks:
+//    kv_blocks_queued + prompt_blocks - prefix_hit_blocks (the request's
+//    leading blocks the replica's prefix cache holds, filled by the caller
+//    per request). Without hits it is the least queued prefill; a multi-
+//    turn conversation's next turn finds its history where it was served.
 #ifndef SERVESIM_SCHEDULER_ROUTER_H_
 #define SERVESIM_SCHEDULER_ROUTER_H_
 
@@ -17,13 +22,17 @@
 
 namespace servesim::scheduler {
 
-enum class RoutingPolicy { kRoundRobin, kLeastOutstanding, kLeastKvLoad };
+enum class RoutingPolicy { kRoundRobin, kLeastOutstanding, kLeastKvLoad, kPrefixAffinity };
 
 struct ReplicaLoad {
   int64_t outstanding = 0;
   int64_t kv_blocks_used = 0;
   int64_t kv_blocks_queued = 0;
   int64_t kv_blocks_capacity = 1;
+  // kPrefixAffinity, per request: the prompt's blocks, and how many of its
+  // leading ones the replica holds cached.
+  int64_t prompt_blocks = 0;
+  int64_t prefix_hit_blocks = 0;
 };
 
 class Router {
@@ -31,6 +40,7 @@ class Router {
   explicit Router(RoutingPolicy policy) : policy_(policy) {}
   // Index of the replica for the next request; loads must be non-empty.
   int Route(absl::Span<const ReplicaLoad> loads);
+  RoutingPolicy policy() const { return policy_; }
 
  private:
   RoutingPolicy policy_;

@@ -44,6 +44,14 @@ LiveMetrics::LiveMetrics(const LiveMetricsConfig& c)
   auto& prefix_query = BuildCounter().Name("servesim_prefix_cache_query_tokens_total")
                            .Help("Prompt tokens of requests admitted with prefix caching on")
                            .Register(r);
+  auto& kv_bytes = BuildCounter()
+                       .Name("servesim_kv_transfer_bytes_total")
+                       .Help("KV bytes a decode replica received from the prefill pool")
+                       .Register(r);
+  auto& kv_transfer = BuildHistogram()
+                          .Name("servesim_kv_transfer_seconds")
+                          .Help("Prefill end to the whole KV at the decode replica")
+                          .Register(r);
   auto& tokens = BuildCounter().Name("servesim_tokens_generated_total")
                      .Help("Output tokens generated").Register(r);
   auto& iterations = BuildCounter().Name("servesim_iterations_total")
@@ -99,6 +107,8 @@ LiveMetrics::LiveMetrics(const LiveMetricsConfig& c)
     x.preempted = &preempted.Add(l);
     x.prefix_hit = &prefix_hit.Add(l);
     x.prefix_query = &prefix_query.Add(l);
+    x.kv_bytes = &kv_bytes.Add(l);
+    x.kv_transfer = &kv_transfer.Add(l, TbtBuckets());
     x.tokens = &tokens.Add(l);
     x.iterations = &iterations.Add(l);
     x.queue = &queue.Add(l);
@@ -151,6 +161,11 @@ void LiveMetrics::OnReject(int replica, scheduler::RejectReason why) {
   (why == scheduler::RejectReason::kTooLong ? replicas_[replica].rejected_too_long
                                             : replicas_[replica].rejected_kv)
       ->Increment();
+}
+
+void LiveMetrics::OnKvTransfer(int replica, double bytes, double exposed_s) {
+  replicas_[replica].kv_bytes->Increment(bytes);
+  replicas_[replica].kv_transfer->Observe(exposed_s);
 }
 
 void LiveMetrics::OnIteration(const metrics::LiveIteration& it) {

@@ -43,6 +43,7 @@ class LiveMetrics : public metrics::LiveSink {
   void OnFinish(int replica, double e2e_s) override;
   void OnReject(int replica, scheduler::RejectReason why) override;
   void OnIteration(const metrics::LiveIteration& it) override;
+  void OnKvTransfer(int replica, double bytes, double exposed_s) override;
   void OnClock(double simulated_s, double wall_s) override;
   void OnDone(double simulated_s, double wall_s) override;
 
@@ -55,6 +56,8 @@ class LiveMetrics : public metrics::LiveSink {
     prometheus::Counter *xpu_busy, *dev_busy, *xpu_energy, *dev_energy;
     prometheus::Counter *xpu_dram, *xpu_link, *dev_dram, *dev_bg, *dev_tsv, *dev_ext;
     prometheus::Counter *prefix_hit, *prefix_query;
+    prometheus::Counter *kv_bytes;
+    prometheus::Histogram *kv_transfer;
     int64_t preemptions_seen = 0, prefix_hit_seen = 0, prefix_query_seen = 0;
   };
   std::shared_ptr<prometheus::Registry> registry_;

@@ -76,6 +76,23 @@ int ValidateCommand(const Args& args) {
         m.num_heads, m.kv_lora_rank, m.rope_head_dim, m.KvBytesPerToken(),
         devices::DTypeName(m.kv_dtype));
   }
+  if (sc->disaggregated()) {
+    // Each pool's plan; the lines above are the decode pool's.
+    for (const auto* pool : {sc->prefill_pool.get(), sc->decode_pool.get()}) {
+      const auto& c = pool->proto.cluster();
+      std::cout << absl::StrFormat(
+          "# %s pool: %d replica(s) of %d x %s; memory plan per xPU: weights %s, activations "
+          "%s, KV %s; KV capacity per replica %d tokens; NIC %s per xPU\n",
+          pool == sc->prefill_pool.get() ? "prefill" : "decode", pool->replicas,
+          pool->tensor_parallel * pool->ranks(), c.xpu().preset(),
+          FormatGb(pool->weight_bytes_per_xpu), FormatGb(pool->activation_bytes_per_xpu),
+          FormatGb(pool->kv.usable_bytes_per_xpu), pool->kv.tokens * pool->ranks(),
+          FormatGb(c.internode().bandwidth_bytes_per_s()) + "/s");
+    }
+    std::cout << absl::StrFormat("# KV hand-off: %d bytes per prompt token, %s\n",
+                                 static_cast<int64_t>(sc->kv_bytes_per_token),
+                                 sc->kv_layerwise ? "layer by layer" : "after the prefill");
+  }
   std::cout << absl::StrFormat(
       "# memory plan per xPU: weights %s, activations %s, KV %s\n"
       "# KV capacity per replica: %s%d blocks x %d tokens = %d tokens\n"

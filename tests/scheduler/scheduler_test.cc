@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <memory>
 #include <vector>
 
 #include "devices/model.h"
@@ -324,6 +325,50 @@ TEST(RouterTest, LeastKvLoadComparesFractions) {
   EXPECT_EQ(r.Route(loads), 1);
   loads[1].kv_blocks_queued = 20;  // 60%: tie goes to 0
   EXPECT_EQ(r.Route(loads), 0);
+}
+
+TEST(RouterTest, PrefixAffinityWeighsCachedBlocksAgainstQueuedWork) {
+  Router r(RoutingPolicy::kPrefixAffinity);
+  std::vector<ReplicaLoad> loads(3);
+  for (auto& l : loads) l.prompt_blocks = 64;
+  // Replica 1 holds 48 of the prompt's 64 blocks but has 40 queued:
+  // 40 + 16 = 56 ahead, against 10 + 64 = 74 and 0 + 64 = 64.
+  loads[0].kv_blocks_queued = 10;
+  loads[1].kv_blocks_queued = 40, loads[1].prefix_hit_blocks = 48;
+  EXPECT_EQ(r.Route(loads), 1);
+  // With 50 queued it is 66 ahead: the idle replica wins.
+  loads[1].kv_blocks_queued = 50;
+  EXPECT_EQ(r.Route(loads), 2);
+  // No hits anywhere: the least queued; a tie goes to the lowest index.
+  loads[1].prefix_hit_blocks = 0, loads[2].kv_blocks_queued = 10;
+  EXPECT_EQ(r.Route(loads), 0);
+}
+
+TEST(ReplicaSchedulerTest, CachedPrefixBlocksCountsTheLeadingCachedBlocks) {
+  BatchingConfig c;
+  c.policy = BatchingPolicy::kVllmV1;
+  c.kv_block_tokens = 16;
+  c.kv_capacity_blocks = 100;
+  c.kv_watermark = 0;
+  c.max_context_tokens = 1 << 20;
+  c.prefix_caching = true;
+  ReplicaScheduler s(c);
+  auto hashes = [](std::vector<uint64_t> h) {
+    return std::make_shared<const std::vector<uint64_t>>(std::move(h));
+  };
+  RequestSpec a{0, 0.0, 64, 1, hashes({11, 12, 13, 14})};
+  s.Add(a, 0, nullptr);
+  s.Schedule(0);
+  s.Complete(1, nullptr);  // its 4 full blocks are cached (and now free)
+  // Shares the first two blocks; the third differs.
+  RequestSpec b{1, 1.0, 80, 1, hashes({11, 12, 99, 14, 15})};
+  EXPECT_EQ(s.CachedPrefixBlocks(b), 2);
+  // A 64-token prompt with a's blocks: the last token is left to compute,
+  // so 3 blocks at most (as admission takes them).
+  RequestSpec same{2, 1.0, 64, 1, hashes({11, 12, 13, 14})};
+  EXPECT_EQ(s.CachedPrefixBlocks(same), 3);
+  RequestSpec none{3, 1.0, 64, 1, nullptr};
+  EXPECT_EQ(s.CachedPrefixBlocks(none), 0);
 }
 
 // -------------------------------------------------------------- planner --

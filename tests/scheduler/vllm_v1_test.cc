@@ -77,6 +77,46 @@ TEST(VllmV1SchedulerTest, OneTokenBudgetRunningFirstThenWaiting) {
   EXPECT_EQ(s.kv().used(), 10 + 3);  // ceil(151 / 16) + ceil(41 / 16)
 }
 
+// A request whose prompt's KV arrives with it (a disaggregated cluster's
+// decode side) holds blocks for the whole prompt but computes only its last
+// token, which yields the first output token, whatever the token budget.
+TEST(VllmV1SchedulerTest, KvThatArrivesWithTheRequestIsNotComputedAgain) {
+  ReplicaScheduler s(V1Config(1000, 100));
+  RequestSpec r = Req(0, 150, 3);
+  r.kv_ready_tokens = 150;
+  s.Add(r, 0, nullptr);
+  const Batch& b1 = s.Schedule(0);
+  EXPECT_EQ(Entries(b1), (std::vector<E>{{0, 1, 149, true, true}}));
+  EXPECT_EQ(b1.prefill_tokens, 1);
+  EXPECT_EQ(s.kv().used(), 10);  // ceil(150 / 16)
+  s.Complete(1, nullptr);
+  EXPECT_EQ(Entries(s.Schedule(1)), (std::vector<E>{{0, 1, 150, false, true}}));
+}
+
+// Preempted, such a request has lost its KV: it recomputes its prompt and
+// the tokens it generated, from the first.
+TEST(VllmV1SchedulerTest, APreemptedRequestRecomputesTheKvItWasGiven) {
+  ReplicaScheduler s(V1Config(20, 1000));
+  RequestSpec a = Req(0, 160, 3), b = Req(1, 150, 3);
+  a.kv_ready_tokens = 160;
+  b.kv_ready_tokens = 150;
+  s.Add(a, 0, nullptr);
+  s.Add(b, 0, nullptr);
+  EXPECT_EQ(Entries(s.Schedule(0)),
+            (std::vector<E>{{0, 1, 159, true, true}, {1, 1, 149, true, true}}));
+  EXPECT_EQ(s.kv().used(), 20);
+  s.Complete(1, nullptr);
+  // A's 161st token needs an 11th block: B, the newest, is preempted.
+  const Batch& b2 = s.Schedule(1);
+  EXPECT_EQ(Entries(b2), (std::vector<E>{{0, 1, 160, false, true}}));
+  EXPECT_EQ(b2.bound, BatchBound::kCapacity);
+  s.Complete(2, nullptr);
+  EXPECT_EQ(Entries(s.Schedule(2)), (std::vector<E>{{0, 1, 161, false, true}}));
+  s.Complete(3, nullptr);  // A's third and last token
+  // B: its 150 prompt tokens and the one it generated, computed again.
+  EXPECT_EQ(Entries(s.Schedule(3)), (std::vector<E>{{1, 151, 0, true, true}}));
+}
+
 // vLLM's long_prefill_token_threshold caps each prompt's chunk.
 TEST(VllmV1SchedulerTest, LongPrefillThresholdCapsEachChunk) {
   BatchingConfig c = V1Config(1000, 100);

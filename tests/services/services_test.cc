@@ -138,9 +138,13 @@ TEST(LiveMetricsTest, CountsWhatTheSimulationReports) {
   it.prefix_hit_tokens_total = 48;
   it.prefix_query_tokens_total = 180;
   m.OnIteration(it);
+  m.OnKvTransfer(1, 3.2e8, 0.004);  // a disaggregated run's hand-off
   m.OnClock(120, 0.5);
   const std::string text = m.Render();
   for (const char* line : {
+           "servesim_kv_transfer_bytes_total{replica=\"1\"} 320000000\n",
+           "servesim_kv_transfer_seconds_count{replica=\"1\"} 1\n",
+           "servesim_kv_transfer_seconds_bucket{replica=\"1\",le=\"0.005\"} 1\n",
            "servesim_requests_arrived_total{replica=\"1\"} 2\n",
            "servesim_requests_arrived_total{replica=\"0\"} 0\n",
            "servesim_requests_finished_total{replica=\"1\"} 1\n",
@@ -161,8 +165,10 @@ TEST(LiveMetricsTest, CountsWhatTheSimulationReports) {
            "servesim_ttft_seconds_count{replica=\"1\"} 1\n",
            "servesim_e2e_seconds_sum{replica=\"1\"} 2.5\n",
            "servesim_device_busy_seconds_total{device=\"xpu\",kind=\"gpu\",replica=\"1\"} 0.06\n",
-           "servesim_device_busy_seconds_total{device=\"attacc\",kind=\"attacc\",replica=\"1\"} 0.04\n",
-           "servesim_device_bytes_total{device=\"attacc\",kind=\"attacc\",level=\"tsv\",replica=\"1\"} 8192\n",
+           "servesim_device_busy_seconds_total{device=\"attacc\",kind=\"attacc\",replica=\"1\"} "
+           "0.04\n",
+           "servesim_device_bytes_total{device=\"attacc\",kind=\"attacc\",level=\"tsv\",replica="
+           "\"1\"} 8192\n",
            "servesim_energy_joules_total{device=\"xpu\",kind=\"gpu\",replica=\"1\"} 10\n",
            "servesim_simulated_seconds 120\n",
            "servesim_realtime_factor 240\n",
