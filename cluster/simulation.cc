@@ -606,12 +606,48 @@ class Engine {
       if (role_ == Role::kPrefill) {
         Prefill(msg->request, now);
       } else {
-        PickRank().scheduler.Add(msg->request, now, &counting_);
+        Rank& rank = PickRank();
+        if (!RejectedLate(rank, msg->request, now)) {
+          rank.scheduler.Add(msg->request, now, &counting_);
+        }
       }
     }
     done_ += finished_ - before;
     sh_->messages.Delete(msg);
     UpdateLoad();
+  }
+
+  // SLO-aware early rejection (scheduler.admission REJECT_LATE;
+  // docs/disaggregation.md, "Early rejection"): refuses `spec`, reported as
+  // kLate, when the time it has waited plus the prefill of every prompt
+  // token queued on `rank` before it and of its own uncached tokens, in
+  // steps of the token budget with nothing else in them, exceeds the TTFT
+  // SLO. That is a lower bound on its TTFT (to within a step's attention
+  // among the prompts that share it): only sure misses are refused.
+  bool RejectedLate(Rank& rank, const scheduler::RequestSpec& spec, double now) {
+    if (!pool_->reject_late) return false;
+    const int64_t tokens = rank.scheduler.PrefillTokensAhead(spec);
+    const int64_t budget = std::max<int64_t>(1, pool_->batching.max_tokens_per_iteration);
+    double t = now - spec.arrival_s;
+    auto chunk = [&](int64_t n) -> double {
+      auto it = chunk_s_.find(n);
+      if (it != chunk_s_.end()) return it->second;
+      // The step alone: a data-parallel group's MoE layers see its tokens
+      // only (the setting is restored).
+      const int64_t group = rank.planner.group_tokens();
+      if (pool_->data_parallel > 1) rank.planner.SetGroupTokens(n);
+      absl::StatusOr<scheduler::IterationCost> c =
+          rank.planner.Plan(scheduler::UniformBatch(1, n, 0));
+      rank.planner.SetGroupTokens(group);
+      const double s = (c.ok() ? c->time_s : 0.0) + pool_->step_overhead_s;
+      chunk_s_.emplace(n, s);
+      return s;
+    };
+    t += static_cast<double>(tokens / budget) * chunk(budget);
+    if (tokens % budget > 0) t += chunk(tokens % budget);
+    if (!(t > pool_->ttft_slo_s)) return false;
+    counting_.OnReject(spec, scheduler::RejectReason::kLate, now);
+    return true;
   }
 
   // ---- disaggregation (docs/disaggregation.md) ----
@@ -627,6 +663,7 @@ class Engine {
     scheduler::RequestSpec p = spec;
     p.output_tokens = 1;
     Rank& rank = PickRank();
+    if (RejectedLate(rank, spec, now)) return;
     if (rank.scheduler.Add(p, now, &counting_) == scheduler::RejectReason::kNone) {
       specs_.emplace(spec.id, Handoff{spec, -1, 0});
     }
@@ -865,6 +902,7 @@ class Engine {
   int64_t done_ = 0;
   int64_t batch_cap_ = 0;
   absl::flat_hash_map<int64_t, int64_t> slo_caps_;
+  absl::flat_hash_map<int64_t, double> chunk_s_;  // a lone prefill step's time, by tokens
   scheduler::IterationCost cost_;  // the current iteration's
   std::vector<scheduler::PipelineStep> steps_;  // its in-flight batches' stages
 };

@@ -45,9 +45,9 @@ class MetricsCollector::ReplicaObserver : public scheduler::RequestObserver {
                 double now_s) override {
     RequestRecord& rec = m_->Live(r.id);
     rec.replica = replica_;
-    rec.status = why == scheduler::RejectReason::kTooLong
-                     ? RequestStatus::kRejectedTooLong
-                     : RequestStatus::kRejectedKv;
+    rec.status = why == scheduler::RejectReason::kTooLong ? RequestStatus::kRejectedTooLong
+                 : why == scheduler::RejectReason::kLate  ? RequestStatus::kRejectedLate
+                                                          : RequestStatus::kRejectedKv;
     m_->NoteEvent(now_s);
     m_->RetireFinished(false);
   }
@@ -115,6 +115,10 @@ void MetricsCollector::Fold(const RequestRecord& r) {
     case RequestStatus::kRejectedKv:
       ++req_.rejected;
       ++req_.rejected_kv_capacity;
+      return;
+    case RequestStatus::kRejectedLate:
+      ++req_.rejected;
+      ++req_.rejected_late;
       return;
     case RequestStatus::kPending:
       return;
@@ -238,6 +242,7 @@ Summary ComputeSummary(const MetricsCollector& metrics) {
   s.rejected = rq.rejected;
   s.rejected_too_long = rq.rejected_too_long;
   s.rejected_kv_capacity = rq.rejected_kv_capacity;
+  s.rejected_late = rq.rejected_late;
   s.preemptions = rq.preemptions;
   s.input_tokens = rq.input_tokens;
   s.output_tokens = rq.output_tokens;

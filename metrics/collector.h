@@ -149,7 +149,7 @@ class MetricsCollector {
   // Streaming results (final after Finish).
   struct RequestTotals {
     int64_t requests = 0, completed = 0, rejected = 0;
-    int64_t rejected_too_long = 0, rejected_kv_capacity = 0;
+    int64_t rejected_too_long = 0, rejected_kv_capacity = 0, rejected_late = 0;
     int64_t preemptions = 0, input_tokens = 0, output_tokens = 0, slo_met = 0;
   };
   struct IterationTotals {
@@ -210,7 +210,7 @@ class MetricsCollector {
 
 struct Summary {
   int64_t requests = 0, completed = 0, rejected = 0;
-  int64_t rejected_too_long = 0, rejected_kv_capacity = 0;
+  int64_t rejected_too_long = 0, rejected_kv_capacity = 0, rejected_late = 0;
   int64_t preemptions = 0, iterations = 0;
   int64_t input_tokens = 0, output_tokens = 0;
   double makespan_s = 0;

@@ -13,7 +13,13 @@
 
 namespace servesim::metrics {
 
-enum class RequestStatus : uint8_t { kPending, kDone, kRejectedTooLong, kRejectedKv };
+enum class RequestStatus : uint8_t {
+  kPending,
+  kDone,
+  kRejectedTooLong,
+  kRejectedKv,
+  kRejectedLate
+};
 
 struct RequestRecord {
   int64_t id = 0;

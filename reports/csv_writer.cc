@@ -21,6 +21,8 @@ const char* StatusName(RequestStatus s) {
     case RequestStatus::kDone: return "done";
     case RequestStatus::kRejectedTooLong: return "rejected_too_long";
     case RequestStatus::kRejectedKv: return "rejected_kv_capacity";
+    case RequestStatus::kRejectedLate:
+      return "rejected_late";
     case RequestStatus::kPending: return "pending";
   }
   return "unknown";

@@ -83,6 +83,9 @@ std::string SummaryJson(const ResolvedScenario& sc, const Workload& wl,
   kv("requests_rejected", absl::StrCat(s.rejected));
   kv("requests_rejected_too_long", absl::StrCat(s.rejected_too_long));
   kv("requests_rejected_kv_capacity", absl::StrCat(s.rejected_kv_capacity));
+  if (sc.reject_late || (sc.disaggregated() && sc.prefill_pool->reject_late)) {
+    kv("requests_rejected_late", absl::StrCat(s.rejected_late));
+  }
   kv("trace_rows_skipped_failed", absl::StrCat(wl.skipped_failed));
   kv("trace_rows_outside_window", absl::StrCat(wl.outside_window));
   kv("preemptions", absl::StrCat(s.preemptions));
@@ -228,9 +231,13 @@ std::string FormatSummaryTable(const ResolvedScenario& sc, const Workload& wl,
                           sc.tensor_parallel, sc.kv.tokens);
   }
   absl::StrAppendFormat(&t, "  workload   %s\n\n", wl.description);
-  absl::StrAppendFormat(&t, "  requests   %d arrived, %d done, %d rejected (%d too long, %d over KV capacity), %d preemptions\n",
-                        s.requests, s.completed, s.rejected, s.rejected_too_long,
-                        s.rejected_kv_capacity, s.preemptions);
+  absl::StrAppendFormat(
+      &t,
+      "  requests   %d arrived, %d done, %d rejected (%d too long, %d over KV capacity%s), %d "
+      "preemptions\n",
+      s.requests, s.completed, s.rejected, s.rejected_too_long, s.rejected_kv_capacity,
+      s.rejected_late > 0 ? absl::StrCat(", ", s.rejected_late, " late for the TTFT SLO") : "",
+      s.preemptions);
   absl::StrAppendFormat(&t, "  throughput %.1f tokens/s, %.3f requests/s over %.1f s\n",
                         s.throughput_tokens_per_s, s.throughput_requests_per_s,
                         s.makespan_s);

@@ -60,6 +60,9 @@ absl::Status NormalizeScheduler(LoadedScenario* scenario) {
   // besides weights, activations and KV: about 1 GiB on one GPU
   // (docs/fidelity.md, "KV capacity").
   if (!s->has_runtime_reserve_bytes()) s->set_runtime_reserve_bytes(v1 ? 1073741824.0 : 0.0);
+  if (s->admission() == servesim::v1::ADMISSION_POLICY_UNSPECIFIED) {
+    s->set_admission(servesim::v1::ADMISSION_POLICY_ACCEPT_ALL);
+  }
 
   return absl::OkStatus();
 }

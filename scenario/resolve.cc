@@ -874,6 +874,7 @@ absl::StatusOr<ResolvedScenario> Resolve(const LoadedScenario& sc) {
                             ? scheduler::BatchingPolicy::kVllmV1
                             : scheduler::BatchingPolicy::kPrefillFirst;
   out.batching.prefix_caching = s.prefix_caching();
+  out.reject_late = s.admission() == servesim::v1::ADMISSION_POLICY_REJECT_LATE;
   out.batching.long_prefill_token_threshold = s.long_prefill_token_threshold();
   out.step_overhead_s = s.step_overhead_s();
   out.batching.max_batch_size = s.max_batch_size();

@@ -118,6 +118,9 @@ struct ResolvedScenario {
   double ttft_slo_s = 0;
   double tpot_slo_s = 0;
   double tbt_slo_s = 0;  // 0: no SLO-limited batching
+  // scheduler.admission REJECT_LATE: refuse at arrival a request whose
+  // predicted TTFT exceeds ttft_slo_s.
+  bool reject_late = false;
   uint64_t seed = 1;
   // Heterogeneous replicas (cluster.attacc set): the device spec, and the
   // planner settings (device pointers are filled per replica at run time).

@@ -4,6 +4,8 @@
 #include <cassert>
 #include <cmath>
 
+#include "absl/container/flat_hash_set.h"
+
 namespace servesim::scheduler {
 
 const char* BatchBoundName(BatchBound b) {
@@ -418,6 +420,36 @@ void ReplicaScheduler::ScheduleVllmV1() {
     batch_.emitting += emits ? 1 : 0;
     budget -= n;
   }
+}
+
+int64_t ReplicaScheduler::PrefillTokensAhead(const RequestSpec& spec) const {
+  int64_t n = 0;
+  for (int32_t slot : running_) n += table_[slot].prompt_tokens - table_[slot].prefilled;
+  // Blocks the prompts ahead will have cached by the time a later one is
+  // admitted.
+  absl::flat_hash_set<uint64_t> ahead;
+  auto waiting = [&](const RequestSpec& r, int64_t prompt_tokens) {
+    int64_t taken = 0;
+    if (prefix_ != nullptr && r.block_hashes != nullptr) {
+      const int64_t hashed = std::min<int64_t>((prompt_tokens - 1) / config_.kv_block_tokens,
+                                               static_cast<int64_t>(r.block_hashes->size()));
+      bool leading = true;  // admission takes the leading run of hits only
+      for (int64_t b = 0; b < hashed; ++b) {
+        uint64_t key = (*r.block_hashes)[static_cast<size_t>(b)];
+        key = key == 0 ? 1 : key;
+        leading = leading && (ahead.contains(key) || prefix_->Contains(key));
+        if (leading) ++taken;
+        ahead.insert(key);
+      }
+    }
+    return prompt_tokens - taken * config_.kv_block_tokens;
+  };
+  for (int32_t slot : waiting_) {
+    const RequestState& r = table_[slot];
+    n += waiting(r.spec, r.prompt_tokens - std::min(r.ready_tokens, r.prompt_tokens - 1));
+  }
+  return n +
+         waiting(spec, spec.input_tokens - std::min(spec.kv_ready_tokens, spec.input_tokens - 1));
 }
 
 int64_t ReplicaScheduler::MeanContextTokens() const {

@@ -98,7 +98,9 @@ enum class BatchBound : uint8_t {
 };
 const char* BatchBoundName(BatchBound b);
 
-enum class RejectReason { kNone, kTooLong, kExceedsKvCapacity };
+// kLate: refused at arrival, its TTFT predicted past the SLO (the engine's
+// early rejection; the scheduler never rejects for it).
+enum class RejectReason { kNone, kTooLong, kExceedsKvCapacity, kLate };
 
 // One request's share of an iteration.
 struct BatchEntry {
@@ -199,6 +201,12 @@ class ReplicaScheduler {
   // Mean KV length the next decode step would see: over running requests
   // (cached tokens + 1), else over waiting prompts; 0 when idle.
   int64_t MeanContextTokens() const;
+  // A lower bound on the prompt tokens this replica computes before an
+  // arriving `spec` yields its first token (SLO-aware early rejection):
+  // what admitted prompts have left, plus each waiting prompt and `spec`
+  // less its leading blocks that are cached now or that a prompt ahead of
+  // it will have computed (prefix caching; the trace's block hashes).
+  int64_t PrefillTokensAhead(const RequestSpec& spec) const;
   const RequestState& state(int32_t slot) const { return table_[slot]; }
   const BatchingConfig& config() const { return config_; }
 

@@ -131,6 +131,7 @@ class IterationPlanner {
   // iteration, which every rank's MoE layers process (0, the default: this
   // rank's tokens times data_parallel, as if every rank were as busy).
   void SetGroupTokens(int64_t tokens) { group_tokens_ = tokens; }
+  int64_t group_tokens() const { return group_tokens_; }
   // A rank with no batch while others step (MoE models with
   // data_parallel > 1): it runs the MoE layers for the group's tokens
   // (vLLM's dummy batch; the rank's own part is nothing).

@@ -60,6 +60,7 @@ class PrefixCache {
   // evictable (freed in the pool's count), at the LRU tail.
   void Release(uint64_t hash);
 
+  bool Contains(uint64_t hash) const { return entries_.contains(hash); }
   int64_t cached_blocks() const { return static_cast<int64_t>(entries_.size()); }
   int64_t evictable_blocks() const { return static_cast<int64_t>(lru_.size()); }
   int64_t evictions() const { return evictions_; }

@@ -104,6 +104,7 @@ LiveMetrics::LiveMetrics(const LiveMetricsConfig& c)
     x.finished = &finished.Add(l);
     x.rejected_too_long = &rejected.Add(with(l, "reason", "too_long"));
     x.rejected_kv = &rejected.Add(with(l, "reason", "kv_capacity"));
+    x.rejected_late = &rejected.Add(with(l, "reason", "late"));
     x.preempted = &preempted.Add(l);
     x.prefix_hit = &prefix_hit.Add(l);
     x.prefix_query = &prefix_query.Add(l);
@@ -158,8 +159,10 @@ void LiveMetrics::OnFinish(int replica, double e2e_s) {
 }
 
 void LiveMetrics::OnReject(int replica, scheduler::RejectReason why) {
-  (why == scheduler::RejectReason::kTooLong ? replicas_[replica].rejected_too_long
-                                            : replicas_[replica].rejected_kv)
+  Replica& x = replicas_[replica];
+  (why == scheduler::RejectReason::kTooLong ? x.rejected_too_long
+   : why == scheduler::RejectReason::kLate  ? x.rejected_late
+                                            : x.rejected_kv)
       ->Increment();
 }
 

@@ -49,8 +49,8 @@ class LiveMetrics : public metrics::LiveSink {
 
  private:
   struct Replica {
-    prometheus::Counter *arrived, *finished, *rejected_too_long, *rejected_kv, *preempted,
-        *tokens, *iterations;
+    prometheus::Counter *arrived, *finished, *rejected_too_long, *rejected_kv, *rejected_late,
+        *preempted, *tokens, *iterations;
     prometheus::Gauge *queue, *batch, *kv_used, *kv_total;
     prometheus::Histogram *ttft, *tbt, *e2e;
     prometheus::Counter *xpu_busy, *dev_busy, *xpu_energy, *dev_energy;

@@ -183,15 +183,19 @@ int SearchCommand(const Args& args) {
       // Requests rejected as too long for the context or for the whole KV
       // cache count as misses at any rate and any replica count: they
       // bound the attainment every probe can reach.
-      double requests = 0, rejected = 0;
+      // (Early rejections for the TTFT SLO depend on the load: not them.)
+      double requests = 0, rejected = 0, late = 0;
+      if (figures.count("requests_rejected_late") > 0) {
+        absl::SimpleAtod(figures["requests_rejected_late"], &late);
+      }
       if (absl::SimpleAtod(figures["requests"], &requests) && requests > 0 &&
           absl::SimpleAtod(figures["requests_rejected"], &rejected) &&
-          (requests - rejected) / requests < o.attainment &&
+          (rejected -= late, (requests - rejected) / requests < o.attainment) &&
           ++bounded_probes >= (fixed_requests ? 1 : 2) && unreachable.empty()) {
         unreachable = absl::StrFormat(
             "the SLO cannot be met: %s of %s requests are rejected (too long for the context or "
             "the KV cache) at %s %s, so slo_attainment <= %.4g < --attainment %g",
-            figures["requests_rejected"], figures["requests"],
+            absl::StrFormat("%.0f", rejected), figures["requests"],
             fixed_requests ? "every" : "this and an earlier",
             o.vary_rate ? "rate" : "replica count", (requests - rejected) / requests, o.attainment);
       }

@@ -214,6 +214,49 @@ scheduler { batching: BATCHING_POLICY_VLLM_V1 routing: )",
   EXPECT_EQ(hit_tokens("ROUTING_POLICY_PREFIX_AFFINITY"), 27 * 2048);
 }
 
+// SLO-aware early rejection: 16 prompts of 2000 tokens at once on one
+// replica, TTFT SLO 0.4 s. The prediction (the prefill of every prompt
+// queued ahead, in lone token-budget steps) grows with the queue, so the
+// first few are kept and the rest refused; each refused one misses the SLO
+// when everything is queued (the prediction is a lower bound).
+TEST(EarlyRejectionTest, RefusesOnlyRequestsSureToMissTheTtftSlo) {
+  const std::string dir = FreshDir("late");
+  auto run = [&](const std::string& admission) {
+    WriteFile(dir + "/s.pbtxt", absl::StrCat(R"(
+model { preset: "llama3.1-8b" }
+cluster { xpu { preset: "a100-80gb" } }
+workload { saturated { num_requests: 16 input_tokens: 2000 output_tokens: 4 } }
+scheduler { batching: BATCHING_POLICY_VLLM_V1 admission: )",
+                                             admission, R"( }
+slo { ttft_s: 0.4 tpot_s: 1 }
+)"));
+    const auto r = RunServesim({"run", dir + "/s.pbtxt", "--out", dir + "/" + admission});
+    EXPECT_EQ(r.code, 0) << r.out;
+    return Requests(dir + "/" + admission);
+  };
+  const auto all = run("ADMISSION_POLICY_ACCEPT_ALL");
+  const auto late = run("ADMISSION_POLICY_REJECT_LATE");
+  ASSERT_EQ(all.size(), 16u);
+  ASSERT_EQ(late.size(), 16u);
+  int kept = 0;
+  for (const auto& row : late) {
+    if (row.at("status") == "done") {
+      EXPECT_EQ(std::stoi(row.at("id")), kept) << "kept requests come first";
+      ++kept;
+    } else {
+      EXPECT_EQ(row.at("status"), "rejected_late");
+      const auto& queued = all[static_cast<size_t>(std::stoi(row.at("id")))];
+      EXPECT_GT(Num(queued, "ttft_s"), 0.4) << "refused but would have met the SLO";
+    }
+  }
+  EXPECT_GE(kept, 1);
+  EXPECT_LT(kept, 16);
+  const std::string summary = ReadFile(dir + "/ADMISSION_POLICY_REJECT_LATE/summary.json");
+  EXPECT_TRUE(
+      absl::StrContains(summary, absl::StrCat("\"requests_rejected_late\": ", 16 - kept, ",")))
+      << summary;
+}
+
 // Loads `text` with `servesim validate`; its output.
 test_util::CommandResult Validate(const std::string& text) {
   const std::string dir = FreshDir("disagg_bad");

@@ -93,6 +93,39 @@ TEST(VllmV1SchedulerTest, KvThatArrivesWithTheRequestIsNotComputedAgain) {
   EXPECT_EQ(Entries(s.Schedule(1)), (std::vector<E>{{0, 1, 150, false, true}}));
 }
 
+// The prompt tokens still to compute, admitted or waiting (early
+// rejection's queue): a partly prefilled prompt counts its remainder.
+TEST(VllmV1SchedulerTest, PrefillTokensAheadCountsWhatIsLeftToCompute) {
+  ReplicaScheduler s(V1Config(1000, 100));
+  s.Add(Req(0, 150, 3), 0, nullptr);
+  s.Add(Req(1, 40, 2), 0, nullptr);
+  EXPECT_EQ(s.PrefillTokensAhead(Req(2, 30, 1)), 150 + 40 + 30);
+  s.Schedule(0);  // 100 of A's 150
+  s.Complete(1, nullptr);
+  EXPECT_EQ(s.PrefillTokensAhead(Req(2, 30, 1)), 50 + 40 + 30);
+  s.Schedule(1);  // A's last 50 and B's 40
+  s.Complete(2, nullptr);
+  EXPECT_EQ(s.PrefillTokensAhead(Req(2, 30, 1)), 30);
+}
+
+// With prefix caching, blocks that are cached, or that a prompt ahead will
+// have computed, are not counted again: a lower bound.
+TEST(VllmV1SchedulerTest, PrefillTokensAheadDiscountsSharedPrefixes) {
+  BatchingConfig c = V1Config(1000, 100);
+  c.prefix_caching = true;
+  ReplicaScheduler s(c);
+  s.Add(Req(0, 64, 1, {1, 2, 3, 4}), 0, nullptr);
+  s.Schedule(0);
+  s.Complete(1, nullptr);                             // blocks 1..4 cached
+  s.Add(Req(1, 80, 1, {1, 2, 7, 8, 9}), 1, nullptr);  // 2 cached blocks: 48 to compute
+  // Shares 1, 2 (cached) and 7 (B computes it) but not 5: 80 - 3 x 16.
+  EXPECT_EQ(s.PrefillTokensAhead(Req(2, 80, 1, {1, 2, 7, 5, 9})), 48 + 32);
+  // A prompt with KV of its own computes only its last token.
+  RequestSpec d = Req(3, 80, 1);
+  d.kv_ready_tokens = 80;
+  EXPECT_EQ(s.PrefillTokensAhead(d), 48 + 1);
+}
+
 // Preempted, such a request has lost its KV: it recomputes its prompt and
 // the tokens it generated, from the first.
 TEST(VllmV1SchedulerTest, APreemptedRequestRecomputesTheKvItWasGiven) {
