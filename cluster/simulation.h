@@ -20,6 +20,16 @@
 //    arrived, asks its ReplicaScheduler for a batch, costs it with the
 //    IterationPlanner on its Device, sleeps for the iteration's time, then
 //    applies it. Idle engines block on their mailbox.
+// A disaggregated cluster (cluster.disaggregation; docs/disaggregation.md)
+// numbers the prefill pool's replicas first. The router sends arrivals to
+// them; a prefill engine hands each prompt's KV to a decode engine as
+// SimGrid flows from its host over `r<i>.nic` (the replica's NICs as one
+// link), the `rack<k>.uplink`s between racks and the decode replica's
+// NIC, and ends with a count to every decode engine. A decode engine's
+// mailbox has its own receiver actor (`engine<i>.kv`), which stamps each
+// message as it lands, so a transfer ends when the network says, not when
+// the engine's step does. Prefill engines run every step as a SimGrid
+// sleep; decode engines run ahead only until the next hand-off can land.
 // Collectives inside a replica are costed by the device model per layer
 // (hundreds per iteration) rather than sent as SimGrid messages: at ~100k
 // messages per wall second, per-layer messages would make an hour-long
