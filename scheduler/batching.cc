@@ -51,6 +51,10 @@ uint64_t Mix(uint64_t x) {
   return x ^ (x >> 31);
 }
 
+// A block's name in the prefix cache: its hash, 0 excepted (0 marks a
+// private block).
+uint64_t CacheKey(uint64_t hash) { return hash == 0 ? 1 : hash; }
+
 }  // namespace
 
 uint64_t ReplicaScheduler::BlockKey(int32_t slot, int64_t b) const {
@@ -63,7 +67,7 @@ uint64_t ReplicaScheduler::BlockKey(int32_t slot, int64_t b) const {
     // which only this request, re-prefilling after a preemption, can find.
     key = Mix(Mix(static_cast<uint64_t>(r.spec.id) ^ 0x6f7c0ffeeULL) ^ static_cast<uint64_t>(b));
   }
-  return key == 0 ? 1 : key;  // 0 marks a private block
+  return CacheKey(key);
 }
 
 int64_t ReplicaScheduler::CachedPrefixBlocks(const RequestSpec& spec) const {
@@ -73,8 +77,7 @@ int64_t ReplicaScheduler::CachedPrefixBlocks(const RequestSpec& spec) const {
   std::vector<uint64_t> keys;
   keys.reserve(static_cast<size_t>(std::max<int64_t>(max_blocks, 0)));
   for (int64_t b = 0; b < max_blocks; ++b) {
-    const uint64_t key = (*spec.block_hashes)[static_cast<size_t>(b)];
-    keys.push_back(key == 0 ? 1 : key);  // as BlockKey names it
+    keys.push_back(CacheKey((*spec.block_hashes)[static_cast<size_t>(b)]));
   }
   return prefix_->Lookup(keys, max_blocks).blocks;
 }
@@ -435,8 +438,7 @@ int64_t ReplicaScheduler::PrefillTokensAhead(const RequestSpec& spec) const {
                                                static_cast<int64_t>(r.block_hashes->size()));
       bool leading = true;  // admission takes the leading run of hits only
       for (int64_t b = 0; b < hashed; ++b) {
-        uint64_t key = (*r.block_hashes)[static_cast<size_t>(b)];
-        key = key == 0 ? 1 : key;
+        const uint64_t key = CacheKey((*r.block_hashes)[static_cast<size_t>(b)]);
         leading = leading && (ahead.contains(key) || prefix_->Contains(key));
         if (leading) ++taken;
         ahead.insert(key);
