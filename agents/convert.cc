@@ -482,6 +482,8 @@ void EncodeDescription(const devices::DeviceDescription& d, v1::DescribeResponse
   for (OpKind k : d.accepts) o->add_accepts(EncodeOpKind(k));
   o->set_memory_bytes(d.memory_bytes);
   o->set_lookahead_ok(d.lookahead_ok);
+  o->set_static_power_w(d.static_power_w);
+  o->set_static_in_op_energy(d.static_in_op_energy);
 }
 
 absl::StatusOr<devices::DeviceDescription> DecodeDescription(const v1::DescribeResponse& o) {
@@ -498,6 +500,12 @@ absl::StatusOr<devices::DeviceDescription> DecodeDescription(const v1::DescribeR
   }
   d.memory_bytes = o.memory_bytes();
   d.lookahead_ok = o.lookahead_ok();
+  if (!(o.static_power_w() >= 0 && o.static_power_w() <= 1e7)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "describe: static_power_w = ", o.static_power_w(), "; expected in [0, 1e7] W"));
+  }
+  d.static_power_w = o.static_power_w();
+  d.static_in_op_energy = o.static_in_op_energy();
   return d;
 }
 

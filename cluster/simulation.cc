@@ -264,6 +264,17 @@ class Engine {
     for (int64_t i = 0; i < pool->ranks(); ++i) {
       ranks_.push_back(std::make_unique<Rank>(pool->batching, pool->model, pc));
     }
+    // Static power (docs/energy.md): the xPUs' idle power, the host's
+    // share, and the attention device's (the scenario's figure, else the
+    // device model's).
+    xpu_static_w_ = pool->xpu_idle_power_w * static_cast<double>(pool->xpus_per_replica());
+    host_w_ = pool->host_power_w;
+    if (attention_ != nullptr) {
+      const devices::DeviceDescription d = attention_->Describe();
+      device_static_w_ =
+          pool->attention_static_w >= 0 ? pool->attention_static_w : d.static_power_w;
+      device_static_in_ops_ = d.static_in_op_energy;
+    }
     // A decode replica hears the end of every prefill replica's stream.
     ends_needed_ = role == Role::kDecode ? sh->prefill_replicas : 1;
     if (role == Role::kPrefill) {
@@ -504,15 +515,21 @@ class Engine {
       cost_.xpu_busy_s = xpu_busy_s;
       cost_.device_busy_s = device_busy_s;
     }
+    if (pool_->xpu_power_cap_w > 0) ApplyPowerCap(&cost_);
     const scheduler::IterationCost* cost = &cost_;
     // The engine's host time per step that does not overlap the xPUs.
     const double duration = cost->time_s + pool_->step_overhead_s;
+    device_busy_total_s_ += cost->device_busy_s;
     it.duration_s = duration;
-    it.energy_j = cost->total.energy_pj() * 1e-12;
+    // The xPUs' active power over their busy time (cluster.xpu.active_power_w).
+    const double active_j = pool_->xpu_active_power_w *
+                            static_cast<double>(pool_->xpus_per_replica()) * cost->xpu_busy_s;
+    it.energy_j = cost->total.energy_pj() * 1e-12 + active_j;
     it.xpu_busy_s = cost->xpu_busy_s;
     it.device_busy_s = cost->device_busy_s;
+    it.static_w = xpu_static_w_ + device_static_w_ + host_w_;
     sh_->metrics->AddIteration(it);
-    sh_->metrics->AddEnergy(cost->total, cost->device_total);
+    sh_->metrics->AddEnergy(cost->total, cost->device_total, active_j);
     RETURN_IF_ERROR(SampleTimeline(*lead, it));
     if (role_ == Role::kPrefill && sh_->sc->kv_layerwise) {
       for (const auto& r : ranks_) {
@@ -535,6 +552,10 @@ class Engine {
       }
       li.xpu_busy_s = cost->xpu_busy_s;
       li.device_busy_s = cost->device_busy_s;
+      li.xpu_static_w = xpu_static_w_;
+      li.xpu_active_j = active_j;
+      li.device_static_w = device_static_w_;
+      li.host_w = host_w_;
       li.device = cost->device_total;
       li.xpu = cost->total;
       for (double devices::Cost::*f :
@@ -549,6 +570,36 @@ class Engine {
     return duration;
   }
 
+  // The xPU power cap (cluster.power.xpu_cap_w, docs/energy.md). Over
+  // their busy time the xPUs draw their idle and active power plus their
+  // ops' energy / busy time on average; above the cap the clocks drop until
+  // the average equals it: the busy time stretches to E / (n x (cap - idle
+  // - active)), the ops' energy unchanged, and the iteration by as much.
+  void ApplyPowerCap(scheduler::IterationCost* c) {
+    const double n = static_cast<double>(pool_->xpus_per_replica());
+    const double e_j = (c->total.energy_pj() - c->device_total.energy_pj()) * 1e-12;
+    if (!(c->xpu_busy_s > 0) || !(e_j > 0)) return;
+    const double need_s =
+        e_j / (n * (pool_->xpu_power_cap_w - pool_->xpu_idle_power_w - pool_->xpu_active_power_w));
+    if (!(need_s > c->xpu_busy_s)) return;
+    const double stretch = need_s - c->xpu_busy_s;
+    c->xpu_busy_s = need_s;
+    c->time_s += stretch;
+    c->total.time_s += stretch;
+    ++capped_iterations_;
+  }
+
+ public:
+  // Charges the replica's static power over the run's `span_s` (the
+  // attention device's only while idle when its ops already charge it).
+  void ChargeStatic(double span_s) const {
+    const double device_s =
+        device_static_in_ops_ ? std::max(0.0, span_s - device_busy_total_s_) : span_s;
+    sh_->metrics->AddStaticEnergy(xpu_static_w_ * span_s, device_static_w_ * device_s,
+                                  host_w_ * span_s, capped_iterations_);
+  }
+
+ private:
   // Forwards to the metrics observer and counts finishes.
   class Counting : public scheduler::RequestObserver {
    public:
@@ -857,6 +908,7 @@ class Engine {
     t.batch_size = it.batch_size;
     t.prefill_tokens = it.prefill_tokens;
     t.decode_tokens = it.decode_tokens;
+    t.power_w = it.duration_s > 0 ? it.static_w + it.energy_j / it.duration_s : it.static_w;
     RETURN_IF_ERROR(rank.planner.Plan(*rank.batch, &t.spans).status());
     sh_->metrics->AddTimeline(std::move(t));
     return absl::OkStatus();
@@ -896,6 +948,12 @@ class Engine {
   Counting counting_{this};
   int64_t iteration_index_ = 0;
   int64_t timeline_samples_ = 0;
+  // Power: static figures (W), the attention device's busy time so far,
+  // and the iterations the xPU cap slowed.
+  double xpu_static_w_ = 0, host_w_ = 0, device_static_w_ = 0;
+  bool device_static_in_ops_ = false;
+  double device_busy_total_s_ = 0;
+  int64_t capped_iterations_ = 0;
   int64_t expected_ = 0;                // requests sent here, summed from the end messages
   int64_t ends_ = 0, ends_needed_ = 1;  // end messages received, expected
   int64_t finished_ = 0;   // finished or rejected
@@ -1162,6 +1220,7 @@ absl::StatusOr<RunResult> RunSimulation(const ResolvedScenario& sc,
       [&sh] { return sh.prefill_replicas > 0 ? sh.HandoffFloor() : sh.ArrivalFloor(); });
   engine.run();
   result.metrics->SetArrivalFloor(nullptr);
+  for (const auto& e : engines) e->ChargeStatic(result.metrics->last_event_s());
   result.metrics->SetLinkLoads(std::move(sh.links));
   result.metrics->Finish();
   if (!sh.error.ok()) {

@@ -43,6 +43,13 @@ struct DeviceDescription {
   // statistics of what they were asked, or run a functional kernel per op
   // (FULL fidelity), say false.
   bool lookahead_ok = false;
+  // Power the device draws whenever it is powered (leakage, memory
+  // background and refresh; an idle GPU's board power), W for the whole
+  // device: the simulation charges it over the run (docs/energy.md).
+  // `static_in_op_energy`: Estimate's energy already charges it for each
+  // op's time, so only the device's idle time is added.
+  double static_power_w = 0;
+  bool static_in_op_energy = false;
 };
 
 struct AttentionCall {

@@ -19,6 +19,7 @@ DeviceDescription PooledDevice::Describe() const {
   d.parameters.insert(d.parameters.begin() + 1,
                       {"memory_bytes_per_unit", memory_bytes_per_unit_});
   d.memory_bytes = memory_bytes_per_unit_ * units_;
+  d.static_power_w *= units_;
   return d;
 }
 

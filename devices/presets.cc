@@ -263,6 +263,15 @@ constexpr absl::string_view kModelPresets[][2] = {
 //          750 W.
 //  A100 has no FP8 (peak_flops_fp8 0). TDPs: A100 SXM 400 W [A100], H100
 //  SXM 700 W [H100].
+//  idle_power_w: board power with a model resident and no kernel running
+//  (a CUDA context held; what a serving engine's GPUs draw between
+//  requests), measured by Vadari, "The Model Parking Tax", arXiv:2605.23918
+//  (2026): H100 80GB HBM3 121.7 W (bare idle 71.8 W), A100 80GB 80.0 W
+//  (53.7 W), L40S 102.1 W (35.6 W); memory occupancy adds < 0.02 W/GB.
+//  ASSUMPTIONS: a100-40gb and AttAcc's a100-hbm3 take the A100 figure and
+//  h200-sxm-141gb the H100's (the same dies). No measured figure found for
+//  H100 PCIe, B200, RTX 4090, RTX PRO 6000 or MI300X: 0, not counted (set
+//  cluster.xpu.idle_power_w to count it).
 //  interconnect: the boards' own GPU-to-GPU links (the same datasheets): SXM
 //  parts NVLink 3/4/5; H100 PCIe, L40S, RTX 4090 and RTX PRO 6000 Server
 //  PCIe 5.0 / 4.0 x16 (no NVLink: all-reduces go over PCIe; the RTX 4090 has
@@ -302,50 +311,50 @@ constexpr absl::string_view kXpuCommon =
 constexpr absl::string_view kXpuPresets[][2] = {
     {"a100-40gb",  // [A100]
      R"pb(peak_flops_fp16: 312e12 peak_flops_int8: 624e12 peak_flops_fp8: 0
-          memory_bytes: 42949672960 memory_bw_bytes_per_s: 1555e9 tdp_w: 400 profile_name: "A100"
+          memory_bytes: 42949672960 memory_bw_bytes_per_s: 1555e9 tdp_w: 400 idle_power_w: 80 profile_name: "A100"
           interconnect: "nvlink3")pb"},
     {"a100-80gb",  // [A100]
      R"pb(peak_flops_fp16: 312e12 peak_flops_int8: 624e12 peak_flops_fp8: 0
-          memory_bytes: 85899345920 memory_bw_bytes_per_s: 2039e9 tdp_w: 400 profile_name: "A100"
+          memory_bytes: 85899345920 memory_bw_bytes_per_s: 2039e9 tdp_w: 400 idle_power_w: 80 profile_name: "A100"
           interconnect: "nvlink3")pb"},
     {"a100-hbm3",  // [ATTACC]
      R"pb(peak_flops_fp16: 312e12 peak_flops_int8: 624e12 peak_flops_fp8: 0
-          memory_bytes: 85899345920 memory_bw_bytes_per_s: 3.35e12 tdp_w: 400
+          memory_bytes: 85899345920 memory_bw_bytes_per_s: 3.35e12 tdp_w: 400 idle_power_w: 80
           interconnect: "nvlink3")pb"},
     {"h100-sxm-80gb",  // [H100], GEMM caps [GEMM-MEASURED]
      R"pb(peak_flops_fp16: 989.4e12 peak_flops_int8: 1979e12 peak_flops_fp8: 1979e12
-          memory_bytes: 85899345920 memory_bw_bytes_per_s: 3.35e12 tdp_w: 700 profile_name: "H100"
+          memory_bytes: 85899345920 memory_bw_bytes_per_s: 3.35e12 tdp_w: 700 idle_power_w: 121.7 profile_name: "H100"
           roofline { op_class: "gemm" compute_utilization: 0.741 memory_utilization: 0.821 kernel_overhead_s: 3.67e-6 }
           interconnect: "nvlink4")pb"},
     {"h100-pcie-80gb",  // [H100P]
      R"pb(peak_flops_fp16: 756e12 peak_flops_int8: 1513e12 peak_flops_fp8: 1513e12
-          memory_bytes: 85899345920 memory_bw_bytes_per_s: 2.0e12 tdp_w: 350 profile_name: "H100PCIe"
+          memory_bytes: 85899345920 memory_bw_bytes_per_s: 2.0e12 tdp_w: 350 idle_power_w: 0 profile_name: "H100PCIe"
           interconnect: "pcie5")pb"},
     {"h200-sxm-141gb",  // [H200]
      R"pb(peak_flops_fp16: 989.4e12 peak_flops_int8: 1979e12 peak_flops_fp8: 1979e12
-          memory_bytes: 151397597184 memory_bw_bytes_per_s: 4.8e12 tdp_w: 700 profile_name: "H200"
+          memory_bytes: 151397597184 memory_bw_bytes_per_s: 4.8e12 tdp_w: 700 idle_power_w: 121.7 profile_name: "H200"
           interconnect: "nvlink4")pb"},
     {"b200-180gb",  // [B200]
      R"pb(peak_flops_fp16: 2.25e15 peak_flops_int8: 4.5e15 peak_flops_fp8: 4.5e15
-          memory_bytes: 193273528320 memory_bw_bytes_per_s: 8e12 tdp_w: 1000 profile_name: "B200"
+          memory_bytes: 193273528320 memory_bw_bytes_per_s: 8e12 tdp_w: 1000 idle_power_w: 0 profile_name: "B200"
           interconnect: "nvlink5")pb"},
     {"l40s",  // [L40S]
      R"pb(peak_flops_fp16: 362.05e12 peak_flops_int8: 733e12 peak_flops_fp8: 733e12
-          memory_bytes: 51539607552 memory_bw_bytes_per_s: 864e9 tdp_w: 350 profile_name: "L40S"
+          memory_bytes: 51539607552 memory_bw_bytes_per_s: 864e9 tdp_w: 350 idle_power_w: 102.1 profile_name: "L40S"
           interconnect: "pcie4")pb"},
     {"rtx-4090",  // [ADA], GEMM caps [GEMM-MEASURED]
      R"pb(peak_flops_fp16: 165.2e12 peak_flops_int8: 660.6e12 peak_flops_fp8: 330.3e12
-          memory_bytes: 25769803776 memory_bw_bytes_per_s: 1008e9 tdp_w: 450 profile_name: "RTX4090"
+          memory_bytes: 25769803776 memory_bw_bytes_per_s: 1008e9 tdp_w: 450 idle_power_w: 0 profile_name: "RTX4090"
           roofline { op_class: "gemm" compute_utilization: 0.946 memory_utilization: 0.928 kernel_overhead_s: 7.89e-6 }
           interconnect: "pcie4")pb"},
     {"rtx-pro-6000",  // [RTX6K], GEMM caps [GEMM-MEASURED]
      R"pb(peak_flops_fp16: 500e12 peak_flops_int8: 1000e12 peak_flops_fp8: 1000e12
-          memory_bytes: 103079215104 memory_bw_bytes_per_s: 1597e9 tdp_w: 600 profile_name: "RTXPRO6000"
+          memory_bytes: 103079215104 memory_bw_bytes_per_s: 1597e9 tdp_w: 600 idle_power_w: 0 profile_name: "RTXPRO6000"
           roofline { op_class: "gemm" compute_utilization: 0.723 memory_utilization: 0.957 kernel_overhead_s: 9.07e-6 }
           interconnect: "pcie5")pb"},
     {"mi300x",  // [MI300X]
      R"pb(peak_flops_fp16: 1307.4e12 peak_flops_int8: 2614.9e12 peak_flops_fp8: 2614.9e12
-          memory_bytes: 206158430208 memory_bw_bytes_per_s: 5.3e12 tdp_w: 750 profile_name: "MI300X"
+          memory_bytes: 206158430208 memory_bw_bytes_per_s: 5.3e12 tdp_w: 750 idle_power_w: 0 profile_name: "MI300X"
           interconnect: "xgmi-mi300x")pb"},
 };
 

@@ -218,6 +218,9 @@ void MetricsCollector::FoldIteration(const IterationRecord& it) {
   iter_.kv_weighted += util * it.duration_s;
   iter_.busy_s += it.duration_s;
   iter_.energy_j += it.energy_j;
+  if (it.duration_s > 0) {
+    iter_.power_peak_w = std::max(iter_.power_peak_w, it.static_w + it.energy_j / it.duration_s);
+  }
   if (options_.time_series) series_.Add(it);
   if (options_.sink != nullptr) options_.sink->OnIteration(it);
 }
@@ -269,7 +272,14 @@ Summary ComputeSummary(const MetricsCollector& metrics) {
                              ? static_cast<double>(it.kv_blocks_max) /
                                    static_cast<double>(o.kv_capacity_blocks)
                              : 0;
-  s.energy_j = it.energy_j + metrics.transfer_energy_j();
+  // Dynamic energy: the iterations' ops and the KV moved between pools;
+  // static: what the replicas draw over the run (docs/energy.md).
+  s.energy_dynamic_j = it.energy_j + metrics.transfer_energy_j();
+  s.energy_static_j = metrics.energy().static_total();
+  s.energy_j = s.energy_dynamic_j + s.energy_static_j;
+  s.energy_parts = metrics.energy();
+  s.power_peak_replica_w = it.power_peak_w;
+  s.power_capped_iterations = metrics.power_capped_iterations();
   if (s.iterations > 0) s.batch_size_mean = it.batch_sum / static_cast<double>(s.iterations);
   s.prefix_hit_tokens = metrics.prefix_hit_tokens();
   s.prefix_query_tokens = metrics.prefix_query_tokens();
@@ -296,6 +306,9 @@ Summary ComputeSummary(const MetricsCollector& metrics) {
   if (s.output_tokens > 0) {
     s.energy_per_token_j = s.energy_j / static_cast<double>(s.output_tokens);
   }
+  if (s.completed > 0) s.energy_per_request_j = s.energy_j / static_cast<double>(s.completed);
+  if (s.slo_met > 0) s.energy_per_good_request_j = s.energy_j / static_cast<double>(s.slo_met);
+  if (s.makespan_s > 0) s.power_mean_w = s.energy_j / s.makespan_s;
   return s;
 }
 

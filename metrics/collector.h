@@ -89,8 +89,9 @@ class MetricsCollector {
 
   void AddTimeline(TimelineIteration it) { timeline_.push_back(std::move(it)); }
   // `total`: the iteration's whole cost; `device`: the attention device's
-  // part of it.
-  void AddEnergy(const devices::Cost& total, const devices::Cost& device) {
+  // part of it; `xpu_active_j`: the xPUs' active power over their busy time.
+  void AddEnergy(const devices::Cost& total, const devices::Cost& device, double xpu_active_j) {
+    energy_.xpu_active += xpu_active_j;
     energy_.device_compute += device.compute_energy_pj * 1e-12;
     energy_.device_memory += device.dram_energy_pj * 1e-12;
     energy_.xpu_compute += (total.compute_energy_pj - device.compute_energy_pj) * 1e-12;
@@ -118,6 +119,16 @@ class MetricsCollector {
     energy_.links += j;
   }
   double transfer_energy_j() const { return transfer_energy_j_; }
+  // A replica's static energy over the run, J (its xPUs' idle power, its
+  // attention device's static power, its host share), and the iterations
+  // the xPU power cap slowed; added once per replica as the run ends.
+  void AddStaticEnergy(double xpu_j, double device_j, double host_j, int64_t capped) {
+    energy_.xpu_idle += xpu_j;
+    energy_.device_static += device_j;
+    energy_.host += host_j;
+    power_capped_ += capped;
+  }
+  int64_t power_capped_iterations() const { return power_capped_; }
   int64_t handoffs() const { return handoffs_; }
   double kv_bytes() const { return kv_bytes_; }
   // The platform's links and their traffic, set at the end of the run.
@@ -156,6 +167,8 @@ class MetricsCollector {
     int64_t iterations = 0, batch_size_max = 0, kv_blocks_max = 0;
     int64_t bound_iterations[5] = {0, 0, 0, 0, 0};
     double batch_sum = 0, busy_s = 0, kv_weighted = 0, energy_j = 0;
+    // The most a replica drew over one iteration (static + dynamic), W.
+    double power_peak_w = 0;
   };
   const RequestTotals& request_totals() const { return req_; }
   const IterationTotals& iteration_totals() const { return iter_; }
@@ -203,6 +216,7 @@ class MetricsCollector {
   int64_t prefix_hit_tokens_ = 0, prefix_query_tokens_ = 0;
   int64_t handoffs_ = 0;
   double kv_bytes_ = 0, transfer_energy_j_ = 0;
+  int64_t power_capped_ = 0;
   std::vector<LinkLoad> links_;
   QuantileAccumulator ttft_prefill_, ttft_transfer_, ttft_decode_;
   double ttft_transfer_sum_ = 0, ttft_handed_off_sum_ = 0;
@@ -222,7 +236,17 @@ struct Summary {
   double batch_size_mean = 0;
   int64_t batch_size_max = 0;
   double kv_utilization_mean = 0, kv_utilization_max = 0;
+  // Energy: static (the replicas' idle and background power over the run)
+  // plus dynamic (the ops' and the KV transfers'); by part; per output
+  // token, per completed request and per request that met the SLO. Mean
+  // power over the makespan; the most one replica drew over an iteration;
+  // iterations the xPU power cap slowed (docs/energy.md).
   double energy_j = 0, energy_per_token_j = 0;
+  double energy_static_j = 0, energy_dynamic_j = 0;
+  EnergyParts energy_parts;
+  double energy_per_request_j = 0, energy_per_good_request_j = 0;
+  double power_mean_w = 0, power_peak_replica_w = 0;
+  int64_t power_capped_iterations = 0;
   // Iterations by what limited admission (BatchBound order).
   int64_t bound_iterations[5] = {0, 0, 0, 0, 0};
   // The attention device, when there is one: its busy time and memory

@@ -30,6 +30,9 @@ struct LiveIteration {
   // attention device, and what each moved and spent, whole iteration.
   double xpu_busy_s = 0, device_busy_s = 0;
   devices::Cost xpu, device;  // device: zero without an attention device
+  // Static power of the replica's xPUs, attention device and host share, W.
+  double xpu_static_w = 0, device_static_w = 0, host_w = 0;
+  double xpu_active_j = 0;  // the xPUs' active power over their busy time, J
 };
 
 class LiveSink {

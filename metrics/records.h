@@ -51,11 +51,20 @@ struct IterationRecord {
   int64_t batch_cap = 0;  // SLO cap in force (0: none)
   int64_t waiting = 0;    // requests still waiting after scheduling
   double xpu_busy_s = 0, device_busy_s = 0;  // for report.html's utilisation
+  double static_w = 0;  // the replica's static power (docs/energy.md); not in the CSV
 };
 
 // Energy of the whole run by where it went, joules.
 struct EnergyParts {
   double xpu_compute = 0, xpu_memory = 0, device_compute = 0, device_memory = 0, links = 0;
+  double xpu_active = 0;  // cluster.xpu.active_power_w over the xPUs' busy time
+  // Static power over the run (docs/energy.md): the xPUs' idle power, the
+  // attention device's static power, the hosts' share.
+  double xpu_idle = 0, device_static = 0, host = 0;
+  double dynamic() const {
+    return xpu_compute + xpu_memory + xpu_active + device_compute + device_memory + links;
+  }
+  double static_total() const { return xpu_idle + device_static + host; }
   // The attention device's work over the run (busy seconds, summed over
   // replicas; bytes read from its memory).
   double device_busy_s = 0, device_dram_bytes = 0;
@@ -75,6 +84,7 @@ struct TimelineIteration {
   double start_s = 0, duration_s = 0;
   int32_t batch_size = 0;
   int64_t prefill_tokens = 0, decode_tokens = 0;
+  double power_w = 0;                  // the replica's mean power over the iteration
   std::vector<scheduler::Span> spans;  // times from start_s
 };
 

@@ -23,8 +23,8 @@ int BinOf(double x, double width, int bins) {
 // ------------------------------------------------------- time series ----
 
 void TimeSeries::Add(const IterationRecord& it) {
-  const Point p{it.start_s, it.duration_s, it.xpu_busy_s, it.device_busy_s,
-                it.decode_tokens, it.batch_size, it.replica};
+  const Point p{it.start_s,  it.duration_s,    it.xpu_busy_s, it.device_busy_s,
+                it.energy_j, it.decode_tokens, it.batch_size, it.replica};
   if (fine_width_s_ == 0) {
     points_.push_back(p);
     if (static_cast<int64_t>(points_.size()) <= kExactIterations) return;
@@ -35,6 +35,7 @@ void TimeSeries::Add(const IterationRecord& it) {
     f_tokens_.assign(kFineBins, 0);
     f_batch_time_.assign(kFineBins, 0);
     f_batch_w_.assign(kFineBins, 0);
+    f_energy_.assign(kFineBins, 0);
     f_xpu_.assign(kShownReplicas, std::vector<double>(kFineBins, 0));
     f_dev_.assign(kShownReplicas, std::vector<double>(kFineBins, 0));
     for (const Point& q : points_) AddFine(q);
@@ -54,6 +55,7 @@ void TimeSeries::AddFine(const Point& p) {
     halve(f_tokens_);
     halve(f_batch_time_);
     halve(f_batch_w_);
+    halve(f_energy_);
     for (auto& v : f_xpu_) halve(v);
     for (auto& v : f_dev_) halve(v);
     fine_width_s_ *= 2;
@@ -62,6 +64,7 @@ void TimeSeries::AddFine(const Point& p) {
   f_tokens_[b] += static_cast<double>(p.decode_tokens);
   f_batch_time_[b] += p.batch_size * p.duration_s;
   f_batch_w_[b] += p.duration_s;
+  f_energy_[b] += p.energy_j;
   if (p.replica < kShownReplicas) {
     f_xpu_[p.replica][b] += p.xpu_busy_s;
     f_dev_[p.replica][b] += p.device_busy_s;
@@ -74,6 +77,7 @@ TimeSeries::Binned TimeSeries::Bin(double span_s, int bins, int64_t replicas) co
   out.tokens.assign(bins, 0);
   out.batch_time.assign(bins, 0);
   out.batch_w.assign(bins, 0);
+  out.energy.assign(bins, 0);
   out.xpu_busy.assign(replicas, std::vector<double>(bins, 0));
   out.dev_busy.assign(replicas, std::vector<double>(bins, 0));
   if (fine_width_s_ == 0) {
@@ -83,6 +87,7 @@ TimeSeries::Binned TimeSeries::Bin(double span_s, int bins, int64_t replicas) co
       out.tokens[b] += static_cast<double>(p.decode_tokens);
       out.batch_time[b] += p.batch_size * p.duration_s;
       out.batch_w[b] += p.duration_s;
+      out.energy[b] += p.energy_j;
       if (p.replica < replicas) {
         out.xpu_busy[p.replica][b] += p.xpu_busy_s;
         out.dev_busy[p.replica][b] += p.device_busy_s;
@@ -96,6 +101,7 @@ TimeSeries::Binned TimeSeries::Bin(double span_s, int bins, int64_t replicas) co
     out.tokens[b] += f_tokens_[j];
     out.batch_time[b] += f_batch_time_[j];
     out.batch_w[b] += f_batch_w_[j];
+    out.energy[b] += f_energy_[j];
     for (int64_t r = 0; r < std::min<int64_t>(replicas, kShownReplicas); ++r) {
       out.xpu_busy[r][b] += f_xpu_[r][j];
       out.dev_busy[r][b] += f_dev_[r][j];

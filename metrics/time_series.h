@@ -11,7 +11,7 @@
 namespace servesim::metrics {
 
 // What report.html plots over simulated time: per iteration, its decode
-// tokens, batch-size x duration, duration and busy times, binned once the
+// tokens, batch-size x duration, duration, busy times and energy, binned once the
 // run's length is known. Exact (the iterations kept, 48 bytes each) while
 // the run has at most kExactIterations iterations; beyond, added into
 // kFineBins fixed-width bins whose width doubles as time goes on, and each
@@ -25,6 +25,7 @@ class TimeSeries {
   void Add(const IterationRecord& it);
   struct Binned {
     std::vector<double> tokens, batch_time, batch_w;
+    std::vector<double> energy;                           // the iterations' energy, J, all replicas
     std::vector<std::vector<double>> xpu_busy, dev_busy;  // [replica][bin]
   };
   Binned Bin(double span_s, int bins, int64_t replicas) const;
@@ -32,14 +33,14 @@ class TimeSeries {
 
  private:
   struct Point {
-    double start_s, duration_s, xpu_busy_s, device_busy_s;
+    double start_s, duration_s, xpu_busy_s, device_busy_s, energy_j;
     int64_t decode_tokens;
     int32_t batch_size, replica;
   };
   void AddFine(const Point& p);
   std::deque<Point> points_;
   double fine_width_s_ = 0;  // 0: exact
-  std::vector<double> f_tokens_, f_batch_time_, f_batch_w_;
+  std::vector<double> f_tokens_, f_batch_time_, f_batch_w_, f_energy_;
   std::vector<std::vector<double>> f_xpu_, f_dev_;
 };
 

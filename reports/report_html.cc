@@ -334,21 +334,33 @@ std::string ReportHtml(const ResolvedScenario& sc, const MetricsCollector& m,
     util.push_back(x);
     if (sc.has_attention_device) util.push_back(d);
   }
+  // The cluster's power: its static power (constant over the run) plus
+  // each bin's iterations' energy over the bin (an iteration's energy goes
+  // to the bin it starts in).
+  const EnergyParts& e = m.energy();
+  const double static_w = m.last_event_s() > 0 ? e.static_total() / m.last_event_s() : 0.0;
+  Series power{"cluster", {}, {}};
+  for (int b = 0; b < bins; ++b) {
+    power.x.push_back((b + 0.5) * bw);
+    power.y.push_back(static_w + binned.energy[b] / bw);
+  }
   absl::StrAppend(&html, "<h2>Over simulated time</h2><div class=\"row\">\n",
                   LineChartSvg("Throughput", "simulated seconds", "tokens/s", {thr}),
                   LineChartSvg("Batch size", "simulated seconds", "requests", {bs}),
-                  LineChartSvg("Utilisation (busy fraction)", "simulated seconds", "busy",
-                               util),
-                  "</div>\n");
+                  LineChartSvg("Utilisation (busy fraction)", "simulated seconds", "busy", util),
+                  LineChartSvg("Power", "simulated seconds", "W", {power}), "</div>\n");
 
-  const EnergyParts& e = m.energy();
   std::vector<std::pair<std::string, double>> bars = {{"xPU compute", e.xpu_compute},
                                                       {"xPU memory", e.xpu_memory}};
+  if (e.xpu_active > 0) bars.push_back({"xPU active", e.xpu_active});
+  bars.push_back({"xPU idle", e.xpu_idle});
   if (sc.has_attention_device) {
     bars.push_back({sc.attention_kind + " compute", e.device_compute});
     bars.push_back({sc.attention_kind + " memory", e.device_memory});
+    bars.push_back({sc.attention_kind + " static", e.device_static});
   }
   bars.push_back({"links", e.links});
+  if (e.host > 0) bars.push_back({"host", e.host});
   absl::StrAppend(&html, "<h2>Energy</h2>\n", BarChartSvg("Energy by part", "J", bars));
 
   // The schedule of the sampled iteration with the most decode tokens.

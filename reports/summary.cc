@@ -171,6 +171,34 @@ std::string SummaryJson(const ResolvedScenario& sc, const Workload& wl,
     kv("links", links + "]");
   }
   kv("energy_j", FormatFigure(s.energy_j));
+  kv("energy_static_j", FormatFigure(s.energy_static_j));
+  kv("energy_dynamic_j", FormatFigure(s.energy_dynamic_j));
+  {
+    const metrics::EnergyParts& e = s.energy_parts;
+    std::string parts = "{";
+    bool first = true;
+    for (auto [name, v] : {std::pair<const char*, double>{"xpu_compute", e.xpu_compute},
+                           {"xpu_memory", e.xpu_memory},
+                           {"xpu_active", e.xpu_active},
+                           {"xpu_idle", e.xpu_idle},
+                           {"device_compute", e.device_compute},
+                           {"device_memory", e.device_memory},
+                           {"device_static", e.device_static},
+                           {"links", e.links},
+                           {"host", e.host}}) {
+      absl::StrAppend(&parts, first ? "" : ", ", "\"", name, "\": ", FormatFigure(v));
+      first = false;
+    }
+    kv("energy_parts_j", parts + "}");
+  }
+  kv("energy_per_request_j", FormatFigure(s.energy_per_request_j));
+  kv("energy_per_good_request_j", FormatFigure(s.energy_per_good_request_j));
+  kv("power_mean_w", FormatFigure(s.power_mean_w));
+  kv("power_peak_replica_w", FormatFigure(s.power_peak_replica_w));
+  if (sc.xpu_power_cap_w > 0 || (sc.disaggregated() && (sc.prefill_pool->xpu_power_cap_w > 0 ||
+                                                        sc.decode_pool->xpu_power_cap_w > 0))) {
+    kv("power_capped_iterations", absl::StrCat(s.power_capped_iterations));
+  }
   if (sc.has_attention_device) {
     if (sc.attention_device.has_topick() || sc.attention_device.has_spatten() ||
         sc.attention_device.has_cta() || sc.attention_device.has_lad()) {
@@ -280,8 +308,16 @@ std::string FormatSummaryTable(const ResolvedScenario& sc, const Workload& wl,
         absl::StripLeadingAsciiWhitespace(Ms(s.ttft_decode_s.mean)), 100 * s.ttft_transfer_share,
         busiest_name, 100 * busiest);
   }
-  absl::StrAppendFormat(&t, "  energy     %.1f kJ, %.3f J per output token\n",
-                        s.energy_j / 1e3, s.energy_per_token_j);
+  absl::StrAppendFormat(
+      &t,
+      "  energy     %.1f kJ (%.0f%% static), %.3f J per output token, %.1f J per "
+      "request; power mean %.2f kW, peak replica %.2f kW%s\n",
+      s.energy_j / 1e3, s.energy_j > 0 ? 100 * s.energy_static_j / s.energy_j : 0.0,
+      s.energy_per_token_j, s.energy_per_request_j, s.power_mean_w / 1e3,
+      s.power_peak_replica_w / 1e3,
+      s.power_capped_iterations > 0
+          ? absl::StrCat("; ", s.power_capped_iterations, " iterations slowed by the power cap")
+          : "");
   absl::StrAppendFormat(&t, "  time       %.1f s simulated in %.2f s wall (%.0fx real time)\n",
                         info.simulated_s, info.wall_s,
                         info.wall_s > 0 ? info.simulated_s / info.wall_s : 0.0);

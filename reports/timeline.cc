@@ -81,6 +81,10 @@ std::string TimelineJson(const ResolvedScenario& sc, const MetricsCollector& met
         R"({"ph":"X","name":"iteration %d","cat":"iteration","pid":%d,"tid":%d,"ts":%.3f,"dur":%.3f,"args":{"batch_size":%d,"prefill_tokens":%d,"decode_tokens":%d}})",
         it.index, it.replica, kIterationTid, us(it.start_s), us(it.start_s + it.duration_s) - us(it.start_s), it.batch_size,
         it.prefill_tokens, it.decode_tokens));
+    // The replica's power over the iteration (static + its ops' energy /
+    // its duration), a counter track that holds until the next sample.
+    event(absl::StrFormat(R"({"ph":"C","name":"power","pid":%d,"ts":%.3f,"args":{"W":%.6g}})",
+                          it.replica, us(it.start_s), it.power_w));
     // Layers past the detail limit: one span per track.
     std::array<double, kNumTracks> lo, hi;
     lo.fill(std::numeric_limits<double>::infinity());

@@ -118,6 +118,8 @@ absl::Status NormalizeCluster(LoadedScenario* scenario) {
   if (!x->has_int8_op_energy_pj()) x->set_int8_op_energy_pj(0.08);
   if (!x->has_peak_flops_fp8()) x->set_peak_flops_fp8(0);  // none unless given
   if (!x->has_tdp_w()) x->set_tdp_w(0);                    // unknown unless given
+  if (!x->has_idle_power_w()) x->set_idle_power_w(0);      // not counted unless given
+  if (!x->has_active_power_w()) x->set_active_power_w(0);  // not counted unless given
   if (!x->has_peak_flops_int8() && x->has_peak_flops_fp16()) {
     x->set_peak_flops_int8(2 * x->peak_flops_fp16());
   }

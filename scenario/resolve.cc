@@ -508,6 +508,28 @@ absl::StatusOr<ResolvedScenario> Resolve(const LoadedScenario& sc) {
   ck.NonNegative("cluster.xpu.dram_energy_pj_per_byte", x.dram_energy_pj_per_byte());
   ck.NonNegative("cluster.xpu.flop_energy_pj", x.flop_energy_pj());
   ck.NonNegative("cluster.xpu.int8_op_energy_pj", x.int8_op_energy_pj());
+  ck.Range<double>("cluster.xpu.idle_power_w", x.idle_power_w(), 0,
+                   x.tdp_w() > 0 ? x.tdp_w() : 100000.0);
+  if (x.tdp_w() > 0) {
+    ck.Range<double>("cluster.xpu.active_power_w", x.active_power_w(), 0,
+                     std::max(0.0, x.tdp_w() - x.idle_power_w()));
+  } else {
+    ck.Range<double>("cluster.xpu.active_power_w", x.active_power_w(), 0, 100000);
+  }
+  {
+    const auto& pw = c.power();
+    ck.Range<double>("cluster.power.host_w_per_node", pw.host_w_per_node(), 0, 100000);
+    const double floor_w = x.idle_power_w() + x.active_power_w();
+    if (pw.xpu_cap_w() != 0 && !(pw.xpu_cap_w() > floor_w && pw.xpu_cap_w() <= 100000)) {
+      ck.Fail("cluster.power.xpu_cap_w", pw.xpu_cap_w(),
+              absl::StrCat("allowed 0 (no cap) or (", floor_w,
+                           " (cluster.xpu.idle_power_w + active_power_w), 100000]"));
+    }
+    if (pw.has_attention_device_static_w()) {
+      ck.Range<double>("cluster.power.attention_device_static_w", pw.attention_device_static_w(), 0,
+                       1000000);
+    }
+  }
   ck.Range<int32_t>("cluster.xpus_per_node", c.xpus_per_node(), 0, 1024);
   for (const char* name : {"interconnect", "frontend", "internode"}) {
     if (std::string(name) == "internode" && c.xpus_per_node() == 0) continue;
@@ -877,6 +899,17 @@ absl::StatusOr<ResolvedScenario> Resolve(const LoadedScenario& sc) {
   out.reject_late = s.admission() == servesim::v1::ADMISSION_POLICY_REJECT_LATE;
   out.batching.long_prefill_token_threshold = s.long_prefill_token_threshold();
   out.step_overhead_s = s.step_overhead_s();
+  {
+    const auto& pw = p.cluster().power();
+    out.xpu_idle_power_w = p.cluster().xpu().idle_power_w();
+    out.xpu_active_power_w = p.cluster().xpu().active_power_w();
+    const int64_t per_node = p.cluster().xpus_per_node();
+    out.host_power_w =
+        pw.host_w_per_node() *
+        (per_node > 0 ? static_cast<double>(out.xpus_per_replica()) / per_node : 1.0);
+    out.xpu_power_cap_w = pw.xpu_cap_w();
+    if (pw.has_attention_device_static_w()) out.attention_static_w = pw.attention_device_static_w();
+  }
   out.batching.max_batch_size = s.max_batch_size();
   out.batching.max_tokens_per_iteration = s.max_tokens_per_iteration();
   out.batching.kv_block_tokens = s.kv_block_tokens();

@@ -115,6 +115,14 @@ struct ResolvedScenario {
   double activation_bytes_per_xpu = 0;
   double runtime_reserve_bytes_per_xpu = 0;  // scheduler.runtime_reserve_bytes
   double step_overhead_s = 0;                // scheduler.step_overhead_s, per iteration
+  // Power (docs/energy.md): each xPU's idle and active power, the host's share per
+  // replica (cluster.power.host_w_per_node x its share of nodes), the
+  // per-xPU cap (0: none), and the attention device's static power when
+  // the scenario sets it (< 0: the device model's own).
+  double xpu_idle_power_w = 0, host_power_w = 0, xpu_power_cap_w = 0;
+  double xpu_active_power_w = 0;  // each xPU's, over its busy time
+  double attention_static_w = -1;
+  int64_t xpus_per_replica() const { return tensor_parallel * ranks(); }
   double ttft_slo_s = 0;
   double tpot_slo_s = 0;
   double tbt_slo_s = 0;  // 0: no SLO-limited batching

@@ -77,7 +77,11 @@ LiveMetrics::LiveMetrics(const LiveMetricsConfig& c)
                           "link: sent over links; bg_bus/tsv/external: PIM levels)")
                     .Register(r);
   auto& energy = BuildCounter().Name("servesim_energy_joules_total")
-                     .Help("Energy a device spent (compute, memory, links)").Register(r);
+                     .Help("Energy a device's ops spent (compute, memory, links)").Register(r);
+  auto& power = BuildGauge().Name("servesim_power_watts")
+                    .Help("Mean power over the latest iteration: static (idle, background, "
+                          "host share) plus the ops' energy / its duration")
+                    .Register(r);
   simulated_ = &BuildGauge().Name("servesim_simulated_seconds")
                     .Help("Simulated clock").Register(r).Add({});
   rtf_ = &BuildGauge().Name("servesim_realtime_factor")
@@ -119,11 +123,14 @@ LiveMetrics::LiveMetrics(const LiveMetricsConfig& c)
     x.ttft = &ttft.Add(l, LongBuckets());
     x.tbt = &tbt.Add(l, TbtBuckets());
     x.e2e = &e2e.Add(l, LongBuckets());
+    x.xpu_power = &power.Add(xpu);
+    x.host_power = &power.Add({{"replica", rep}, {"device", "host"}, {"kind", "host"}});
     x.xpu_busy = &busy.Add(xpu);
     x.xpu_energy = &energy.Add(xpu);
     x.xpu_dram = &bytes.Add(with(xpu, "level", "dram"));
     x.xpu_link = &bytes.Add(with(xpu, "level", "link"));
     if (!c.device_kind.empty()) {
+      x.dev_power = &power.Add(dev);
       x.dev_busy = &busy.Add(dev);
       x.dev_energy = &energy.Add(dev);
       x.dev_dram = &bytes.Add(with(dev, "level", "dram"));
@@ -191,6 +198,10 @@ void LiveMetrics::OnIteration(const metrics::LiveIteration& it) {
         static_cast<double>(it.prefix_query_tokens_total - x.prefix_query_seen));
     x.prefix_query_seen = it.prefix_query_tokens_total;
   }
+  const double per_s = it.duration_s > 0 ? 1e-12 / it.duration_s : 0.0;
+  x.xpu_power->Set(it.xpu_static_w + (it.xpu.energy_pj() + it.xpu_active_j * 1e12) * per_s);
+  x.host_power->Set(it.host_w);
+  if (x.dev_power != nullptr) x.dev_power->Set(it.device_static_w + it.device.energy_pj() * per_s);
   x.xpu_busy->Increment(it.xpu_busy_s);
   x.xpu_energy->Increment(it.xpu.energy_pj() * 1e-12);
   x.xpu_dram->Increment(it.xpu.dram_bytes);

@@ -52,6 +52,7 @@ class LiveMetrics : public metrics::LiveSink {
     prometheus::Counter *arrived, *finished, *rejected_too_long, *rejected_kv, *rejected_late,
         *preempted, *tokens, *iterations;
     prometheus::Gauge *queue, *batch, *kv_used, *kv_total;
+    prometheus::Gauge *xpu_power = nullptr, *dev_power = nullptr, *host_power = nullptr;
     prometheus::Histogram *ttft, *tbt, *e2e;
     prometheus::Counter *xpu_busy, *dev_busy, *xpu_energy, *dev_energy;
     prometheus::Counter *xpu_dram, *xpu_link, *dev_dram, *dev_bg, *dev_tsv, *dev_ext;

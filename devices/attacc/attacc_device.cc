@@ -339,6 +339,7 @@ absl::StatusOr<std::unique_ptr<Device>> AttAccDevice::Create(const servesim::v1:
         {a.interposer_pj_per_bit(), "interposer_pj_per_bit"},
         {a.mac_energy_pj(), "mac_energy_pj"},
         {a.softmax_op_energy_pj(), "softmax_op_energy_pj"},
+        {a.background_power_w_per_stack(), "background_power_w_per_stack"},
         {link.latency_s(), "link.latency_s"},
         {link.energy_pj_per_byte(), "link.energy_pj_per_byte"}}) {
     if (!(v >= 0) || !std::isfinite(v)) return Bad(name, v, ">= 0 and finite");
@@ -479,6 +480,7 @@ DeviceDescription AttAccDevice::Describe() const {
   d.memory_bytes = a.stacks() * StackBytes();
   d.accepts = {OpKind::kAttention, OpKind::kGemm};
   d.lookahead_ok = true;  // pure; the memo only caches
+  d.static_power_w = a.stacks() * a.background_power_w_per_stack();
   d.parameters = {
       {"placement", static_cast<double>(a.placement())},
       {"stacks", static_cast<double>(a.stacks())},

@@ -65,6 +65,15 @@
 //                             exp, add, multiply) the same. An fp32 op likely
 //                             costs more than half an fp16 MAC; at 5 ops per
 //                             key it stays < 0.1% of the op's DRAM energy.
+//  background_power_w_per_stack 0.653  ASSUMPTION: no HBM3 currents are
+//                             public (JESD238 is not); DRAMsim3's HBM2 8Gb
+//                             x128 config gives, per 128-bit channel at VDD
+//                             1.2 V, IDD3N 55 mA (active standby: 66 mW) and
+//                             IDD5AB 250 mA over tRFC 260 of tREFI 3,900 ns
+//                             (refresh: (250 - 55) mA x 1.2 V x 260 / 3,900 =
+//                             15.6 mW). An HBM3 stack's 1,024-bit interface
+//                             is eight such channels: 8 x 81.6 mW. The
+//                             authors' simulator counts no background power.
 //  link nvlink3               [P] §4 (xPUs and AttAccs joined by NVLink-class
 //                             links); [SIM] make_pim_config's default
 //                             interface NVLINK3. Figures from LinkPreset
@@ -118,6 +127,7 @@ constexpr absl::string_view kHbm3Common = R"pb(
   interposer_pj_per_bit: 0.3
   mac_energy_pj: 0.32
   softmax_op_energy_pj: 0.16
+  background_power_w_per_stack: 0.653
 )pb";
 
 constexpr absl::string_view kAttAccPresets[][2] = {

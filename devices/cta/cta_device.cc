@@ -783,6 +783,8 @@ DeviceDescription CtaDevice::Describe() const {
   DeviceDescription d;
   d.kind = "cta";
   d.preset = t.preset();
+  d.static_power_w = t.static_power_w();  // charged per op while busy (Estimate)
+  d.static_in_op_energy = true;
   d.accepts = {OpKind::kAttention};
   // FULL runs the kernel per (request, L) and reports the mean of what it
   // was asked.

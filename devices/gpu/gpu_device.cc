@@ -172,6 +172,7 @@ DeviceDescription GpuDevice::Describe() const {
   d.preset = x.preset();
   d.memory_bytes = x.memory_bytes();
   d.lookahead_ok = true;  // pure
+  d.static_power_w = x.idle_power_w();  // one xPU; its ops' energy comes on top
   d.accepts = {OpKind::kGemm, OpKind::kAttention, OpKind::kElementwise, OpKind::kAllReduce,
                OpKind::kMoe};
   d.parameters = {

@@ -2,6 +2,7 @@
 // (every default and preset value filled in) and the replica memory plan.
 #include <iostream>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -105,6 +106,37 @@ int ValidateCommand(const Args& args) {
           : std::string(),
       sc->kv.blocks, sc->batching.kv_block_tokens, sc->kv.tokens * sc->ranks(), wl->description,
       wl->num_requests);
+  // Static power per replica (docs/energy.md); the attention device's
+  // figure comes from its model unless the scenario gives one.
+  for (const scenario::ResolvedScenario* pool :
+       sc->disaggregated() ? std::vector<const scenario::ResolvedScenario*>{sc->prefill_pool.get(),
+                                                                            sc->decode_pool.get()}
+                           : std::vector<const scenario::ResolvedScenario*>{&*sc}) {
+    std::string device;
+    if (pool->has_attention_device) {
+      double w = pool->attention_static_w;
+      const char* whose = "cluster.power.attention_device_static_w";
+      if (w < 0 && pool->attention_shared != nullptr) {
+        w = pool->attention_shared->Describe().static_power_w;
+        whose = "its model";
+      } else if (w < 0 && pool->attention_endpoints.empty()) {
+        auto d = scenario::CreateAttentionDevice(*pool);
+        if (d.ok()) w = (*d)->Describe().static_power_w;
+        whose = "its model";
+      }
+      device = w < 0 ? ", attention device: from its agent"
+                     : absl::StrFormat(", attention device %.4g W (%s)", w, whose);
+    }
+    std::cout << absl::StrFormat(
+        "# power per replica%s: %d xPUs x %.4g W idle (+%.4g W each while busy), host %.4g W%s; "
+        "xPU cap %s\n",
+        !sc->disaggregated()             ? ""
+        : pool == sc->prefill_pool.get() ? " (prefill pool)"
+                                         : " (decode pool)",
+        pool->xpus_per_replica(), pool->xpu_idle_power_w, pool->xpu_active_power_w,
+        pool->host_power_w, device,
+        pool->xpu_power_cap_w > 0 ? absl::StrFormat("%.4g W", pool->xpu_power_cap_w) : "none");
+  }
   std::cout << "OK\n";
   return 0;
 }

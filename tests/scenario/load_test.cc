@@ -268,7 +268,7 @@ TEST(ScenarioOverrideTest, UnknownFieldListsTheMessagesFields) {
             "fields: replicas, xpu, tensor_parallel, interconnect, frontend, "
             "memory_utilization, attacc, overlap, head_groups, ff_min_batch, ff_max_batch, "
             "attention_pool, xpu_endpoints, attention_endpoints, profile, data_parallel, "
-            "expert_parallel, xpus_per_node, internode, pipeline_parallel, node, disaggregation");
+            "expert_parallel, xpus_per_node, internode, pipeline_parallel, node, disaggregation, power");
 }
 
 TEST(ScenarioOverrideTest, MessageFieldIsNotAssignable) {

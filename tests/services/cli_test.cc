@@ -401,6 +401,20 @@ TEST(CliTest, TimelineAndReportOfTheAttAccExample) {
           << "replica " << track.first << " track " << track.second << " span " << i;
     }
   }
+  // A power counter per sampled iteration, above the replica's static
+  // power (8 A100s idle at 80 W and 40 AttAcc stacks at 0.653 W: 666.12 W).
+  {
+    const std::string timeline = ReadFile(dir + "/timeline.json");
+    const std::string key = R"("ph":"C","name":"power","pid":0,)";
+    size_t counters = 0;
+    for (size_t p = timeline.find(key); p != std::string::npos; p = timeline.find(key, p + 1)) {
+      ++counters;
+      const size_t w = timeline.find(R"("W":)", p);
+      ASSERT_NE(w, std::string::npos);
+      EXPECT_GT(std::atof(timeline.c_str() + w + 4), 666.12);
+    }
+    EXPECT_GT(counters, 0u);
+  }
   if (std::system("python3 -c 'pass' 2>/dev/null") == 0) {
     EXPECT_EQ(std::system(("python3 -c 'import json,sys; json.load(open(sys.argv[1]))' " +
                            ShellQuote(dir + "/timeline.json"))
@@ -411,7 +425,8 @@ TEST(CliTest, TimelineAndReportOfTheAttAccExample) {
   const std::string html = ReadFile(dir + "/report.html");
   size_t svgs = 0;
   for (size_t p = html.find("<svg"); p != std::string::npos; p = html.find("<svg", p + 1)) ++svgs;
-  EXPECT_EQ(svgs, 8u);  // 3 CDFs, throughput, batch, utilisation, energy, schedule
+  EXPECT_EQ(svgs, 9u);  // 3 CDFs, throughput, batch, utilisation, power, energy, schedule
+  EXPECT_TRUE(absl::StrContains(html, ">Power</text>"));
   EXPECT_FALSE(absl::StrContains(html, "<script"));
   for (size_t p = html.find("http"); p != std::string::npos; p = html.find("http", p + 1)) {
     EXPECT_EQ(html.compare(p, 26, "http://www.w3.org/2000/svg"), 0) << "a network reference";
