@@ -104,6 +104,27 @@ int64_t CapacityBatch(const ResolvedScenario& sc, int64_t tokens) {
 
 }  // namespace
 
+int64_t AuthorsCapacityBatch(const std::string& model, const std::string& system, int64_t lin,
+                             int64_t lout) {
+  auto spec = devices::ModelPreset(model);
+  if (!spec.ok()) return 0;
+  const devices::ModelDims m = devices::ModelDimsFromSpec(*spec);
+  const double b = Int8(model) ? 1 : 2;  // weights and activations (W8A8 or W16A16)
+  const double h = static_cast<double>(m.d_model), heads = static_cast<double>(m.num_heads);
+  const double ff = static_cast<double>(m.d_ff);
+  const double weights = static_cast<double>(m.num_layers) * h *
+                         (4 * h + (m.ff_kind == devices::FfKind::kSwiGlu ? 3 : 2) * ff) * b;
+  const double l = static_cast<double>(lin + lout - 1);
+  const double temp =
+      std::max({(h + l * heads) * b, 2 * h * b, 2 * l * heads * b, (ff + h) * b}) + l * heads;
+  const double kv = static_cast<double>(m.num_layers) * 2 * l * h * b;
+  const double gib = 1024.0 * 1024.0 * 1024.0;
+  double capacity = 8 * 80 * gib;
+  if (system == "dgx_large") capacity = 8 * 160 * gib;
+  if (system == "dgx_attacc") capacity += 40 * 16 * gib;
+  return std::max<int64_t>(0, static_cast<int64_t>(std::floor((capacity - weights) / (kv + temp))));
+}
+
 absl::StatusOr<std::vector<StudyPoint>> RunAttAccStudy(const StudyOptions& options) {
   const std::string saturated =
       "workload { saturated { num_requests: 1 input_tokens: 1 output_tokens: 1 } }\n";
@@ -154,6 +175,7 @@ absl::StatusOr<std::vector<StudyPoint>> RunAttAccStudy(const StudyOptions& optio
           p.lout = lout;
           p.slo_ms = slo_ms;
           p.capacity_batch = cap;
+          p.capacity_batch_authors = AuthorsCapacityBatch(model, sys.name, lin, lout);
           p.max_batch = cap;
           p.batch_bound = "capacity";
           if (slo_ms > 0) {
@@ -192,13 +214,14 @@ absl::StatusOr<std::vector<StudyPoint>> RunAttAccStudy(const StudyOptions& optio
 std::string StudyCsv(const std::vector<StudyPoint>& points) {
   std::string csv =
       "model,system,policy,lin,lout,slo_ms,max_batch,batch_bound,throughput_tokens_per_s,"
-      "tbt_ms,energy_j_per_token,capacity_batch,prefill_s,e2e_throughput_tokens_per_s\n";
+      "tbt_ms,energy_j_per_token,capacity_batch,prefill_s,e2e_throughput_tokens_per_s,"
+      "capacity_batch_authors\n";
   for (const StudyPoint& p : points) {
     absl::StrAppendFormat(
-        &csv, "%s,%s,%s,%d,%d,%s,%d,%s,%.6g,%.6g,%.6g,%d,%.6g,%.6g\n", p.model, p.system,
-        p.policy, p.lin, p.lout, p.slo_ms > 0 ? absl::StrFormat("%g", p.slo_ms) : "",
-        p.max_batch, p.batch_bound, p.throughput_tokens_per_s, p.tbt_ms,
-        p.energy_j_per_token, p.capacity_batch, p.prefill_s, p.e2e_throughput_tokens_per_s);
+        &csv, "%s,%s,%s,%d,%d,%s,%d,%s,%.6g,%.6g,%.6g,%d,%.6g,%.6g,%d\n", p.model, p.system,
+        p.policy, p.lin, p.lout, p.slo_ms > 0 ? absl::StrFormat("%g", p.slo_ms) : "", p.max_batch,
+        p.batch_bound, p.throughput_tokens_per_s, p.tbt_ms, p.energy_j_per_token, p.capacity_batch,
+        p.prefill_s, p.e2e_throughput_tokens_per_s, p.capacity_batch_authors);
   }
   return csv;
 }

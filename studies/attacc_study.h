@@ -37,6 +37,9 @@ struct StudyPoint {
   int64_t lin = 0, lout = 0;
   double slo_ms = 0;  // 0: none
   int64_t capacity_batch = 0;
+  // The same batch as the AttAcc authors' simulator counts it
+  // (AuthorsCapacityBatch); the study runs capacity_batch.
+  int64_t capacity_batch_authors = 0;
   int64_t max_batch = 0;
   std::string batch_bound;  // capacity | slo
   double throughput_tokens_per_s = 0;
@@ -57,6 +60,18 @@ struct StudyOptions {
 absl::StatusOr<std::vector<StudyPoint>> RunAttAccStudy(const StudyOptions& options);
 
 std::string StudyCsv(const std::vector<StudyPoint>& points);
+
+// The largest batch of requests of lin + lout tokens that the AttAcc
+// authors' simulator finds room for (scale-snu/attacc_simulator,
+// src/system.py get_required_mem_capacity): weights L x h x (4h + 2 or 3
+// x d_ff) (no embedding table), and per request the KV of lin + lout - 1
+// tokens (the last token's K and V are never stored) plus its temporary
+// buffers, max((h + l x heads) x a, 2h x a, 2 l x heads x a, (d_ff + h) x
+// a) + l x heads bytes (a: activation bytes), out of 8 x 80 GiB (DGX_Base),
+// 8 x 160 GiB (DGX_Large) or 8 x 80 GiB + 40 x 16 GiB (DGX+AttAccs).
+// docs/devices/attacc.md compares it with servesim's count.
+int64_t AuthorsCapacityBatch(const std::string& model, const std::string& system, int64_t lin,
+                             int64_t lout);
 // The table users read, with speedups over DGX_Base and DGX_Large.
 std::string StudyTable(const std::vector<StudyPoint>& points);
 

@@ -185,8 +185,9 @@ int SearchCommand(const Args& args) {
       // bound the attainment every probe can reach.
       // (Early rejections for the TTFT SLO depend on the load: not them.)
       double requests = 0, rejected = 0, late = 0;
-      if (figures.count("requests_rejected_late") > 0) {
-        absl::SimpleAtod(figures["requests_rejected_late"], &late);
+      if (figures.count("requests_rejected_late") > 0 &&
+          !absl::SimpleAtod(figures["requests_rejected_late"], &late)) {
+        late = 0;
       }
       if (absl::SimpleAtod(figures["requests"], &requests) && requests > 0 &&
           absl::SimpleAtod(figures["requests_rejected"], &rejected) &&

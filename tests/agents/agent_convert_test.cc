@@ -227,6 +227,16 @@ TEST(AgentConvertTest, TensorsAndDescriptionsRoundTrip) {
   EXPECT_EQ(back->preset, d.preset);
   EXPECT_EQ(back->accepts, d.accepts);
   EXPECT_EQ(Bits(back->memory_bytes), Bits(d.memory_bytes));
+  // The static power rides along (40 stacks x 0.653 W), and a hostile
+  // agent's NaN or negative figure is refused.
+  EXPECT_EQ(Bits(back->static_power_w), Bits(d.static_power_w));
+  EXPECT_NEAR(back->static_power_w, 40 * 0.653, 1e-9);
+  EXPECT_EQ(back->static_in_op_energy, d.static_in_op_energy);
+  for (double bad : {-1.0, std::nan(""), 1e8}) {
+    v1::DescribeResponse evil = wire;
+    evil.set_static_power_w(bad);
+    EXPECT_FALSE(DecodeDescription(evil).ok()) << bad;
+  }
   ASSERT_EQ(back->parameters.size(), d.parameters.size());
   for (size_t i = 0; i < d.parameters.size(); ++i) {
     EXPECT_EQ(back->parameters[i].first, d.parameters[i].first);

@@ -164,6 +164,31 @@ TEST(RegistryTest, GpuIsRegistered) {
             absl::StatusCode::kNotFound);
 }
 
+// Static power (docs/energy.md): a GPU's is its idle power (A100 80GB:
+// 80 W, measured), charged beside its ops; CTA's ops already charge its
+// 0.5 W while busy; a pool of N units draws N times a unit's.
+TEST(RegistryTest, DevicesDescribeTheirStaticPower) {
+  auto gpu = CreateDevice(GpuSpec("a100-80gb"));
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  EXPECT_EQ((*gpu)->Describe().static_power_w, 80);
+  EXPECT_FALSE((*gpu)->Describe().static_in_op_energy);
+  servesim::v1::DeviceSpec cta;
+  auto preset = CtaPreset("cta_0.5");
+  ASSERT_TRUE(preset.ok()) << preset.status();
+  *cta.mutable_cta()->mutable_cta() = *preset;
+  auto* m = cta.mutable_cta()->mutable_model();
+  m->set_layers(24);
+  m->set_heads(16);
+  m->set_d_head(64);
+  auto unit = CreateDevice(cta);
+  ASSERT_TRUE(unit.ok()) << unit.status();
+  EXPECT_EQ((*unit)->Describe().static_power_w, 0.5);
+  EXPECT_TRUE((*unit)->Describe().static_in_op_energy);
+  PooledDevice pool(std::move(*unit), 12, 1e9);
+  EXPECT_DOUBLE_EQ(pool.Describe().static_power_w, 6.0);
+  EXPECT_TRUE(pool.Describe().static_in_op_energy);
+}
+
 TEST(RegistryTest, GpuRejectsBadSpec) {
   auto spec = GpuSpec("a100-80gb");
   spec.mutable_gpu()->mutable_xpu()->set_memory_utilization(1.5);

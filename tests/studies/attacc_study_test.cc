@@ -179,6 +179,29 @@ TEST_F(StudyTest, HeadlineTableOfTheDocs) {
   EXPECT_EQ(large30.max_batch, 4);
 }
 
+// The authors' count by hand, GPT-3 175B in fp16 at (2048, 128) on
+// DGX_Base: weights 96 x 12,288 x (4 + 8) x 12,288 x 2 = 347,892,350,976 B;
+// per request (l = 2,175) KV 96 x 2 x 2,175 x 12,288 x 2 = 10,262,937,600 B
+// and temporaries (12,288 + 2,175 x 96) x 2 + 2,175 x 96 = 650,976 B; out of
+// 640 GiB = 687,194,767,360 B: 339,302,416,384 / 10,263,588,576 = 33.06.
+// servesim counts the embedding table, the activations' reserve and
+// 2,176 tokens, and holds 32.
+TEST_F(StudyTest, AuthorsCapacityBatchByHand) {
+  EXPECT_EQ(AuthorsCapacityBatch("gpt3-175b", "dgx_base", 2048, 128), 33);
+  // DGX_Large: (1,374,389,534,720 - 347,892,350,976) / 10,263,588,576 = 100.01.
+  EXPECT_EQ(AuthorsCapacityBatch("gpt3-175b", "dgx_large", 2048, 128), 100);
+  auto points = RunAttAccStudy(StudyOptions{{"gpt3-175b"}, {{2048, 128}}, {0}});
+  ASSERT_TRUE(points.ok()) << points.status();
+  for (const StudyPoint& p : *points) {
+    EXPECT_EQ(p.capacity_batch_authors, AuthorsCapacityBatch("gpt3-175b", p.system, 2048, 128));
+    EXPECT_GE(p.capacity_batch_authors, p.capacity_batch) << p.system;
+    // FF co-processing's partitions take KV capacity in servesim only.
+    if (p.policy != "hl_pipe_ff") {
+      EXPECT_LE(p.capacity_batch_authors, p.capacity_batch + 1) << p.system << " " << p.policy;
+    }
+  }
+}
+
 TEST_F(StudyTest, CsvHasTheDocumentedColumns) {
   auto points = RunAttAccStudy(StudyOptions{{"llama-65b"}, {{2048, 128}}, {0, 30}});
   ASSERT_TRUE(points.ok());
@@ -186,7 +209,7 @@ TEST_F(StudyTest, CsvHasTheDocumentedColumns) {
   EXPECT_EQ(csv.substr(0, csv.find('\n')),
             "model,system,policy,lin,lout,slo_ms,max_batch,batch_bound,"
             "throughput_tokens_per_s,tbt_ms,energy_j_per_token,capacity_batch,prefill_s,"
-            "e2e_throughput_tokens_per_s");
+            "e2e_throughput_tokens_per_s,capacity_batch_authors");
   // slo_ms is empty without an SLO.
   EXPECT_NE(csv.find("llama-65b,dgx_base,serial,2048,128,,"), std::string::npos);
   EXPECT_NE(csv.find("llama-65b,dgx_base,serial,2048,128,30,"), std::string::npos);
