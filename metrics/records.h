@@ -61,9 +61,6 @@ struct EnergyParts {
   // Static power over the run (docs/energy.md): the xPUs' idle power, the
   // attention device's static power, the hosts' share.
   double xpu_idle = 0, device_static = 0, host = 0;
-  double dynamic() const {
-    return xpu_compute + xpu_memory + xpu_active + device_compute + device_memory + links;
-  }
   double static_total() const { return xpu_idle + device_static + host; }
   // The attention device's work over the run (busy seconds, summed over
   // replicas; bytes read from its memory).
