@@ -170,34 +170,54 @@ absl::Status Bad(absl::string_view field, double v, absl::string_view expected) 
       absl::StrCat("attacc device: ", field, " = ", v, "; expected ", expected));
 }
 
-// A winner tree over keys[0..n): Min() is the index of the smallest key,
-// ties to the lowest index; after keys[i] changes, Update(i) replays its
-// log2(n) matches with branch-free selects (the loads and arrival times it
-// ranks are full of ties, on which branches mispredict). keys[n] must be a
-// +infinity sentinel (it fills the padded leaves).
+// A winner tree over n keys it holds itself: Min() is the index of the
+// smallest key, ties to the lowest index, MinKey() its key; Set(i, v)
+// replays leaf i's log2(n) matches. Each node keeps its winner's key
+// beside its index, so a replay reads only the siblings on its path, never
+// a key through an index: a chain of branch-free selects (the loads and
+// arrival times it ranks are full of ties, on which branches mispredict)
+// without dependent loads.
 class MinTree {
  public:
-  void Reset(const double* keys, int32_t n) {
-    keys_ = keys;
+  // n >= 1 leaves, keys v[0..n).
+  void Reset(const double* v, int32_t n) {
     leaves_ = 1;
     while (leaves_ < n) leaves_ *= 2;
-    node_.assign(2 * leaves_, n);
-    for (int32_t i = 0; i < n; ++i) node_[leaves_ + i] = i;
+    // Padding leaves hold +infinity (index n): they never beat a real leaf.
+    node_.assign(2 * leaves_, Node{std::numeric_limits<double>::infinity(), n});
+    for (int32_t i = 0; i < n; ++i) node_[leaves_ + i] = {v[i], i};
     for (int32_t j = leaves_ - 1; j >= 1; --j) Match(j);
   }
-  int32_t Min() const { return node_[1]; }
-  void Update(int32_t i) {
-    for (int32_t j = (leaves_ + i) / 2; j >= 1; j /= 2) Match(j);
+  int32_t Min() const { return node_[1].index; }
+  double MinKey() const { return node_[1].key; }
+  void Set(int32_t i, double v) {
+    int32_t j = leaves_ + i;
+    Node w{v, i};
+    node_[j] = w;
+    for (; j > 1; j /= 2) {
+      const Node& sib = node_[j ^ 1];
+      // The left child wins ties; j odd is a right child. Bitwise, not
+      // logical, operators and a masked select: no branch to mispredict.
+      const int32_t take = static_cast<int32_t>(sib.key < w.key) |
+                           (static_cast<int32_t>(sib.key == w.key) & (j & 1));
+      w.index ^= (w.index ^ sib.index) & -take;
+      w.key = std::min(w.key, sib.key);
+      node_[j / 2] = w;
+    }
   }
 
  private:
+  struct Node {
+    double key;
+    int32_t index;
+  };
   void Match(int32_t j) {
-    const int32_t a = node_[2 * j], b = node_[2 * j + 1];  // a's leaves < b's
-    node_[j] = keys_[b] < keys_[a] ? b : a;
+    const Node& a = node_[2 * j];  // a's leaves < b's
+    const Node& b = node_[2 * j + 1];
+    node_[j] = b.key < a.key ? b : a;
   }
-  const double* keys_ = nullptr;
   int32_t leaves_ = 1;
-  std::vector<int32_t> node_;
+  std::vector<Node> node_;
 };
 
 // Stacks with at most this many items (and no more than one per channel)
@@ -928,7 +948,7 @@ absl::Status AttAccDevice::AttentionCost(const Op& op, OwnPlacement* own, Cost* 
   // stays pure and thread-safe without allocating on every call.
   thread_local std::vector<int32_t> stack_begin, stack_heads, item_seq, item_heads, cursor,
       item_ch, head_seq, ch_begin, ch_cursor;
-  thread_local std::vector<double> ch_load, blocked;
+  thread_local std::vector<double> blocked, load;
   stack_begin.assign(nstacks + 1, 0);
   stack_heads.assign(nstacks, 0);
   for (int64_t s = 0; s < nseq; ++s) {
@@ -939,37 +959,6 @@ absl::Status AttAccDevice::AttentionCost(const Op& op, OwnPlacement* own, Cost* 
     }
   }
   for (int32_t i = 0; i < nstacks; ++i) stack_begin[i + 1] += stack_begin[i];
-  // With at most one single-head item per channel on every stack the
-  // schedule below takes its fast path, a few comparisons per stack, cheaper
-  // than hashing the key: the hashed memo is for the rest (large batches,
-  // grouped-query heads).
-  bool fast = true;
-  for (int64_t kv = kv_lo; kv < kv_hi && fast; ++kv) fast = heads_of(kv) == 1;
-  for (int32_t st = 0; st < nstacks && fast; ++st) {
-    fast = stack_begin[st + 1] - stack_begin[st] <= std::min<int32_t>(nch, kMaxFastItems);
-  }
-  thread_local std::string memo_key;  // reused: no allocation in steady state
-  if (!fast) {
-    memo_key.assign(reinterpret_cast<const char*>(geometry.data()), sizeof(geometry));
-    for (int64_t s = 0; s < nseq; ++s) {
-      memo_key.append(reinterpret_cast<const char*>(own->l_key[s].data()), 3 * sizeof(int32_t));
-      memo_key.append(reinterpret_cast<const char*>(stack_of + s * kvh_n + kv_lo),
-                      static_cast<size_t>(kv_hi - kv_lo) * sizeof(int32_t));
-    }
-    memo_lock.lock();
-    if (auto hit = op_memo_.find(absl::string_view(memo_key)); hit != op_memo_.end()) {
-      remember(hit->second);
-      return FinishAttentionCost(hit->second, score_busy, softmax_busy, context_busy, cost);
-    }
-    // Bound the memo's memory by its keys' bytes (a key lists every
-    // sequence: large batches make large keys); a cleared memo only costs
-    // recomputation, never a different answer.
-    if (memo_key_bytes_ > kMemoKeyBytesLimit) {
-      op_memo_.clear();
-      memo_key_bytes_ = 0;
-    }
-  }
-
   const int64_t nitems = stack_begin[nstacks];
   item_seq.resize(nitems);
   item_heads.resize(nitems);
@@ -990,11 +979,10 @@ absl::Status AttAccDevice::AttentionCost(const Op& op, OwnPlacement* own, Cost* 
     max_items = std::max(max_items, stack_begin[st + 1] - stack_begin[st]);
     max_heads = std::max(max_heads, stack_heads[st]);
   }
-  item_ch.resize(max_items);
   head_seq.resize(max_heads);
   constexpr double kNotBlocked = std::numeric_limits<double>::infinity();
-  ch_load.assign(nch + 1, kNotBlocked);
   blocked.assign(nch + 1, kNotBlocked);
+  load.resize(nch);
   thread_local MinTree tree;
   ch_begin.assign(nch + 1, 0);
   ch_cursor.assign(nch, 0);
@@ -1003,121 +991,162 @@ absl::Status AttAccDevice::AttentionCost(const Op& op, OwnPlacement* own, Cost* 
   struct Chan {
     double g;           // GEMV units free
     double arrival[2];  // softmax request of head k in slot k & 1
-    double ready[2];    // its context's inputs ready; < 0: not committed
-    int32_t base, n, next_s, next_c;
+    int32_t base, n, next_c;
   };
   thread_local std::vector<Chan> chans;
   chans.resize(nch);
   // Heads whose score may run before the oldest context: 2 with attention-
   // level pipelining (S0 S1 C0 S2 C1 ...), 1 without (S0 C0 S1 C1 ...):
   // `in_flight`, above.
+  item_ch.resize(nitems);
   double slowest = 0;
   for (int32_t st = 0; st < nstacks; ++st) {
     const int32_t ib = stack_begin[st], ie = stack_begin[st + 1];
     if (ib == ie) continue;
     double stack_slowest = 0;
-    if (ie - ib <= nch) {
-      // At most one item per channel (item i on channel i, see below). When
-      // every item is a single query head the list schedule reduces to: each
-      // channel's score ends at s_i; the shared softmax unit serves them in
-      // order of arrival (ties to the lower channel); the context follows.
-      // This is the general schedule's result exactly, without its queues.
-      bool single = true;
-      for (int32_t i = ib; i < ie && single; ++i) single = item_heads[i] == 1;
-      if (single) {
-        const int32_t n = ie - ib;
-        int32_t by_arrival[kMaxFastItems];
-        if (n <= kMaxFastItems) {
-          for (int32_t i = 0; i < n; ++i) {
-            // Insertion by (arrival, channel): stable for equal arrivals.
-            const double a_i = per_seq[item_seq[ib + i]].s;
-            int32_t j = i;
-            while (j > 0 && per_seq[item_seq[ib + by_arrival[j - 1]]].s > a_i) {
-              by_arrival[j] = by_arrival[j - 1];
-              --j;
-            }
-            by_arrival[j] = i;
-          }
-          double softmax_free = 0;
-          for (int32_t j = 0; j < n; ++j) {
-            const SeqCycles& sc = per_seq[item_seq[ib + by_arrival[j]]];
-            softmax_free = std::max(sc.s, softmax_free) + sc.sfm;
-            stack_slowest = std::max(stack_slowest, softmax_free + sc.mv_gb + sc.c);
-          }
-          slowest = std::max(slowest, stack_slowest);
-          continue;
+    bool single = ie - ib <= std::min<int32_t>(nch, kMaxFastItems);
+    for (int32_t i = ib; i < ie && single; ++i) single = item_heads[i] == 1;
+    if (single) {
+      // At most one item per channel (item i on channel i), every item a
+      // single query head: the list schedule reduces to: each channel's
+      // score ends at s_i; the shared softmax unit serves them in order of
+      // arrival (ties to the lower channel); the context follows. This is
+      // the general schedule's result exactly, without its queues.
+      const int32_t n = ie - ib;
+      int32_t by_arrival[kMaxFastItems];
+      for (int32_t i = 0; i < n; ++i) {
+        // Insertion by (arrival, channel): stable for equal arrivals.
+        const double a_i = per_seq[item_seq[ib + i]].s;
+        int32_t j = i;
+        while (j > 0 && per_seq[item_seq[ib + by_arrival[j - 1]]].s > a_i) {
+          by_arrival[j] = by_arrival[j - 1];
+          --j;
         }
+        by_arrival[j] = i;
+      }
+      double softmax_free = 0;
+      for (int32_t j = 0; j < n; ++j) {
+        const SeqCycles& sc = per_seq[item_seq[ib + by_arrival[j]]];
+        softmax_free = std::max(sc.s, softmax_free) + sc.sfm;
+        stack_slowest = std::max(stack_slowest, softmax_free + sc.mv_gb + sc.c);
+      }
+      slowest = std::max(slowest, stack_slowest);
+      continue;
+    }
+    // Longest first to the least-loaded channel (GEMV cycles), ties
+    // lowest. Every load is positive (Create requires t_ccdl, t_pim_move >=
+    // 1: a column and WR_GB take time), so item i < `used` lands on channel
+    // i: only the first `used` channels ever get work, and the first `used`
+    // picks need no search.
+    const int32_t used = std::min<int32_t>(nch, ie - ib);
+    for (int32_t i = 0; i < used; ++i) {
+      const SeqCycles& sc = per_seq[item_seq[ib + i]];
+      item_ch[ib + i] = i;
+      load[i] = 0.0 + item_heads[ib + i] * (sc.s + sc.c);
+    }
+    if (ib + used < ie) {
+      tree.Reset(load.data(), used);
+      for (int32_t i = ib + used; i < ie; ++i) {
+        const int32_t c = tree.Min();
+        item_ch[i] = c;
+        const SeqCycles& sc = per_seq[item_seq[i]];
+        tree.Set(c, tree.MinKey() + item_heads[i] * (sc.s + sc.c));
       }
     }
-    // Longest first to the least-loaded channel (GEMV cycles), ties lowest.
-    // With n <= channels items, item i lands on channel i, so only the
-    // first `used` channels ever get work: skip the idle ones (identical
-    // result, and small batches no longer pay for every channel).
-    const int32_t used = std::min<int32_t>(nch, ie - ib);
-    std::fill(ch_load.begin(), ch_load.begin() + used, 0.0);
-    ch_load[used] = kNotBlocked;  // the tree's +infinity sentinel
+    // The channels' head lists.
     std::fill(ch_begin.begin(), ch_begin.begin() + used + 1, 0);
-    tree.Reset(ch_load.data(), used);
-    for (int32_t i = ib; i < ie; ++i) {
-      const int32_t c = tree.Min();
-      item_ch[i - ib] = c;
-      const SeqCycles& sc = per_seq[item_seq[i]];
-      ch_load[c] += item_heads[i] * (sc.s + sc.c);
-      tree.Update(c);
-      ch_begin[c + 1] += item_heads[i];
-    }
+    for (int32_t i = ib; i < ie; ++i) ch_begin[item_ch[i] + 1] += item_heads[i];
     for (int32_t c = 0; c < used; ++c) ch_begin[c + 1] += ch_begin[c];
     std::copy(ch_begin.begin(), ch_begin.begin() + used, ch_cursor.begin());
     for (int32_t i = ib; i < ie; ++i) {
-      int32_t& at = ch_cursor[item_ch[i - ib]];
+      int32_t& at = ch_cursor[item_ch[i]];
       for (int32_t k = 0; k < item_heads[i]; ++k) head_seq[at++] = item_seq[i];
     }
-    // Run channel c's list until a context waits for an uncommitted
-    // softmax (returns true) or the list is done.
-    auto run = [&](Chan& ch) -> bool {
-      while (true) {
-        if (ch.next_s < ch.n && ch.next_s - ch.next_c < in_flight) {
-          const int32_t k = ch.next_s++;
-          ch.g += per_seq[head_seq[ch.base + k]].s;
-          ch.arrival[k & 1] = ch.g;
-          ch.ready[k & 1] = -1;
-        } else if (ch.next_c < ch.n) {
-          const int32_t k = ch.next_c;
-          const double r = ch.ready[k & 1];
-          if (r < 0) return true;
-          ch.g = std::max(ch.g, r) + per_seq[head_seq[ch.base + k]].c;
-          ++ch.next_c;
-        } else {
-          return false;
-        }
-      }
-    };
-    // blocked[c]: the arrival of the softmax channel c's next context
-    // waits for; the smallest is committed next.
+    // A channel's list is S0 .. S(f-1), then C0 S(f) C1 S(f+1) ... C(n-1),
+    // f = in_flight (a score runs while fewer than f heads wait for their
+    // context). Every context waits for its softmax to be committed, so a
+    // channel stops at each one: first at C0, after its first f scores;
+    // committing head k runs C(k) and S(k + f), and the channel stops at
+    // C(k + 1), whose softmax request (the end of S(k + 1)) is its key in
+    // the tree. Each task starts at max(units free, inputs ready).
+    int32_t most_heads = 0;
     for (int32_t c = 0; c < used; ++c) {
       Chan& ch = chans[c];
-      ch = {0.0, {0, 0}, {0, 0}, ch_begin[c], ch_begin[c + 1] - ch_begin[c], 0, 0};
-      blocked[c] = run(ch) ? ch.arrival[ch.next_c & 1] : kNotBlocked;
+      ch = {0.0, {0, 0}, ch_begin[c], ch_begin[c + 1] - ch_begin[c], 0};
+      most_heads = std::max(most_heads, ch.n);
+      for (int32_t k = 0; k < std::min(in_flight, ch.n); ++k) {
+        ch.g += per_seq[head_seq[ch.base + k]].s;
+        ch.arrival[k & 1] = ch.g;
+      }
+      blocked[c] = ch.arrival[0];  // n >= 1: item c is on channel c
     }
-    blocked[used] = kNotBlocked;  // the tree's +infinity sentinel
+    if (most_heads <= in_flight) {
+      // No channel has more heads than may be in flight, so every softmax
+      // request (the end of a score) is known before any is served: the
+      // unit serves them in (arrival, channel) order, the order in which
+      // the tree below would commit them, and each channel's contexts then
+      // follow its scores. Same arithmetic, without the tree: sorted by
+      // insertion, first requests before second ones, last channel first
+      // (a channel's first item is longer than a later channel's, so that
+      // order is nearly sorted).
+      struct Request {
+        double arrival;
+        int32_t ch, k;
+      };
+      thread_local std::vector<Request> requests;
+      requests.clear();
+      for (int32_t k = 0; k < most_heads; ++k) {
+        for (int32_t c = used - 1; c >= 0; --c) {
+          if (k >= chans[c].n) continue;
+          const Request r{chans[c].arrival[k], c, k};
+          requests.push_back(r);
+          size_t j = requests.size() - 1;
+          for (; j > 0; --j) {
+            const Request& q = requests[j - 1];
+            if (q.arrival < r.arrival || (q.arrival == r.arrival && q.ch < r.ch)) break;
+            requests[j] = q;
+          }
+          requests[j] = r;
+        }
+      }
+      double softmax_free = 0;
+      for (const Request& r : requests) {
+        const SeqCycles& sc = per_seq[head_seq[chans[r.ch].base + r.k]];
+        softmax_free = std::max(r.arrival, softmax_free) + sc.sfm;
+        chans[r.ch].arrival[r.k] = softmax_free + sc.mv_gb;  // now: ready
+      }
+      for (int32_t c = 0; c < used; ++c) {
+        Chan& ch = chans[c];
+        for (int32_t k = 0; k < ch.n; ++k) {
+          ch.g = std::max(ch.g, ch.arrival[k]) + per_seq[head_seq[ch.base + k]].c;
+        }
+        stack_slowest = std::max(stack_slowest, ch.g);
+      }
+      slowest = std::max(slowest, stack_slowest);
+      continue;
+    }
     tree.Reset(blocked.data(), used);
     double softmax_free = 0;
     while (true) {
       const int32_t c = tree.Min();
-      if (blocked[c] == kNotBlocked) break;
+      const double arrival = tree.MinKey();
+      if (arrival == kNotBlocked) break;
       Chan& ch = chans[c];
-      const SeqCycles& sc = per_seq[head_seq[ch.base + ch.next_c]];
-      softmax_free = std::max(blocked[c], softmax_free) + sc.sfm;
-      ch.ready[ch.next_c & 1] = softmax_free + sc.mv_gb;
-      blocked[c] = run(ch) ? ch.arrival[ch.next_c & 1] : kNotBlocked;
-      tree.Update(c);
+      const int32_t k = ch.next_c++;
+      const SeqCycles& sc = per_seq[head_seq[ch.base + k]];
+      softmax_free = std::max(arrival, softmax_free) + sc.sfm;
+      ch.g = std::max(ch.g, softmax_free + sc.mv_gb) + sc.c;
+      if (k + in_flight < ch.n) {
+        ch.g += per_seq[head_seq[ch.base + k + in_flight]].s;
+        ch.arrival[(k + in_flight) & 1] = ch.g;
+      }
+      tree.Set(c, k + 1 < ch.n ? ch.arrival[(k + 1) & 1] : kNotBlocked);
     }
     for (int32_t c = 0; c < used; ++c) stack_slowest = std::max(stack_slowest, chans[c].g);
     slowest = std::max(slowest, stack_slowest);
   }
 
-  if (!memo_lock.owns_lock()) memo_lock.lock();
-  if (!fast && op_memo_.emplace(memo_key, slowest).second) memo_key_bytes_ += memo_key.size();
+  memo_lock.lock();
   remember(slowest);
   return FinishAttentionCost(slowest, score_busy, softmax_busy, context_busy, cost);
 }

@@ -67,14 +67,13 @@
 #ifndef SERVESIM_DEVICES_ATTACC_ATTACC_DEVICE_H_
 #define SERVESIM_DEVICES_ATTACC_ATTACC_DEVICE_H_
 
-#include <cstdint>
 #include <array>
+#include <cstdint>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
@@ -207,18 +206,12 @@ class AttAccDevice : public Device {
   double SoftmaxCycles(int64_t l) const;
 
   servesim::v1::AttAccDeviceSpec spec_;
-  // Memo of attention schedules: the key is an op's exact schedule inputs
-  // (pipelining, d_head, head range, and per sequence the L ceilings its
-  // cycle figures depend on and the stacks of its KV heads), the value its
-  // slowest stack in cycles, so a hit returns what computing would. Cycle
-  // figures change only when L crosses a multiple of the L split (16), so
-  // an op often repeats from one iteration to the next. Bytes and energy
-  // depend on L itself and are always computed. (A per-stack memo was
-  // measured slower: hashing many short keys cost more than it saved.)
-  //
-  // The hashed memo holds only schedules that missed the fast path; in front
-  // of it, for every op, sit the schedules of the last few sequence lists,
-  // in two levels (kRecentLists each, least recently used replaced):
+  // Memo of attention schedules, for every op: the schedules of the last
+  // few sequence lists, in two levels (kRecentLists each, least recently
+  // used replaced). Cycle figures change only when L crosses a multiple of
+  // the L split (16), so a steady decode batch often asks the same schedule
+  // iteration after iteration; a hit returns what computing would. Bytes
+  // and energy depend on L itself and are always computed.
   //  - StackList: a list of KV-head stacks (all of every sequence's KV
   //    heads), compared in place once per Estimate call. A list is checked
   //    against the stack count when it is new, and keeps, per KV-head range,
@@ -227,9 +220,12 @@ class AttAccDevice : public Device {
   //  - RecentList: a stack list (by its never-reused id) with the L
   //    ceilings of its sequences, and by geometry (pipelining, d_head, head
   //    range, heads) the slowest stack of each head group's op.
-  // A steady decode batch asks for the same schedules iteration after
-  // iteration; this answers them without building, hashing or copying a
-  // long key, and without growing.
+  // This answers without building, hashing or copying a long key, and
+  // without growing. (A hashed memo of every schedule seen, keyed on the
+  // whole op, was measured to hit never in overloaded and saturated runs:
+  // lengths only grow, so a list of ceilings does not come back once left,
+  // and it cost a third of a large batch's schedule in key building,
+  // hashing and allocation. A per-stack memo was measured slower too.)
   struct StackList {
     std::vector<int32_t> stacks;  // [seq * kv_heads + kv_head]
     int64_t kv_heads = 0;
@@ -258,18 +254,15 @@ class AttAccDevice : public Device {
   int FindRecentList(uint64_t id, absl::Span<const std::array<int32_t, 3>> l_key) const;
   void ForgetStackList(int slot) const;  // with memo_mu_ held
   mutable std::mutex memo_mu_;
-  mutable absl::flat_hash_map<std::string, double> op_memo_;
   mutable std::array<StackList, kRecentLists> stack_lists_;  // guarded by memo_mu_
   mutable std::array<RecentList, kRecentLists> recent_;      // guarded by memo_mu_
   mutable uint64_t recent_clock_ = 0;                        // guarded by memo_mu_
   mutable uint64_t next_stack_list_id_ = 1;                  // guarded by memo_mu_
-  mutable size_t memo_key_bytes_ = 0;  // guarded by memo_mu_
   // FiguresOf by L for one d_head (the last one asked), L < kLenTableMax.
   mutable std::mutex len_mu_;
   mutable int64_t len_dh_ = 0;                 // guarded by len_mu_
   mutable std::vector<LenFigures> len_table_;  // guarded by len_mu_
   static constexpr int64_t kLenTableMax = int64_t{1} << 16;
-  static constexpr size_t kMemoKeyBytesLimit = size_t{64} << 20;
   // Derived from the spec once (see the .cc for each).
   int64_t elem_bytes_ = 2;       // KV element bytes (fp16 2, int8 1)
   int64_t lanes_ = 16;           // elements per column read

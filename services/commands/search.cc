@@ -97,9 +97,12 @@ int SearchCommand(const Args& args) {
   if (tpot > 0 || tbt > 0) {
     base.push_back(absl::StrCat("slo.tpot_s=", studies::FormatValue(tpot > 0 ? tpot : tbt)));
   }
-  // Probes need summary.json only.
+  // Probes need summary.json only: the per-request rows and the report
+  // would be a third of a probe's time.
   base.push_back("output.iterations_csv=false");
   base.push_back("output.timeline=false");
+  base.push_back("output.requests_csv=false");
+  base.push_back("output.report_html=false");
   auto checked = CheckPoint(scenario, base, {});
   if (!checked.ok()) return Fail(checked.status());
   const auto& w = checked->resolved.proto.workload();

@@ -7,6 +7,7 @@
 // 5070, t_rfc 455, t_pim_move 4; per pCH 32 bank units of which 18 stream
 // (factor 32/18 = 16/9); 2 pCHs per channel; 16 lanes (32 B columns of
 // fp16); L split 16 ways (pCH x rank x BG), d_head 4 ways (banks).
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -735,6 +736,153 @@ TEST(AttAccBadInputTest, HeadItemsPerOpAreBounded) {
             "attacc device: attention op of 4097 sequences x 65536 query heads = 268500992 "
             "head items; expected at most 268435456");
   EXPECT_TRUE(EstimateStatus(*d, Attention({{1, 0}, {1, 7}}, 65536, 1, 1)).ok());
+}
+
+// The list schedule the device's header documents, computed another way,
+// for ops with an explicit placement: items per stack in longest-first
+// order; channels by a linear argmin over every channel (ties lowest); and
+// each stack's softmax unit as a fixed point: assume no waits, run every
+// channel's list (S0 .. S(f-1), then C0 S(f) C1 S(f+1) ..., f = 2 with
+// attention-level pipelining, 1 without), sort all softmax requests by
+// (arrival, channel), serve them first come first served, rerun the lists
+// with the ready times found, until nothing changes. Ready times only grow
+// from one round to the next and the schedule is causal, so this settles on
+// the schedule itself. Returns the slowest stack's cycles.
+double ReferenceSlowest(const AttAccDevice& d, const Op& op) {
+  const auto& a = d.spec();
+  const int f = a.attention_level_pipelining() ? 2 : 1;
+  const int64_t n = static_cast<int64_t>(op.seqs.size());
+  const int64_t group = op.heads / op.kv_heads;
+  const int64_t hb = op.head_begin, he = op.head_end < 0 ? op.heads : op.head_end;
+  struct Head {
+    double s, c, sfm, mv_gb;
+  };
+  std::vector<Head> per_seq(n);
+  std::vector<int64_t> order(n);
+  for (int64_t i = 0; i < n; ++i) {
+    const AttAccHeadCycles h = d.HeadCycles(op.seqs[i].past_tokens + 1, op.d_head);
+    per_seq[i] = {h.wr_gb + h.score + h.mv_sb, h.context + h.out, h.softmax, h.mv_gb};
+    order[i] = i;
+  }
+  std::stable_sort(order.begin(), order.end(), [&](int64_t x, int64_t y) {
+    return op.seqs[x].past_tokens > op.seqs[y].past_tokens;
+  });
+  double slowest = 0;
+  for (int32_t st = 0; st < a.stacks(); ++st) {
+    std::vector<double> load(a.channels(), 0.0);
+    std::vector<std::vector<int64_t>> lists(a.channels());  // sequence per head
+    for (int64_t i : order) {
+      for (int64_t kv = hb / group; kv * group < he; ++kv) {
+        if (op.kv_head_stack[i * op.kv_heads + kv] != st) continue;
+        const int64_t heads = std::min(he, (kv + 1) * group) - std::max(hb, kv * group);
+        int best = 0;
+        for (int c = 1; c < a.channels(); ++c) {
+          if (load[c] < load[best]) best = c;
+        }
+        load[best] += heads * (per_seq[i].s + per_seq[i].c);
+        for (int64_t k = 0; k < heads; ++k) lists[best].push_back(i);
+      }
+    }
+    std::vector<std::vector<double>> ready(a.channels()), arrival(a.channels());
+    for (int c = 0; c < a.channels(); ++c) {
+      ready[c].assign(lists[c].size(), -std::numeric_limits<double>::infinity());
+      arrival[c].assign(lists[c].size(), 0.0);
+    }
+    std::vector<double> end(a.channels(), 0.0);
+    for (int round = 0;; ++round) {
+      EXPECT_LT(round, 100000) << "the fixed point does not settle";
+      if (round >= 100000) return -1;
+      struct Request {
+        double arrival;
+        int c;
+        size_t k;
+      };
+      std::vector<Request> requests;
+      for (int c = 0; c < a.channels(); ++c) {
+        const std::vector<int64_t>& l = lists[c];
+        double g = 0;
+        for (size_t k = 0; k < std::min<size_t>(f, l.size()); ++k) {
+          g += per_seq[l[k]].s;
+          arrival[c][k] = g;
+        }
+        for (size_t k = 0; k < l.size(); ++k) {
+          g = std::max(g, ready[c][k]) + per_seq[l[k]].c;
+          if (k + f < l.size()) {
+            g += per_seq[l[k + f]].s;
+            arrival[c][k + f] = g;
+          }
+        }
+        end[c] = g;
+        for (size_t k = 0; k < l.size(); ++k) requests.push_back({arrival[c][k], c, k});
+      }
+      std::sort(requests.begin(), requests.end(), [](const Request& x, const Request& y) {
+        return x.arrival < y.arrival || (x.arrival == y.arrival && x.c < y.c);
+      });
+      bool changed = false;
+      double softmax_free = 0;
+      for (const Request& r : requests) {
+        const Head& h = per_seq[lists[r.c][r.k]];
+        softmax_free = std::max(r.arrival, softmax_free) + h.sfm;
+        const double now_ready = softmax_free + h.mv_gb;
+        changed |= now_ready != ready[r.c][r.k];
+        ready[r.c][r.k] = now_ready;
+      }
+      if (!changed) break;
+    }
+    for (double e : end) slowest = std::max(slowest, e);
+  }
+  return slowest;
+}
+
+TEST(AttAccScheduleTest, EqualsTheReferenceScheduleOnRandomBatches) {
+  // Random decode batches, explicitly placed, through every path of the
+  // device's schedule (at most one item per channel; at most as many heads
+  // per channel as may be in flight; the general one), with lengths that
+  // repeat (ties in both the channel loads and the softmax arrivals),
+  // multi-head and grouped-query heads, head groups, one to 40 stacks in
+  // use, with and without attention-level pipelining.
+  Rng rng(7, "attacc-schedule");
+  struct Shape {
+    int64_t heads, kv_heads, d_head, groups;
+  };
+  const Shape shapes[] = {{96, 96, 128, 8}, {64, 8, 128, 4}, {40, 40, 64, 1}, {32, 4, 128, 2}};
+  int cases = 0;
+  for (bool pipelined : {true, false}) {
+    auto spec = Spec();
+    spec.mutable_attacc()->mutable_attacc()->set_attention_level_pipelining(pipelined);
+    const auto d = Make(spec);
+    for (int trial = 0; trial < 80; ++trial) {
+      const Shape& sh = shapes[rng.UniformInt(4)];
+      const int used_stacks = std::vector<int>{1, 2, 5, 40}[rng.UniformInt(4)];
+      // Items (sequence, KV head) per stack and op: 1 to 160, so that each
+      // path is taken (16 channels).
+      const int64_t items =
+          1 + static_cast<int64_t>(rng.UniformInt(rng.Uniform() < 0.5 ? 40 : 160));
+      const int64_t kv_per_op = std::max<int64_t>(1, sh.kv_heads / sh.groups);
+      const int64_t nseq = std::max<int64_t>(1, items * used_stacks / kv_per_op);
+      std::vector<AttentionSeq> seqs(nseq);
+      for (int64_t i = 0; i < nseq; ++i) {
+        const bool repeat = i > 0 && rng.Uniform() < 0.3;
+        const int64_t past = repeat ? seqs[rng.UniformInt(i)].past_tokens
+                                    : static_cast<int64_t>(rng.UniformInt(6000));
+        seqs[i] = {1, past, i};
+      }
+      std::vector<int32_t> stacks(nseq * sh.kv_heads);
+      for (int32_t& st : stacks) st = static_cast<int32_t>(rng.UniformInt(used_stacks));
+      for (int64_t g = 0; g < sh.groups; ++g) {
+        Op op = Attention(seqs, sh.heads, sh.kv_heads, sh.d_head);
+        op.kv_head_stack = stacks;
+        op.head_begin = sh.heads * g / sh.groups;
+        op.head_end = sh.heads * (g + 1) / sh.groups;
+        const Cost cost = Estimate1(*d, op);
+        EXPECT_DOUBLE_EQ(cost.cycles, ReferenceSlowest(*d, op) * kRefresh)
+            << "pipelined " << pipelined << " trial " << trial << " group " << g << " of "
+            << sh.groups << ", " << nseq << " sequences on " << used_stacks << " stacks";
+        ++cases;
+      }
+    }
+  }
+  EXPECT_GT(cases, 500);
 }
 
 TEST(AttAccMemoTest, WarmDeviceEqualsColdDeviceStepByStep) {

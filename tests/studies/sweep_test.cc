@@ -310,6 +310,13 @@ TEST(SearchTest, FindsTheHandComputedMaxRate) {
     ASSERT_EQ(r2.code, 0) << r2.out;
     EXPECT_EQ(Read(dir + "/j2/search.csv"), csv);
   }
+  // A probe writes its summary only.
+  for (const char* f : {"summary.json", "run_info.json", "point.json"}) {
+    EXPECT_TRUE(fs::exists(dir + "/j1/probes/rate_rps-1/" + f)) << f;
+  }
+  for (const char* f : {"requests.csv", "iterations.csv", "timeline.json", "report.html"}) {
+    EXPECT_FALSE(fs::exists(dir + "/j1/probes/rate_rps-1/" + f)) << f;
+  }
   // A rerun reuses every probe.
   const auto t = fs::last_write_time(dir + "/j1/probes/rate_rps-1/summary.json");
   ASSERT_EQ(Servesim(a1).code, 0);
