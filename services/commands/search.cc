@@ -16,6 +16,7 @@
 #include "services/commands/commands.h"
 #include "services/commands/points.h"
 #include "services/commands/scenario_args.h"
+#include "studies/processes.h"
 #include "studies/sweep.h"
 
 namespace servesim::services {
@@ -29,7 +30,7 @@ struct SearchFlags {
   double attainment = 0.9, tolerance = 0.02;
   int64_t max_replicas = 1024;
   int max_probes = 40;
-  int jobs = 1;
+  int jobs = 0;  // -j; 0: the cores available
 };
 
 // Stops the search from inside a probe's evaluation, with the reason
@@ -72,6 +73,7 @@ int SearchCommand(const Args& args) {
   });
   AddJobsFlag(flags, &o.jobs);
   if (auto exit = ParseFlags(flags, args)) return *exit;
+  if (o.jobs == 0) o.jobs = studies::AvailableCores();
   if (o.scenario_args.scenario.empty()) return UsageError("search needs a scenario file");
   if (o.slo.empty()) return UsageError("search needs --slo, e.g. ttft_p99=2s,tbt_p99=50ms");
   if (o.vary_rate == o.vary_replicas) {

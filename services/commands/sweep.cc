@@ -13,6 +13,7 @@
 #include "services/commands/commands.h"
 #include "services/commands/points.h"
 #include "services/commands/scenario_args.h"
+#include "studies/processes.h"
 
 namespace servesim::services {
 namespace {
@@ -23,7 +24,7 @@ struct SweepFlags {
   std::string out;
   std::string emit_jobs;
   bool quiet = false;
-  int jobs = 1;
+  int jobs = 0;  // -j; 0: the cores available
 };
 
 }  // namespace
@@ -42,6 +43,7 @@ int SweepCommand(const Args& args) {
   flags.Switch("--quiet", [&o] { o.quiet = true; });
   AddJobsFlag(flags, &o.jobs);
   if (auto exit = ParseFlags(flags, args)) return *exit;
+  if (o.jobs == 0) o.jobs = studies::AvailableCores();
   if (o.scenario_args.scenario.empty()) return UsageError("sweep needs a scenario file");
   if (o.vary.empty()) return UsageError("sweep needs at least one --vary field.path=v1,v2,...");
   const std::string out = std::filesystem::absolute(o.out.empty() ? "out/sweep" : o.out).string();

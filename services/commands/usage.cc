@@ -87,8 +87,8 @@ Options of run (validate takes --set, --seed, --trace and --profiles too):
                         quiet (default), error, warning, info or debug
 
 Studies (docs/studies.md):
-  -j N                  child runs at once, 1 to the cores available (default 1);
-                        results do not depend on it
+  -j N                  child runs at once, 1 to the cores available (default:
+                        the cores available); results do not depend on it
   --vary field=v1,...   a field to vary (any --set path) and its values
   --emit-jobs FILE      sweep: write one `servesim run` command line per point
                         into FILE instead of running them (Slurm arrays, GNU

@@ -290,7 +290,7 @@ TEST(SearchTest, FindsTheHandComputedMaxRate) {
                                          absl::StrCat("ttft_p99=", limit * 1e3, "ms"),
                                          "--tolerance", "0.005"};
   std::vector<std::string> a1 = args;
-  a1.insert(a1.end(), {"--out", dir + "/j1"});
+  a1.insert(a1.end(), {"--out", dir + "/j1", "-j", "1"});
   const Result r = Servesim(a1);
   ASSERT_EQ(r.code, 0) << r.out;
   const std::string csv = Read(dir + "/j1/search.csv");
@@ -317,10 +317,13 @@ TEST(SearchTest, FindsTheHandComputedMaxRate) {
   for (const char* f : {"requests.csv", "iterations.csv", "timeline.json", "report.html"}) {
     EXPECT_FALSE(fs::exists(dir + "/j1/probes/rate_rps-1/" + f)) << f;
   }
-  // A rerun reuses every probe.
+  // A rerun (with the default -j: the cores available) reuses every probe.
   const auto t = fs::last_write_time(dir + "/j1/probes/rate_rps-1/summary.json");
-  ASSERT_EQ(Servesim(a1).code, 0);
+  std::vector<std::string> rerun = args;
+  rerun.insert(rerun.end(), {"--out", dir + "/j1"});
+  ASSERT_EQ(Servesim(rerun).code, 0);
   EXPECT_EQ(fs::last_write_time(dir + "/j1/probes/rate_rps-1/summary.json"), t);
+  EXPECT_EQ(Read(dir + "/j1/search.csv"), csv);
 }
 
 // The same queue on r round-robin replicas at rate 3.5 / S: each replica
