@@ -258,12 +258,25 @@ StepOutcome ReplicaStep(int64_t start, int64_t max_replicas, const std::map<doub
 // Runs the sequential algorithm; each round evaluates the value it needs
 // plus (speculatively, breadth first) the values it would need next under
 // either outcome, up to `parallel` values.
-absl::StatusOr<SearchResult> Drive(const StepFn& step, int parallel, const Evaluate& evaluate) {
+absl::StatusOr<SearchResult> Drive(const StepFn& step, int parallel, const Evaluate& evaluate,
+                                   const OnStep& on_step, int max_probes) {
   std::map<double, bool> known;
+  size_t seen = 0;  // of the sequential path, given to on_step
   while (true) {
     StepOutcome o = step(known);
+    // Each step replays the algorithm from the start, so the path only
+    // grows: its new probes, in order.
+    for (; seen < o.result.path.size(); ++seen) {
+      if (on_step) {
+        if (absl::Status st = on_step(o.result.path[seen]); !st.ok()) return st;
+      }
+    }
     if (!o.status.ok()) return o.status;
     if (o.done) return o.result;
+    if (max_probes > 0 && seen >= static_cast<size_t>(max_probes)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "stopped after ", seen, " probes (--max-probes ", max_probes, ") without an answer"));
+    }
     std::vector<double> want = {o.need};
     std::deque<std::map<double, bool>> frontier;
     auto expand = [&](const std::map<double, bool>& base, double v) {
@@ -274,7 +287,10 @@ absl::StatusOr<SearchResult> Drive(const StepFn& step, int parallel, const Evalu
       }
     };
     expand(known, o.need);
-    while (static_cast<int>(want.size()) < parallel && !frontier.empty()) {
+    // Speculation stops at the probe cap: past it nothing would be used.
+    const size_t most =
+        max_probes > 0 ? static_cast<size_t>(max_probes) - seen : static_cast<size_t>(parallel);
+    while (want.size() < std::min(static_cast<size_t>(parallel), most) && !frontier.empty()) {
       const auto c = std::move(frontier.front());
       frontier.pop_front();
       StepOutcome h = step(c);
@@ -292,16 +308,17 @@ absl::StatusOr<SearchResult> Drive(const StepFn& step, int parallel, const Evalu
 }  // namespace
 
 absl::StatusOr<SearchResult> SearchMaxRate(double start, double tolerance, int parallel,
-                                           const Evaluate& evaluate) {
+                                           const Evaluate& evaluate, const OnStep& on_step,
+                                           int max_probes) {
   return Drive([&](const std::map<double, bool>& k) { return RateStep(start, tolerance, k); },
-               parallel, evaluate);
+               parallel, evaluate, on_step, max_probes);
 }
 
 absl::StatusOr<SearchResult> SearchMinReplicas(int64_t start, int64_t max_replicas, int parallel,
-                                               const Evaluate& evaluate) {
-  return Drive(
-      [&](const std::map<double, bool>& k) { return ReplicaStep(start, max_replicas, k); },
-      parallel, evaluate);
+                                               const Evaluate& evaluate, const OnStep& on_step,
+                                               int max_probes) {
+  return Drive([&](const std::map<double, bool>& k) { return ReplicaStep(start, max_replicas, k); },
+               parallel, evaluate, on_step, max_probes);
 }
 
 }  // namespace servesim::studies

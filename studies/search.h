@@ -58,12 +58,23 @@ struct SearchResult {
 // pass. Rate: largest passing value, bracketing from `start` by doubling or
 // halving, bisecting to (hi - lo) / lo <= tolerance. Values are rounded to
 // 10 significant digits.
+// With parallel > 1 the extra values are speculative (what the sequential
+// algorithm would ask next under either outcome), so the path and the answer
+// do not depend on `parallel`. `on_step`, if given, sees each probe of the
+// sequential algorithm once, in its order, when the algorithm takes its
+// result; a status it returns stops the search with that status. With
+// `max_probes` > 0 the search stops when the sequential algorithm would
+// need more probes than that. Neither depends on `parallel` either: what a
+// stopped search reports is what a sequential one would.
 using Evaluate = std::function<absl::StatusOr<std::vector<bool>>(const std::vector<double>&)>;
+using OnStep = std::function<absl::Status(const SearchStep&)>;
 absl::StatusOr<SearchResult> SearchMaxRate(double start, double tolerance, int parallel,
-                                           const Evaluate& evaluate);
+                                           const Evaluate& evaluate, const OnStep& on_step = {},
+                                           int max_probes = 0);
 // Replicas: smallest passing integer >= 1, up to `max_replicas`.
-absl::StatusOr<SearchResult> SearchMinReplicas(int64_t start, int64_t max_replicas,
-                                               int parallel, const Evaluate& evaluate);
+absl::StatusOr<SearchResult> SearchMinReplicas(int64_t start, int64_t max_replicas, int parallel,
+                                               const Evaluate& evaluate, const OnStep& on_step = {},
+                                               int max_probes = 0);
 
 }  // namespace servesim::studies
 

@@ -141,7 +141,7 @@ int SearchCommand(const Args& args) {
     std::string reason;
   };
   std::map<double, Probe> probes;
-  std::vector<double> probe_order;  // as run
+  std::vector<double> probe_order;  // the sequential algorithm's, in order
   // Rejected requests (too long for the context or the whole KV cache)
   // bound every probe's attainment. The bound is the same at every value
   // when the varied value cannot change which requests arrive: replicas,
@@ -163,12 +163,11 @@ int SearchCommand(const Args& args) {
   auto dir_of = [&](double v) {
     return absl::StrCat(out, "/probes/", short_field, "-", studies::FormatValue(v));
   };
+  // Runs probes (the sequential algorithm's and speculative ones) and says
+  // which pass; the stops are decided in on_step, on the sequential
+  // algorithm's probes only, so they do not depend on -j.
   studies::Evaluate evaluate =
       [&](const std::vector<double>& values) -> absl::StatusOr<std::vector<bool>> {
-    if (static_cast<int>(probes.size() + values.size()) > o.max_probes) {
-      return StopSearch(absl::StrCat("stopped after ", probes.size(), " probes (--max-probes ",
-                                     o.max_probes, ") without an answer"));
-    }
     std::vector<studies::PointSpec> specs;
     std::vector<std::string> dirs;
     for (double v : values) {
@@ -180,48 +179,53 @@ int SearchCommand(const Args& args) {
     int ran = 0;
     RETURN_IF_ERROR(RunPoints(specs, dirs, o.jobs, &ran));
     std::vector<bool> pass;
-    std::string unreachable;
     for (size_t i = 0; i < values.size(); ++i) {
       ASSIGN_OR_RETURN(auto figures, studies::ReadSummaryFigures(dirs[i]));
       Probe p;
       ASSIGN_OR_RETURN(p.pass, studies::ProbePasses(figures, *slo, o.attainment, &p.reason));
-      // Requests rejected as too long for the context or for the whole KV
-      // cache count as misses at any rate and any replica count: they
-      // bound the attainment every probe can reach.
-      // (Early rejections for the TTFT SLO depend on the load: not them.)
-      double requests = 0, rejected = 0, late = 0;
-      if (figures.count("requests_rejected_late") > 0 &&
-          !absl::SimpleAtod(figures["requests_rejected_late"], &late)) {
-        late = 0;
-      }
-      if (absl::SimpleAtod(figures["requests"], &requests) && requests > 0 &&
-          absl::SimpleAtod(figures["requests_rejected"], &rejected) &&
-          (rejected -= late, (requests - rejected) / requests < o.attainment) &&
-          ++bounded_probes >= (fixed_requests ? 1 : 2) && unreachable.empty()) {
-        unreachable = absl::StrFormat(
-            "the SLO cannot be met: %s of %s requests are rejected (too long for the context or "
-            "the KV cache) at %s %s, so slo_attainment <= %.4g < --attainment %g",
-            absl::StrFormat("%.0f", rejected), figures["requests"],
-            fixed_requests ? "every" : "this and an earlier",
-            o.vary_rate ? "rate" : "replica count", (requests - rejected) / requests, o.attainment);
-      }
       p.figures = std::move(figures);
       pass.push_back(p.pass);
       probes[values[i]] = std::move(p);
-      probe_order.push_back(values[i]);
     }
-    if (!unreachable.empty()) return StopSearch(unreachable);
     return pass;
+  };
+  // Each probe of the sequential algorithm, in order: requests rejected as
+  // too long for the context or for the whole KV cache count as misses at
+  // any rate and any replica count, so they bound the attainment every
+  // probe can reach. (Early rejections for the TTFT SLO depend on the load:
+  // not them.)
+  studies::OnStep on_step = [&](const studies::SearchStep& step) -> absl::Status {
+    probe_order.push_back(step.value);
+    std::map<std::string, std::string>& figures = probes.at(step.value).figures;
+    double requests = 0, rejected = 0, late = 0;
+    if (figures.count("requests_rejected_late") > 0 &&
+        !absl::SimpleAtod(figures["requests_rejected_late"], &late)) {
+      late = 0;
+    }
+    if (absl::SimpleAtod(figures["requests"], &requests) && requests > 0 &&
+        absl::SimpleAtod(figures["requests_rejected"], &rejected) &&
+        (rejected -= late, (requests - rejected) / requests < o.attainment) &&
+        ++bounded_probes >= (fixed_requests ? 1 : 2)) {
+      return StopSearch(absl::StrFormat(
+          "the SLO cannot be met: %s of %s requests are rejected (too long for the context or "
+          "the KV cache) at %s %s, so slo_attainment <= %.4g < --attainment %g",
+          absl::StrFormat("%.0f", rejected), figures["requests"],
+          fixed_requests ? "every" : "this and an earlier", o.vary_rate ? "rate" : "replica count",
+          (requests - rejected) / requests, o.attainment));
+    }
+    return absl::OkStatus();
   };
   std::cout << absl::StrFormat("search: %s %s from %s (%s), SLO %s, attainment >= %g\n",
                                o.vary_rate ? "max" : "min", field, studies::FormatValue(start),
                                o.scenario_args.scenario, o.slo, o.attainment)
             << std::flush;
-  auto result = o.vary_rate ? studies::SearchMaxRate(start, o.tolerance, o.jobs, evaluate)
-                            : studies::SearchMinReplicas(static_cast<int64_t>(start),
-                                                         o.max_replicas, o.jobs, evaluate);
+  auto result =
+      o.vary_rate
+          ? studies::SearchMaxRate(start, o.tolerance, o.jobs, evaluate, on_step, o.max_probes)
+          : studies::SearchMinReplicas(static_cast<int64_t>(start), o.max_replicas, o.jobs,
+                                       evaluate, on_step, o.max_probes);
   // The table: the sequential algorithm's probes, then the answer; or,
-  // when the search stopped, every probe run and why it stopped.
+  // when the search stopped, its probes up to the stop and why it stopped.
   std::vector<std::string> header = {"step", "phase", field, "pass"};
   for (const studies::SloLimit& l : *slo) header.push_back(absl::StrCat(l.name, "_s"));
   for (const char* k : {"slo_attainment", "goodput_requests_per_s", "throughput_tokens_per_s",

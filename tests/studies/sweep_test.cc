@@ -450,5 +450,55 @@ TEST(SearchTest, DriverIsExactAndIndependentOfParallelism) {
   EXPECT_TRUE(absl::StrContains(never.status().message(), "--max-replicas 16")) << never.status();
 }
 
+// Stops are decided on the sequential algorithm's probes: a stop from
+// on_step (at its k-th probe) or from the probe cap reports the same probes,
+// in the same order, with the same message, at any parallelism.
+TEST(SearchTest, StopsAreIndependentOfParallelism) {
+  const double threshold = 13.7;
+  auto passes = [&](const std::vector<double>& v) -> absl::StatusOr<std::vector<bool>> {
+    std::vector<bool> out;
+    for (double x : v) out.push_back(x <= threshold);
+    return out;
+  };
+  for (int stop_at : {1, 3, 6}) {
+    std::vector<double> first;
+    for (int parallel : {1, 2, 4, 7}) {
+      std::vector<double> seen;
+      auto r = SearchMaxRate(1.0, 0.01, parallel, passes, [&](const SearchStep& s) {
+        seen.push_back(s.value);
+        return static_cast<int>(seen.size()) == stop_at ? absl::FailedPreconditionError("stop")
+                                                        : absl::OkStatus();
+      });
+      ASSERT_FALSE(r.ok());
+      EXPECT_EQ(r.status().message(), "stop");
+      ASSERT_EQ(seen.size(), static_cast<size_t>(stop_at)) << "parallel " << parallel;
+      if (parallel == 1) first = seen;
+      EXPECT_EQ(seen, first) << "parallel " << parallel;
+    }
+  }
+  for (int cap : {1, 2, 5}) {
+    for (int parallel : {1, 2, 4, 7}) {
+      int steps = 0, ran = 0;
+      auto r = SearchMaxRate(
+          1.0, 0.01, parallel,
+          [&](const std::vector<double>& v) {
+            ran += static_cast<int>(v.size());
+            return passes(v);
+          },
+          [&](const SearchStep&) {
+            ++steps;
+            return absl::OkStatus();
+          },
+          cap);
+      ASSERT_FALSE(r.ok());
+      EXPECT_EQ(r.status().message(), absl::StrCat("stopped after ", cap, " probes (--max-probes ",
+                                                   cap, ") without an answer"));
+      EXPECT_EQ(steps, cap) << "parallel " << parallel;
+      // Speculation never runs more than the cap's worth of probes at once.
+      EXPECT_LE(ran, cap * parallel) << "parallel " << parallel;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace servesim::studies
