@@ -33,8 +33,8 @@ struct SearchFlags {
   int jobs = 0;  // -j; 0: the cores available
 };
 
-// Stops the search from inside a probe's evaluation, with the reason
-// search.csv and the terminal give.
+// Stops the search from on_step (a probe of the sequential algorithm), with
+// the reason search.csv and the terminal give.
 absl::Status StopSearch(const std::string& why) { return absl::FailedPreconditionError(why); }
 
 }  // namespace
