@@ -353,6 +353,12 @@ class Engine {
     for (const auto& r : ranks_) {
       hit += r->scheduler.prefix_hit_tokens();
       query += r->scheduler.prefix_query_tokens();
+      if (const scheduler::PrefixCache* pc = r->scheduler.prefix_cache()) {
+        for (int k = 0; k < pc->num_tiers(); ++k) {
+          sh_->metrics->AddKvTier(pc->tier_config(k), pc->tier_stats(k),
+                                  r->scheduler.tier_hit_tokens(k));
+        }
+      }
     }
     sh_->metrics->AddPrefixCache(hit, query);
     sh_->metrics->MarkDone(replica_);
@@ -459,6 +465,7 @@ class Engine {
     it.bound = lead->batch->bound;
     it.batch_cap = batch_cap_;
     double time_s = 0, xpu_busy_s = 0, device_busy_s = 0;
+    double tier_s = 0;      // waiting for KV tiers (the slowest rank's)
     double pipe_bytes = 0;  // hidden states between pipeline stages
     cost_ = scheduler::IterationCost{};
     // Idle ranks' planners are alike (same model, layout and device), so
@@ -473,6 +480,9 @@ class Engine {
       } else if (r->batch != nullptr) {
         if (lockstep) r->planner.SetGroupTokens(group_tokens);
         ASSIGN_OR_RETURN(r->cost, r->planner.Plan(*r->batch));
+        tier_s = std::max(tier_s,
+                          scheduler::KvTierWaitS(*r->batch, r->cost.time_s, pool_->model.num_layers,
+                                                 pool_->kv_tier_layerwise));
         it.batch_size += static_cast<int32_t>(r->batch->entries.size());
         it.prefill_tokens += r->batch->prefill_tokens;
         it.decode_tokens += r->batch->decode_tokens;
@@ -517,8 +527,9 @@ class Engine {
     }
     if (pool_->xpu_power_cap_w > 0) ApplyPowerCap(&cost_);
     const scheduler::IterationCost* cost = &cost_;
-    // The engine's host time per step that does not overlap the xPUs.
-    const double duration = cost->time_s + pool_->step_overhead_s;
+    // The engine's host time per step that does not overlap the xPUs, and
+    // the wait for KV tiers.
+    const double duration = cost->time_s + pool_->step_overhead_s + tier_s;
     device_busy_total_s_ += cost->device_busy_s;
     it.duration_s = duration;
     // The xPUs' active power over their busy time (cluster.xpu.active_power_w).

@@ -426,11 +426,18 @@ constexpr absl::string_view kLinkPresets[][2] = {
 //  - HGX B200 (DGX B200): 8 x B200 (NVLink 5, 1.8 TB/s per GPU), 8 x
 //    ConnectX-7 400 Gb/s compute ports.
 // An Ethernet fabric: set cluster.internode { preset: "roce-400g" }.
+// Host memory: 2 TB on each (the DGX A100 80GB, DGX H100, DGX H200 and
+// DGX B200 datasheets; 32 x 64 GiB DIMMs, 2 TiB; the DGX B200 takes up to
+// 4 TB as an option).
 constexpr absl::string_view kNodePresets[][2] = {
-    {"dgx-a100", R"pb(xpu: "a100-80gb" xpus: 8 nic: "infiniband-hdr")pb"},
-    {"dgx-h100", R"pb(xpu: "h100-sxm-80gb" xpus: 8 nic: "infiniband-ndr")pb"},
-    {"dgx-h200", R"pb(xpu: "h200-sxm-141gb" xpus: 8 nic: "infiniband-ndr")pb"},
-    {"hgx-b200", R"pb(xpu: "b200-180gb" xpus: 8 nic: "infiniband-ndr")pb"},
+    {"dgx-a100",
+     R"pb(xpu: "a100-80gb" xpus: 8 nic: "infiniband-hdr" host_memory_bytes: 2199023255552)pb"},
+    {"dgx-h100",
+     R"pb(xpu: "h100-sxm-80gb" xpus: 8 nic: "infiniband-ndr" host_memory_bytes: 2199023255552)pb"},
+    {"dgx-h200",
+     R"pb(xpu: "h200-sxm-141gb" xpus: 8 nic: "infiniband-ndr" host_memory_bytes: 2199023255552)pb"},
+    {"hgx-b200",
+     R"pb(xpu: "b200-180gb" xpus: 8 nic: "infiniband-ndr" host_memory_bytes: 2199023255552)pb"},
 };
 
 template <typename Msg, size_t N>

@@ -274,7 +274,7 @@ Summary ComputeSummary(const MetricsCollector& metrics) {
                              : 0;
   // Dynamic energy: the iterations' ops and the KV moved between pools;
   // static: what the replicas draw over the run (docs/energy.md).
-  s.energy_dynamic_j = it.energy_j + metrics.transfer_energy_j();
+  s.energy_dynamic_j = it.energy_j + metrics.transfer_energy_j() + metrics.kv_tier_energy_j();
   s.energy_static_j = metrics.energy().static_total();
   s.energy_j = s.energy_dynamic_j + s.energy_static_j;
   s.energy_parts = metrics.energy();
@@ -283,6 +283,7 @@ Summary ComputeSummary(const MetricsCollector& metrics) {
   if (s.iterations > 0) s.batch_size_mean = it.batch_sum / static_cast<double>(s.iterations);
   s.prefix_hit_tokens = metrics.prefix_hit_tokens();
   s.prefix_query_tokens = metrics.prefix_query_tokens();
+  s.kv_tiers = metrics.kv_tiers();
   s.device_busy_s = metrics.energy().device_busy_s;
   s.device_dram_bytes = metrics.energy().device_dram_bytes;
   if (it.busy_s > 0) s.kv_utilization_mean = it.kv_weighted / it.busy_s;

@@ -143,6 +143,35 @@ class MetricsCollector {
   double ttft_transfer_sum_s() const { return ttft_transfer_sum_; }
   double ttft_handed_off_sum_s() const { return ttft_handed_off_sum_; }
 
+  // One scheduler's lower KV tier (docs/kv_tiers.md), added as its
+  // replica ends: totals per tier name; the traffic's energy counts as
+  // link energy.
+  void AddKvTier(const scheduler::KvTierConfig& config, const scheduler::KvTierStats& stats,
+                 int64_t hit_tokens) {
+    KvTierTotals* t = nullptr;
+    for (KvTierTotals& x : kv_tiers_) {
+      if (x.name == config.name) t = &x;
+    }
+    if (t == nullptr) {
+      kv_tiers_.push_back(KvTierTotals{});
+      t = &kv_tiers_.back();
+      t->name = config.name;
+    }
+    t->capacity_blocks += config.capacity_blocks;
+    t->hit_tokens += hit_tokens;
+    t->loaded_blocks += stats.loaded;
+    t->stored_blocks += stats.stored;
+    t->dropped_blocks += stats.dropped;
+    t->loaded_bytes += static_cast<double>(stats.loaded) * config.bytes_per_block;
+    t->stored_bytes += static_cast<double>(stats.stored) * config.bytes_per_block;
+    const double j =
+        static_cast<double>(stats.loaded + stats.stored) * config.energy_pj_per_block * 1e-12;
+    t->energy_j += j;
+    kv_tier_energy_j_ += j;
+    energy_.links += j;
+  }
+  const std::vector<KvTierTotals>& kv_tiers() const { return kv_tiers_; }
+  double kv_tier_energy_j() const { return kv_tier_energy_j_; }
   // A replica's prefix-cache totals, added as it ends.
   void AddPrefixCache(int64_t hit_tokens, int64_t query_tokens) {
     prefix_hit_tokens_ += hit_tokens;
@@ -216,6 +245,8 @@ class MetricsCollector {
   int64_t prefix_hit_tokens_ = 0, prefix_query_tokens_ = 0;
   int64_t handoffs_ = 0;
   double kv_bytes_ = 0, transfer_energy_j_ = 0;
+  std::vector<KvTierTotals> kv_tiers_;
+  double kv_tier_energy_j_ = 0;
   int64_t power_capped_ = 0;
   std::vector<LinkLoad> links_;
   QuantileAccumulator ttft_prefill_, ttft_transfer_, ttft_decode_;
@@ -257,6 +288,8 @@ struct Summary {
   // Prefix caching: prompt tokens admissions found cached, and prompt
   // tokens admitted (hit rate = hit / query); both 0 without caching.
   int64_t prefix_hit_tokens = 0, prefix_query_tokens = 0;
+  // Lower KV tiers, in the scenario's order (empty without).
+  std::vector<KvTierTotals> kv_tiers;
   // Disaggregation (handoffs > 0): requests handed from the prefill pool
   // to the decode pool, the KV bytes moved, TTFT's parts over completed
   // requests (MetricsCollector::ttft_prefill() and after), the transfer's

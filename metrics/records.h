@@ -74,6 +74,16 @@ struct LinkLoad {
   double bytes = 0;                  // both directions
 };
 
+// A lower KV tier over the run (docs/kv_tiers.md), summed over replicas.
+struct KvTierTotals {
+  std::string name;             // "host_dram", "cxl", "ssd"
+  int64_t capacity_blocks = 0;  // summed over the replicas' caches
+  int64_t hit_tokens = 0;       // prompt tokens loaded from it instead of computed
+  int64_t loaded_blocks = 0, stored_blocks = 0, dropped_blocks = 0;
+  double loaded_bytes = 0, stored_bytes = 0;  // the whole replicas' (every xPU's shard)
+  double energy_j = 0;                        // of loads and stores over its link
+};
+
 // A sampled iteration's schedule for timeline.json.
 struct TimelineIteration {
   int32_t replica = 0;

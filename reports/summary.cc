@@ -137,6 +137,27 @@ std::string SummaryJson(const ResolvedScenario& sc, const Workload& wl,
                                                     static_cast<double>(s.prefix_query_tokens)
                                               : 0.0));
   }
+  if (!s.kv_tiers.empty()) {
+    // Per lower tier (docs/kv_tiers.md): its share of the prompt tokens
+    // admitted (hit_rate), and its traffic.
+    std::string b = "[";
+    for (size_t i = 0; i < s.kv_tiers.size(); ++i) {
+      const metrics::KvTierTotals& k = s.kv_tiers[i];
+      absl::StrAppend(
+          &b, i ? ", " : "", "{\"name\": ", JsonString(k.name),
+          ", \"capacity_blocks\": ", k.capacity_blocks, ", \"hit_tokens\": ", k.hit_tokens,
+          ", \"hit_rate\": ",
+          FormatFigure(s.prefix_query_tokens > 0 ? static_cast<double>(k.hit_tokens) /
+                                                       static_cast<double>(s.prefix_query_tokens)
+                                                 : 0.0),
+          ", \"loaded_blocks\": ", k.loaded_blocks, ", \"stored_blocks\": ", k.stored_blocks,
+          ", \"dropped_blocks\": ", k.dropped_blocks,
+          ", \"loaded_bytes\": ", FormatFigure(k.loaded_bytes),
+          ", \"stored_bytes\": ", FormatFigure(k.stored_bytes),
+          ", \"energy_j\": ", FormatFigure(k.energy_j), "}");
+    }
+    kv("kv_tiers", b + "]");
+  }
   if (sc.disaggregated()) {
     // The pools, the hand-offs and TTFT's parts (docs/disaggregation.md).
     auto pool = [&](const ResolvedScenario& ps) {
@@ -289,6 +310,28 @@ std::string FormatSummaryTable(const ResolvedScenario& sc, const Workload& wl,
                         s.batch_size_mean, s.batch_size_max, s.iterations);
   absl::StrAppendFormat(&t, "  KV cache   mean %.1f%%, max %.1f%% used\n",
                         100 * s.kv_utilization_mean, 100 * s.kv_utilization_max);
+  if (!s.kv_tiers.empty()) {
+    int64_t lower = 0;
+    std::string parts;
+    for (const metrics::KvTierTotals& k : s.kv_tiers) lower += k.hit_tokens;
+    auto share = [&](int64_t tokens) {
+      return s.prefix_query_tokens > 0
+                 ? 100.0 * static_cast<double>(tokens) / static_cast<double>(s.prefix_query_tokens)
+                 : 0.0;
+    };
+    for (const metrics::KvTierTotals& k : s.kv_tiers) {
+      absl::StrAppendFormat(&parts, ", %s %.1f%%", k.name, share(k.hit_tokens));
+    }
+    double loaded = 0, stored = 0;
+    for (const metrics::KvTierTotals& k : s.kv_tiers) {
+      loaded += k.loaded_bytes;
+      stored += k.stored_bytes;
+    }
+    absl::StrAppendFormat(&t,
+                          "  KV tiers   prompt tokens found in HBM %.1f%%%s; %.2f GB loaded, "
+                          "%.2f GB stored\n",
+                          share(s.prefix_hit_tokens - lower), parts, loaded / 1e9, stored / 1e9);
+  }
   if (sc.disaggregated()) {
     double busiest = 0;
     std::string busiest_name = "-";

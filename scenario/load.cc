@@ -63,14 +63,22 @@ int LineOf(const TextFormat::ParseInfoTree* tree, absl::string_view field_path, 
   const std::vector<absl::string_view> parts = absl::StrSplit(field_path, '.');
   for (size_t i = 0; i < parts.size(); ++i) {
     if (tree == nullptr || desc == nullptr) break;
-    const FieldDescriptor* f = desc->FindFieldByName(std::string(parts[i]));
+    // "name[i]": element i of a repeated field (else its first).
+    absl::string_view name = parts[i];
+    int index = 0;
+    if (const size_t open = name.find('['); open != absl::string_view::npos && name.back() == ']') {
+      if (!absl::SimpleAtoi(name.substr(open + 1, name.size() - open - 2), &index) || index < 0)
+        break;
+      name = name.substr(0, open);
+    }
+    const FieldDescriptor* f = desc->FindFieldByName(std::string(name));
     if (f == nullptr) break;
-    const auto loc = tree->GetLocation(f, f->is_repeated() ? 0 : -1);
+    const auto loc = tree->GetLocation(f, f->is_repeated() ? index : -1);
     if (loc.line < 0) break;
     line = loc.line;
     if (i + 1 == parts.size()) *exact = true;
     if (f->cpp_type() != FieldDescriptor::CPPTYPE_MESSAGE) break;
-    tree = tree->GetTreeForNested(f, f->is_repeated() ? 0 : -1);
+    tree = tree->GetTreeForNested(f, f->is_repeated() ? index : -1);
     desc = f->message_type();
   }
   return line;

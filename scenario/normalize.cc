@@ -108,6 +108,22 @@ absl::Status NormalizeCluster(LoadedScenario* scenario) {
   }
   RETURN_IF_ERROR(FillFromPreset(c->mutable_interconnect(), &devices::LinkPreset, *scenario, "cluster.interconnect"));
   RETURN_IF_ERROR(FillFromPreset(c->mutable_frontend(), &devices::LinkPreset, *scenario, "cluster.frontend"));
+  if (c->has_kv_tiers()) {
+    auto* kt = c->mutable_kv_tiers();
+    if (kt->write() == servesim::v1::KV_TIER_WRITE_UNSPECIFIED) {
+      kt->set_write(servesim::v1::KV_TIER_WRITE_THROUGH);
+    }
+    if (kt->load() == servesim::v1::KV_TIER_LOAD_UNSPECIFIED) {
+      kt->set_load(servesim::v1::KV_TIER_LOAD_BLOCKING);
+    }
+    for (int i = 0; i < kt->tier_size(); ++i) {
+      auto* link = kt->mutable_tier(i)->mutable_link();
+      RETURN_IF_ERROR(FillFromPreset(link, &devices::LinkPreset, *scenario,
+                                     absl::StrCat("cluster.kv_tiers.tier[", i, "].link")));
+      if (!link->has_latency_s()) link->set_latency_s(0);
+      if (!link->has_energy_pj_per_byte()) link->set_energy_pj_per_byte(0);
+    }
+  }
   // Explicit hardware without a preset still gets the documented defaults.
   auto* x = c->mutable_xpu();
   if (!x->has_compute_utilization()) x->set_compute_utilization(0.8);

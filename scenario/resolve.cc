@@ -4,13 +4,16 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <set>
 #include <string>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
 #include "agents/remote_device.h"
 #include "common/status_macros.h"
 #include "devices/attacc/attacc_device.h"
@@ -285,6 +288,87 @@ absl::StatusOr<ResolvedScenario> ResolveDisaggregated(const LoadedScenario& sc) 
   out.kv_bytes_per_token = static_cast<double>(out.model.KvBytesPerToken());
   return out;
 }
+
+namespace {
+
+// cluster.kv_tiers (docs/kv_tiers.md): checks each tier and sizes it in
+// blocks of `kv_bytes_per_token_per_xpu` x block tokens per xPU.
+absl::Status ResolveKvTiers(const LoadedScenario& sc, double kv_bytes_per_token_per_xpu,
+                            ResolvedScenario* out) {
+  const auto& c = sc.proto.cluster();
+  const auto& kt = c.kv_tiers();
+  auto fail = [&](absl::string_view path, absl::string_view what) {
+    return absl::InvalidArgumentError(absl::StrCat(sc.Where(path), ": ", path, ": ", what));
+  };
+  if (!out->batching.prefix_caching) {
+    return fail("cluster.kv_tiers",
+                "lower KV tiers keep prefix-cached blocks; set scheduler.prefix_caching: true");
+  }
+  if (out->has_attention_device) {
+    return fail("cluster.kv_tiers",
+                "not modelled with an attention device (its memory holds the KV cache, and "
+                "the path from its stacks to a host tier is not described)");
+  }
+  if (kt.tier_size() < 1 || kt.tier_size() > scheduler::kMaxKvTiers) {
+    return fail("cluster.kv_tiers.tier",
+                absl::StrCat(kt.tier_size(), " tiers; allowed 1..", scheduler::kMaxKvTiers));
+  }
+  const double block_bytes =
+      static_cast<double>(out->batching.kv_block_tokens) * kv_bytes_per_token_per_xpu;
+  const double xpus = static_cast<double>(out->tensor_parallel);
+  std::set<int> kinds;
+  Checker ck(sc);
+  for (int i = 0; i < kt.tier_size(); ++i) {
+    const auto& t = kt.tier(i);
+    const std::string base = absl::StrCat("cluster.kv_tiers.tier[", i, "]");
+    if (t.kind() == servesim::v1::KV_TIER_KIND_UNSPECIFIED) {
+      return fail(base + ".kind", "not set; one of KV_TIER_HOST_DRAM, KV_TIER_CXL, KV_TIER_SSD");
+    }
+    if (!kinds.insert(t.kind()).second) {
+      return fail(base + ".kind",
+                  absl::StrCat(servesim::v1::KvTierKind_Name(t.kind()), " appears twice"));
+    }
+    if (!t.link().has_bandwidth_bytes_per_s()) {
+      return fail(base + ".link",
+                  "not set: give a preset (\"pcie5\", ...) or bandwidth_bytes_per_s");
+    }
+    ck.PositiveAtMost(base + ".capacity_bytes_per_xpu", t.capacity_bytes_per_xpu(), 1e15);
+    ck.Positive(base + ".link.bandwidth_bytes_per_s", t.link().bandwidth_bytes_per_s());
+    ck.Range<double>(base + ".link.latency_s", t.link().latency_s(), 0, 1);
+    ck.Range<double>(base + ".link.energy_pj_per_byte", t.link().energy_pj_per_byte(), 0, 1e6);
+    RETURN_IF_ERROR(ck.status());
+    const int64_t per_node = c.xpus_per_node();
+    const double host = c.node().host_memory_bytes();
+    if (t.kind() == servesim::v1::KV_TIER_HOST_DRAM && host > 0 && per_node > 0 &&
+        t.capacity_bytes_per_xpu() * static_cast<double>(per_node) > host) {
+      return fail(base + ".capacity_bytes_per_xpu",
+                  absl::StrCat(t.capacity_bytes_per_xpu(), " x ", per_node,
+                               " xPUs per node = ", t.capacity_bytes_per_xpu() * per_node,
+                               " bytes exceeds the node's host memory (cluster.node."
+                               "host_memory_bytes = ",
+                               host, "); allowed at most ", host / per_node, " per xPU"));
+    }
+    scheduler::KvTierConfig tc;
+    tc.name = absl::AsciiStrToLower(
+        absl::StripPrefix(servesim::v1::KvTierKind_Name(t.kind()), "KV_TIER_"));
+    tc.capacity_blocks = scheduler::KvBlocksIn(t.capacity_bytes_per_xpu(), block_bytes);
+    if (tc.capacity_blocks < 1) {
+      return fail(base + ".capacity_bytes_per_xpu",
+                  absl::StrCat(t.capacity_bytes_per_xpu(), " holds no KV block of ", block_bytes,
+                               " bytes per xPU"));
+    }
+    tc.seconds_per_block = block_bytes / t.link().bandwidth_bytes_per_s();
+    tc.latency_s = t.link().latency_s();
+    tc.bytes_per_block = block_bytes * xpus;
+    tc.energy_pj_per_block = tc.bytes_per_block * t.link().energy_pj_per_byte();
+    out->batching.kv_tiers.push_back(std::move(tc));
+  }
+  out->batching.kv_tier_write_through = kt.write() != servesim::v1::KV_TIER_WRITE_ON_EVICT;
+  out->kv_tier_layerwise = kt.load() == servesim::v1::KV_TIER_LOAD_LAYERWISE;
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 absl::StatusOr<ResolvedScenario> Resolve(const LoadedScenario& sc) {
   if (sc.proto.cluster().has_disaggregation()) return ResolveDisaggregated(sc);
@@ -916,6 +1000,9 @@ absl::StatusOr<ResolvedScenario> Resolve(const LoadedScenario& sc) {
   out.batching.kv_capacity_blocks = out.kv.blocks;
   out.batching.kv_watermark = s.kv_watermark();
   out.batching.max_context_tokens = m.max_context_tokens();
+  if (c.has_kv_tiers()) {
+    RETURN_IF_ERROR(ResolveKvTiers(sc, static_cast<double>(kin.kv_bytes_per_token_per_xpu), &out));
+  }
   switch (s.routing()) {
     case servesim::v1::ROUTING_POLICY_LEAST_OUTSTANDING:
       out.routing = scheduler::RoutingPolicy::kLeastOutstanding;

@@ -115,6 +115,9 @@ struct ResolvedScenario {
   double activation_bytes_per_xpu = 0;
   double runtime_reserve_bytes_per_xpu = 0;  // scheduler.runtime_reserve_bytes
   double step_overhead_s = 0;                // scheduler.step_overhead_s, per iteration
+  // cluster.kv_tiers.load LAYERWISE: a step's tier loads overlap its
+  // layers (else they precede it); the tiers are batching.kv_tiers.
+  bool kv_tier_layerwise = false;
   // Power (docs/energy.md): each xPU's idle and active power, the host's share per
   // replica (cluster.power.host_w_per_node x its share of nodes), the
   // per-xPU cap (0: none), and the attention device's static power when

@@ -28,6 +28,16 @@ Batch UniformBatch(int64_t b, int64_t new_tokens, int64_t past_tokens) {
   return batch;
 }
 
+double KvTierWaitS(const Batch& b, double compute_s, int64_t layers, bool layerwise) {
+  double load = b.kv_tier_load_s;
+  if (layerwise && load > 0 && layers > 0) {
+    const double l = static_cast<double>(layers);
+    load = std::max(0.0,
+                    load / l + (l - 1) / l * std::max(load, compute_s) + compute_s / l - compute_s);
+  }
+  return b.kv_tier_store_s + load;
+}
+
 ReplicaScheduler::ReplicaScheduler(const BatchingConfig& config)
     : config_(config),
       kv_(config.kv_capacity_blocks),
@@ -38,7 +48,9 @@ ReplicaScheduler::ReplicaScheduler(const BatchingConfig& config)
         config.placement_stacks, config.placement_capacity_tokens,
         config.placement_kv_heads);
   }
-  if (config.prefix_caching) prefix_ = std::make_unique<PrefixCache>(&kv_);
+  if (config.prefix_caching) {
+    prefix_ = std::make_unique<PrefixCache>(&kv_, config.kv_tiers, config.kv_tier_write_through);
+  }
 }
 
 namespace {
@@ -93,7 +105,7 @@ PrefixCache::Match ReplicaScheduler::PrefixMatch(int32_t slot) {
 
 void ReplicaScheduler::TakePrefix(int32_t slot, const PrefixCache::Match& match) {
   RequestState& r = table_[slot];
-  prefix_->Acquire(key_scratch_, match.blocks);
+  prefix_->Acquire(key_scratch_, match);
   r.block_keys.assign(key_scratch_.begin(), key_scratch_.begin() + match.blocks);
   r.blocks = match.blocks;
   r.hashed_blocks = match.blocks;
@@ -102,6 +114,9 @@ void ReplicaScheduler::TakePrefix(int32_t slot, const PrefixCache::Match& match)
   r.context_tokens = cached;
   prefix_hit_tokens_ += cached;
   prefix_query_tokens_ += r.prompt_tokens;
+  for (int k = 0; k < kMaxKvTiers; ++k) {
+    tier_hit_tokens_[k] += match.from_tier[k] * config_.kv_block_tokens;
+  }
 }
 
 bool ReplicaScheduler::Grow(int32_t slot, int64_t tokens) {
@@ -193,7 +208,8 @@ bool ReplicaScheduler::TryAdmit(int32_t slot, int64_t tokens_so_far) {
     batch_.bound = BatchBound::kTokenBudget;
     return false;
   }
-  const int64_t need = BlocksFor(r.prompt_tokens) - match.blocks;
+  // Blocks loaded from a lower tier need fresh HBM blocks too.
+  const int64_t need = BlocksFor(r.prompt_tokens) - match.blocks + match.loads;
   if (kv_.free() - match.evictable - need < watermark_blocks_) {
     batch_.bound = BatchBound::kCapacity;
     return false;
@@ -278,10 +294,32 @@ void ReplicaScheduler::ScheduleDecodes() {
 const Batch& ReplicaScheduler::Schedule(double now_s) {
   (void)now_s;  // FCFS needs no clock; kept for SLO-aware policies.
   batch_.Clear();
+  SchedulePolicy();
+  if (prefix_ != nullptr && prefix_->num_tiers() > 0) CostTierMoves();
+  return batch_;
+}
+
+void ReplicaScheduler::CostTierMoves() {
+  const PrefixCache::Moved moved = prefix_->TakeMoved();
+  for (int k = 0; k < prefix_->num_tiers(); ++k) {
+    const KvTierConfig& t = prefix_->tier_config(k);
+    if (moved.loads[k] > 0) {
+      batch_.kv_tier_load_s +=
+          t.latency_s + static_cast<double>(moved.loads[k]) * t.seconds_per_block;
+    }
+    batch_.kv_tier_loads += moved.loads[k];
+  }
+  if (!config_.kv_tier_write_through && moved.stores > 0) {
+    const KvTierConfig& t = prefix_->tier_config(0);
+    batch_.kv_tier_store_s = t.latency_s + static_cast<double>(moved.stores) * t.seconds_per_block;
+  }
+}
+
+void ReplicaScheduler::SchedulePolicy() {
   const int64_t budget = config_.max_tokens_per_iteration;
   if (config_.policy == BatchingPolicy::kVllmV1) {
     ScheduleVllmV1();
-    return batch_;
+    return;
   }
 
   if (config_.policy == BatchingPolicy::kPrefillFirst) {
@@ -304,7 +342,7 @@ const Batch& ReplicaScheduler::Schedule(double now_s) {
       ScheduleDecodes();
       batch_.bound = bound;
     }
-    return batch_;
+    return;
   }
 
   // Chunked prefill: decodes first, then prompt chunks.
@@ -338,7 +376,6 @@ const Batch& ReplicaScheduler::Schedule(double now_s) {
     batch_.emitting += last ? 1 : 0;
     left -= chunk;
   }
-  return batch_;
 }
 
 void ReplicaScheduler::ScheduleVllmV1() {

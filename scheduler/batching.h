@@ -46,6 +46,13 @@
 //    request first takes the cached blocks its prompt's leading block hashes
 //    name (leaving at least one token to compute), then computes the rest;
 //    every block that fills is cached.
+//  - kv_tiers (with prefix_caching; scheduler/prefix_cache.h): lower tiers
+//    keep blocks HBM no longer holds; a prompt's leading blocks found only
+//    there are loaded into fresh HBM blocks as it is admitted. The step
+//    that admits it waits for the loads (Batch::kv_tier_load_s: per tier, its
+//    latency plus blocks x seconds per block, the tiers one after the
+//    other), and under write-on-evict for the stores of the blocks its
+//    allocations evict; write-through stores overlap the steps.
 //  - A request whose KV arrives with it (RequestSpec::kv_ready_tokens)
 //    needs blocks for its whole prompt at admission, as any other, but
 //    computes only the rest (at least its last prompt token); preempted, it
@@ -80,6 +87,10 @@ struct BatchingConfig {
   int64_t max_context_tokens = 0;
   bool prefix_caching = false;
   int64_t long_prefill_token_threshold = 0;  // kVllmV1; 0: none
+  // Lower KV tiers, fastest first (prefix_caching only), and when blocks
+  // enter the first: as they are cached (true) or as HBM evicts them.
+  std::vector<KvTierConfig> kv_tiers;
+  bool kv_tier_write_through = true;
   // Head-wise placement on attention-device stacks (AttAcc); off when
   // placement_stacks == 0. Capacity is per stack, in KV positions of one
   // head across all layers.
@@ -120,12 +131,19 @@ struct Batch {
   int64_t decode_tokens = 0;
   int64_t emitting = 0;  // entries that produce a token (LM-head rows)
   BatchBound bound = BatchBound::kNone;
+  // KV tiers: the time the blocks moved between the tiers and HBM as the
+  // step was scheduled take (loads of cache hits; stores of evicted blocks
+  // under write-on-evict, which precede the step), and the blocks loaded.
+  double kv_tier_load_s = 0, kv_tier_store_s = 0;
+  int64_t kv_tier_loads = 0;
   bool empty() const { return entries.empty(); }
   // Back to an empty batch, keeping the entries' storage.
   void Clear() {
     entries.clear();
     prefill_tokens = decode_tokens = emitting = 0;
     bound = BatchBound::kNone;
+    kv_tier_load_s = kv_tier_store_s = 0;
+    kv_tier_loads = 0;
   }
 };
 
@@ -133,6 +151,13 @@ struct Batch {
 // decoding (new_tokens == 1) or prefilling `new_tokens` tokens; for costing
 // hypothetical iterations (SLO caps, saturated studies).
 Batch UniformBatch(int64_t b, int64_t new_tokens, int64_t past_tokens);
+
+// How much longer a step of `compute_s` is for its KV-tier moves
+// (docs/kv_tiers.md): stores of evicted blocks precede it; loads too, or,
+// `layerwise`, stream one layer's KV ahead of that layer: a two-stage
+// pipeline of `layers` equal stages, which ends at load/L + (L-1)/L x
+// max(load, compute) + compute/L.
+double KvTierWaitS(const Batch& b, double compute_s, int64_t layers, bool layerwise);
 
 // Per-request state the scheduler keeps; observers read it.
 struct RequestState {
@@ -196,6 +221,8 @@ class ReplicaScheduler {
   // admitted, over the run (their ratio is the hit rate); null cache: 0.
   int64_t prefix_hit_tokens() const { return prefix_hit_tokens_; }
   int64_t prefix_query_tokens() const { return prefix_query_tokens_; }
+  // Of prefix_hit_tokens, those loaded from lower tier k.
+  int64_t tier_hit_tokens(int k) const { return tier_hit_tokens_[k]; }
   const PrefixCache* prefix_cache() const { return prefix_.get(); }
   const StackPlacement* placement() const { return placement_.get(); }
   // Mean KV length the next decode step would see: over running requests
@@ -232,6 +259,10 @@ class ReplicaScheduler {
   bool ReserveDecodeSlot(int32_t slot);
   void ScheduleDecodes();
   void ScheduleVllmV1();
+  // The policy's part of Schedule.
+  void SchedulePolicy();
+  // Batch::kv_tier_*_s of the blocks moved while scheduling.
+  void CostTierMoves();
   int32_t NewSlot(const RequestSpec& spec);
   // Prefix caching: the hash naming block `b` of the request in `slot`
   // (its trace's, or one of its own past what the trace says).
@@ -267,6 +298,7 @@ class ReplicaScheduler {
   std::unique_ptr<PrefixCache> prefix_;
   std::vector<uint64_t> key_scratch_;
   int64_t prefix_hit_tokens_ = 0, prefix_query_tokens_ = 0;
+  int64_t tier_hit_tokens_[kMaxKvTiers] = {0, 0, 0, 0};
 };
 
 }  // namespace servesim::scheduler

@@ -1,31 +1,106 @@
 #include "scheduler/prefix_cache.h"
 
 #include <algorithm>
+#include <utility>
 
 namespace servesim::scheduler {
+
+PrefixCache::PrefixCache(KvBlockPool* pool, std::vector<KvTierConfig> tiers, bool write_through)
+    : pool_(pool), write_through_(write_through) {
+  for (KvTierConfig& c : tiers) {
+    Tier t;
+    t.config = std::move(c);
+    tiers_.push_back(std::move(t));
+  }
+}
+
+int PrefixCache::TierOf(uint64_t hash) const {
+  for (size_t k = 0; k < tiers_.size(); ++k) {
+    if (tiers_[k].where.contains(hash)) return static_cast<int>(k);
+  }
+  return -1;
+}
+
+bool PrefixCache::Contains(uint64_t hash) const {
+  return entries_.contains(hash) || TierOf(hash) >= 0;
+}
 
 PrefixCache::Match PrefixCache::Lookup(absl::Span<const uint64_t> hashes,
                                        int64_t max_blocks) const {
   Match m;
   const int64_t n = std::min<int64_t>(max_blocks, static_cast<int64_t>(hashes.size()));
   for (int64_t i = 0; i < n; ++i) {
-    auto it = entries_.find(hashes[static_cast<size_t>(i)]);
-    if (it == entries_.end()) break;
+    const uint64_t h = hashes[static_cast<size_t>(i)];
+    auto it = entries_.find(h);
+    if (it != entries_.end()) {
+      ++m.blocks;
+      if (it->second.refs == 0) ++m.evictable;
+      continue;
+    }
+    const int k = TierOf(h);
+    if (k < 0) break;
     ++m.blocks;
-    if (it->second.refs == 0) ++m.evictable;
+    ++m.loads;
+    ++m.from_tier[k];
   }
   return m;
 }
 
-void PrefixCache::Acquire(absl::Span<const uint64_t> hashes, int64_t blocks) {
-  for (int64_t i = 0; i < blocks; ++i) {
-    Entry& e = entries_.at(hashes[static_cast<size_t>(i)]);
+void PrefixCache::Acquire(absl::Span<const uint64_t> hashes, const Match& match) {
+  // HBM hits first, so that the loads' fresh blocks cannot evict them.
+  for (int64_t i = 0; i < match.blocks; ++i) {
+    auto it = entries_.find(hashes[static_cast<size_t>(i)]);
+    if (it == entries_.end()) continue;
+    Entry& e = it->second;
     if (e.refs == 0) {
       lru_.erase(e.lru);
       pool_->TryAllocate(1);  // back in use (it was free in the pool's count)
     }
     ++e.refs;
   }
+  if (match.loads == 0) return;
+  // The loads read their tiers before the fresh blocks' evictions write
+  // into them (a block pushed out of a tier meanwhile is already read).
+  for (int64_t i = 0; i < match.blocks; ++i) {
+    const uint64_t h = hashes[static_cast<size_t>(i)];
+    if (entries_.contains(h)) continue;
+    Tier& t = tiers_[static_cast<size_t>(TierOf(h))];
+    t.lru.splice(t.lru.end(), t.lru, t.where.at(h));  // used: most recent
+    ++t.stats.loaded;
+    ++moved_.loads[&t - tiers_.data()];
+  }
+  AllocateFresh(match.loads);  // CanAllocate said so
+  for (int64_t i = 0; i < match.blocks; ++i) {
+    const uint64_t h = hashes[static_cast<size_t>(i)];
+    auto [it, inserted] = entries_.try_emplace(h);
+    if (inserted) it->second.refs = 1;
+  }
+}
+
+void PrefixCache::Store(int k, uint64_t hash) {
+  Tier& t = tiers_[static_cast<size_t>(k)];
+  if (auto it = t.where.find(hash); it != t.where.end()) {
+    t.lru.splice(t.lru.end(), t.lru, it->second);
+    return;
+  }
+  while (static_cast<int64_t>(t.lru.size()) >= t.config.capacity_blocks && !t.lru.empty()) {
+    const uint64_t victim = t.lru.front();
+    t.where.erase(victim);
+    t.lru.pop_front();
+    ++t.stats.dropped;
+    if (k + 1 < num_tiers()) Store(k + 1, victim);
+  }
+  if (t.config.capacity_blocks <= 0) return;
+  t.lru.push_back(hash);
+  t.where.emplace(hash, std::prev(t.lru.end()));
+  ++t.stats.stored;
+  if (k == 0) ++moved_.stores;
+}
+
+void PrefixCache::Evict(uint64_t hash) {
+  entries_.erase(hash);
+  ++evictions_;
+  if (!write_through_ && !tiers_.empty()) Store(0, hash);
 }
 
 bool PrefixCache::AllocateFresh(int64_t n) {
@@ -33,9 +108,9 @@ bool PrefixCache::AllocateFresh(int64_t n) {
   // Never-cached free blocks first; then the least recently freed cached.
   const int64_t never_cached = pool_->free() - evictable_blocks();
   for (int64_t k = n - never_cached; k > 0; --k) {
-    entries_.erase(lru_.front());
+    const uint64_t victim = lru_.front();
     lru_.pop_front();
-    ++evictions_;
+    Evict(victim);
   }
   pool_->TryAllocate(n);
   return true;
@@ -45,6 +120,7 @@ bool PrefixCache::Register(uint64_t hash) {
   auto [it, inserted] = entries_.try_emplace(hash);
   if (!inserted) return false;
   it->second.refs = 1;  // the block is already in use (allocated fresh)
+  if (write_through_ && !tiers_.empty()) Store(0, hash);
   return true;
 }
 

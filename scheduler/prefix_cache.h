@@ -18,11 +18,22 @@
 //  - The pool (KvBlockPool) counts the blocks in use: private blocks plus
 //    cached blocks with references. Evictable blocks are free in the pool's
 //    count; the cache keeps how many of them there are.
+//  - Lower tiers (KvTier; docs/kv_tiers.md): host DRAM, CXL or SSD below
+//    the device memory, each an LRU of block hashes with its own capacity,
+//    inclusive (a block may be in HBM and in a tier at once). A block
+//    enters the first tier when it is cached (write-through: vLLM's CPU
+//    offloading connector, LMCache) or when HBM evicts it (write-on-evict:
+//    SGLang's HiCache write-back); a tier that is full moves its least
+//    recently used block to the next tier down, or drops it from the last.
+//    A prompt's leading blocks match in HBM or in any tier; a block found
+//    only in a tier is loaded into a fresh HBM block (from the highest tier
+//    holding it) and cached there again.
 #ifndef SERVESIM_SCHEDULER_PREFIX_CACHE_H_
 #define SERVESIM_SCHEDULER_PREFIX_CACHE_H_
 
 #include <cstdint>
 #include <list>
+#include <string>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -31,24 +42,60 @@
 
 namespace servesim::scheduler {
 
+// The most lower tiers below the device memory.
+inline constexpr int kMaxKvTiers = 4;
+
+// A lower tier's size, in blocks (each xPU holds its shard of a block, as
+// in HBM).
+struct KvTierConfig {
+  std::string name;  // "host_dram", "cxl", "ssd"
+  int64_t capacity_blocks = 0;
+  // Cost of moving blocks between the tier and the xPUs: a batch of n
+  // blocks takes latency_s + n * seconds_per_block; bytes_per_block and
+  // energy_pj_per_block are the whole replica's (every xPU's shard).
+  double seconds_per_block = 0;
+  double latency_s = 0;
+  double bytes_per_block = 0;
+  double energy_pj_per_block = 0;
+};
+
+// Per tier, over the run, in blocks.
+struct KvTierStats {
+  int64_t loaded = 0;   // read back into HBM on a prompt's hit
+  int64_t stored = 0;   // written into this tier (from HBM or the tier above)
+  int64_t dropped = 0;  // evicted from this tier (to the next, or gone)
+};
+
 class PrefixCache {
  public:
-  explicit PrefixCache(KvBlockPool* pool) : pool_(pool) {}
+  // `tiers`: the lower tiers, fastest first (none: HBM only).
+  // `write_through`: store a block into the first tier as it is cached;
+  // else as HBM evicts it.
+  explicit PrefixCache(KvBlockPool* pool, std::vector<KvTierConfig> tiers = {},
+                       bool write_through = true);
 
   // How many of `hashes`' leading blocks are cached (at most `max_blocks`),
-  // and how many of those are evictable now (taking them uses capacity).
+  // in HBM or in a lower tier; how many of the HBM ones are evictable now
+  // (taking them uses capacity); and how many come from each tier (each
+  // needs a fresh HBM block and a load).
   struct Match {
     int64_t blocks = 0;
     int64_t evictable = 0;
+    int64_t loads = 0;  // sum of from_tier
+    int64_t from_tier[kMaxKvTiers] = {0, 0, 0, 0};
   };
   Match Lookup(absl::Span<const uint64_t> hashes, int64_t max_blocks) const;
 
-  // Whether `fresh` new blocks can be allocated after taking `match`'s hits.
+  // Whether `fresh` new blocks can be allocated after taking `match`'s hits
+  // (its loads need fresh blocks too).
   bool CanAllocate(const Match& match, int64_t fresh) const {
-    return fresh <= pool_->free() - match.evictable;
+    return fresh + match.loads <= pool_->free() - match.evictable;
   }
-  // References the first `blocks` of `hashes` (all cached: Lookup said so).
-  void Acquire(absl::Span<const uint64_t> hashes, int64_t blocks);
+  // References the first `blocks` of `hashes`, as `match` found them (the
+  // cache unchanged since): HBM hits first, then every block a tier holds
+  // is loaded into a fresh HBM block and cached there. Needs
+  // CanAllocate(match, 0).
+  void Acquire(absl::Span<const uint64_t> hashes, const Match& match);
   // Allocates `n` fresh (private) blocks, evicting cached ones as needed;
   // false, with nothing changed, if the pool cannot hold them.
   bool AllocateFresh(int64_t n);
@@ -60,20 +107,58 @@ class PrefixCache {
   // evictable (freed in the pool's count), at the LRU tail.
   void Release(uint64_t hash);
 
-  bool Contains(uint64_t hash) const { return entries_.contains(hash); }
+  // In HBM or in any tier.
+  bool Contains(uint64_t hash) const;
+  bool InHbm(uint64_t hash) const { return entries_.contains(hash); }
   int64_t cached_blocks() const { return static_cast<int64_t>(entries_.size()); }
   int64_t evictable_blocks() const { return static_cast<int64_t>(lru_.size()); }
   int64_t evictions() const { return evictions_; }
+
+  int num_tiers() const { return static_cast<int>(tiers_.size()); }
+  const KvTierConfig& tier_config(int k) const { return tiers_[static_cast<size_t>(k)].config; }
+  const KvTierStats& tier_stats(int k) const { return tiers_[static_cast<size_t>(k)].stats; }
+  int64_t tier_blocks(int k) const {
+    return static_cast<int64_t>(tiers_[static_cast<size_t>(k)].lru.size());
+  }
+  // Blocks moved between HBM and the tiers since the last call, per tier
+  // (loads into HBM, stores out of HBM), then zeroed: the scheduler costs
+  // them per step.
+  struct Moved {
+    int64_t loads[kMaxKvTiers] = {0, 0, 0, 0};
+    int64_t stores = 0;  // HBM -> first tier
+  };
+  Moved TakeMoved() {
+    Moved m = moved_;
+    moved_ = Moved{};
+    return m;
+  }
 
  private:
   struct Entry {
     int32_t refs = 0;
     std::list<uint64_t>::iterator lru;  // valid when refs == 0
   };
+  struct Tier {
+    KvTierConfig config;
+    std::list<uint64_t> lru;  // least recently stored or used first
+    absl::flat_hash_map<uint64_t, std::list<uint64_t>::iterator> where;
+    KvTierStats stats;
+  };
+  // The highest tier holding `hash`, or -1.
+  int TierOf(uint64_t hash) const;
+  // Stores `hash` into tier k (from HBM when k == 0, else from tier k-1),
+  // making room by moving tier k's least recently used block down.
+  void Store(int k, uint64_t hash);
+  // HBM evicts `hash` (its block is reused).
+  void Evict(uint64_t hash);
+
   KvBlockPool* pool_;
   absl::flat_hash_map<uint64_t, Entry> entries_;
   std::list<uint64_t> lru_;  // evictable hashes, least recently freed first
   int64_t evictions_ = 0;
+  std::vector<Tier> tiers_;
+  bool write_through_ = true;
+  Moved moved_;
 };
 
 }  // namespace servesim::scheduler

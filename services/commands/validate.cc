@@ -106,6 +106,14 @@ int ValidateCommand(const Args& args) {
           : std::string(),
       sc->kv.blocks, sc->batching.kv_block_tokens, sc->kv.tokens * sc->ranks(), wl->description,
       wl->num_requests);
+  // Lower KV tiers (docs/kv_tiers.md), per scheduler.
+  for (const scheduler::KvTierConfig& t : sc->batching.kv_tiers) {
+    std::cout << absl::StrFormat(
+        "# KV tier %s: %d blocks = %d tokens per replica; a block (%.2f MB over the xPUs) moves "
+        "in %.3g us over each xPU's link\n",
+        t.name, t.capacity_blocks, t.capacity_blocks * sc->batching.kv_block_tokens,
+        t.bytes_per_block / 1e6, t.seconds_per_block * 1e6);
+  }
   // Static power per replica (docs/energy.md); the attention device's
   // figure comes from its model unless the scenario gives one.
   for (const scenario::ResolvedScenario* pool :

@@ -263,12 +263,14 @@ TEST(ScenarioOverrideTest, UnknownFieldListsTheMessagesFields) {
   ASSERT_TRUE(sc.ok()) << sc.status();
   const absl::Status st = ApplyOverride(&*sc, "cluster.nosuch=1");
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(std::string(st.message()),
-            "--set cluster.nosuch: ClusterSpec has no field \"nosuch\"; its "
-            "fields: replicas, xpu, tensor_parallel, interconnect, frontend, "
-            "memory_utilization, attacc, overlap, head_groups, ff_min_batch, ff_max_batch, "
-            "attention_pool, xpu_endpoints, attention_endpoints, profile, data_parallel, "
-            "expert_parallel, xpus_per_node, internode, pipeline_parallel, node, disaggregation, power");
+  EXPECT_EQ(
+      std::string(st.message()),
+      "--set cluster.nosuch: ClusterSpec has no field \"nosuch\"; its "
+      "fields: replicas, xpu, tensor_parallel, interconnect, frontend, "
+      "memory_utilization, attacc, overlap, head_groups, ff_min_batch, ff_max_batch, "
+      "attention_pool, xpu_endpoints, attention_endpoints, profile, data_parallel, "
+      "expert_parallel, xpus_per_node, internode, pipeline_parallel, node, disaggregation, power, "
+      "kv_tiers");
 }
 
 TEST(ScenarioOverrideTest, MessageFieldIsNotAssignable) {

@@ -825,3 +825,90 @@ TEST(ScenarioSlidingWindowTest, GptOssServesFromOneGpuAndMisusedFieldsAreRefused
 
 }  // namespace
 }  // namespace servesim::scenario
+
+namespace servesim::scenario {
+namespace {
+
+// cluster.kv_tiers (docs/kv_tiers.md): sized in blocks; bad tiers named by
+// their line.
+std::string TierScenario(const std::string& tiers, const std::string& extra = "") {
+  return absl::StrCat(
+      "model { preset: \"llama3.1-8b\" }\n"
+      "cluster {\n"
+      "  node { preset: \"dgx-h100\" }\n",
+      extra, "  kv_tiers {\n", tiers,
+      "  }\n"
+      "}\n"
+      "scheduler { batching: BATCHING_POLICY_VLLM_V1 }\n"
+      "workload { saturated { num_requests: 4 input_tokens: 128 output_tokens: 16 } }\n");
+}
+
+TEST(KvTierResolveTest, TiersAreSizedInBlocksOfEachXpusShard) {
+  // Llama-3.1-8B: 32 layers x 8 KV heads x 128 x 2 (K, V) x 2 bytes =
+  // 131,072 bytes per token; a 16-token block is 2,097,152 bytes, so
+  // 100 GB holds 47,683 blocks, over PCIe 5 (63 GB/s) 33.3 us each.
+  absl::StatusOr<ResolvedScenario> r =
+      ParseAndResolve(TierScenario("    tier { kind: KV_TIER_HOST_DRAM capacity_bytes_per_xpu: "
+                                   "100e9 link { preset: \"pcie5\" } }\n"
+                                   "    tier { kind: KV_TIER_SSD capacity_bytes_per_xpu: 1e12 link "
+                                   "{ bandwidth_bytes_per_s: 7e9 } }\n"
+                                   "    load: KV_TIER_LOAD_LAYERWISE\n"));
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->batching.kv_tiers.size(), 2u);
+  const scheduler::KvTierConfig& dram = r->batching.kv_tiers[0];
+  EXPECT_EQ(dram.name, "host_dram");
+  EXPECT_EQ(dram.capacity_blocks, 47683);
+  EXPECT_DOUBLE_EQ(dram.seconds_per_block, 2097152.0 / 63e9);
+  EXPECT_DOUBLE_EQ(dram.latency_s, 5e-6);
+  EXPECT_DOUBLE_EQ(dram.bytes_per_block, 2097152.0);
+  EXPECT_DOUBLE_EQ(dram.energy_pj_per_block, 2097152.0 * 40);
+  EXPECT_EQ(r->batching.kv_tiers[1].name, "ssd");
+  EXPECT_EQ(r->batching.kv_tiers[1].latency_s, 0);
+  EXPECT_TRUE(r->batching.kv_tier_write_through);
+  EXPECT_TRUE(r->kv_tier_layerwise);
+}
+
+TEST(KvTierResolveTest, BadTiersAreRefusedNamingTheirLine) {
+  auto error = [](const std::string& text) {
+    absl::StatusOr<ResolvedScenario> r = ParseAndResolve(text);
+    return r.ok() ? std::string("ok") : std::string(r.status().message());
+  };
+  const std::string dram =
+      "    tier { kind: KV_TIER_HOST_DRAM capacity_bytes_per_xpu: 100e9 link { preset: \"pcie5\" } "
+      "}\n";
+  // A DGX H100 has 2 TiB of host memory for its 8 GPUs.
+  EXPECT_EQ(error(TierScenario("    tier { kind: KV_TIER_HOST_DRAM capacity_bytes_per_xpu: 300e9 "
+                               "link { preset: \"pcie5\" } }\n")),
+            "s.pbtxt:5: cluster.kv_tiers.tier[0].capacity_bytes_per_xpu: 3e+11 x 8 xPUs per node = "
+            "2.4e+12 bytes exceeds the node's host memory (cluster.node.host_memory_bytes = "
+            "2.19902e+12); allowed at most 2.74878e+11 per xPU");
+  EXPECT_EQ(error(TierScenario(dram + dram)),
+            "s.pbtxt:6: cluster.kv_tiers.tier[1].kind: KV_TIER_HOST_DRAM appears twice");
+  EXPECT_EQ(
+      error(TierScenario(dram + "    tier { kind: KV_TIER_SSD capacity_bytes_per_xpu: 1e12 }\n")),
+      "s.pbtxt:6: cluster.kv_tiers.tier[1].link: not set: give a preset (\"pcie5\", ...) or "
+      "bandwidth_bytes_per_s");
+  EXPECT_EQ(
+      error(TierScenario("    tier { kind: KV_TIER_CXL link { preset: \"pcie5\" } }\n")),
+      "s.pbtxt:5: cluster.kv_tiers.tier[0].capacity_bytes_per_xpu = 0: allowed range (0, 1e+15]");
+  EXPECT_EQ(
+      error(TierScenario("    tier { kind: KV_TIER_CXL capacity_bytes_per_xpu: 1e6 link { preset: "
+                         "\"pcie5\" } }\n")),
+      "s.pbtxt:5: cluster.kv_tiers.tier[0].capacity_bytes_per_xpu: 1e+06 holds no KV block of "
+      "2.09715e+06 bytes per xPU");
+  EXPECT_EQ(
+      error(TierScenario("    tier { capacity_bytes_per_xpu: 1e9 link { preset: \"pcie5\" } }\n")),
+      "s.pbtxt:5: cluster.kv_tiers.tier[0].kind: not set; one of KV_TIER_HOST_DRAM, "
+      "KV_TIER_CXL, KV_TIER_SSD");
+  std::string no_cache = TierScenario(dram);
+  no_cache.replace(no_cache.find("BATCHING_POLICY_VLLM_V1"), 23,
+                   "BATCHING_POLICY_VLLM_V1 prefix_caching: false");
+  EXPECT_EQ(error(no_cache),
+            "s.pbtxt:4: cluster.kv_tiers: lower KV tiers keep prefix-cached blocks; set "
+            "scheduler.prefix_caching: true");
+  EXPECT_THAT(error(TierScenario(dram, "  attacc { stacks: 8 }\n")),
+              HasSubstr("cluster.kv_tiers: not modelled with an attention device"));
+}
+
+}  // namespace
+}  // namespace servesim::scenario

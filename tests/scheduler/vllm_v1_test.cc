@@ -246,7 +246,7 @@ TEST(PrefixCachingTest, FreedBlocksAreEvictedLeastRecentlyFreedFirst) {
   EXPECT_EQ(cache.Lookup(p101, 1).blocks, 1);
   EXPECT_EQ(cache.Lookup(p101, 1).evictable, 1);
   // Taking the hit back uses capacity again.
-  cache.Acquire(p101, 1);
+  cache.Acquire(p101, cache.Lookup(p101, 1));
   EXPECT_EQ(pool.used(), 3);
   EXPECT_FALSE(cache.AllocateFresh(2));  // 103 is the only evictable block
   EXPECT_TRUE(cache.AllocateFresh(1));

@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# KV tiers below HBM (docs/kv_tiers.md): Llama-3.1-70B, 2 x TP4 on a DGX
+# H100, the Mooncake synthetic trace at a quarter of its rate, with
+# HBM-only prefix caching, a host-DRAM tier (loads blocking or layer-wise,
+# write-through or write-on-evict), and host DRAM + NVMe. Prints one row
+# per configuration: latency, SLO attainment, where prompt tokens were
+# found, the traffic, and the simulator's speed.
+#   bench/kv_tiers.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bin=${SERVESIM_BIN:-build/services/servesim}
+[ -x "$bin" ] || { echo "build first: scripts/setup.sh" >&2; exit 1; }
+scenario=examples/llama3.1_70b_kv_tiers_dgx_h100_mooncake.pbtxt
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+quiet=(--set output.iterations_csv=false --set output.timeline=false
+       --set output.report_html=false --set output.requests_csv=false)
+pin=()
+command -v taskset >/dev/null && pin=(taskset -c 0)
+
+# The scenario with only its first `n` tiers (0: none).
+tiers() {
+  python3 - "$scenario" "$1" <<'PY'
+import re, sys
+text, n = open(sys.argv[1]).read(), int(sys.argv[2])
+start = text.index("  kv_tiers {")
+end = text.index("\n  }\n", start) + 5
+block = text[start:end]
+tiers = [m.start() for m in re.finditer(r"^    tier", block, re.M)]
+if n == 0:
+    text = text[:start] + text[end:]
+elif n < len(tiers):
+    cut = tiers[n]
+    rest = block[cut:]
+    # drop tier n.. up to the write/load lines
+    keep_from = rest.index("    write:")
+    text = text[:start] + block[:cut] + rest[keep_from:] + text[end:]
+print(text, end="")
+PY
+}
+
+row() {  # label, then servesim run arguments
+  local label=$1; shift
+  "${pin[@]}" "$bin" run "$@" --quiet --out "$tmp/o" "${quiet[@]}" \
+    --set workload.trace.path="$PWD/examples/traces/synthetic_trace.jsonl"
+  python3 - "$tmp/o" "$label" <<'PY'
+import json, sys
+d, label = sys.argv[1], sys.argv[2]
+s = json.load(open(f"{d}/summary.json"))
+info = json.load(open(f"{d}/run_info.json"))
+q = s["prefix_cache_query_tokens"]
+tiers = s.get("kv_tiers", [])
+lower = sum(t["hit_tokens"] for t in tiers)
+hits = f"HBM {100 * (s['prefix_cache_hit_tokens'] - lower) / q:.1f}%"
+for t in tiers:
+    hits += f", {t['name']} {100 * t['hit_rate']:.1f}%"
+loaded = sum(t["loaded_bytes"] for t in tiers) / 1e12
+print(f"{label:<34} {s['ttft_s']['p50'] * 1e3:>7.0f} {s['ttft_s']['p99'] * 1e3:>7.0f} "
+      f"{s['tpot_s']['p99'] * 1e3:>7.1f} {100 * s['slo_attainment']:>6.1f}% "
+      f"{s['energy_per_token_j']:>6.2f} {loaded:>7.2f} {s['simulated_time_s'] / info['wall_time_s']:>6.0f}x  {hits}")
+PY
+}
+
+echo "Llama-3.1-70B, 2 x TP4 on a DGX H100, Mooncake x0.25; SLO TTFT <= 5 s, TPOT <= 100 ms"
+printf '%-34s %7s %7s %7s %7s %6s %7s %7s  %s\n' configuration "TTFT50" "TTFT99" "TPOT99" "SLO" \
+  "J/tok" "TB in" speed "prompt tokens found in"
+tiers 0 > "$tmp/none.pbtxt"
+tiers 1 > "$tmp/dram.pbtxt"
+row "HBM only" "$tmp/none.pbtxt"
+row "+ host DRAM (blocking)" "$tmp/dram.pbtxt"
+row "+ host DRAM (layer-wise)" "$tmp/dram.pbtxt" --set cluster.kv_tiers.load=LAYERWISE
+row "+ host DRAM (write-on-evict)" "$tmp/dram.pbtxt" --set cluster.kv_tiers.write=ON_EVICT
+row "+ host DRAM + NVMe (blocking)" "$scenario"
