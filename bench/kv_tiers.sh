@@ -2,7 +2,9 @@
 # KV tiers below HBM (docs/kv_tiers.md): Llama-3.1-70B, 2 x TP4 on a DGX
 # H100, the Mooncake synthetic trace at a quarter of its rate, with
 # HBM-only prefix caching, a host-DRAM tier (loads blocking or layer-wise,
-# write-through or write-on-evict), and host DRAM + NVMe. Prints one row
+# write-through or write-on-evict), host DRAM + NVMe, and, under
+# load-balancing routing, host DRAM with and without a cluster store over
+# RoCE that both replicas share. Prints one row
 # per configuration: latency, SLO attainment, where prompt tokens were
 # found, the traffic, and the simulator's speed.
 #   bench/kv_tiers.sh
@@ -18,24 +20,31 @@ quiet=(--set output.iterations_csv=false --set output.timeline=false
 pin=()
 command -v taskset >/dev/null && pin=(taskset -c 0)
 
-# The scenario with only its first `n` tiers (0: none).
-tiers() {
-  python3 - "$scenario" "$1" <<'PY'
-import re, sys
-text, n = open(sys.argv[1]).read(), int(sys.argv[2])
+# Variants of the scenario into $tmp: other tiers (none: no kv_tiers) and
+# routing. The cluster-store variant takes 50 of its 250 GB of host DRAM
+# per GPU for the store; the variant it is compared with keeps all 250 GB
+# in the host-DRAM tier.
+variants() {
+  python3 - "$scenario" "$tmp" <<'PY'
+import sys
+text, out = open(sys.argv[1]).read(), sys.argv[2]
 start = text.index("  kv_tiers {")
 end = text.index("\n  }\n", start) + 5
 block = text[start:end]
-tiers = [m.start() for m in re.finditer(r"^    tier", block, re.M)]
-if n == 0:
-    text = text[:start] + text[end:]
-elif n < len(tiers):
-    cut = tiers[n]
-    rest = block[cut:]
-    # drop tier n.. up to the write/load lines
-    keep_from = rest.index("    write:")
-    text = text[:start] + block[:cut] + rest[keep_from:] + text[end:]
-print(text, end="")
+first = block.index("    tier")
+policy = block[block.index("    write:"):]
+dram = '    tier { kind: KV_TIER_HOST_DRAM capacity_bytes_per_xpu: 200e9 link { preset: "pcie5" } }\n'
+store = ('    tier { kind: KV_TIER_CLUSTER_STORE capacity_bytes_per_xpu: 50e9 '
+         'link { preset: "roce-400g" } }\n')
+def write(name, tiers, routing=None):
+    t = text[:start] + (block[:first] + tiers + policy if tiers else "") + text[end:]
+    if routing:
+        t = t.replace("ROUTING_POLICY_PREFIX_AFFINITY", routing)
+    open(f"{out}/{name}.pbtxt", "w").write(t)
+write("none", "")
+write("dram", dram)
+write("lo_dram", dram.replace("200e9", "250e9"), "ROUTING_POLICY_LEAST_OUTSTANDING")
+write("lo_store", dram + store, "ROUTING_POLICY_LEAST_OUTSTANDING")
 PY
 }
 
@@ -64,10 +73,12 @@ PY
 echo "Llama-3.1-70B, 2 x TP4 on a DGX H100, Mooncake x0.25; SLO TTFT <= 5 s, TPOT <= 100 ms"
 printf '%-34s %7s %7s %7s %7s %6s %7s %7s  %s\n' configuration "TTFT50" "TTFT99" "TPOT99" "SLO" \
   "J/tok" "TB in" speed "prompt tokens found in"
-tiers 0 > "$tmp/none.pbtxt"
-tiers 1 > "$tmp/dram.pbtxt"
+variants
 row "HBM only" "$tmp/none.pbtxt"
 row "+ host DRAM (blocking)" "$tmp/dram.pbtxt"
 row "+ host DRAM (layer-wise)" "$tmp/dram.pbtxt" --set cluster.kv_tiers.load=LAYERWISE
 row "+ host DRAM (write-on-evict)" "$tmp/dram.pbtxt" --set cluster.kv_tiers.write=ON_EVICT
 row "+ host DRAM + NVMe (blocking)" "$scenario"
+echo "least-outstanding routing (no cache affinity):"
+row "+ host DRAM 250 GB" "$tmp/lo_dram.pbtxt"
+row "+ host DRAM 200 GB + store 50 GB" "$tmp/lo_store.pbtxt"

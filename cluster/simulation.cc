@@ -7,6 +7,7 @@
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <map>
 #include <memory>
 #include <simgrid/Exception.hpp>
 #include <simgrid/s4u.hpp>
@@ -250,8 +251,10 @@ class Engine {
  public:
   // `pool`: the resolved scenario of the engine's pool (the whole
   // scenario when colocated); borrowed.
+  // `store`: the pool's cluster KV store, or null.
   Engine(Shared* sh, const ResolvedScenario* pool, Role role, int replica,
-         std::shared_ptr<devices::Device> device, std::shared_ptr<devices::Device> attention)
+         std::shared_ptr<devices::Device> device, std::shared_ptr<devices::Device> attention,
+         std::shared_ptr<scheduler::BlockLru> store)
       : sh_(sh),
         pool_(pool),
         role_(role),
@@ -261,8 +264,11 @@ class Engine {
         observer_(sh->metrics->ObserverFor(replica)) {
     const scheduler::PlannerConfig pc =
         ReplicaPlannerConfig(*pool, device_.get(), attention_.get());
+    scheduler::BatchingConfig batching = pool->batching;
+    batching.kv_store = std::move(store);
+    shared_store_ = batching.kv_store != nullptr;
     for (int64_t i = 0; i < pool->ranks(); ++i) {
-      ranks_.push_back(std::make_unique<Rank>(pool->batching, pool->model, pc));
+      ranks_.push_back(std::make_unique<Rank>(batching, pool->model, pc));
     }
     // Static power (docs/energy.md): the xPUs' idle power, the host's
     // share, and the attention device's (the scenario's figure, else the
@@ -407,8 +413,10 @@ class Engine {
   // Without a live sink or pacing, whose observers watch the clock.
   // Prefill replicas hand KV off as their steps start and end, in SimGrid
   // time.
+  // Nor with a cluster KV store, which the replicas must use in time
+  // order.
   bool FastForward() const {
-    return sh_->live == nullptr && !sh_->paced && role_ != Role::kPrefill;
+    return sh_->live == nullptr && !sh_->paced && role_ != Role::kPrefill && !shared_store_;
   }
 
   void CompleteAt(double t) {
@@ -963,6 +971,7 @@ class Engine {
   // and the iterations the xPU cap slowed.
   double xpu_static_w_ = 0, host_w_ = 0, device_static_w_ = 0;
   bool device_static_in_ops_ = false;
+  bool shared_store_ = false;  // a cluster KV store: no fast-forward
   double device_busy_total_s_ = 0;
   int64_t capped_iterations_ = 0;
   int64_t expected_ = 0;                // requests sent here, summed from the end messages
@@ -1163,6 +1172,7 @@ absl::StatusOr<RunResult> RunSimulation(const ResolvedScenario& sc,
   };
   BuildPlatform(sc, &sh, &engine_hosts, &clients, &router);
 
+  std::map<const ResolvedScenario*, std::shared_ptr<scheduler::BlockLru>> stores;
   for (int64_t r = 0; r < sc.replicas; ++r) {
     const ResolvedScenario& pool = PoolOf(sc, r);
     const Role role = !sc.disaggregated()       ? Role::kColocated
@@ -1177,8 +1187,16 @@ absl::StatusOr<RunResult> RunSimulation(const ResolvedScenario& sc,
     if (pool.has_attention_device && attention == nullptr) {
       ASSIGN_OR_RETURN(attention, scenario::CreateAttentionDevice(pool));
     }
+    // A cluster KV store (the pool's last tier): one per pool and run,
+    // every scheduler of the pool's replicas sharing it.
+    std::shared_ptr<scheduler::BlockLru>& store = stores[&pool];
+    if (store == nullptr && !pool.batching.kv_tiers.empty() &&
+        pool.batching.kv_tiers.back().cluster_store) {
+      store = std::make_shared<scheduler::BlockLru>(pool.batching.kv_tiers.back().capacity_blocks *
+                                                    pool.replicas * pool.ranks());
+    }
     engines.push_back(std::make_unique<Engine>(&sh, &pool, role, static_cast<int>(r),
-                                               std::move(device), std::move(attention)));
+                                               std::move(device), std::move(attention), store));
     sh.engine_boxes.push_back(sg4::Mailbox::by_name(absl::StrCat("engine", r)));
   }
   sh.router_box = sg4::Mailbox::by_name("router");

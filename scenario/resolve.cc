@@ -317,12 +317,15 @@ absl::Status ResolveKvTiers(const LoadedScenario& sc, double kv_bytes_per_token_
       static_cast<double>(out->batching.kv_block_tokens) * kv_bytes_per_token_per_xpu;
   const double xpus = static_cast<double>(out->tensor_parallel);
   std::set<int> kinds;
+  double host_per_xpu = 0;  // bytes of host DRAM the tiers take per xPU
   Checker ck(sc);
   for (int i = 0; i < kt.tier_size(); ++i) {
     const auto& t = kt.tier(i);
     const std::string base = absl::StrCat("cluster.kv_tiers.tier[", i, "]");
     if (t.kind() == servesim::v1::KV_TIER_KIND_UNSPECIFIED) {
-      return fail(base + ".kind", "not set; one of KV_TIER_HOST_DRAM, KV_TIER_CXL, KV_TIER_SSD");
+      return fail(base + ".kind",
+                  "not set; one of KV_TIER_HOST_DRAM, KV_TIER_CXL, KV_TIER_SSD, "
+                  "KV_TIER_CLUSTER_STORE");
     }
     if (!kinds.insert(t.kind()).second) {
       return fail(base + ".kind",
@@ -337,16 +340,25 @@ absl::Status ResolveKvTiers(const LoadedScenario& sc, double kv_bytes_per_token_
     ck.Range<double>(base + ".link.latency_s", t.link().latency_s(), 0, 1);
     ck.Range<double>(base + ".link.energy_pj_per_byte", t.link().energy_pj_per_byte(), 0, 1e6);
     RETURN_IF_ERROR(ck.status());
+    const bool store = t.kind() == servesim::v1::KV_TIER_CLUSTER_STORE;
+    if (store && i + 1 != kt.tier_size()) {
+      return fail(base + ".kind", "KV_TIER_CLUSTER_STORE must be the last tier");
+    }
+    // Host DRAM holds a HOST_DRAM tier and the xPU's share of a cluster
+    // store.
     const int64_t per_node = c.xpus_per_node();
     const double host = c.node().host_memory_bytes();
-    if (t.kind() == servesim::v1::KV_TIER_HOST_DRAM && host > 0 && per_node > 0 &&
-        t.capacity_bytes_per_xpu() * static_cast<double>(per_node) > host) {
-      return fail(base + ".capacity_bytes_per_xpu",
-                  absl::StrCat(t.capacity_bytes_per_xpu(), " x ", per_node,
-                               " xPUs per node = ", t.capacity_bytes_per_xpu() * per_node,
-                               " bytes exceeds the node's host memory (cluster.node."
-                               "host_memory_bytes = ",
-                               host, "); allowed at most ", host / per_node, " per xPU"));
+    if (t.kind() == servesim::v1::KV_TIER_HOST_DRAM || store) {
+      host_per_xpu += t.capacity_bytes_per_xpu();
+      if (host > 0 && per_node > 0 && host_per_xpu * static_cast<double>(per_node) > host) {
+        return fail(
+            base + ".capacity_bytes_per_xpu",
+            absl::StrCat(host_per_xpu, " of host DRAM per xPU (the tiers in host memory) x ",
+                         per_node, " xPUs per node = ", host_per_xpu * per_node,
+                         " bytes exceeds the node's host memory (cluster.node."
+                         "host_memory_bytes = ",
+                         host, "); allowed at most ", host / per_node, " per xPU"));
+      }
     }
     scheduler::KvTierConfig tc;
     tc.name = absl::AsciiStrToLower(
@@ -361,6 +373,7 @@ absl::Status ResolveKvTiers(const LoadedScenario& sc, double kv_bytes_per_token_
     tc.latency_s = t.link().latency_s();
     tc.bytes_per_block = block_bytes * xpus;
     tc.energy_pj_per_block = tc.bytes_per_block * t.link().energy_pj_per_byte();
+    tc.cluster_store = store;
     out->batching.kv_tiers.push_back(std::move(tc));
   }
   out->batching.kv_tier_write_through = kt.write() != servesim::v1::KV_TIER_WRITE_ON_EVICT;

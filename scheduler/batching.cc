@@ -49,7 +49,8 @@ ReplicaScheduler::ReplicaScheduler(const BatchingConfig& config)
         config.placement_kv_heads);
   }
   if (config.prefix_caching) {
-    prefix_ = std::make_unique<PrefixCache>(&kv_, config.kv_tiers, config.kv_tier_write_through);
+    prefix_ = std::make_unique<PrefixCache>(&kv_, config.kv_tiers, config.kv_tier_write_through,
+                                            config.kv_store.get());
   }
 }
 

@@ -91,6 +91,9 @@ struct BatchingConfig {
   // enter the first: as they are cached (true) or as HBM evicts them.
   std::vector<KvTierConfig> kv_tiers;
   bool kv_tier_write_through = true;
+  // The pool's cluster store, which a last tier with cluster_store uses;
+  // the engine creates one per pool and run (shared by its schedulers).
+  std::shared_ptr<BlockLru> kv_store;
   // Head-wise placement on attention-device stacks (AttAcc); off when
   // placement_stacks == 0. Capacity is per stack, in KV positions of one
   // head across all layers.

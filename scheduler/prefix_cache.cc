@@ -5,18 +5,25 @@
 
 namespace servesim::scheduler {
 
-PrefixCache::PrefixCache(KvBlockPool* pool, std::vector<KvTierConfig> tiers, bool write_through)
+PrefixCache::PrefixCache(KvBlockPool* pool, std::vector<KvTierConfig> tiers, bool write_through,
+                         BlockLru* store)
     : pool_(pool), write_through_(write_through) {
   for (KvTierConfig& c : tiers) {
     Tier t;
     t.config = std::move(c);
+    if (t.config.cluster_store && store != nullptr) {
+      t.lru = store;
+    } else {
+      t.own = std::make_unique<BlockLru>(t.config.capacity_blocks);
+      t.lru = t.own.get();
+    }
     tiers_.push_back(std::move(t));
   }
 }
 
 int PrefixCache::TierOf(uint64_t hash) const {
   for (size_t k = 0; k < tiers_.size(); ++k) {
-    if (tiers_[k].where.contains(hash)) return static_cast<int>(k);
+    if (tiers_[k].lru->Contains(hash)) return static_cast<int>(k);
   }
   return -1;
 }
@@ -53,7 +60,7 @@ void PrefixCache::Acquire(absl::Span<const uint64_t> hashes, const Match& match)
     if (it == entries_.end()) continue;
     Entry& e = it->second;
     if (e.refs == 0) {
-      lru_.erase(e.lru);
+      lru_.Erase(e.lru);
       pool_->TryAllocate(1);  // back in use (it was free in the pool's count)
     }
     ++e.refs;
@@ -65,7 +72,7 @@ void PrefixCache::Acquire(absl::Span<const uint64_t> hashes, const Match& match)
     const uint64_t h = hashes[static_cast<size_t>(i)];
     if (entries_.contains(h)) continue;
     Tier& t = tiers_[static_cast<size_t>(TierOf(h))];
-    t.lru.splice(t.lru.end(), t.lru, t.where.at(h));  // used: most recent
+    t.lru->Touch(h);  // used: most recent
     ++t.stats.loaded;
     ++moved_.loads[&t - tiers_.data()];
   }
@@ -79,22 +86,14 @@ void PrefixCache::Acquire(absl::Span<const uint64_t> hashes, const Match& match)
 
 void PrefixCache::Store(int k, uint64_t hash) {
   Tier& t = tiers_[static_cast<size_t>(k)];
-  if (auto it = t.where.find(hash); it != t.where.end()) {
-    t.lru.splice(t.lru.end(), t.lru, it->second);
-    return;
-  }
-  while (static_cast<int64_t>(t.lru.size()) >= t.config.capacity_blocks && !t.lru.empty()) {
-    const uint64_t victim = t.lru.front();
-    t.where.erase(victim);
-    t.lru.pop_front();
-    ++t.stats.dropped;
-    if (k + 1 < num_tiers()) Store(k + 1, victim);
-  }
-  if (t.config.capacity_blocks <= 0) return;
-  t.lru.push_back(hash);
-  t.where.emplace(hash, std::prev(t.lru.end()));
+  uint64_t victim = 0;
+  bool evicted = false;
+  if (!t.lru->Put(hash, &victim, &evicted)) return;  // there already
   ++t.stats.stored;
   if (k == 0) ++moved_.stores;
+  if (!evicted) return;
+  ++t.stats.dropped;
+  if (k + 1 < num_tiers()) Store(k + 1, victim);
 }
 
 void PrefixCache::Evict(uint64_t hash) {
@@ -108,8 +107,8 @@ bool PrefixCache::AllocateFresh(int64_t n) {
   // Never-cached free blocks first; then the least recently freed cached.
   const int64_t never_cached = pool_->free() - evictable_blocks();
   for (int64_t k = n - never_cached; k > 0; --k) {
-    const uint64_t victim = lru_.front();
-    lru_.pop_front();
+    const uint64_t victim = lru_.hash(lru_.front());
+    lru_.Erase(lru_.front());
     Evict(victim);
   }
   pool_->TryAllocate(n);
@@ -127,8 +126,7 @@ bool PrefixCache::Register(uint64_t hash) {
 void PrefixCache::Release(uint64_t hash) {
   Entry& e = entries_.at(hash);
   if (--e.refs > 0) return;
-  lru_.push_back(hash);
-  e.lru = std::prev(lru_.end());
+  e.lru = lru_.PushBack(hash);
   pool_->Release(1);
 }
 

@@ -28,17 +28,21 @@
 //    A prompt's leading blocks match in HBM or in any tier; a block found
 //    only in a tier is loaded into a fresh HBM block (from the highest tier
 //    holding it) and cached there again.
+//  - The last tier may be a cluster store (KvTierConfig::cluster_store):
+//    one BlockLru (scheduler/kv_store.h) that every replica of the pool
+//    shares, so a block one replica stores the others find.
 #ifndef SERVESIM_SCHEDULER_PREFIX_CACHE_H_
 #define SERVESIM_SCHEDULER_PREFIX_CACHE_H_
 
 #include <cstdint>
-#include <list>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/types/span.h"
 #include "scheduler/kv_cache.h"
+#include "scheduler/kv_store.h"
 
 namespace servesim::scheduler {
 
@@ -57,6 +61,9 @@ struct KvTierConfig {
   double latency_s = 0;
   double bytes_per_block = 0;
   double energy_pj_per_block = 0;
+  // The pool's shared cluster store (the last tier only): its capacity is
+  // the pool's, capacity_blocks this scheduler's share of it.
+  bool cluster_store = false;
 };
 
 // Per tier, over the run, in blocks.
@@ -70,9 +77,10 @@ class PrefixCache {
  public:
   // `tiers`: the lower tiers, fastest first (none: HBM only).
   // `write_through`: store a block into the first tier as it is cached;
-  // else as HBM evicts it.
+  // else as HBM evicts it. `store`: the pool's shared cluster store, which
+  // a last tier with cluster_store uses (borrowed; required then).
   explicit PrefixCache(KvBlockPool* pool, std::vector<KvTierConfig> tiers = {},
-                       bool write_through = true);
+                       bool write_through = true, BlockLru* store = nullptr);
 
   // How many of `hashes`' leading blocks are cached (at most `max_blocks`),
   // in HBM or in a lower tier; how many of the HBM ones are evictable now
@@ -111,15 +119,14 @@ class PrefixCache {
   bool Contains(uint64_t hash) const;
   bool InHbm(uint64_t hash) const { return entries_.contains(hash); }
   int64_t cached_blocks() const { return static_cast<int64_t>(entries_.size()); }
-  int64_t evictable_blocks() const { return static_cast<int64_t>(lru_.size()); }
+  int64_t evictable_blocks() const { return lru_.size(); }
   int64_t evictions() const { return evictions_; }
 
   int num_tiers() const { return static_cast<int>(tiers_.size()); }
   const KvTierConfig& tier_config(int k) const { return tiers_[static_cast<size_t>(k)].config; }
   const KvTierStats& tier_stats(int k) const { return tiers_[static_cast<size_t>(k)].stats; }
-  int64_t tier_blocks(int k) const {
-    return static_cast<int64_t>(tiers_[static_cast<size_t>(k)].lru.size());
-  }
+  // Blocks in tier k (a cluster store's: the whole pool's).
+  int64_t tier_blocks(int k) const { return tiers_[static_cast<size_t>(k)].lru->blocks(); }
   // Blocks moved between HBM and the tiers since the last call, per tier
   // (loads into HBM, stores out of HBM), then zeroed: the scheduler costs
   // them per step.
@@ -136,12 +143,12 @@ class PrefixCache {
  private:
   struct Entry {
     int32_t refs = 0;
-    std::list<uint64_t>::iterator lru;  // valid when refs == 0
+    int32_t lru = -1;  // its node in lru_ when refs == 0
   };
   struct Tier {
     KvTierConfig config;
-    std::list<uint64_t> lru;  // least recently stored or used first
-    absl::flat_hash_map<uint64_t, std::list<uint64_t>::iterator> where;
+    std::unique_ptr<BlockLru> own;  // null for a cluster store
+    BlockLru* lru = nullptr;        // own, or the shared store
     KvTierStats stats;
   };
   // The highest tier holding `hash`, or -1.
@@ -154,7 +161,7 @@ class PrefixCache {
 
   KvBlockPool* pool_;
   absl::flat_hash_map<uint64_t, Entry> entries_;
-  std::list<uint64_t> lru_;  // evictable hashes, least recently freed first
+  HashLru lru_;  // evictable hashes, least recently freed first
   int64_t evictions_ = 0;
   std::vector<Tier> tiers_;
   bool write_through_ = true;

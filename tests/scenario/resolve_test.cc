@@ -879,9 +879,22 @@ TEST(KvTierResolveTest, BadTiersAreRefusedNamingTheirLine) {
   // A DGX H100 has 2 TiB of host memory for its 8 GPUs.
   EXPECT_EQ(error(TierScenario("    tier { kind: KV_TIER_HOST_DRAM capacity_bytes_per_xpu: 300e9 "
                                "link { preset: \"pcie5\" } }\n")),
-            "s.pbtxt:5: cluster.kv_tiers.tier[0].capacity_bytes_per_xpu: 3e+11 x 8 xPUs per node = "
-            "2.4e+12 bytes exceeds the node's host memory (cluster.node.host_memory_bytes = "
-            "2.19902e+12); allowed at most 2.74878e+11 per xPU");
+            "s.pbtxt:5: cluster.kv_tiers.tier[0].capacity_bytes_per_xpu: 3e+11 of host DRAM per "
+            "xPU (the tiers in host memory) x 8 xPUs per node = 2.4e+12 bytes exceeds the node's "
+            "host memory (cluster.node.host_memory_bytes = 2.19902e+12); allowed at most "
+            "2.74878e+11 per xPU");
+  // A host-DRAM tier and a cluster store share it.
+  const std::string store =
+      "    tier { kind: KV_TIER_CLUSTER_STORE capacity_bytes_per_xpu: 200e9 link { preset: "
+      "\"roce-400g\" } }\n";
+  EXPECT_EQ(error(TierScenario(dram + store)),
+            "s.pbtxt:6: cluster.kv_tiers.tier[1].capacity_bytes_per_xpu: 3e+11 of host DRAM per "
+            "xPU (the tiers in host memory) x 8 xPUs per node = 2.4e+12 bytes exceeds the node's "
+            "host memory (cluster.node.host_memory_bytes = 2.19902e+12); allowed at most "
+            "2.74878e+11 per xPU");
+  EXPECT_EQ(error(TierScenario(store + dram)),
+            "s.pbtxt:5: cluster.kv_tiers.tier[0].kind: KV_TIER_CLUSTER_STORE must be the last "
+            "tier");
   EXPECT_EQ(error(TierScenario(dram + dram)),
             "s.pbtxt:6: cluster.kv_tiers.tier[1].kind: KV_TIER_HOST_DRAM appears twice");
   EXPECT_EQ(
@@ -899,7 +912,7 @@ TEST(KvTierResolveTest, BadTiersAreRefusedNamingTheirLine) {
   EXPECT_EQ(
       error(TierScenario("    tier { capacity_bytes_per_xpu: 1e9 link { preset: \"pcie5\" } }\n")),
       "s.pbtxt:5: cluster.kv_tiers.tier[0].kind: not set; one of KV_TIER_HOST_DRAM, "
-      "KV_TIER_CXL, KV_TIER_SSD");
+      "KV_TIER_CXL, KV_TIER_SSD, KV_TIER_CLUSTER_STORE");
   std::string no_cache = TierScenario(dram);
   no_cache.replace(no_cache.find("BATCHING_POLICY_VLLM_V1"), 23,
                    "BATCHING_POLICY_VLLM_V1 prefix_caching: false");

@@ -6,6 +6,7 @@
 
 #include "gtest/gtest.h"
 #include "scheduler/batching.h"
+#include "scheduler/kv_store.h"
 #include "scheduler/prefix_cache.h"
 
 namespace servesim::scheduler {
@@ -20,6 +21,24 @@ KvTierConfig Tier(const char* name, int64_t blocks) {
   t.bytes_per_block = 1000;
   t.energy_pj_per_block = 1e4;
   return t;
+}
+
+// The slab list keeps least recently used first through erases from the
+// middle, moves to the back, and reused nodes.
+TEST(KvTierCacheTest, HashLruKeepsItsOrder) {
+  HashLru l;
+  const int32_t a = l.PushBack(10), b = l.PushBack(20), c = l.PushBack(30);
+  l.MoveToBack(a);  // 20, 30, 10
+  l.Erase(c);       // 20, 10
+  const int32_t d = l.PushBack(40);
+  EXPECT_EQ(d, c);  // its node again
+  std::vector<uint64_t> order;
+  while (!l.empty()) {
+    order.push_back(l.hash(l.front()));
+    l.Erase(l.front());
+  }
+  EXPECT_EQ(order, (std::vector<uint64_t>{20, 10, 40}));
+  (void)b;
 }
 
 // Write-through into a 2-block tier over a 2-block tier: the third block
@@ -169,6 +188,48 @@ TEST(KvTierSchedulerTest, APromptEvictedFromHbmLoadsItsPrefixFromTheTier) {
     EXPECT_DOUBLE_EQ(c.kv_tier_store_s, write_through ? 0.0 : 5e-4 + 2e-3);
     EXPECT_DOUBLE_EQ(KvTierWaitS(c, 1.0, 80, false), c.kv_tier_store_s + 5e-4 + 2e-3);
   }
+}
+
+// A cluster store shared by two replicas: the prompt replica 0 computed,
+// replica 1 loads from the store (0.5 ms + 2 x 1 ms) instead of computing;
+// new blocks push the least recently used one out for all.
+TEST(KvTierSchedulerTest, ReplicasShareAClusterStore) {
+  BatchingConfig c = V1(true);
+  KvTierConfig store = Tier("cluster_store", 3);
+  store.cluster_store = true;
+  c.kv_tiers = {store};
+  c.kv_store = std::make_shared<BlockLru>(6);  // 2 replicas x 3
+  ReplicaScheduler r0(c), r1(c);
+  r0.Add(Req(0, 48, {1, 2, 3}), 0, nullptr);
+  ASSERT_EQ(r0.Schedule(0).entries.size(), 1u);
+  r0.Complete(1, nullptr);  // caches 1, 2, 3: into the store
+  EXPECT_EQ(c.kv_store->blocks(), 3);
+  r1.Add(Req(1, 48, {1, 2, 3}), 1, nullptr);
+  EXPECT_EQ(r1.CachedPrefixBlocks(Req(1, 48, {1, 2, 3})), 2);  // routing sees it
+  const Batch& b = r1.Schedule(1);
+  ASSERT_EQ(b.entries.size(), 1u);
+  EXPECT_EQ(b.entries[0].past_tokens, 32);
+  EXPECT_EQ(b.kv_tier_loads, 2);
+  EXPECT_DOUBLE_EQ(b.kv_tier_load_s, 5e-4 + 2e-3);
+  EXPECT_EQ(r1.tier_hit_tokens(0), 32);
+  r1.Complete(2, nullptr);
+  EXPECT_EQ(c.kv_store->blocks(), 3);  // block 3 again: refreshed, not new
+  EXPECT_EQ(r1.prefix_cache()->tier_stats(0).stored, 0);
+  // A 64-token prompt from replica 1 caches four new blocks (three the
+  // trace names, one of its own): the store's 6 overflow by one, and the
+  // least recently used block, 1, leaves (2 was read after it, 3 cached
+  // again).
+  r1.Add(Req(2, 64, {21, 22, 23}), 2, nullptr);
+  ASSERT_EQ(r1.Schedule(2).entries.size(), 1u);
+  r1.Complete(3, nullptr);
+  EXPECT_EQ(c.kv_store->blocks(), 6);
+  EXPECT_EQ(r1.prefix_cache()->tier_stats(0).stored, 4);
+  EXPECT_EQ(r1.prefix_cache()->tier_stats(0).dropped, 1);
+  EXPECT_FALSE(c.kv_store->Contains(1));
+  EXPECT_TRUE(c.kv_store->Contains(2));
+  // Replica 0 still has block 1 in its own HBM.
+  EXPECT_TRUE(r0.prefix_cache()->InHbm(1));
+  EXPECT_EQ(r0.CachedPrefixBlocks(Req(3, 48, {1, 2, 3})), 2);
 }
 
 // Layer-wise loads over L layers: the first layer's share when the loads
