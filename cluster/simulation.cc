@@ -568,6 +568,13 @@ class Engine {
         li.preemptions_total += r->scheduler.total_preemptions();
         li.prefix_hit_tokens_total += r->scheduler.prefix_hit_tokens();
         li.prefix_query_tokens_total += r->scheduler.prefix_query_tokens();
+        if (const scheduler::PrefixCache* pc = r->scheduler.prefix_cache()) {
+          li.num_kv_tiers = pc->num_tiers();
+          for (int k = 0; k < pc->num_tiers(); ++k) {
+            li.kv_tier_names[k] = pc->tier_config(k).name;
+            li.kv_tier_hit_tokens_total[k] += r->scheduler.tier_hit_tokens(k);
+          }
+        }
       }
       li.xpu_busy_s = cost->xpu_busy_s;
       li.device_busy_s = cost->device_busy_s;

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 #include "devices/ops.h"
 #include "scheduler/batching.h"
@@ -26,6 +27,11 @@ struct LiveIteration {
   // Prefix caching: prompt tokens found cached, and prompt tokens of the
   // admitted requests, replica's running totals (0 when off).
   int64_t prefix_hit_tokens_total = 0, prefix_query_tokens_total = 0;
+  // KV tiers (docs/kv_tiers.md): the replica's tiers' names, and the
+  // prompt tokens loaded from each, running totals.
+  int num_kv_tiers = 0;
+  std::string_view kv_tier_names[scheduler::kMaxKvTiers];
+  int64_t kv_tier_hit_tokens_total[scheduler::kMaxKvTiers] = {0, 0, 0, 0};
   // Busy time of the xPUs (one of the tensor-parallel group) and of the
   // attention device, and what each moved and spent, whole iteration.
   double xpu_busy_s = 0, device_busy_s = 0;

@@ -44,6 +44,10 @@ LiveMetrics::LiveMetrics(const LiveMetricsConfig& c)
   auto& prefix_query = BuildCounter().Name("servesim_prefix_cache_query_tokens_total")
                            .Help("Prompt tokens of requests admitted with prefix caching on")
                            .Register(r);
+  tier_hit_ = &BuildCounter()
+                   .Name("servesim_kv_tier_hit_tokens_total")
+                   .Help("Prompt tokens loaded from a lower KV tier instead of computed, by tier")
+                   .Register(r);
   auto& kv_bytes = BuildCounter()
                        .Name("servesim_kv_transfer_bytes_total")
                        .Help("KV bytes a decode replica received from the prefill pool")
@@ -192,6 +196,17 @@ void LiveMetrics::OnIteration(const metrics::LiveIteration& it) {
   if (it.prefix_hit_tokens_total > x.prefix_hit_seen) {
     x.prefix_hit->Increment(static_cast<double>(it.prefix_hit_tokens_total - x.prefix_hit_seen));
     x.prefix_hit_seen = it.prefix_hit_tokens_total;
+  }
+  for (int k = 0; k < it.num_kv_tiers; ++k) {
+    if (x.tier_hit[k] == nullptr) {
+      x.tier_hit[k] = &tier_hit_->Add(
+          {{"replica", std::to_string(it.replica)}, {"tier", std::string(it.kv_tier_names[k])}});
+    }
+    if (it.kv_tier_hit_tokens_total[k] > x.tier_hit_seen[k]) {
+      x.tier_hit[k]->Increment(
+          static_cast<double>(it.kv_tier_hit_tokens_total[k] - x.tier_hit_seen[k]));
+      x.tier_hit_seen[k] = it.kv_tier_hit_tokens_total[k];
+    }
   }
   if (it.prefix_query_tokens_total > x.prefix_query_seen) {
     x.prefix_query->Increment(

@@ -60,9 +60,13 @@ class LiveMetrics : public metrics::LiveSink {
     prometheus::Counter *kv_bytes;
     prometheus::Histogram *kv_transfer;
     int64_t preemptions_seen = 0, prefix_hit_seen = 0, prefix_query_seen = 0;
+    // Per KV tier, made at the replica's first iteration that names it.
+    prometheus::Counter *tier_hit[scheduler::kMaxKvTiers] = {};
+    int64_t tier_hit_seen[scheduler::kMaxKvTiers] = {};
   };
   std::shared_ptr<prometheus::Registry> registry_;
   std::vector<Replica> replicas_;
+  prometheus::Family<prometheus::Counter> *tier_hit_ = nullptr;
   prometheus::Gauge *simulated_, *rtf_, *trace_, *done_;
 };
 

@@ -128,6 +128,10 @@ TEST(LiveMetricsTest, CountsWhatTheSimulationReports) {
   it.preemptions_total = 2;
   it.prefix_hit_tokens_total = 32;
   it.prefix_query_tokens_total = 100;
+  it.num_kv_tiers = 2;
+  it.kv_tier_names[0] = "host_dram";
+  it.kv_tier_names[1] = "cluster_store";
+  it.kv_tier_hit_tokens_total[0] = 16;
   it.xpu_busy_s = 0.03;
   it.device_busy_s = 0.02;
   it.xpu.dram_bytes = 1e9;
@@ -137,6 +141,8 @@ TEST(LiveMetricsTest, CountsWhatTheSimulationReports) {
   it.preemptions_total = 3;  // one more since the last iteration
   it.prefix_hit_tokens_total = 48;
   it.prefix_query_tokens_total = 180;
+  it.kv_tier_hit_tokens_total[0] = 32;  // running totals: counted once
+  it.kv_tier_hit_tokens_total[1] = 64;
   m.OnIteration(it);
   m.OnKvTransfer(1, 3.2e8, 0.004);  // a disaggregated run's hand-off
   m.OnClock(120, 0.5);
@@ -153,6 +159,8 @@ TEST(LiveMetricsTest, CountsWhatTheSimulationReports) {
            "servesim_prefix_cache_hit_tokens_total{replica=\"1\"} 48\n",
            "servesim_prefix_cache_query_tokens_total{replica=\"1\"} 180\n",
            "servesim_prefix_cache_hit_tokens_total{replica=\"0\"} 0\n",
+           "servesim_kv_tier_hit_tokens_total{replica=\"1\",tier=\"host_dram\"} 32\n",
+           "servesim_kv_tier_hit_tokens_total{replica=\"1\",tier=\"cluster_store\"} 64\n",
            "servesim_tokens_generated_total{replica=\"1\"} 3\n",
            "servesim_iterations_total{replica=\"1\"} 2\n",
            "servesim_batch_size{replica=\"1\"} 7\n",
