@@ -472,3 +472,28 @@ TEST(DocFiguresTest, CalibrateTable) {
 
 }  // namespace
 }  // namespace servesim
+
+namespace servesim {
+namespace {
+
+// docs/kv_tiers.md: the example's row of "What the tiers buy on the
+// Mooncake trace", and its largest rate scale under the SLO.
+TEST(DocFiguresTest, KvTiersMooncakeExample) {
+  const std::string sc = "llama3.1_70b_kv_tiers_dgx_h100_mooncake.pbtxt";
+  const Figures f = RunExample(sc);
+  EXPECT_FIGURE(f["ttft_s.p50"], 0.192, 0.02);
+  EXPECT_FIGURE(f["ttft_s.p99"], 5.584, 0.02);
+  EXPECT_FIGURE(f["tpot_s.p99"], 0.1432, 0.02);
+  EXPECT_FIGURE(f["slo_attainment"], 0.957, 0.01);
+  EXPECT_FIGURE(f["energy_per_token_j"], 9.48, 0.02);
+  EXPECT_FIGURE(f["prefix_cache_hit_rate"], 0.128 + 0.164 + 0.327, 0.02);
+  const std::string out = test_util::FreshDir("kv_tiers_search");
+  const test_util::CommandResult r = test_util::RunServesim(
+      {"search", kExamples + sc, "--vary-rate", "--slo", "ttft_p90=5s,tbt_p90=100ms", "--tolerance",
+       "0.05", "-j", "1", "--out", out});
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("max workload.rate_scale = 0.359375 "), std::string::npos) << r.out;
+}
+
+}  // namespace
+}  // namespace servesim
