@@ -363,11 +363,16 @@ absl::Status ResolveKvTiers(const LoadedScenario& sc, double kv_bytes_per_token_
     scheduler::KvTierConfig tc;
     tc.name = absl::AsciiStrToLower(
         absl::StripPrefix(servesim::v1::KvTierKind_Name(t.kind()), "KV_TIER_"));
-    tc.capacity_blocks = scheduler::KvBlocksIn(t.capacity_bytes_per_xpu(), block_bytes);
+    // Pipeline stages: the in-flight batches' schedulers share the xPUs'
+    // tiers as they share HBM, a 1/S share each.
+    const int64_t pp = std::max<int64_t>(1, out->pipeline_parallel);
+    tc.capacity_blocks = scheduler::KvBlocksIn(t.capacity_bytes_per_xpu(), block_bytes) / pp;
     if (tc.capacity_blocks < 1) {
-      return fail(base + ".capacity_bytes_per_xpu",
-                  absl::StrCat(t.capacity_bytes_per_xpu(), " holds no KV block of ", block_bytes,
-                               " bytes per xPU"));
+      return fail(
+          base + ".capacity_bytes_per_xpu",
+          absl::StrCat(
+              t.capacity_bytes_per_xpu(), " holds no KV block of ", block_bytes, " bytes per xPU",
+              pp > 1 ? absl::StrCat(" for each of ", pp, " in-flight batches") : std::string()));
     }
     tc.seconds_per_block = block_bytes / t.link().bandwidth_bytes_per_s();
     tc.latency_s = t.link().latency_s();

@@ -866,6 +866,16 @@ TEST(KvTierResolveTest, TiersAreSizedInBlocksOfEachXpusShard) {
   EXPECT_EQ(r->batching.kv_tiers[1].latency_s, 0);
   EXPECT_TRUE(r->batching.kv_tier_write_through);
   EXPECT_TRUE(r->kv_tier_layerwise);
+  // Two pipeline stages: each stage's xPUs hold half the layers' KV, so a
+  // block is half the bytes, and the two in-flight batches share the tier:
+  // 2 x 47,683 blocks per xPU over 2 schedulers.
+  absl::StatusOr<ResolvedScenario> pp = ParseAndResolve(
+      TierScenario("    tier { kind: KV_TIER_HOST_DRAM capacity_bytes_per_xpu: 100e9 link { "
+                   "preset: \"pcie5\" } }\n",
+                   "  pipeline_parallel: 2\n"));
+  ASSERT_TRUE(pp.ok()) << pp.status();
+  EXPECT_EQ(pp->batching.kv_tiers[0].capacity_blocks, 95367 / 2);
+  EXPECT_DOUBLE_EQ(pp->batching.kv_tiers[0].bytes_per_block, 2097152.0 / 2);
 }
 
 TEST(KvTierResolveTest, BadTiersAreRefusedNamingTheirLine) {
