@@ -9,12 +9,15 @@
 #include <limits>
 #include <map>
 #include <memory>
+#include <optional>
 #include <simgrid/Exception.hpp>
 #include <simgrid/s4u.hpp>
 #include <thread>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/sim_time.h"
 #include "common/status_macros.h"
 #include "devices/registry.h"
@@ -46,6 +49,12 @@ struct Message {
   double prefill_end_s = 0;  // with the last KV part
   Message* prev = nullptr;  // MessageList links
   Message* next = nullptr;
+  // A KV part: its bytes, when it left and from which replica, and its
+  // flow (this message is the notice that it left).
+  double bytes = 0;
+  double sent_s = 0;
+  int32_t from = -1;
+  sg4::CommPtr flow;
 };
 
 // The messages sent and not yet received. A run stopped early (an
@@ -61,7 +70,12 @@ class MessageList {
   }
   Message* New(const scheduler::RequestSpec& request, bool end, int64_t total_sent,
                int32_t kv_parts = -1) {
-    auto* m = new Message{request, end, total_sent, kv_parts, 0, nullptr, head_};
+    auto* m = new Message;
+    m->request = request;
+    m->end = end;
+    m->total_sent = total_sent;
+    m->kv_parts = kv_parts;
+    m->next = head_;
     if (head_ != nullptr) head_->prev = m;
     head_ = m;
     return m;
@@ -106,10 +120,49 @@ struct Shared {
   int64_t kv_in_flight = 0;
   std::vector<double> prefill_busy_until;
   std::unique_ptr<scheduler::Router> decode_router;
-  // The platform's links with the traffic they carried (summary.json):
-  // one NIC link per replica (index = replica), then the racks' uplinks.
+  // The platform's links with the traffic they carried (summary.json,
+  // links.csv): one NIC link per replica (index = replica), then the
+  // racks' uplinks, then the pods'.
   std::vector<metrics::LinkLoad> links;
-  std::vector<int> rack_of;  // per replica; -1 without racks
+  std::vector<int> rack_of, pod_of;  // per replica; -1 without racks or pods
+  int racks = 0;
+  double link_bin_s = 1.0;
+  // A platform file's (fabric.platform_file): each replica's host there,
+  // and per prefill replica p and decode replica d the indices in `links`
+  // of its route, at [p x decode replicas + d - prefill replicas].
+  std::vector<sg4::Host*> file_hosts;
+  std::vector<std::vector<int>> file_routes;
+  // Where each replica's KV flows leave from and land (its first xPU's
+  // host, or its host in the platform file); where each decode replica's
+  // receiver runs (a host of its own, which the prefill replicas' notices
+  // reach at once).
+  std::vector<sg4::Host*> kv_hosts, receiver_hosts;
+  // Calls f(link index, direction) for each link of the route from
+  // prefill replica a to decode replica b (BuildPlatform's routes).
+  template <typename F>
+  void ForRoute(int a, int b, F f) const {
+    if (!file_routes.empty()) {
+      const size_t decode = rack_of.size() - static_cast<size_t>(prefill_replicas);
+      for (int l : file_routes[static_cast<size_t>(a) * decode +
+                               static_cast<size_t>(b - prefill_replicas)]) {
+        f(l, 0);
+      }
+      return;
+    }
+    f(a, 0);
+    const int ra = rack_of[a], rb = rack_of[b];
+    if (ra >= 0 && ra != rb) {
+      const int nics = static_cast<int>(rack_of.size());
+      f(nics + ra, 0);
+      const int pa = pod_of[a], pb = pod_of[b];
+      if (pa >= 0 && pa != pb) {
+        f(nics + racks + pa, 0);
+        f(nics + racks + pb, 1);
+      }
+      f(nics + rb, 1);
+    }
+    f(b, 0);
+  }
   // The earliest time a request or a KV part not yet received can reach an
   // engine of the pool that gets requests (arrivals) or hand-offs. A
   // prefill engine is busy (may hand off) from the moment it takes a
@@ -389,6 +442,7 @@ class Engine {
   struct Arriving {
     int32_t received = 0, expected = 0;
     double prefill_end_s = 0;
+    double first_sent_s = std::numeric_limits<double>::infinity();
   };
 
   // One data-parallel rank (one for every model but MoE ones with
@@ -765,14 +819,7 @@ class Engine {
     const int d = DecodeReplica(h);
     ++h.parts_sent;
     ++sh_->kv_in_flight;
-    sh_->links[replica_].bytes += bytes;
-    sh_->links[d].bytes += bytes;
-    const int ra = sh_->rack_of[replica_], rb = sh_->rack_of[d];
-    if (ra >= 0 && ra != rb) {
-      const size_t racks = static_cast<size_t>(sh_->sc->replicas);
-      sh_->links[racks + ra].bytes += bytes;
-      sh_->links[racks + rb].bytes += bytes;
-    }
+    sh_->ForRoute(replica_, d, [&](int l, int) { sh_->links[l].bytes += bytes; });
     // Out of one NIC and into another.
     sh_->metrics->AddTransferEnergy(
         bytes * 1e-12 *
@@ -780,7 +827,15 @@ class Engine {
          PoolOf(*sh_->sc, d).proto.cluster().internode().energy_pj_per_byte()));
     auto* msg = sh_->messages.New(h.spec, false, 0, parts);
     msg->prefill_end_s = sg4::Engine::get_clock();
-    sh_->engine_boxes[d]->put_init(msg, static_cast<uint64_t>(std::ceil(bytes)))->detach();
+    msg->bytes = bytes;
+    msg->sent_s = msg->prefill_end_s;
+    msg->from = replica_;
+    // The bytes flow between the replicas' hosts; the decode replica's
+    // receiver learns of the flow at once and lands the part as the flow
+    // ends, flows ending in any order (Receiver).
+    msg->flow = sg4::Comm::sendto_async(sh_->kv_hosts[replica_], sh_->kv_hosts[d],
+                                        static_cast<uint64_t>(std::ceil(bytes)));
+    sh_->engine_boxes[d]->put_init(msg, 0)->detach();
   }
 
   double KvBytes(int64_t tokens) const {
@@ -835,15 +890,43 @@ class Engine {
     } else if (msg->kv_parts > 0) {
       ++landed_finals_;
     }
-    landed_.push_back({msg, sg4::Engine::get_clock()});
+    const double now = sg4::Engine::get_clock();
+    if (msg->from >= 0) {
+      // Its bytes over its life on every link of its route (links.csv).
+      sh_->ForRoute(msg->from, replica_, [&](int l, int dir) {
+        sh_->links[l].AddFlow(dir, msg->bytes, msg->sent_s, now, sh_->link_bin_s);
+      });
+    }
+    landed_.push_back({msg, now});
     if (asleep_) wake_->release();
   }
   // The receiver's loop: until every prefill replica's stream has ended
-  // and each request it announced has landed.
+  // and each request it announced has landed. It waits on the next message
+  // and on every KV flow announced and not yet ended at once, so that a
+  // short flow lands when it ends even behind a long one sent earlier.
   void Receiver() {
     sg4::Mailbox* box = sh_->engine_boxes[replica_];
+    Message* next = nullptr;
+    std::vector<sg4::CommPtr> waits = {box->get_async<Message>(&next)};
+    std::vector<Message*> flying;  // waits[i + 1]'s message
     while (landed_ends_ < ends_needed_ || landed_finals_ < landed_expected_) {
-      Land(box->get<Message>());
+      const auto i = static_cast<size_t>(sg4::Comm::wait_any(waits));
+      if (i == 0) {
+        Message* m = next;
+        waits[0] = box->get_async<Message>(&next);
+        if (m->flow != nullptr) {
+          waits.push_back(m->flow);
+          flying.push_back(m);
+        } else {
+          Land(m);
+        }
+        continue;
+      }
+      Message* m = flying[i - 1];
+      waits.erase(waits.begin() + static_cast<std::ptrdiff_t>(i));
+      flying.erase(flying.begin() + static_cast<std::ptrdiff_t>(i - 1));
+      m->flow = nullptr;
+      Land(m);
     }
   }
 
@@ -862,12 +945,14 @@ class Engine {
     const int64_t id = msg.request.id;
     Arriving& a = arriving_[id];
     ++a.received;
+    a.first_sent_s = std::min(a.first_sent_s, msg.sent_s);
     if (msg.kv_parts > 0) {
       a.expected = msg.kv_parts;
       a.prefill_end_s = msg.prefill_end_s;
     }
     if (a.expected == 0 || a.received < a.expected) return;
     const double prefill_end_s = a.prefill_end_s;
+    SampleTransfer(msg, a.first_sent_s);
     arriving_.erase(id);
     sh_->metrics->OnKvReady(id, landed_s_);
     if (sh_->live != nullptr) {
@@ -940,6 +1025,20 @@ class Engine {
     return absl::OkStatus();
   }
 
+  // The KV transfers whose first part left within the timeline's window,
+  // the first output.timeline_max_iterations of each decode replica.
+  void SampleTransfer(const Message& last, double start_s) {
+    const auto& o = sh_->sc->proto.output();
+    if (!o.timeline() || !sh_->record_timeline ||
+        transfer_samples_ >= o.timeline_max_iterations() || start_s < o.timeline_start_s() ||
+        start_s >= o.timeline_end_s()) {
+      return;
+    }
+    ++transfer_samples_;
+    sh_->metrics->AddTimelineTransfer({last.request.id, last.from, replica_, start_s, landed_s_,
+                                       KvBytes(last.request.input_tokens)});
+  }
+
   // A failed iteration (e.g. no device agent left) ends the whole run.
   void Stop(absl::Status status) { sh_->Stop(std::move(status)); }
 
@@ -974,6 +1073,7 @@ class Engine {
   Counting counting_{this};
   int64_t iteration_index_ = 0;
   int64_t timeline_samples_ = 0;
+  int64_t transfer_samples_ = 0;
   // Power: static figures (W), the attention device's busy time so far,
   // and the iterations the xPU cap slowed.
   double xpu_static_w_ = 0, host_w_ = 0, device_static_w_ = 0;
@@ -992,13 +1092,105 @@ class Engine {
   std::vector<scheduler::PipelineStep> steps_;  // its in-flight batches' stages
 };
 
-void BuildPlatform(const ResolvedScenario& sc, Shared* sh, std::vector<sg4::Host*>* engine_hosts,
-                   sg4::Host** clients, sg4::Host** router) {
-  auto* zone = sg4::create_full_zone("cluster");
-  *clients = zone->create_host("clients", 1e9);
-  *router = zone->create_host("router", 1e9);
+// The user's platform (fabric.platform_file), loaded into the engine:
+// each replica's host, and the links of the routes from prefill replicas'
+// hosts to decode replicas' (Shared::file_routes).
+struct FilePlatform {
+  std::vector<sg4::Host*> hosts;
+  std::vector<sg4::Link*> links;  // in the order the routes first cross them
+  std::vector<std::vector<int>> routes;
+};
+
+// Names servesim's own hosts and links take beside a platform file's.
+constexpr const char* kOwnPrefix = "servesim.";
+
+absl::StatusOr<FilePlatform> LoadPlatformFile(const ResolvedScenario& sc,
+                                              const sg4::Engine& engine) {
+  const std::string field = "cluster.disaggregation.fabric.platform_file";
+  const std::string& file = sc.platform_file;
+  try {
+    engine.load_platform(file);
+  } catch (const std::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": ", e.what()));
+  }
+  std::vector<std::string> names;
+  for (const sg4::Host* h : engine.get_all_hosts()) names.push_back(h->get_name());
+  std::sort(names.begin(), names.end());
+  auto own = [&](const std::string& name) -> absl::Status {
+    if (absl::StartsWith(name, kOwnPrefix)) {
+      return absl::InvalidArgumentError(absl::StrCat(field, ": ", file, " names a host or link \"",
+                                                     name, "\": names starting \"", kOwnPrefix,
+                                                     "\" are servesim's own; rename it"));
+    }
+    return absl::OkStatus();
+  };
+  for (const std::string& n : names) RETURN_IF_ERROR(own(n));
+  for (const sg4::Link* l : engine.get_all_links()) RETURN_IF_ERROR(own(l->get_name()));
+  FilePlatform out;
+  const bool named = sc.proto.cluster().disaggregation().fabric().replica_hosts_size() > 0;
+  for (int64_t r = 0; r < sc.replicas; ++r) {
+    const std::string& name = sc.replica_hosts[r];
+    sg4::Host* h = engine.host_by_name_or_null(name);
+    if (h == nullptr) {
+      if (names.size() > 12) {
+        names.resize(12);
+        names.push_back("...");
+      }
+      return absl::InvalidArgumentError(absl::StrCat(
+          named ? absl::StrCat("cluster.disaggregation.fabric.replica_hosts[", r, "] = \"", name,
+                               "\"")
+                : absl::StrCat(field, ": replica ", r, "'s host \"", name,
+                               "\" (the default; cluster.disaggregation.fabric.replica_hosts "
+                               "names others)"),
+          ": no such host in ", file, " (its hosts: ", absl::StrJoin(names, ", "), ")"));
+    }
+    out.hosts.push_back(h);
+  }
+  absl::flat_hash_map<const sg4::Link*, int> index;
+  const int64_t prefill = sc.prefill_pool->replicas;
+  for (int64_t p = 0; p < prefill; ++p) {
+    for (int64_t d = prefill; d < sc.replicas; ++d) {
+      std::vector<sg4::Link*> links;
+      double latency = 0;
+      const std::string where = absl::StrCat(
+          "the route from host \"", sc.replica_hosts[p], "\" (prefill replica ", p, ") to host \"",
+          sc.replica_hosts[d], "\" (decode replica ", d, ") in ", file);
+      try {
+        out.hosts[p]->route_to(out.hosts[d], links, &latency);
+      } catch (const std::exception& e) {
+        return absl::InvalidArgumentError(absl::StrCat(field, ": ", where, ": ", e.what()));
+      }
+      if (links.empty()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(field, ": ", where, " is missing: the KV transfer needs one"));
+      }
+      std::vector<int>& route = out.routes.emplace_back();
+      for (sg4::Link* l : links) {
+        if (!(l->get_bandwidth() > 0)) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              field, ": link \"", l->get_name(), "\" on ", where, " has bandwidth ",
+              l->get_bandwidth(), ": a KV transfer over it could never complete; expected > 0"));
+        }
+        auto [it, added] = index.emplace(l, static_cast<int>(out.links.size()));
+        if (added) out.links.push_back(l);
+        route.push_back(it->second);
+      }
+    }
+  }
+  return out;
+}
+
+void BuildPlatform(const ResolvedScenario& sc, Shared* sh, const FilePlatform* file,
+                   std::vector<sg4::Host*>* engine_hosts, sg4::Host** clients, sg4::Host** router) {
+  // Beside a platform file, servesim's hosts and links sit in a zone of
+  // their own under the file's root, their names prefixed.
+  const std::string own = file != nullptr ? kOwnPrefix : "";
+  auto* zone = sg4::create_full_zone(own + "cluster");
+  if (file != nullptr) zone->set_parent(sg4::Engine::get_instance()->get_netzone_root());
+  *clients = zone->create_host(own + "clients", 1e9);
+  *router = zone->create_host(own + "router", 1e9);
   auto make_link = [&](const std::string& name, const servesim::v1::LinkSpec& l) {
-    return zone->create_link(name, l.bandwidth_bytes_per_s())
+    return zone->create_link(own + name, l.bandwidth_bytes_per_s())
         ->set_latency(l.latency_s())
         ->seal();
   };
@@ -1012,8 +1204,8 @@ void BuildPlatform(const ResolvedScenario& sc, Shared* sh, std::vector<sg4::Host
     std::vector<sg4::Host*> xpus;
     std::vector<sg4::Link*> links;
     for (int64_t j = 0; j < pool.tensor_parallel; ++j) {
-      xpus.push_back(zone->create_host(absl::StrCat("r", r, ".xpu", j),
-                                       c.xpu().peak_flops_fp16()));
+      xpus.push_back(
+          zone->create_host(absl::StrCat(own, "r", r, ".xpu", j), c.xpu().peak_flops_fp16()));
       links.push_back(make_link(absl::StrCat("r", r, ".xpu", j, ".link"), c.interconnect()));
     }
     auto* fe = make_link(absl::StrCat("r", r, ".frontend"), c.frontend());
@@ -1026,6 +1218,33 @@ void BuildPlatform(const ResolvedScenario& sc, Shared* sh, std::vector<sg4::Host
     engine_hosts->push_back(xpus[0]);
   }
   if (sc.disaggregated()) {
+    // Each decode replica's receiver sits on a host of its own; the
+    // prefill replicas' notices of KV flows (and of their streams' end)
+    // reach it over a link that takes no time.
+    auto* notices = zone->create_link(own + "kv.notices", 1e30)->set_latency(0)->seal();
+    sh->receiver_hosts.assign(static_cast<size_t>(sc.replicas), nullptr);
+    for (int64_t d = sc.prefill_pool->replicas; d < sc.replicas; ++d) {
+      sh->receiver_hosts[d] = zone->create_host(absl::StrCat(own, "r", d, ".kv"), 1e9);
+      for (int64_t p = 0; p < sc.prefill_pool->replicas; ++p) {
+        zone->add_route((*engine_hosts)[p]->get_netpoint(), sh->receiver_hosts[d]->get_netpoint(),
+                        nullptr, nullptr, {sg4::LinkInRoute(notices)}, false);
+      }
+    }
+    sh->kv_hosts = file != nullptr ? file->hosts : *engine_hosts;
+  }
+  if (file != nullptr) {
+    // KV flows over the file's routes.
+    for (const sg4::Link* l : file->links) {
+      metrics::LinkLoad load;
+      load.name = l->get_name();
+      load.bandwidth_bytes_per_s = l->get_bandwidth();
+      sh->links.push_back(std::move(load));
+    }
+    sh->file_hosts = file->hosts;
+    sh->file_routes = file->routes;
+    sh->rack_of.assign(static_cast<size_t>(sc.replicas), -1);
+    sh->pod_of.assign(static_cast<size_t>(sc.replicas), -1);
+  } else if (sc.disaggregated()) {
     // Each replica's NICs as one link of their summed bandwidth; nodes in
     // racks, each pool from a fresh node; racks joined through a spine over
     // split-duplex uplinks (docs/disaggregation.md, "Platform").
@@ -1054,38 +1273,72 @@ void BuildPlatform(const ResolvedScenario& sc, Shared* sh, std::vector<sg4::Host
       nics.push_back(zone->create_link(absl::StrCat("r", r, ".nic"), bw)
                          ->set_latency(c.internode().latency_s())
                          ->seal());
-      sh->links.push_back({absl::StrCat("r", r, ".nic"), bw, 0});
+      metrics::LinkLoad load;
+      load.name = absl::StrCat("r", r, ".nic");
+      load.bandwidth_bytes_per_s = bw;
+      sh->links.push_back(std::move(load));
     }
-    const int64_t per_rack = fabric.nodes_per_rack();
-    std::vector<sg4::Link*> uplinks;
-    if (per_rack > 0) {
-      const int64_t racks = (static_cast<int64_t>(node_nic_bw.size()) + per_rack - 1) / per_rack;
-      for (int64_t k = 0; k < racks; ++k) {
+    // One uplink per group of `per` members (racks of nodes, pods of
+    // racks), the members' bandwidths `member_bw`: each carries its group's
+    // most member bandwidth x `per` / `oversubscription` each way, with
+    // half of `latency` (docs/disaggregation.md, "Platform").
+    auto make_uplinks = [&](const char* kind, const std::vector<double>& member_bw, int64_t per,
+                            double oversubscription, double latency) {
+      std::vector<sg4::Link*> ups;
+      std::vector<double> bws;
+      const int64_t members = static_cast<int64_t>(member_bw.size());
+      for (int64_t k = 0; k * per < members; ++k) {
         double most = 0;
-        for (int64_t n = k * per_rack;
-             n < std::min<int64_t>((k + 1) * per_rack, static_cast<int64_t>(node_nic_bw.size()));
-             ++n) {
-          most = std::max(most, node_nic_bw[n]);
+        for (int64_t n = k * per; n < std::min((k + 1) * per, members); ++n) {
+          most = std::max(most, member_bw[n]);
         }
-        const double bw = static_cast<double>(per_rack) * most / fabric.oversubscription();
-        auto* up = zone->create_split_duplex_link(absl::StrCat("rack", k, ".uplink"), bw);
-        up->set_latency(fabric.spine_latency_s() / 2)->seal();
-        uplinks.push_back(up);
-        sh->links.push_back({absl::StrCat("rack", k, ".uplink"), bw, 0});
+        const double bw = static_cast<double>(per) * most / oversubscription;
+        const std::string name = absl::StrCat(kind, k, ".uplink");
+        auto* up = zone->create_split_duplex_link(name, bw);
+        up->set_latency(latency / 2)->seal();
+        ups.push_back(up);
+        bws.push_back(bw);
+        metrics::LinkLoad load;
+        load.name = name;
+        load.bandwidth_bytes_per_s = bw;
+        load.split_duplex = true;
+        sh->links.push_back(std::move(load));
+      }
+      return std::make_pair(ups, bws);
+    };
+    const int64_t per_rack = fabric.nodes_per_rack();
+    std::vector<sg4::Link*> uplinks, pod_uplinks;
+    if (per_rack > 0) {
+      auto [ups, bws] = make_uplinks("rack", node_nic_bw, per_rack, fabric.oversubscription(),
+                                     fabric.spine_latency_s());
+      uplinks = std::move(ups);
+      sh->racks = static_cast<int>(uplinks.size());
+      if (fabric.racks_per_pod() > 0) {
+        pod_uplinks = make_uplinks("pod", bws, fabric.racks_per_pod(),
+                                   fabric.pod_oversubscription(), fabric.core_latency_s())
+                          .first;
       }
     }
     for (int64_t r = 0; r < sc.replicas; ++r) {
-      sh->rack_of.push_back(per_rack > 0 ? static_cast<int>(node_of[r] / per_rack) : -1);
+      const int rack = per_rack > 0 ? static_cast<int>(node_of[r] / per_rack) : -1;
+      sh->rack_of.push_back(rack);
+      sh->pod_of.push_back(pod_uplinks.empty() ? -1 : rack / fabric.racks_per_pod());
     }
     for (int64_t p = 0; p < sc.prefill_pool->replicas; ++p) {
       for (int64_t d = sc.prefill_pool->replicas; d < sc.replicas; ++d) {
-        std::vector<sg4::LinkInRoute> route = {sg4::LinkInRoute(nics[p])};
-        const int ra = sh->rack_of[p], rb = sh->rack_of[d];
-        if (ra >= 0 && ra != rb) {
-          route.emplace_back(uplinks[ra], sg4::LinkInRoute::Direction::UP);
-          route.emplace_back(uplinks[rb], sg4::LinkInRoute::Direction::DOWN);
-        }
-        route.emplace_back(nics[d]);
+        std::vector<sg4::LinkInRoute> route;
+        sh->ForRoute(static_cast<int>(p), static_cast<int>(d), [&](int l, int dir) {
+          const int nics_n = static_cast<int>(sc.replicas);
+          sg4::Link* link = l < nics_n               ? nics[l]
+                            : l < nics_n + sh->racks ? uplinks[l - nics_n]
+                                                     : pod_uplinks[l - nics_n - sh->racks];
+          if (l < nics_n) {
+            route.emplace_back(link);
+          } else {
+            route.emplace_back(link, dir == 0 ? sg4::LinkInRoute::Direction::UP
+                                              : sg4::LinkInRoute::Direction::DOWN);
+          }
+        });
         zone->add_route((*engine_hosts)[p]->get_netpoint(), (*engine_hosts)[d]->get_netpoint(),
                         nullptr, nullptr, route, false);
       }
@@ -1095,6 +1348,25 @@ void BuildPlatform(const ResolvedScenario& sc, Shared* sh, std::vector<sg4::Host
 }
 
 }  // namespace
+
+absl::StatusOr<std::string> CheckPlatformFile(const ResolvedScenario& sc) {
+  if (sc.platform_file.empty()) return std::string();
+  std::string name = "servesim";
+  char* argv[] = {name.data(), nullptr};
+  int argc = 1;
+  struct sigaction caller_sigint;
+  ::sigaction(SIGINT, nullptr, &caller_sigint);
+  sg4::Engine engine(&argc, argv);
+  ::sigaction(SIGINT, &caller_sigint, nullptr);
+  ASSIGN_OR_RETURN(FilePlatform file, LoadPlatformFile(sc, engine));
+  const sg4::Link* slowest = file.links.front();
+  for (const sg4::Link* l : file.links) {
+    if (l->get_bandwidth() < slowest->get_bandwidth()) slowest = l;
+  }
+  return absl::StrCat("# platform file ", sc.platform_file, ": ", engine.get_host_count(),
+                      " hosts; the KV routes cross ", file.links.size(), " links, the slowest \"",
+                      slowest->get_name(), "\" at ", slowest->get_bandwidth() / 1e9, " GB/s\n");
+}
 
 absl::StatusOr<RunResult> RunSimulation(const ResolvedScenario& sc,
                                         const workload::Workload& workload,
@@ -1158,6 +1430,7 @@ absl::StatusOr<RunResult> RunSimulation(const ResolvedScenario& sc,
   sh.metrics = result.metrics.get();
   sh.live = options.live;
   sh.record_timeline = options.record_timeline;
+  sh.link_bin_s = sc.proto.output().link_bin_s();
   sh.paced = options.pace > 0;
   sh.interrupt = options.interrupt;
   sh.loads.assign(sc.replicas, scheduler::ReplicaLoad{});
@@ -1177,7 +1450,11 @@ absl::StatusOr<RunResult> RunSimulation(const ResolvedScenario& sc,
   sh.cached_blocks = [&engines](int r, const scheduler::RequestSpec& spec) {
     return engines[static_cast<size_t>(r)]->CachedPrefixBlocks(spec);
   };
-  BuildPlatform(sc, &sh, &engine_hosts, &clients, &router);
+  std::optional<FilePlatform> file;
+  if (!sc.platform_file.empty()) {
+    ASSIGN_OR_RETURN(file, LoadPlatformFile(sc, engine));
+  }
+  BuildPlatform(sc, &sh, file ? &*file : nullptr, &engine_hosts, &clients, &router);
 
   std::map<const ResolvedScenario*, std::shared_ptr<scheduler::BlockLru>> stores;
   for (int64_t r = 0; r < sc.replicas; ++r) {
@@ -1218,7 +1495,7 @@ absl::StatusOr<RunResult> RunSimulation(const ResolvedScenario& sc,
                                     [e]() { e->Run(); });
     if (r >= sh.prefill_replicas && sh.prefill_replicas > 0) {
       // A decode replica's messages land at its receiver (Engine::Land).
-      actor = sg4::Actor::create(absl::StrCat("engine", r, ".kv"), engine_hosts[r],
+      actor = sg4::Actor::create(absl::StrCat("engine", r, ".kv"), sh.receiver_hosts[r],
                                  [e]() { e->Receiver(); });
     }
     sh.engine_boxes[r]->set_receiver(actor);
@@ -1257,7 +1534,7 @@ absl::StatusOr<RunResult> RunSimulation(const ResolvedScenario& sc,
   engine.run();
   result.metrics->SetArrivalFloor(nullptr);
   for (const auto& e : engines) e->ChargeStatic(result.metrics->last_event_s());
-  result.metrics->SetLinkLoads(std::move(sh.links));
+  result.metrics->SetLinkLoads(std::move(sh.links), sh.link_bin_s);
   result.metrics->Finish();
   if (!sh.error.ok()) {
     if (options.partial != nullptr) {

@@ -89,6 +89,14 @@ struct RunOptions {
 absl::StatusOr<RunResult> RunSimulation(const scenario::ResolvedScenario& scenario,
                                         workload::RequestStream& requests,
                                         const RunOptions& options);
+// Loads the scenario's platform file (cluster.disaggregation.fabric.
+// platform_file) into a SimGrid engine of its own and checks it as a run
+// would: it parses, every replica's host is there, and every prefill-to-
+// decode route exists with bandwidth on each link. For `servesim validate`
+// (SimGrid allows one engine per process: not in one that runs). Returns
+// a line saying what it found; empty without a platform file.
+absl::StatusOr<std::string> CheckPlatformFile(const scenario::ResolvedScenario& scenario);
+
 // The same over a materialised workload.
 absl::StatusOr<RunResult> RunSimulation(const scenario::ResolvedScenario& scenario,
                                         const workload::Workload& workload,

@@ -299,8 +299,14 @@ Summary ComputeSummary(const MetricsCollector& metrics) {
     Summary::LinkUse u;
     u.name = l.name;
     u.bytes = l.bytes;
-    if (s.makespan_s > 0 && l.bandwidth_bytes_per_s > 0) {
-      u.utilization = l.bytes / (l.bandwidth_bytes_per_s * s.makespan_s);
+    u.utilization = l.Utilization(s.makespan_s);
+    if (l.bandwidth_bytes_per_s > 0) {
+      for (const auto& dir : l.bins) {
+        for (const double b : dir) {
+          u.peak_utilization =
+              std::max(u.peak_utilization, b / (l.bandwidth_bytes_per_s * metrics.link_bin_s()));
+        }
+      }
     }
     s.links.push_back(std::move(u));
   }
@@ -311,6 +317,34 @@ Summary ComputeSummary(const MetricsCollector& metrics) {
   if (s.slo_met > 0) s.energy_per_good_request_j = s.energy_j / static_cast<double>(s.slo_met);
   if (s.makespan_s > 0) s.power_mean_w = s.energy_j / s.makespan_s;
   return s;
+}
+
+void LinkLoad::AddFlow(int direction, double flow_bytes, double start_s, double end_s,
+                       double bin_s) {
+  direction_bytes[direction] += flow_bytes;
+  std::vector<double>& v = bins[direction];
+  const auto bin = [bin_s](double t) { return static_cast<size_t>(std::max(0.0, t / bin_s)); };
+  const size_t first = bin(start_s);
+  // A flow ending on a bin's edge ends in the bin before it.
+  const size_t last =
+      end_s > start_s ? std::max(first, static_cast<size_t>(std::ceil(end_s / bin_s)) - 1) : first;
+  if (v.size() <= last) v.resize(last + 1, 0.0);
+  if (last == first) {
+    v[first] += flow_bytes;
+    return;
+  }
+  const double rate = flow_bytes / (end_s - start_s);
+  for (size_t k = first; k <= last; ++k) {
+    const double lo = std::max(start_s, static_cast<double>(k) * bin_s);
+    const double hi = std::min(end_s, static_cast<double>(k + 1) * bin_s);
+    if (hi > lo) v[k] += rate * (hi - lo);
+  }
+}
+
+double LinkLoad::Utilization(double seconds) const {
+  if (!(seconds > 0) || !(bandwidth_bytes_per_s > 0)) return 0;
+  const double busiest = split_duplex ? std::max(direction_bytes[0], direction_bytes[1]) : bytes;
+  return busiest / (bandwidth_bytes_per_s * seconds);
 }
 
 }  // namespace servesim::metrics

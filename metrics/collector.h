@@ -88,6 +88,7 @@ class MetricsCollector {
   void Finish();
 
   void AddTimeline(TimelineIteration it) { timeline_.push_back(std::move(it)); }
+  void AddTimelineTransfer(const TimelineTransfer& t) { transfers_.push_back(t); }
   // `total`: the iteration's whole cost; `device`: the attention device's
   // part of it; `xpu_active_j`: the xPUs' active power over their busy time.
   void AddEnergy(const devices::Cost& total, const devices::Cost& device, double xpu_active_j) {
@@ -132,7 +133,12 @@ class MetricsCollector {
   int64_t handoffs() const { return handoffs_; }
   double kv_bytes() const { return kv_bytes_; }
   // The platform's links and their traffic, set at the end of the run.
-  void SetLinkLoads(std::vector<LinkLoad> links) { links_ = std::move(links); }
+  // The platform's links and their traffic, binned every `bin_s`.
+  void SetLinkLoads(std::vector<LinkLoad> links, double bin_s) {
+    links_ = std::move(links);
+    link_bin_s_ = bin_s;
+  }
+  double link_bin_s() const { return link_bin_s_; }
   const std::vector<LinkLoad>& link_loads() const { return links_; }
   // TTFT's parts over completed requests that were handed off: arrival to
   // prefill end, prefill end to KV ready (the transfer not hidden behind
@@ -180,6 +186,7 @@ class MetricsCollector {
   int64_t prefix_hit_tokens() const { return prefix_hit_tokens_; }
   int64_t prefix_query_tokens() const { return prefix_query_tokens_; }
   const std::vector<TimelineIteration>& timeline() const { return timeline_; }
+  const std::vector<TimelineTransfer>& timeline_transfers() const { return transfers_; }
   void NoteEvent(double t_s) {
     if (t_s > last_event_s_) last_event_s_ = t_s;
   }
@@ -239,6 +246,7 @@ class MetricsCollector {
   QuantileAccumulator ttft_, tbt_, tpot_, e2e_;
   TimeSeries series_;
   std::vector<TimelineIteration> timeline_;
+  std::vector<TimelineTransfer> transfers_;
   EnergyParts energy_;
   std::vector<std::unique_ptr<ReplicaObserver>> observers_;
   double last_event_s_ = 0;
@@ -249,6 +257,7 @@ class MetricsCollector {
   double kv_tier_energy_j_ = 0;
   int64_t power_capped_ = 0;
   std::vector<LinkLoad> links_;
+  double link_bin_s_ = 1.0;
   QuantileAccumulator ttft_prefill_, ttft_transfer_, ttft_decode_;
   double ttft_transfer_sum_ = 0, ttft_handed_off_sum_ = 0;
 };
@@ -293,16 +302,18 @@ struct Summary {
   // Disaggregation (handoffs > 0): requests handed from the prefill pool
   // to the decode pool, the KV bytes moved, TTFT's parts over completed
   // requests (MetricsCollector::ttft_prefill() and after), the transfer's
-  // share of their summed TTFT, and each link's mean utilisation over the
-  // makespan (bytes / (bandwidth x makespan); both directions count, so a
-  // link busy one way at full rate reads 1).
+  // share of their summed TTFT, and each link's utilisation (a NIC link
+  // is one pipe both ways share; a split-duplex uplink reads its busier
+  // direction, each having the bandwidth to itself).
   int64_t handoffs = 0;
   double kv_bytes = 0;
   Distribution ttft_prefill_s, ttft_transfer_s, ttft_decode_s;
   double ttft_transfer_share = 0;
   struct LinkUse {
     std::string name;
-    double bytes = 0, utilization = 0;
+    // Bytes both ways; utilisation of the busier direction over the
+    // makespan and in its busiest bin (output.link_bin_s).
+    double bytes = 0, utilization = 0, peak_utilization = 0;
   };
   std::vector<LinkUse> links;
 };

@@ -72,6 +72,20 @@ struct LinkLoad {
   std::string name;
   double bandwidth_bytes_per_s = 0;  // per direction
   double bytes = 0;                  // both directions
+  // A split-duplex link (a rack or pod uplink) has each direction's
+  // bandwidth to itself, up (0) and down (1); a NIC link is one shared pipe
+  // (direction 0 only).
+  bool split_duplex = false;
+  // Bytes per bin of `bin_s` simulated seconds, per direction, of the
+  // transfers that ended: each one's bytes spread evenly over its life
+  // (from leaving the sender to landing), so a bin holds what crossed the
+  // link in it at the transfer's mean rate.
+  std::vector<double> bins[2];
+  double direction_bytes[2] = {0, 0};
+
+  void AddFlow(int direction, double flow_bytes, double start_s, double end_s, double bin_s);
+  // The busier direction's bytes over `seconds` at the link's bandwidth.
+  double Utilization(double seconds) const;
 };
 
 // A lower KV tier over the run (docs/kv_tiers.md), summed over replicas.
@@ -93,6 +107,16 @@ struct TimelineIteration {
   int64_t prefill_tokens = 0, decode_tokens = 0;
   double power_w = 0;                  // the replica's mean power over the iteration
   std::vector<scheduler::Span> spans;  // times from start_s
+};
+
+// A request's KV on its way from a prefill to a decode replica
+// (timeline.json, disaggregated clusters): from its first part leaving to
+// its last landing.
+struct TimelineTransfer {
+  int64_t request_id = 0;
+  int32_t from = 0, to = 0;  // prefill and decode replicas
+  double start_s = 0, end_s = 0;
+  double bytes = 0;
 };
 
 // Where rows go once final: requests in id order, iterations in (start_s,

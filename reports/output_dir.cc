@@ -49,9 +49,9 @@ std::string ReadAll(int fd) {
 }  // namespace
 
 const std::vector<std::string>& OutputDir::RunOutputs() {
-  static const auto* names =
-      new std::vector<std::string>{"summary.json",   "run_info.json", "requests.csv",
-                                   "iterations.csv", "timeline.json", "report.html"};
+  static const auto* names = new std::vector<std::string>{
+      "summary.json", "run_info.json", "requests.csv", "iterations.csv",
+      "links.csv",    "timeline.json", "report.html"};
   return *names;
 }
 

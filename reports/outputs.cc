@@ -1,6 +1,10 @@
 #include "reports/outputs.h"
 
+#include <algorithm>
+#include <cmath>
+
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "reports/report_html.h"
 #include "reports/timeline.h"
@@ -16,6 +20,37 @@ std::string FallbacksJson(const std::vector<std::string>& fallbacks) {
 }
 
 }  // namespace
+
+std::string LinksCsv(const metrics::MetricsCollector& metrics, double makespan_s) {
+  const double bin_s = metrics.link_bin_s();
+  size_t bins = makespan_s > 0 ? static_cast<size_t>(std::ceil(makespan_s / bin_s)) : 0;
+  std::string out = "time_s";
+  for (const metrics::LinkLoad& l : metrics.link_loads()) {
+    if (l.split_duplex) {
+      absl::StrAppend(&out, ",", l.name, ".up,", l.name, ".down");
+    } else {
+      absl::StrAppend(&out, ",", l.name);
+    }
+    for (const auto& dir : l.bins) bins = std::max(bins, dir.size());
+  }
+  out += "\n";
+  for (size_t k = 0; k < bins; ++k) {
+    const double start = static_cast<double>(k) * bin_s;
+    // The last bin ends with the run.
+    const double width = std::min(bin_s, std::max(makespan_s - start, 0.0));
+    absl::StrAppendFormat(&out, "%.9g", start);
+    for (const metrics::LinkLoad& l : metrics.link_loads()) {
+      for (int d = 0; d < (l.split_duplex ? 2 : 1); ++d) {
+        const double b = k < l.bins[d].size() ? l.bins[d][k] : 0.0;
+        const double u =
+            width > 0 && l.bandwidth_bytes_per_s > 0 ? b / (l.bandwidth_bytes_per_s * width) : 0.0;
+        absl::StrAppendFormat(&out, ",%.6g", u);
+      }
+    }
+    out += "\n";
+  }
+  return out;
+}
 
 absl::Status WriteOutputs(const OutputDir& dir, const scenario::ResolvedScenario& sc,
                           const workload::Workload& wl, const metrics::MetricsCollector& metrics,
@@ -39,6 +74,11 @@ absl::Status WriteOutputs(const OutputDir& dir, const scenario::ResolvedScenario
               FallbacksJson(info.fallbacks), "\n}\n"));
       !st.ok()) {
     return st;
+  }
+  if (sc.disaggregated() && sc.proto.output().links_csv()) {
+    if (absl::Status st = dir.Write("links.csv", LinksCsv(metrics, s.makespan_s)); !st.ok()) {
+      return st;
+    }
   }
   if (sc.proto.output().timeline()) {
     if (absl::Status st =

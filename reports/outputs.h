@@ -19,6 +19,12 @@
 
 namespace servesim::reports {
 
+// links.csv: a row per bin of output.link_bin_s simulated seconds (the
+// last one ends with the run), a column per link and direction (a
+// split-duplex uplink's "up" and "down"): the fraction of the link's
+// bandwidth the transfers used in the bin (docs/outputs.md).
+std::string LinksCsv(const metrics::MetricsCollector& metrics, double makespan_s);
+
 absl::Status WriteOutputs(const OutputDir& dir, const scenario::ResolvedScenario& sc,
                           const workload::Workload& wl, const metrics::MetricsCollector& metrics,
                           const metrics::Summary& s, const RunInfo& info);

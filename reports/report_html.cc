@@ -250,6 +250,53 @@ std::string ScheduleSvg(const ResolvedScenario& sc, const TimelineIteration& it)
   return svg + "</svg>\n";
 }
 
+// The four busiest links' utilisation (a split-duplex uplink's directions
+// apart, each against its own bandwidth) over `bins` bins of the run, from links.csv's finer bins:
+// each fine bin's bytes go to the chart's bins in proportion to their overlap.
+std::string LinksChart(const MetricsCollector& m, double span, int bins) {
+  const double fine = m.link_bin_s(), bw = span / bins;
+  struct Line {
+    const metrics::LinkLoad* link;
+    int dir;
+    double bytes;
+  };
+  std::vector<Line> lines;
+  for (const metrics::LinkLoad& l : m.link_loads()) {
+    for (int d = 0; d < (l.split_duplex ? 2 : 1); ++d) {
+      if (l.direction_bytes[d] > 0) {
+        lines.push_back({&l, d, l.direction_bytes[d] / l.bandwidth_bytes_per_s});
+      }
+    }
+  }
+  std::stable_sort(lines.begin(), lines.end(),
+                   [](const Line& a, const Line& b) { return a.bytes > b.bytes; });
+  if (lines.size() > 4) lines.resize(4);
+  std::vector<Series> series;
+  for (const Line& line : lines) {
+    std::vector<double> bytes(static_cast<size_t>(bins), 0.0);
+    const std::vector<double>& v = line.link->bins[line.dir];
+    for (size_t k = 0; k < v.size(); ++k) {
+      const double lo = static_cast<double>(k) * fine, hi = lo + fine;
+      for (int b = std::max(0, static_cast<int>(lo / bw)); b < bins && b * bw < hi; ++b) {
+        const double overlap = std::min(hi, (b + 1) * bw) - std::max(lo, b * bw);
+        if (overlap > 0) bytes[static_cast<size_t>(b)] += v[k] * overlap / fine;
+      }
+    }
+    Series sr{line.link->split_duplex
+                  ? absl::StrCat(line.link->name, line.dir == 0 ? " up" : " down")
+                  : line.link->name,
+              {},
+              {}};
+    for (int b = 0; b < bins; ++b) {
+      sr.x.push_back((b + 0.5) * bw);
+      sr.y.push_back(bytes[static_cast<size_t>(b)] / (line.link->bandwidth_bytes_per_s * bw));
+    }
+    series.push_back(std::move(sr));
+  }
+  return LineChartSvg("Links (busiest four; links.csv has all)", "simulated seconds", "utilisation",
+                      series);
+}
+
 }  // namespace
 
 std::string ReportHtml(const ResolvedScenario& sc, const MetricsCollector& m,
@@ -348,7 +395,8 @@ std::string ReportHtml(const ResolvedScenario& sc, const MetricsCollector& m,
                   LineChartSvg("Throughput", "simulated seconds", "tokens/s", {thr}),
                   LineChartSvg("Batch size", "simulated seconds", "requests", {bs}),
                   LineChartSvg("Utilisation (busy fraction)", "simulated seconds", "busy", util),
-                  LineChartSvg("Power", "simulated seconds", "W", {power}), "</div>\n");
+                  LineChartSvg("Power", "simulated seconds", "W", {power}),
+                  sc.disaggregated() ? LinksChart(m, span, bins) : "", "</div>\n");
 
   std::vector<std::pair<std::string, double>> bars = {{"xPU compute", e.xpu_compute},
                                                       {"xPU memory", e.xpu_memory}};

@@ -187,8 +187,10 @@ std::string SummaryJson(const ResolvedScenario& sc, const Workload& wl,
     for (size_t i = 0; i < s.links.size(); ++i) {
       absl::StrAppend(&links, i ? ", " : "", "{\"name\": ", JsonString(s.links[i].name),
                       ", \"bytes\": ", FormatFigure(s.links[i].bytes),
-                      ", \"utilization\": ", FormatFigure(s.links[i].utilization), "}");
+                      ", \"utilization\": ", FormatFigure(s.links[i].utilization),
+                      ", \"peak_utilization\": ", FormatFigure(s.links[i].peak_utilization), "}");
     }
+    kv("link_bin_s", FormatFigure(sc.proto.output().link_bin_s()));
     kv("links", links + "]");
   }
   kv("energy_j", FormatFigure(s.energy_j));

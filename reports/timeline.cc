@@ -112,6 +112,18 @@ std::string TimelineJson(const ResolvedScenario& sc, const MetricsCollector& met
           it.index));
     }
   }
+  // KV transfers (disaggregated clusters): async spans on the decode
+  // replica, from the first part leaving the prefill replica to the last
+  // landing; they may overlap one another.
+  for (const metrics::TimelineTransfer& t : metrics.timeline_transfers()) {
+    const std::string common =
+        absl::StrFormat(R"("cat":"kv","name":"KV from replica %d","id":%d,"pid":%d,"tid":0)",
+                        t.from, t.request_id, t.to);
+    event(absl::StrFormat(
+        R"({"ph":"b",%s,"ts":%.3f,"args":{"request":%d,"bytes":%.0f,"seconds":%.9g}})", common,
+        us(t.start_s), t.request_id, t.bytes, t.end_s - t.start_s));
+    event(absl::StrFormat(R"({"ph":"e",%s,"ts":%.3f})", common, us(t.end_s)));
+  }
   out += "\n]}\n";
   return out;
 }

@@ -274,6 +274,9 @@ absl::Status NormalizePools(LoadedScenario* scenario) {
   if (!f->has_nodes_per_rack()) f->set_nodes_per_rack(0);
   if (!f->has_oversubscription()) f->set_oversubscription(1.0);
   if (!f->has_spine_latency_s()) f->set_spine_latency_s(1e-6);
+  if (!f->has_racks_per_pod()) f->set_racks_per_pod(0);
+  if (!f->has_pod_oversubscription()) f->set_pod_oversubscription(1.0);
+  if (!f->has_core_latency_s()) f->set_core_latency_s(1e-6);
   p.mutable_cluster()->Clear();
   *p.mutable_cluster()->mutable_disaggregation() = std::move(d);
   return absl::OkStatus();
@@ -322,6 +325,8 @@ absl::Status Normalize(LoadedScenario* scenario) {
   if (!o->has_timeline_end_s()) o->set_timeline_end_s(1e30);
   if (!o->has_timeline_layers()) o->set_timeline_layers(2);
   if (!o->has_report_html()) o->set_report_html(true);
+  if (!o->has_links_csv()) o->set_links_csv(true);
+  if (!o->has_link_bin_s()) o->set_link_bin_s(1.0);
 
   auto* w = p.mutable_workload();
   if (!w->has_rate_scale()) w->set_rate_scale(1.0);

@@ -220,6 +220,66 @@ absl::Status ConnectAgents(const LoadedScenario& sc, ResolvedScenario* out) {
 
 }  // namespace
 
+// fabric.platform_file and replica_hosts (docs/disaggregation.md,
+// "A platform file"): the file exists, the built-in fabric is left unset,
+// and each replica has a host, no prefill replica sharing one with a decode
+// replica. What the file holds is checked as SimGrid loads it
+// (cluster::LoadPlatformFile).
+absl::Status ResolvePlatformFile(const LoadedScenario& sc, ResolvedScenario* out) {
+  namespace fs = std::filesystem;
+  const auto& f = sc.proto.cluster().disaggregation().fabric();
+  const std::string field = "cluster.disaggregation.fabric.platform_file";
+  Checker ck(sc);
+  if (f.platform_file().empty()) {
+    if (f.replica_hosts_size() > 0) {
+      ck.Fail("cluster.disaggregation.fabric.replica_hosts", f.replica_hosts(0),
+              "names hosts of a platform file: set " + field);
+    }
+    return ck.status();
+  }
+  if (f.nodes_per_rack() > 0 || f.racks_per_pod() > 0) {
+    ck.Fail(field, absl::StrCat("\"", f.platform_file(), "\""),
+            "the file's routes replace fabric.nodes_per_rack and racks_per_pod: leave them unset");
+    return ck.status();
+  }
+  fs::path path(f.platform_file());
+  if (path.is_relative()) path = fs::path(sc.base_dir) / path;
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec)) {
+    ck.Fail(field, absl::StrCat("\"", f.platform_file(), "\""),
+            absl::StrCat("no such file (looked for ", path.string(), ")"));
+    return ck.status();
+  }
+  out->platform_file = path.string();
+  const int64_t prefill = out->prefill_pool->replicas;
+  if (f.replica_hosts_size() > 0 && f.replica_hosts_size() != out->replicas) {
+    ck.Fail("cluster.disaggregation.fabric.replica_hosts", f.replica_hosts_size(),
+            absl::StrCat("names ", f.replica_hosts_size(),
+                         " hosts; expected one per replica: ", out->replicas, " (", prefill,
+                         " prefill, then ", out->replicas - prefill, " decode)"));
+    return ck.status();
+  }
+  for (int64_t r = 0; r < out->replicas; ++r) {
+    out->replica_hosts.push_back(
+        f.replica_hosts_size() > 0
+            ? f.replica_hosts(static_cast<int>(r))
+            : (r < prefill ? absl::StrCat("prefill", r) : absl::StrCat("decode", r - prefill)));
+  }
+  for (int64_t p = 0; p < prefill; ++p) {
+    for (int64_t d = prefill; d < out->replicas; ++d) {
+      if (out->replica_hosts[p] == out->replica_hosts[d]) {
+        ck.Fail(absl::StrCat("cluster.disaggregation.fabric.replica_hosts[", d, "]"),
+                absl::StrCat("\"", out->replica_hosts[d], "\""),
+                absl::StrCat("also prefill replica ", p,
+                             "'s host: a prefill and a decode replica on one host are not "
+                             "modelled"));
+        return ck.status();
+      }
+    }
+  }
+  return ck.status();
+}
+
 absl::StatusOr<ResolvedScenario> ResolveDisaggregated(const LoadedScenario& sc) {
   const auto& d = sc.proto.cluster().disaggregation();
   {
@@ -228,6 +288,14 @@ absl::StatusOr<ResolvedScenario> ResolveDisaggregated(const LoadedScenario& sc) 
     ck.Range<int32_t>("cluster.disaggregation.fabric.nodes_per_rack", f.nodes_per_rack(), 0, 65536);
     ck.Range<double>("cluster.disaggregation.fabric.oversubscription", f.oversubscription(), 1, 64);
     ck.Range<double>("cluster.disaggregation.fabric.spine_latency_s", f.spine_latency_s(), 0, 1);
+    ck.Range<int32_t>("cluster.disaggregation.fabric.racks_per_pod", f.racks_per_pod(), 0, 65536);
+    ck.Range<double>("cluster.disaggregation.fabric.pod_oversubscription", f.pod_oversubscription(),
+                     1, 64);
+    ck.Range<double>("cluster.disaggregation.fabric.core_latency_s", f.core_latency_s(), 0, 1);
+    if (f.racks_per_pod() > 0 && f.nodes_per_rack() == 0) {
+      ck.Fail("cluster.disaggregation.fabric.racks_per_pod", f.racks_per_pod(),
+              "pods group racks: set cluster.disaggregation.fabric.nodes_per_rack too");
+    }
     RETURN_IF_ERROR(ck.status());
   }
   std::shared_ptr<ResolvedScenario> pools[2];
@@ -286,6 +354,7 @@ absl::StatusOr<ResolvedScenario> ResolveDisaggregated(const LoadedScenario& sc) 
   out.decode_pool = std::move(pools[1]);
   out.kv_layerwise = d.kv_transfer() != servesim::v1::KV_TRANSFER_POLICY_AFTER_PREFILL;
   out.kv_bytes_per_token = static_cast<double>(out.model.KvBytesPerToken());
+  RETURN_IF_ERROR(ResolvePlatformFile(sc, &out));
   return out;
 }
 
@@ -412,6 +481,7 @@ absl::StatusOr<ResolvedScenario> Resolve(const LoadedScenario& sc) {
     ck.Range<int32_t>("output.timeline_max_iterations", o.timeline_max_iterations(), 0,
                       1000000);
     ck.Range<int32_t>("output.timeline_layers", o.timeline_layers(), 0, 1024);
+    ck.Range<double>("output.link_bin_s", o.link_bin_s(), 1e-6, 86400);
     if (o.has_exact_percentile_max_samples()) {
       ck.Range<int64_t>("output.exact_percentile_max_samples", o.exact_percentile_max_samples(),
                         0, 1'000'000'000);

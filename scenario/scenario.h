@@ -169,6 +169,10 @@ struct ResolvedScenario {
   bool disaggregated() const { return decode_pool != nullptr; }
   bool kv_layerwise = true;       // disaggregation.kv_transfer
   double kv_bytes_per_token = 0;  // one copy of a token's KV, all layers
+  // fabric.platform_file as a path from the working folder (empty: the
+  // built-in fabric), and each replica's host there.
+  std::string platform_file;
+  std::vector<std::string> replica_hosts;
 };
 
 absl::StatusOr<ResolvedScenario> Resolve(const LoadedScenario& scenario);

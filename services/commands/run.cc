@@ -292,7 +292,8 @@ int RunWithFlags(const RunFlags& o) {
       std::cerr << "servesim: stopped at t = " << partial.simulated_s << " s simulated" << written
                 << "\n";
     }
-    return Fail(result.status());
+    // A platform file refused as the run loads it names its field's line.
+    return Fail(scenario::AnnotateFieldError(loaded->loaded, result.status()));
   }
   metrics::Summary summary = metrics::ComputeSummary(*result->metrics);
   if (sc->attention_shared != nullptr) {

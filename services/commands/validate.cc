@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "cluster/simulation.h"
 #include "google/protobuf/text_format.h"
 #include "services/commands/commands.h"
 #include "services/commands/scenario_args.h"
@@ -93,6 +94,10 @@ int ValidateCommand(const Args& args) {
     std::cout << absl::StrFormat("# KV hand-off: %d bytes per prompt token, %s\n",
                                  static_cast<int64_t>(sc->kv_bytes_per_token),
                                  sc->kv_layerwise ? "layer by layer" : "after the prefill");
+    auto platform = cluster::CheckPlatformFile(*sc);
+    if (!platform.ok())
+      return Fail(scenario::AnnotateFieldError(loaded->loaded, platform.status()));
+    std::cout << *platform;
   }
   std::cout << absl::StrFormat(
       "# memory plan per xPU: weights %s, activations %s, KV %s\n"

@@ -156,6 +156,181 @@ TEST(DisaggregationTest, CrossRackTransferIsBoundByTheOversubscribedUplink) {
   EXPECT_NEAR(Num(rows[0], "kv_ready_s") - Num(rows[0], "prefill_end_s"), expected, kCsvResolution);
 }
 
+// Three-tier fat tree: one xPU per node, one node per rack. Racks 0 and 1
+// share a pod (two racks per pod): the route stays below the core, at the
+// NICs' 10 GB/s. In pods of one rack each, it crosses the core over pod
+// uplinks of 10 GB/s / 8 = 1.25 GB/s, and the core adds 2 us.
+TEST(DisaggregationTest, FatTreeRoutesClimbToTheCoreOnlyBetweenPods) {
+  const std::string fabric =
+      "fabric { nodes_per_rack: 1 spine_latency_s: 1e-6 pod_oversubscription: 8 "
+      "core_latency_s: 2e-6 racks_per_pod: ";
+  const auto same_pod = RunScenario(
+      Scenario(1, 1, "KV_TRANSFER_POLICY_AFTER_PREFILL", "xpus_per_node: 1", fabric + "2 }"));
+  ASSERT_EQ(same_pod.size(), 1u);
+  EXPECT_NEAR(Num(same_pod[0], "kv_ready_s") - Num(same_pod[0], "prefill_end_s"),
+              2 * kNicLatency + 1e-6 + kPromptKvBytes / kNicBw,  // 13.1282 ms
+              kCsvResolution);
+  std::string dir;
+  const auto across = RunScenario(
+      Scenario(1, 1, "KV_TRANSFER_POLICY_AFTER_PREFILL", "xpus_per_node: 1", fabric + "1 }"), &dir);
+  ASSERT_EQ(across.size(), 1u);
+  EXPECT_NEAR(Num(across[0], "kv_ready_s") - Num(across[0], "prefill_end_s"),
+              2 * kNicLatency + 1e-6 + 2e-6 + kPromptKvBytes / 1.25e9,  // 104.8806 ms
+              kCsvResolution);
+  // Pod 0's uplink carried the KV up, pod 1's down.
+  const std::string summary = ReadFile(dir + "/summary.json");
+  EXPECT_TRUE(absl::StrContains(summary, "{\"name\": \"pod0.uplink\", \"bytes\": 131072000,"))
+      << summary;
+  EXPECT_TRUE(absl::StrContains(summary, "{\"name\": \"pod1.uplink\", \"bytes\": 131072000,"))
+      << summary;
+}
+
+// links.csv as column name -> the column's values, one per bin.
+std::map<std::string, std::vector<double>> LinkColumns(const std::string& dir) {
+  const std::vector<std::string> lines = Lines(ReadFile(dir + "/links.csv"));
+  std::map<std::string, std::vector<double>> cols;
+  if (lines.empty()) return cols;
+  const std::vector<std::string> header = absl::StrSplit(lines[0], ',');
+  for (size_t i = 1; i < lines.size(); ++i) {
+    const std::vector<std::string> cells = absl::StrSplit(lines[i], ',');
+    EXPECT_EQ(cells.size(), header.size()) << lines[i];
+    for (size_t c = 0; c < header.size() && c < cells.size(); ++c) {
+      double v = std::nan("");
+      EXPECT_TRUE(absl::SimpleAtod(cells[c], &v)) << lines[i];
+      cols[header[c]].push_back(v);
+    }
+  }
+  return cols;
+}
+
+// Link utilisation over time: bins of 1 ms. Two prefill replicas send a
+// 131,072,000-byte KV each at the same moment into the one decode NIC;
+// each flow takes 26.2344 ms, so every bin wholly inside them reads
+// 2 x 131,072,000 / 26.2344 ms / 10 GB/s = 0.999238 on the decode NIC and
+// half that on each prefill NIC, and each column's bins add up to its bytes.
+TEST(DisaggregationTest, LinksCsvHoldsEachLinksUtilisationOverTime) {
+  std::string dir;
+  const auto rows = RunScenario(absl::StrCat(Scenario(2, 2, "KV_TRANSFER_POLICY_AFTER_PREFILL"),
+                                             "output { link_bin_s: 1e-3 }\n"),
+                                &dir);
+  ASSERT_EQ(rows.size(), 2u);
+  const double start = Num(rows[0], "prefill_end_s"), end = Num(rows[0], "kv_ready_s");
+  const auto cols = LinkColumns(dir);
+  ASSERT_EQ(cols.size(), 4u) << ReadFile(dir + "/links.csv");  // time_s, r0..r2.nic
+  const std::vector<double>& t = cols.at("time_s");
+  const double rate =
+      2 * kPromptKvBytes / (2 * kNicLatency + 2 * kPromptKvBytes / kNicBw) / kNicBw;  // 0.999238
+  ASSERT_NEAR(end - start, 2 * kNicLatency + 2 * kPromptKvBytes / kNicBw, kCsvResolution);
+  int inside = 0;
+  for (size_t k = 0; k < t.size(); ++k) {
+    EXPECT_NEAR(t[k], 1e-3 * static_cast<double>(k), 1e-12);
+    if (t[k] >= start + kCsvResolution && t[k] + 1e-3 <= end - kCsvResolution) {
+      ++inside;
+      EXPECT_NEAR(cols.at("r2.nic")[k], rate, 1e-5) << k;
+      EXPECT_NEAR(cols.at("r0.nic")[k], rate / 2, 1e-5) << k;
+      EXPECT_NEAR(cols.at("r1.nic")[k], rate / 2, 1e-5) << k;
+    } else if (t[k] + 1e-3 <= start - kCsvResolution || t[k] >= end + kCsvResolution) {
+      EXPECT_EQ(cols.at("r2.nic")[k], 0) << k;
+    }
+  }
+  EXPECT_EQ(inside, 25);
+  double sum = 0;
+  for (const double u : cols.at("r2.nic")) sum += u * kNicBw * 1e-3;
+  // The last bin may be shorter than 1 ms; the transfer's bins are not.
+  EXPECT_NEAR(sum, 2 * kPromptKvBytes, 2 * kPromptKvBytes * 1e-5);
+  const std::string summary = ReadFile(dir + "/summary.json");
+  EXPECT_TRUE(absl::StrContains(summary, "\"link_bin_s\": 0.001,")) << summary;
+  // The transfers are in the timeline, on the decode replica.
+  const std::string timeline = ReadFile(dir + "/timeline.json");
+  for (const char* from : {"0", "1"}) {
+    EXPECT_TRUE(absl::StrContains(
+        timeline,
+        absl::StrCat(R"({"ph":"b","cat":"kv","name":"KV from replica )", from, R"(","id":)")))
+        << timeline;
+  }
+}
+
+// A SimGrid platform file with the built-in fabric's NICs: each prefill
+// replica's host reaches the decode replica's over its own 10 GB/s link
+// and the decode host's, 10 us each.
+constexpr char kPlatform[] = R"(<?xml version='1.0'?>
+<!DOCTYPE platform SYSTEM "https://simgrid.org/simgrid.dtd">
+<platform version="4.1">
+  <zone id="fabric" routing="Full">
+    <host id="prefill0" speed="1Gf"/>
+    <host id="prefill1" speed="1Gf"/>
+    <host id="decode0" speed="1Gf"/>
+    <link id="p0" bandwidth="10GBps" latency="10us"/>
+    <link id="p1" bandwidth="10GBps" latency="10us"/>
+    <link id="d0" bandwidth="DECODE_BW" latency="10us"/>
+    <route src="prefill0" dst="decode0"><link_ctn id="p0"/><link_ctn id="d0"/></route>
+    <route src="prefill1" dst="decode0"><link_ctn id="p1"/><link_ctn id="d0"/></route>
+  </zone>
+</platform>
+)";
+
+// Runs `text` beside platform.xml (kPlatform with the decode link's
+// bandwidth `decode_bw`); the output folder.
+std::string RunWithPlatform(const std::string& text, const std::string& decode_bw = "10GBps") {
+  const std::string dir = FreshDir("platform");
+  WriteFile(dir + "/platform.xml", absl::StrReplaceAll(kPlatform, {{"DECODE_BW", decode_bw}}));
+  WriteFile(dir + "/s.pbtxt", text);
+  const auto r = RunServesim({"run", dir + "/s.pbtxt", "--out", dir + "/out"});
+  EXPECT_EQ(r.code, 0) << r.out;
+  return dir + "/out";
+}
+
+TEST(DisaggregationTest, APlatformFileLikeTheBuiltInFabricGivesIdenticalRuns) {
+  // Poisson arrivals, KV streamed layer by layer: flows of both prefill
+  // replicas share the decode NIC at various times.
+  const std::string text = absl::StrReplaceAll(
+      absl::StrCat(Scenario(2, 1, "KV_TRANSFER_POLICY_LAYERWISE"), "seed: 3\n"),
+      {{"saturated { num_requests: 1 input_tokens: 1000 output_tokens: 8 }",
+        "poisson { rate_rps: 20 } num_requests: 400 lengths { fixed { input_tokens: 700 "
+        "output_tokens: 40 } }"}});
+  std::string built_in;
+  RunScenario(text, &built_in);
+  const std::string file = RunWithPlatform(absl::StrReplaceAll(
+      text, {{"kv_transfer:", "fabric { platform_file: \"platform.xml\" } kv_transfer:"}}));
+  EXPECT_EQ(ReadFile(built_in + "/requests.csv"), ReadFile(file + "/requests.csv"));
+  EXPECT_EQ(ReadFile(built_in + "/iterations.csv"), ReadFile(file + "/iterations.csv"));
+  // The file's links, in the order the routes cross them.
+  EXPECT_EQ(Lines(ReadFile(file + "/links.csv"))[0], "time_s,p0,d0,p1");
+  EXPECT_EQ(Lines(ReadFile(built_in + "/links.csv"))[0], "time_s,r0.nic,r1.nic,r2.nic");
+}
+
+// A short transfer that starts while a long one is under way lands when
+// its own bytes are through, sharing the decode link fairly, not after
+// the long one: prompt A (4000 tokens, 524 MB of KV, 52 ms alone) leaves
+// prefill replica 0; prompt B (100 tokens, 13.1 MB) leaves replica 1 as A
+// streams, and takes 2 x 10 us + 13,107,200 bytes at half of 10 GB/s.
+TEST(DisaggregationTest, AShortTransferLandsBeforeALongOneSentEarlier) {
+  const std::string dir = FreshDir("short_long");
+  auto run = [&](const std::string& trace) {
+    WriteFile(dir + "/trace.csv", trace);
+    const std::string text =
+        absl::StrReplaceAll(Scenario(2, 1, "KV_TRANSFER_POLICY_AFTER_PREFILL"),
+                            {{"saturated { num_requests: 1 input_tokens: 1000 output_tokens: 8 }",
+                              "trace { path: \"trace.csv\" }"}});
+    WriteFile(dir + "/s.pbtxt", text);
+    const auto r = RunServesim({"run", dir + "/s.pbtxt", "--out", dir + "/out"});
+    EXPECT_EQ(r.code, 0) << r.out;
+    return Requests(dir + "/out");
+  };
+  const auto alone = run("arrival_s,input_tokens,output_tokens\n0,4000,4\n");
+  ASSERT_EQ(alone.size(), 1u);
+  const double a_end = Num(alone[0], "prefill_end_s");
+  const auto both =
+      run(absl::StrCat("arrival_s,input_tokens,output_tokens\n0,4000,4\n", a_end, ",100,4\n"));
+  ASSERT_EQ(both.size(), 2u);
+  ASSERT_EQ(both[1].at("prefill_replica"), "1");
+  const double b_start = Num(both[1], "prefill_end_s");
+  ASSERT_LT(b_start, Num(both[0], "kv_ready_s") - 0.01) << "B leaves while A streams";
+  EXPECT_NEAR(Num(both[1], "kv_ready_s") - b_start, 2 * kNicLatency + 13107200.0 / 5e9,
+              kCsvResolution);  // 2.6414 ms
+  EXPECT_LT(Num(both[1], "kv_ready_s"), Num(both[0], "kv_ready_s"));
+}
+
 TEST(DisaggregationTest, SameScenarioAndSeedGiveIdenticalOutputs) {
   const std::string text =
       absl::StrCat(Scenario(2, 1, "KV_TRANSFER_POLICY_LAYERWISE"), "seed: 3\n");
@@ -311,6 +486,51 @@ TEST(DisaggregationTest, FabricOutOfRangeNamesTheField) {
   EXPECT_NE(r.code, 0);
   EXPECT_TRUE(absl::StrContains(
       r.out, "cluster.disaggregation.fabric.oversubscription = 0.5: allowed range [1, 64]"))
+      << r.out;
+}
+
+// A platform file that cannot carry the KV is refused at load, by
+// `validate` and by `run` alike, naming the scenario's line and the file's.
+TEST(DisaggregationTest, ABadPlatformFileIsRefusedAtLoad) {
+  const std::string dir = FreshDir("bad_platform");
+  const std::string good = absl::StrReplaceAll(kPlatform, {{"DECODE_BW", "10GBps"}});
+  auto refuse = [&](const std::string& platform, const std::string& fabric,
+                    const std::string& expected) {
+    WriteFile(dir + "/platform.xml", platform);
+    WriteFile(dir + "/s.pbtxt",
+              Scenario(2, 1, "KV_TRANSFER_POLICY_LAYERWISE", "",
+                       absl::StrCat("fabric { platform_file: \"platform.xml\" ", fabric, " }")));
+    for (const auto& command : std::vector<std::vector<std::string>>{
+             {"validate", dir + "/s.pbtxt"}, {"run", dir + "/s.pbtxt", "--out", dir + "/out"}}) {
+      const auto r = RunServesim(command);
+      EXPECT_NE(r.code, 0) << command[0];
+      EXPECT_TRUE(absl::StrContains(r.out, expected)) << command[0] << ": " << r.out;
+    }
+  };
+  refuse(absl::StrReplaceAll(good, {{"</zone>", ""}}), "",
+         "s.pbtxt:11: cluster.disaggregation.fabric.platform_file: Parse error at ");
+  refuse(
+      absl::StrReplaceAll(good, {{"bandwidth=\"10GBps\" latency=\"10us\"/>\n    <link id=\"d0\"",
+                                  "bandwidth=\"0GBps\" latency=\"10us\"/>\n    <link id=\"d0\""}}),
+      "",
+      "link \"p1\" on the route from host \"prefill1\" (prefill replica 1) to host "
+      "\"decode0\" (decode replica 2) in ");
+  refuse(good, "replica_hosts: [\"prefill0\", \"prefill1\", \"decode7\"]",
+         "cluster.disaggregation.fabric.replica_hosts[2] = \"decode7\": no such host in ");
+  refuse(absl::StrReplaceAll(good, {{"<route src=\"prefill1\"", "<!-- "},
+                                    {"d0\"/></route>\n  </zone>", "-->\n  </zone>"}}),
+         "",
+         "the route from host \"prefill1\" (prefill replica 1) to host \"decode0\" (decode "
+         "replica 2) in ");
+}
+
+TEST(DisaggregationTest, PodsWithoutRacksNameTheField) {
+  const auto r =
+      Validate(Scenario(1, 1, "KV_TRANSFER_POLICY_LAYERWISE", "", "fabric { racks_per_pod: 2 }"));
+  EXPECT_NE(r.code, 0);
+  EXPECT_TRUE(absl::StrContains(r.out,
+                                "cluster.disaggregation.fabric.racks_per_pod = 2: pods group "
+                                "racks: set cluster.disaggregation.fabric.nodes_per_rack too"))
       << r.out;
 }
 
