@@ -137,6 +137,8 @@ struct Shared {
   // receiver runs (a host of its own, which the prefill replicas' notices
   // reach at once).
   std::vector<sg4::Host*> kv_hosts, receiver_hosts;
+  // Per link, its first index in the live metrics' list (LiveSink::OnLinks).
+  std::vector<int> live_link;
   // Calls f(link index, direction) for each link of the route from
   // prefill replica a to decode replica b (BuildPlatform's routes).
   template <typename F>
@@ -895,6 +897,7 @@ class Engine {
       // Its bytes over its life on every link of its route (links.csv).
       sh_->ForRoute(msg->from, replica_, [&](int l, int dir) {
         sh_->links[l].AddFlow(dir, msg->bytes, msg->sent_s, now, sh_->link_bin_s);
+        if (sh_->live != nullptr) sh_->live->OnLinkBytes(sh_->live_link[l] + dir, msg->bytes);
       });
     }
     landed_.push_back({msg, now});
@@ -1455,6 +1458,19 @@ absl::StatusOr<RunResult> RunSimulation(const ResolvedScenario& sc,
     ASSIGN_OR_RETURN(file, LoadPlatformFile(sc, engine));
   }
   BuildPlatform(sc, &sh, file ? &*file : nullptr, &engine_hosts, &clients, &router);
+  if (sh.live != nullptr && sc.disaggregated()) {
+    std::vector<std::pair<std::string, double>> live_links;
+    for (const metrics::LinkLoad& l : sh.links) {
+      sh.live_link.push_back(static_cast<int>(live_links.size()));
+      if (l.split_duplex) {
+        live_links.emplace_back(l.name + ".up", l.bandwidth_bytes_per_s);
+        live_links.emplace_back(l.name + ".down", l.bandwidth_bytes_per_s);
+      } else {
+        live_links.emplace_back(l.name, l.bandwidth_bytes_per_s);
+      }
+    }
+    sh.live->OnLinks(live_links);
+  }
 
   std::map<const ResolvedScenario*, std::shared_ptr<scheduler::BlockLru>> stores;
   for (int64_t r = 0; r < sc.replicas; ++r) {

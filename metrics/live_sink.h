@@ -10,6 +10,8 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include "devices/ops.h"
 #include "scheduler/batching.h"
@@ -55,6 +57,13 @@ class LiveSink {
   virtual void OnKvTransfer(int replica, double bytes, double exposed_s) {
     (void)replica, (void)bytes, (void)exposed_s;
   }
+  // Disaggregation: the platform's links as links.csv names them (a
+  // split-duplex uplink as its ".up" and ".down" directions) with their
+  // bandwidth per direction, once before the run; then, as each KV
+  // transfer lands, the bytes it carried over each link of its route
+  // (`link` indexes that list).
+  virtual void OnLinks(const std::vector<std::pair<std::string, double>>& links) { (void)links; }
+  virtual void OnLinkBytes(int link, double bytes) { (void)link, (void)bytes; }
   // Simulated time advanced to `simulated_s`; `wall_s` since the start.
   virtual void OnClock(double simulated_s, double wall_s) = 0;
   virtual void OnDone(double simulated_s, double wall_s) = 0;

@@ -182,6 +182,27 @@ void LiveMetrics::OnKvTransfer(int replica, double bytes, double exposed_s) {
   replicas_[replica].kv_transfer->Observe(exposed_s);
 }
 
+void LiveMetrics::OnLinks(const std::vector<std::pair<std::string, double>>& links) {
+  auto& r = *registry_;
+  auto& bytes = BuildCounter()
+                    .Name("servesim_link_bytes_total")
+                    .Help("KV bytes that crossed the link, counted as each transfer lands")
+                    .Register(r);
+  auto& bandwidth = BuildGauge()
+                        .Name("servesim_link_bandwidth_bytes_per_second")
+                        .Help("The link's bandwidth (per direction for an uplink's .up/.down)")
+                        .Register(r);
+  link_bytes_.clear();
+  for (const auto& [name, bw] : links) {
+    link_bytes_.push_back(&bytes.Add({{"link", name}}));
+    bandwidth.Add({{"link", name}}).Set(bw);
+  }
+}
+
+void LiveMetrics::OnLinkBytes(int link, double bytes) {
+  link_bytes_[static_cast<size_t>(link)]->Increment(bytes);
+}
+
 void LiveMetrics::OnIteration(const metrics::LiveIteration& it) {
   Replica& x = replicas_[it.replica];
   x.iterations->Increment();

@@ -44,6 +44,8 @@ class LiveMetrics : public metrics::LiveSink {
   void OnReject(int replica, scheduler::RejectReason why) override;
   void OnIteration(const metrics::LiveIteration& it) override;
   void OnKvTransfer(int replica, double bytes, double exposed_s) override;
+  void OnLinks(const std::vector<std::pair<std::string, double>> &links) override;
+  void OnLinkBytes(int link, double bytes) override;
   void OnClock(double simulated_s, double wall_s) override;
   void OnDone(double simulated_s, double wall_s) override;
 
@@ -67,6 +69,7 @@ class LiveMetrics : public metrics::LiveSink {
   std::shared_ptr<prometheus::Registry> registry_;
   std::vector<Replica> replicas_;
   prometheus::Family<prometheus::Counter> *tier_hit_ = nullptr;
+  std::vector<prometheus::Counter *> link_bytes_;  // OnLinks' order
   prometheus::Gauge *simulated_, *rtf_, *trace_, *done_;
 };
 

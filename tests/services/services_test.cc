@@ -145,9 +145,18 @@ TEST(LiveMetricsTest, CountsWhatTheSimulationReports) {
   it.kv_tier_hit_tokens_total[1] = 64;
   m.OnIteration(it);
   m.OnKvTransfer(1, 3.2e8, 0.004);  // a disaggregated run's hand-off
+  // Its links: a NIC and an uplink's two directions; two transfers landed.
+  m.OnLinks({{"r0.nic", 2e11}, {"rack0.uplink.up", 4e11}, {"rack0.uplink.down", 4e11}});
+  m.OnLinkBytes(0, 3.2e8);
+  m.OnLinkBytes(1, 3.2e8);
+  m.OnLinkBytes(0, 1e8);
   m.OnClock(120, 0.5);
   const std::string text = m.Render();
   for (const char* line : {
+           "servesim_link_bytes_total{link=\"r0.nic\"} 420000000\n",
+           "servesim_link_bytes_total{link=\"rack0.uplink.up\"} 320000000\n",
+           "servesim_link_bytes_total{link=\"rack0.uplink.down\"} 0\n",
+           "servesim_link_bandwidth_bytes_per_second{link=\"rack0.uplink.down\"} 400000000000\n",
            "servesim_kv_transfer_bytes_total{replica=\"1\"} 320000000\n",
            "servesim_kv_transfer_seconds_count{replica=\"1\"} 1\n",
            "servesim_kv_transfer_seconds_bucket{replica=\"1\",le=\"0.005\"} 1\n",
