@@ -60,13 +60,17 @@ class MetricsCollector::ReplicaObserver : public scheduler::RequestObserver {
 MetricsCollector::MetricsCollector(const MetricsOptions& options)
     : options_(options),
       replicas_(static_cast<size_t>(std::max(1, options.replicas))),
+      order_(static_cast<int>(replicas_.size())),
+      idle_(static_cast<int>(replicas_.size())),
       ttft_(options.exact_percentile_max_samples),
       tbt_(options.exact_percentile_max_samples),
       tpot_(options.exact_percentile_max_samples),
       e2e_(options.exact_percentile_max_samples),
       ttft_prefill_(options.exact_percentile_max_samples),
       ttft_transfer_(options.exact_percentile_max_samples),
-      ttft_decode_(options.exact_percentile_max_samples) {}
+      ttft_decode_(options.exact_percentile_max_samples) {
+  for (int q = 0; q < static_cast<int>(replicas_.size()); ++q) Requeue(q);
+}
 
 MetricsCollector::~MetricsCollector() = default;
 
@@ -156,6 +160,7 @@ void MetricsCollector::AddIteration(const IterationRecord& it) {
   r.pending.push_back(it);
   r.watermark_s = it.start_s;
   r.idle = false;
+  Requeue(it.replica);
   ++buffered_;
   max_buffered_ = std::max(max_buffered_, buffered_);
   FlushIterations(false);
@@ -165,6 +170,7 @@ void MetricsCollector::MarkIdle(int replica, double now_s) {
   ReplicaIterations& r = replicas_[static_cast<size_t>(replica)];
   r.watermark_s = std::max(r.watermark_s, now_s);
   r.idle = true;
+  Requeue(replica);
   FlushIterations(false);
 }
 
@@ -172,13 +178,56 @@ void MetricsCollector::MarkDone(int replica) {
   ReplicaIterations& r = replicas_[static_cast<size_t>(replica)];
   r.watermark_s = std::numeric_limits<double>::infinity();
   r.idle = false;
+  Requeue(replica);
   FlushIterations(false);
 }
 
+void MetricsCollector::Requeue(int replica) {
+  const ReplicaIterations& r = replicas_[static_cast<size_t>(replica)];
+  if (!r.pending.empty()) {
+    idle_.Remove(replica);
+    order_.Set(replica, r.pending.front().start_s);
+  } else if (r.idle) {
+    order_.Remove(replica);
+    idle_.Set(replica, r.watermark_s);
+  } else {
+    idle_.Remove(replica);
+    order_.Set(replica, r.watermark_s);
+  }
+}
+
+// Folds buffered iterations in (start, replica) order while none can still
+// come before them: the earliest buffered one goes when no replica without
+// any has a watermark (an idle one's lifted to the floor) before it, a tie
+// going to the lower replica. In O(log replicas) per iteration, with the
+// heaps; `all` (the run's end) folds what is left.
 void MetricsCollector::FlushIterations(bool all) {
   const double floor = floor_ && !all ? floor_() : -std::numeric_limits<double>::infinity();
   const int n = static_cast<int>(replicas_.size());
-  while (true) {
+  while (!all && !order_.empty()) {
+    // The least key over the replicas but the idle ones: a buffered
+    // iteration, or a replica that may still record one before it.
+    const int best = order_.top();
+    ReplicaIterations& r = replicas_[static_cast<size_t>(best)];
+    if (r.pending.empty()) return;
+    const double s = r.pending.front().start_s;
+    if (!idle_.empty()) {
+      const double lifted = std::max(idle_.key(idle_.top()), floor);
+      if (lifted < s) return;
+      if (lifted == s) {
+        // A tie: the lower replica goes first.
+        for (int q = 0; q < best; ++q) {
+          const ReplicaIterations& o = replicas_[static_cast<size_t>(q)];
+          if (o.pending.empty() && o.idle && std::max(o.watermark_s, floor) == s) return;
+        }
+      }
+    }
+    FoldIteration(r.pending.front());
+    r.pending.pop_front();
+    --buffered_;
+    Requeue(best);
+  }
+  while (all) {
     // The earliest head, (start, replica) order.
     int best = -1;
     for (int q = 0; q < n; ++q) {
@@ -202,6 +251,7 @@ void MetricsCollector::FlushIterations(bool all) {
     FoldIteration(replicas_[best].pending.front());
     replicas_[best].pending.pop_front();
     --buffered_;
+    Requeue(best);
   }
 }
 

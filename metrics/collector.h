@@ -47,6 +47,7 @@
 #include <vector>
 
 #include "devices/ops.h"
+#include "metrics/key_heap.h"
 #include "metrics/quantiles.h"
 #include "metrics/records.h"
 #include "metrics/time_series.h"
@@ -233,11 +234,17 @@ class MetricsCollector {
   void Fold(const RequestRecord& r);
   void FlushIterations(bool all);
   void FoldIteration(const IterationRecord& it);
+  void Requeue(int replica);
 
   MetricsOptions options_;
   std::deque<RequestRecord> live_;  // ids front_id_, front_id_ + 1, ...
   int64_t front_id_ = 0;
   std::vector<ReplicaIterations> replicas_;
+  // The merge's order (FlushIterations): replicas with iterations buffered
+  // keyed by their first one's start, and replicas with none and not idle
+  // by their watermark, in one heap; idle replicas with none by their
+  // watermark (the floor lifts it) in another.
+  KeyHeap order_, idle_;
   int64_t buffered_ = 0;
   int64_t max_live_ = 0, max_buffered_ = 0;
   std::function<double()> floor_;

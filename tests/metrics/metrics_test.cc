@@ -23,9 +23,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
-#include "metrics/collector.h"
 #include "common/rng.h"
 #include "gtest/gtest.h"
+#include "metrics/collector.h"
+#include "metrics/key_heap.h"
 #include "servesim/v1/scenario.pb.h"
 #include "tests/test_util.h"
 
@@ -255,6 +256,47 @@ TEST(MetricsCollectorTest, RequestsLeaveInIdOrderOnceFinal) {
   EXPECT_EQ(s.rejected_too_long, 1);
   EXPECT_EQ(s.slo_met, 1);
   EXPECT_EQ(s.ttft_s.p50, 0.2);
+}
+
+}  // namespace
+}  // namespace servesim::metrics
+
+namespace servesim::metrics {
+namespace {
+
+// KeyHeap against a scan: 2,000 random sets and removals over 37 items
+// (keys from a small range, so ties are common); after each, the top is
+// the least (key, item) of the items in.
+TEST(KeyHeapTest, TopIsTheLeastKeyThenItemAfterEverySetAndRemove) {
+  constexpr int kItems = 37;
+  KeyHeap heap(kItems);
+  std::vector<double> key(kItems, 0);
+  std::vector<bool> in(kItems, false);
+  uint64_t x = 12345;
+  auto next = [&x] {
+    x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+    return x >> 33;
+  };
+  for (int step = 0; step < 2000; ++step) {
+    const int item = static_cast<int>(next() % kItems);
+    if (next() % 4 == 0) {
+      heap.Remove(item);
+      in[item] = false;
+    } else {
+      key[item] = static_cast<double>(next() % 9);
+      heap.Set(item, key[item]);
+      in[item] = true;
+    }
+    int least = -1;
+    for (int i = 0; i < kItems; ++i) {
+      if (in[i] && (least < 0 || key[i] < key[least])) least = i;
+    }
+    ASSERT_EQ(heap.empty(), least < 0) << step;
+    if (least >= 0) {
+      ASSERT_EQ(heap.top(), least) << step;
+      ASSERT_EQ(heap.key(least), key[least]) << step;
+    }
+  }
 }
 
 }  // namespace
