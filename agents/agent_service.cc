@@ -344,6 +344,12 @@ grpc::Status AgentService::Estimate(grpc::ServerContext* ctx, const v1::Estimate
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         absl::StrCat("lookahead = ", lookahead, "; expected 0..", kMaxLookahead));
   }
+  if (req->measured_size() > 0) {
+    // Steps other agents measured (Measure): into the memo before costing.
+    auto measured = DecodeMeasurements(req->measured(), kMaxMeasuredSteps, "measured");
+    if (!measured.ok()) return ToGrpcStatus(measured.status());
+    if (absl::Status st = (*h)->device->Absorb(*measured); !st.ok()) return ToGrpcStatus(st);
+  }
   std::vector<devices::Cost> costs(ops.ops.size());
   if (absl::Status st = (*h)->device->Estimate(ops.ops, absl::MakeSpan(costs)); !st.ok()) {
     return ToGrpcStatus(st);
@@ -375,6 +381,35 @@ grpc::Status AgentService::Estimate(grpc::ServerContext* ctx, const v1::Estimate
   resp->set_lookahead_answered(answered);
   resp->mutable_costs()->Reserve(static_cast<int>(costs.size()));
   for (const devices::Cost& c : costs) EncodeCost(c, resp->add_costs());
+  return grpc::Status::OK;
+}
+
+grpc::Status AgentService::Measure(grpc::ServerContext* ctx, const v1::MeasureRequest* req,
+                                   v1::MeasureResponse* resp) {
+  if (auto st = Authorize(ctx); !st.ok()) return st;
+  auto h = Find(req->device_key());
+  if (!h.ok()) return ToGrpcStatus(h.status());
+  auto steps = DecodeStepKeys(req->steps(), kMaxMeasureSteps, "steps");
+  if (!steps.ok()) return ToGrpcStatus(steps.status());
+  // The kernels stop between steps when the caller cancels, its deadline
+  // passes or the call's budget is spent (as Execute's do between heads).
+  const int64_t start_ns = SteadyNs();
+  const int64_t budget_ns = static_cast<int64_t>(std::min(options_.call_budget_s, 1e9) * 1e9);
+  const auto deadline = ctx->deadline();
+  bool stopped = false;
+  absl::StatusOr<std::vector<devices::StepMeasurement>> measured;
+  {
+    devices::InterruptScope scope([&]() -> absl::Status {
+      absl::Status st = PollCall(ctx, deadline, start_ns, budget_ns);
+      stopped = stopped || !st.ok();
+      return st;
+    });
+    measured = (*h)->device->Measure(*steps);
+  }
+  if (stopped) interrupted_.fetch_add(1);
+  if (!measured.ok()) return ToGrpcStatus(measured.status());
+  resp->mutable_measured()->Reserve(static_cast<int>(measured->size()));
+  for (const devices::StepMeasurement& m : *measured) EncodeMeasurement(m, resp->add_measured());
   return grpc::Status::OK;
 }
 

@@ -105,6 +105,8 @@ class AgentService final : public servesim::v1::DeviceAgent::Service {
                         servesim::v1::EstimateResponse* resp) override;
   grpc::Status Execute(grpc::ServerContext* ctx, const servesim::v1::ExecuteRequest* req,
                        servesim::v1::ExecuteResponse* resp) override;
+  grpc::Status Measure(grpc::ServerContext* ctx, const servesim::v1::MeasureRequest* req,
+                       servesim::v1::MeasureResponse* resp) override;
   grpc::Status OpenSession(grpc::ServerContext* ctx,
                            const servesim::v1::OpenSessionRequest* req,
                            servesim::v1::OpenSessionResponse* resp) override;

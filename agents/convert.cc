@@ -1,12 +1,14 @@
 #include "agents/convert.h"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <tuple>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 
 namespace servesim::agents {
 
@@ -484,6 +486,8 @@ void EncodeDescription(const devices::DeviceDescription& d, v1::DescribeResponse
   o->set_lookahead_ok(d.lookahead_ok);
   o->set_static_power_w(d.static_power_w);
   o->set_static_in_op_energy(d.static_in_op_energy);
+  o->set_measures_steps(d.measures_steps);
+  o->set_steps_movable(d.steps_movable);
 }
 
 absl::StatusOr<devices::DeviceDescription> DecodeDescription(const v1::DescribeResponse& o) {
@@ -506,7 +510,77 @@ absl::StatusOr<devices::DeviceDescription> DecodeDescription(const v1::DescribeR
   }
   d.static_power_w = o.static_power_w();
   d.static_in_op_energy = o.static_in_op_energy();
+  d.measures_steps = o.measures_steps();
+  d.steps_movable = o.steps_movable();
   return d;
+}
+
+void EncodeStepKey(const devices::StepKey& k, v1::StepKey* o) {
+  o->set_request_id(k.request_id);
+  o->set_l(k.l);
+}
+
+void EncodeMeasurement(const devices::StepMeasurement& m, v1::StepMeasurement* o) {
+  EncodeStepKey(m.step, o->mutable_step());
+  o->mutable_values()->Add(m.values.begin(), m.values.end());
+}
+
+namespace {
+
+absl::StatusOr<devices::StepKey> DecodeStepKey(const v1::StepKey& k, const std::string& where) {
+  if (k.request_id() < 0 || k.l() < 1 || k.l() > kMaxContextTokens) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, " is (request_id ", k.request_id(), ", l ", k.l(),
+                     "); expected request_id >= 0 and l in [1, ", kMaxContextTokens, "]"));
+  }
+  return devices::StepKey{k.request_id(), k.l()};
+}
+
+absl::Status CheckCount(int n, int max, const std::string& field) {
+  if (n > max) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(field, " has ", n, " entries; at most ", max, " per call"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<devices::StepKey>> DecodeStepKeys(
+    const google::protobuf::RepeatedPtrField<v1::StepKey>& keys, int max,
+    const std::string& field) {
+  RETURN_IF_ERROR(CheckCount(keys.size(), max, field));
+  std::vector<devices::StepKey> out;
+  out.reserve(keys.size());
+  for (int i = 0; i < keys.size(); ++i) {
+    ASSIGN_OR_RETURN(devices::StepKey k, DecodeStepKey(keys[i], absl::StrCat(field, "[", i, "]")));
+    out.push_back(k);
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<devices::StepMeasurement>> DecodeMeasurements(
+    const google::protobuf::RepeatedPtrField<v1::StepMeasurement>& measured, int max,
+    const std::string& field) {
+  RETURN_IF_ERROR(CheckCount(measured.size(), max, field));
+  std::vector<devices::StepMeasurement> out;
+  out.reserve(measured.size());
+  for (int i = 0; i < measured.size(); ++i) {
+    const v1::StepMeasurement& m = measured[i];
+    const std::string where = absl::StrCat(field, "[", i, "]");
+    ASSIGN_OR_RETURN(devices::StepKey k, DecodeStepKey(m.step(), where + ".step"));
+    if (m.values_size() > devices::kMaxStepValues) {
+      return absl::InvalidArgumentError(absl::StrCat(where, " has ", m.values_size(),
+                                                     " values; at most ", devices::kMaxStepValues));
+    }
+    for (int j = 0; j < m.values_size(); ++j) {
+      if (!std::isfinite(m.values(j))) {
+        return absl::InvalidArgumentError(absl::StrCat(where, ".values[", j, "] is not finite"));
+      }
+    }
+    out.push_back({k, std::vector<double>(m.values().begin(), m.values().end())});
+  }
+  return out;
 }
 
 }  // namespace servesim::agents

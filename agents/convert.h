@@ -93,6 +93,21 @@ absl::StatusOr<devices::Tensor> DecodeTensor(const servesim::v1::Tensor& tensor,
 void EncodeStats(const devices::KernelStats& stats, servesim::v1::KernelStats* out);
 devices::KernelStats DecodeStats(const servesim::v1::KernelStats& stats);
 
+// ---- Measure (FULL fidelity over several agents) ----
+inline constexpr int kMaxMeasureSteps = 1 << 16;   // MeasureRequest.steps
+inline constexpr int kMaxMeasuredSteps = 1 << 20;  // EstimateRequest.measured, MeasureResponse
+void EncodeStepKey(const devices::StepKey& k, servesim::v1::StepKey* out);
+void EncodeMeasurement(const devices::StepMeasurement& m, servesim::v1::StepMeasurement* out);
+// INVALID_ARGUMENT naming `field`[i] for a request id < 0, L outside
+// [1, kMaxContextTokens], more than devices::kMaxStepValues values or one
+// that is not finite; RESOURCE_EXHAUSTED past `max` entries.
+absl::StatusOr<std::vector<devices::StepKey>> DecodeStepKeys(
+    const google::protobuf::RepeatedPtrField<servesim::v1::StepKey>& keys, int max,
+    const std::string& field);
+absl::StatusOr<std::vector<devices::StepMeasurement>> DecodeMeasurements(
+    const google::protobuf::RepeatedPtrField<servesim::v1::StepMeasurement>& measured, int max,
+    const std::string& field);
+
 // ---- Describe ----
 void EncodeDescription(const devices::DeviceDescription& d, servesim::v1::DescribeResponse* out);
 absl::StatusOr<devices::DeviceDescription> DecodeDescription(

@@ -133,6 +133,7 @@ absl::StatusOr<std::unique_ptr<RemoteDevice>> RemoteDevice::Create(
     ep->stub = v1::DeviceAgent::NewStub(ep->channel);
     d->endpoints_.push_back(std::move(ep));
     d->stats_.endpoints.push_back(address);
+    d->stats_.measured_steps.push_back(0);
   }
   return d;
 }
@@ -252,6 +253,7 @@ absl::Status RemoteDevice::Call(const char* method, const Rpc& rpc, int preferre
         std::lock_guard<std::mutex> lock(mu_);
         ep->bound = false;  // the agent restarted: bind again
         ++stats_.rebinds;
+        if (order[j] == 0) home_holds_.clear();
         continue;
       }
       if (!Retryable(st)) {
@@ -282,6 +284,7 @@ absl::Status RemoteDevice::Call(const char* method, const Rpc& rpc, int preferre
                      std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                          std::chrono::duration<double>(options_.down_s));
     ep->bound = false;
+    if (order[j] == 0) home_holds_.clear();
     if (n > 1) ++stats_.failovers;
   }
   return absl::UnavailableError(absl::StrCat(
@@ -316,20 +319,185 @@ std::string RemoteDevice::ConnectHint(const grpc::Status& st) const {
   return "";
 }
 
-absl::StatusOr<devices::DeviceDescription> RemoteDevice::DescribeOrError() const {
+absl::StatusOr<devices::DeviceDescription> RemoteDevice::DescribeAt(int preferred) const {
   v1::DescribeResponse resp;
-  RETURN_IF_ERROR(Call("Describe", [&](v1::DeviceAgent::Stub* stub, const std::string&,
-                                       grpc::ClientContext* ctx) {
-    v1::DescribeRequest req;
-    *req.mutable_spec() = spec_;
-    resp.Clear();
-    return stub->Describe(ctx, req, &resp);
-  }));
+  RETURN_IF_ERROR(Call(
+      "Describe",
+      [&](v1::DeviceAgent::Stub* stub, const std::string&, grpc::ClientContext* ctx) {
+        v1::DescribeRequest req;
+        *req.mutable_spec() = spec_;
+        resp.Clear();
+        return stub->Describe(ctx, req, &resp);
+      },
+      preferred));
   ASSIGN_OR_RETURN(devices::DeviceDescription d, DecodeDescription(resp));
   std::lock_guard<std::mutex> lock(mu_);
   ++stats_.other_rpcs;
   last_description_ = d;
   return d;
+}
+
+absl::StatusOr<devices::DeviceDescription> RemoteDevice::DescribeOrError() const {
+  int preferred = -1;
+  {
+    // A device whose steps are spread is described by its home, whose memo
+    // holds them all.
+    std::lock_guard<std::mutex> lock(mu_);
+    if (spread_ == 1) preferred = 0;
+  }
+  return DescribeAt(preferred);
+}
+
+absl::StatusOr<bool> RemoteDevice::Spread() const {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (spread_ >= 0) return spread_ == 1;
+    if (endpoints_.size() < 2) {
+      spread_ = 0;
+      return false;
+    }
+  }
+  // The home's description says whether the device measures steps.
+  ASSIGN_OR_RETURN(devices::DeviceDescription d, DescribeAt(0));
+  std::lock_guard<std::mutex> lock(mu_);
+  spread_ = d.measures_steps ? 1 : 0;
+  movable_ = d.steps_movable;
+  return spread_ == 1;
+}
+
+absl::Status RemoteDevice::MeasureSpread(absl::Span<const Op> ops,
+                                         std::vector<devices::StepMeasurement>* absorb,
+                                         std::vector<devices::StepKey>* steps) const {
+  // The ops' decode steps, in order, once each (a pool's units and the head
+  // groups share their sequences).
+  steps->clear();
+  absl::flat_hash_set<devices::StepKey> seen;
+  for (const Op& op : ops) {
+    if (op.kind != devices::OpKind::kAttention) continue;
+    for (const devices::AttentionSeq& s : op.seqs) {
+      if (s.new_tokens != 1 || s.request_id < 0) continue;
+      const devices::StepKey k{s.request_id, s.past_tokens + 1};
+      if (seen.insert(k).second) steps->push_back(k);
+    }
+  }
+  const int n = static_cast<int>(endpoints_.size());
+  std::vector<std::vector<devices::StepKey>> share(n);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    // A request new to the client goes to the endpoint with the least
+    // context to measure in this call so far (a step's kernels take time
+    // in proportion to L), ties round-robin; one seen before stays where
+    // its kernel state is.
+    std::vector<int64_t> load(n, 0);
+    if (movable_) {
+      // Steps that may move are balanced per call: longest first, each to
+      // the least-loaded endpoint, or to where its request's K rows already
+      // are unless that is worse by more than half the step (a move makes
+      // the new endpoint build them).
+      std::vector<devices::StepKey> order;
+      for (const devices::StepKey& k : *steps) {
+        if (!home_holds_.contains(k)) order.push_back(k);
+      }
+      std::stable_sort(
+          order.begin(), order.end(),
+          [](const devices::StepKey& a, const devices::StepKey& b) { return a.l > b.l; });
+      for (const devices::StepKey& k : order) {
+        int best = next_owner_ % n;
+        for (int i = 1; i < n; ++i) {
+          const int e = (next_owner_ + i) % n;
+          if (load[e] < load[best]) best = e;
+        }
+        auto [it, added] = owner_.try_emplace(k.request_id, best);
+        if (added) {
+          next_owner_ = best + 1;
+        } else if (2 * (load[it->second] - load[best]) > k.l) {
+          it->second = best;
+        }
+        load[it->second] += k.l;
+        share[it->second].push_back(k);
+      }
+    }
+    for (const devices::StepKey& k : *steps) {
+      auto it = owner_.find(k.request_id);
+      if (!movable_ && it != owner_.end() && !home_holds_.contains(k)) load[it->second] += k.l;
+    }
+    for (const devices::StepKey& k : *steps) {
+      if (movable_) break;
+      if (home_holds_.contains(k)) continue;
+      auto [it, added] = owner_.try_emplace(k.request_id, 0);
+      if (added) {
+        // Ties (an idle call) go round the endpoints.
+        int best = next_owner_ % n;
+        for (int i = 1; i < n; ++i) {
+          const int e = (next_owner_ + i) % n;
+          if (load[e] < load[best]) best = e;
+        }
+        next_owner_ = best + 1;
+        it->second = best;
+        load[best] += k.l;
+      }
+      share[it->second].push_back(k);
+    }
+  }
+  // One thread per endpoint with steps (the caller's thread takes the last),
+  // joined in endpoint order.
+  std::vector<std::vector<devices::StepMeasurement>> got(n);
+  std::vector<absl::Status> status(n);
+  auto measure = [&](int e) {
+    for (size_t at = 0; at < share[e].size(); at += kMaxMeasureSteps) {
+      v1::MeasureRequest req;
+      const size_t end = std::min(share[e].size(), at + kMaxMeasureSteps);
+      for (size_t i = at; i < end; ++i) EncodeStepKey(share[e][i], req.add_steps());
+      v1::MeasureResponse resp;
+      int u = -1;
+      status[e] = Call(
+          "Measure",
+          [&](v1::DeviceAgent::Stub* stub, const std::string& key, grpc::ClientContext* ctx) {
+            req.set_device_key(key);
+            resp.Clear();
+            return stub->Measure(ctx, req, &resp);
+          },
+          e, &u);
+      if (!status[e].ok()) return;
+      auto m = DecodeMeasurements(resp.measured(), kMaxMeasuredSteps, "measured");
+      if (!m.ok()) {
+        status[e] = absl::InternalError(absl::StrCat(label_, ": agent ", endpoints_[u]->address,
+                                                     ": Measure answered ", m.status().message()));
+        return;
+      }
+      if (m->size() < end - at) {
+        status[e] = absl::InternalError(absl::StrCat(label_, ": agent ", endpoints_[u]->address,
+                                                     ": Measure answered ", m->size(),
+                                                     " steps for ", end - at));
+        return;
+      }
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        ++stats_.measure_rpcs;
+        stats_.measured_steps[u] += static_cast<int64_t>(m->size());
+      }
+      // What the home measured itself is in its memo already.
+      if (u != 0) got[e].insert(got[e].end(), m->begin(), m->end());
+    }
+  };
+  std::vector<std::thread> threads;
+  int last = -1;
+  for (int e = 0; e < n; ++e) {
+    if (share[e].empty()) continue;
+    if (last >= 0) threads.emplace_back(measure, last);
+    last = e;
+  }
+  if (last >= 0) measure(last);
+  for (std::thread& t : threads) t.join();
+  absorb->clear();
+  for (int e = 0; e < n; ++e) {
+    RETURN_IF_ERROR(status[e]);
+    for (devices::StepMeasurement& m : got[e]) {
+      if (!seen.contains(m.step)) steps->push_back(m.step);  // filled in on the way
+      absorb->push_back(std::move(m));
+    }
+  }
+  return absl::OkStatus();
 }
 
 devices::DeviceDescription RemoteDevice::Describe() const {
@@ -588,9 +756,15 @@ absl::Status RemoteDevice::Estimate(absl::Span<const Op> ops, absl::Span<Cost> c
   // Started with mu_ released: its callback takes mu_.
   if (prefetch != nullptr) StartPrefetch(prefetch);
   if (missed.empty()) return absl::OkStatus();
+  ASSIGN_OR_RETURN(const bool spread, Spread());
+  std::vector<devices::StepMeasurement> absorb;
+  std::vector<devices::StepKey> held;
+  if (spread) RETURN_IF_ERROR(MeasureSpread(missed_ops, &absorb, &held));
   v1::EstimateRequest req;
   EncodeOps(missed_ops, &req);
   req.set_lookahead(lookahead);
+  req.mutable_measured()->Reserve(static_cast<int>(absorb.size()));
+  for (const devices::StepMeasurement& m : absorb) EncodeMeasurement(m, req.add_measured());
   v1::EstimateResponse resp;
   size_t predictable = 0;
   for (const Op& op : missed_ops) predictable += Predictable(op) ? 1 : 0;
@@ -612,11 +786,12 @@ absl::Status RemoteDevice::Estimate(absl::Span<const Op> ops, absl::Span<Cost> c
         }
         return st;
       },
-      -1, &used));
+      spread ? 0 : -1, &used));
   for (size_t j = 0; j < missed.size(); ++j) {
     costs[missed[j]] = DecodeCost(resp.costs(static_cast<int>(j)));
   }
   std::lock_guard<std::mutex> lock(mu_);
+  if (spread && used == 0) home_holds_.insert(held.begin(), held.end());
   last_endpoint_ = used;
   ++stats_.estimate_rpcs;
   stats_.ops_memo_misses += static_cast<int64_t>(missed.size());

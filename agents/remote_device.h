@@ -39,6 +39,21 @@
 //    joins or leaves) makes a blocking round trip. This changes how many
 //    round trips a run makes and when, never a cost. lookahead_max 0 turns
 //    it off.
+//  - Measured steps spread over the endpoints: a device whose description
+//    says measures_steps (FULL fidelity of topick, spatten, cta, lad: a
+//    kernel per (request, L) decode step, the expensive part of Estimate)
+//    served by several endpoints has each request's steps measured on one
+//    of them (Measure), chosen when the request is first seen (the one with
+//    the least context in that call so far) and kept, because the kernels
+//    carry state from step to step. The Measure calls of one Estimate run
+//    concurrently, one thread per endpoint, and are joined in endpoint
+//    order; the first endpoint (the home) then costs the ops with the
+//    others' measurements absorbed (EstimateRequest.measured), and answers
+//    Describe. Its memo thus holds every step, as an in-process device's
+//    would, so costs and the description are byte-identical for any number
+//    of endpoints; only the kernels' wall time is shared out. Other devices
+//    go round-robin as above (their Estimate is cheap: a call would cost
+//    more to split than to run).
 //  - TLS: with tls_ca_file set the channel is TLS (the agent's certificate
 //    must chain to that CA); tls_cert_file/tls_key_file add a client
 //    certificate. token adds `authorization: Bearer <token>` to every call.
@@ -85,6 +100,10 @@ struct RemoteStats {
   int64_t failovers = 0;   // moved to another endpoint
   int64_t rebinds = 0;     // agent had forgotten the device (restart)
   int64_t session_rebuilds = 0;
+  // Spread measurement (measures_steps devices over several endpoints):
+  // Measure calls, and the steps each endpoint measured.
+  int64_t measure_rpcs = 0;
+  std::vector<int64_t> measured_steps;  // per endpoint
 };
 
 class RemoteSession;
@@ -141,6 +160,18 @@ class RemoteDevice : public devices::Device {
   absl::Status Call(const char* method, const Rpc& rpc, int preferred = -1,
                     int* used = nullptr) const;
   absl::Status BindLocked(Endpoint* ep) const;
+  // Whether Estimate spreads measured steps over the endpoints (binds the
+  // home endpoint to find out, once).
+  absl::StatusOr<bool> Spread() const;
+  // Describe on `preferred` (-1: round-robin), remembered as the last
+  // description.
+  absl::StatusOr<devices::DeviceDescription> DescribeAt(int preferred) const;
+  // Measures the decode steps of `ops` that the home does not hold yet on
+  // their requests' endpoints, concurrently; `*absorb` receives what the
+  // home must absorb, `*steps` every step it will then hold.
+  absl::Status MeasureSpread(absl::Span<const devices::Op> ops,
+                             std::vector<devices::StepMeasurement>* absorb,
+                             std::vector<devices::StepKey>* steps) const;
   // What a failed connection's error suggests checking ("" if nothing).
   std::string ConnectHint(const grpc::Status& st) const;
   void PrepareContext(grpc::ClientContext* ctx, double deadline_s) const;
@@ -225,6 +256,12 @@ class RemoteDevice : public devices::Device {
   mutable std::condition_variable idle_;
   mutable RemoteStats stats_;
   mutable devices::DeviceDescription last_description_;
+  // Spread measurement. spread_: -1 unknown, 0 no, 1 yes.
+  mutable int spread_ = -1;
+  mutable bool movable_ = false;                     // the description's steps_movable
+  mutable absl::flat_hash_map<int64_t, int> owner_;  // request -> endpoint measuring it
+  mutable int next_owner_ = 0;
+  mutable absl::flat_hash_set<devices::StepKey> home_holds_;  // steps in the home's memo
 };
 
 // One request's KV cache on an agent (the session API). Keeps the KV it

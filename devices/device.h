@@ -15,6 +15,21 @@
 //    and attends causally. Bad shapes give INVALID_ARGUMENT.
 //  - A Device is immutable after Create(), so one instance may serve
 //    concurrent callers (in-process engines or gRPC handler threads).
+//  - Measure() and Absorb() (devices whose description says
+//    `measures_steps`; UNIMPLEMENTED elsewhere) split Estimate's expensive
+//    part from its cheap one, so that the work can be spread over several
+//    agents (agents/remote_device.h). Such a device runs a functional
+//    kernel per decode step, keyed by (request id, context length L), and
+//    memoises what it measured; Estimate reads the memo and measures the
+//    steps it lacks. Measure(steps) measures those steps now (or finds them)
+//    and returns their values, with any other step of the same requests the
+//    device measured along the way that no earlier Measure returned (a
+//    kernel with state across steps may fill in steps it skipped).
+//    Absorb(values) puts values measured by another instance of the same
+//    spec into the memo: afterwards Estimate and Describe behave exactly as
+//    if this instance had measured those steps itself. A request's steps
+//    must be measured on one instance, in order, for the values to equal
+//    the in-process ones (LAD and SpAtten carry state from step to step).
 #ifndef SERVESIM_DEVICES_DEVICE_H_
 #define SERVESIM_DEVICES_DEVICE_H_
 
@@ -50,7 +65,36 @@ struct DeviceDescription {
   // op's time, so only the device's idle time is added.
   double static_power_w = 0;
   bool static_in_op_energy = false;
+  // Measure() and Absorb() are implemented and worth spreading: Estimate
+  // runs a kernel per (request, L) decode step (FULL fidelity).
+  bool measures_steps = false;
+  // A step's values depend on its (request, L) only, not on the steps this
+  // instance measured before, and moving a request to another instance
+  // costs about one step (topick), so a request's steps may be measured on
+  // different instances; false where kernels carry state from step to step
+  // (spatten's cascade pruning, lad's active sets) or a move costs more
+  // than a step (cta re-projects every token).
+  bool steps_movable = false;
 };
+
+// One decode step of one request, as Measure() takes it.
+struct StepKey {
+  int64_t request_id = -1;
+  int64_t l = 0;  // context length: past tokens + the new one
+  bool operator==(const StepKey& o) const { return request_id == o.request_id && l == o.l; }
+  template <typename H>
+  friend H AbslHashValue(H h, const StepKey& k) {
+    return H::combine(std::move(h), k.request_id, k.l);
+  }
+};
+
+// What a device measured on one step: the figures its cycle model reads
+// (the device's own, in its own order; at most kMaxStepValues).
+struct StepMeasurement {
+  StepKey step;
+  std::vector<double> values;
+};
+inline constexpr int kMaxStepValues = 16;
 
 struct AttentionCall {
   Tensor q, k, v;
@@ -84,6 +128,9 @@ class Device {
                                 absl::Span<Cost> costs) const = 0;
   virtual absl::StatusOr<AttentionResult> Execute(
       const AttentionCall& call) const = 0;
+  virtual absl::StatusOr<std::vector<StepMeasurement>> Measure(
+      absl::Span<const StepKey> steps) const;
+  virtual absl::Status Absorb(absl::Span<const StepMeasurement> measured) const;
 };
 
 }  // namespace servesim::devices

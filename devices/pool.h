@@ -23,6 +23,15 @@ class PooledDevice : public Device {
   absl::StatusOr<AttentionResult> Execute(const AttentionCall& call) const override {
     return unit_->Execute(call);
   }
+  // The units share one measurement per step (the fractions are per request
+  // and L, over all heads), so these go to the unit model as they are.
+  absl::StatusOr<std::vector<StepMeasurement>> Measure(
+      absl::Span<const StepKey> steps) const override {
+    return unit_->Measure(steps);
+  }
+  absl::Status Absorb(absl::Span<const StepMeasurement> measured) const override {
+    return unit_->Absorb(measured);
+  }
   int units() const { return units_; }
 
  private:

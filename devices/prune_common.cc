@@ -439,4 +439,40 @@ int64_t FullKvCache::bytes_of(int64_t request) const {
 
 int64_t FullKvCache::head_builds() const { return head_builds_.load(std::memory_order_relaxed); }
 
+std::vector<int64_t> FreshSteps::Take(int64_t request_id) {
+  auto it = fresh_.find(request_id);
+  if (it == fresh_.end()) return {};
+  std::vector<int64_t> out = std::move(it->second);
+  fresh_.erase(it);
+  return out;
+}
+
+absl::Status CheckStepKey(const char* device, const char* what, size_t i, const StepKey& k) {
+  if (k.request_id < 0 || k.l < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(device, " device: ", what, "[", i,
+                                                   "] is (request ", k.request_id, ", L ", k.l,
+                                                   "); expected a request id >= 0 and L >= 1"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckMeasurements(const char* device, size_t n,
+                               absl::Span<const StepMeasurement> measured) {
+  for (size_t i = 0; i < measured.size(); ++i) {
+    const StepMeasurement& m = measured[i];
+    RETURN_IF_ERROR(CheckStepKey(device, "measured", i, m.step));
+    if (m.values.size() != n) {
+      return absl::InvalidArgumentError(absl::StrCat(device, " device: measured[", i, "] has ",
+                                                     m.values.size(), " values; expected ", n));
+    }
+    for (size_t j = 0; j < n; ++j) {
+      if (!std::isfinite(m.values[j])) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(device, " device: measured[", i, "].values[", j, "] is not finite"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace servesim::devices

@@ -5,9 +5,11 @@
 #ifndef SERVESIM_DEVICES_PRUNE_COMMON_H_
 #define SERVESIM_DEVICES_PRUNE_COMMON_H_
 
+#include <algorithm>
+#include <array>
 #include <atomic>
-#include <initializer_list>
 #include <cstdint>
+#include <initializer_list>
 #include <list>
 #include <memory>
 #include <mutex>
@@ -16,12 +18,13 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
-
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "devices/attention_data.h"
+#include "devices/device.h"
+#include "devices/interrupt.h"
 #include "devices/ops.h"
 #include "devices/tensor.h"
 #include "google/protobuf/message.h"
@@ -256,6 +259,110 @@ class FullKvCache {
 
 // The cap from a spec's full_cache_bytes (0 or unset: the default).
 int64_t FullCacheCap(int64_t spec_bytes);
+
+// ------------------------------------------- FULL steps spread over agents --
+// Device::Measure and Absorb for the FULL modes (device.h). FreshSteps keeps,
+// per request, the steps a device memoised that no Measure has returned yet;
+// it is off until the first Measure, so a run that never calls it keeps
+// nothing. Not thread-safe: used under the device's memo lock.
+class FreshSteps {
+ public:
+  void Enable() { on_ = true; }
+  void Add(int64_t request_id, int64_t l) {
+    if (on_) fresh_[request_id].push_back(l);
+  }
+  std::vector<int64_t> Take(int64_t request_id);
+
+ private:
+  bool on_ = false;
+  absl::flat_hash_map<int64_t, std::vector<int64_t>> fresh_;
+};
+
+// A step's key is a request id >= 0 and a context length >= 1 (INVALID_ARGUMENT
+// naming `what`[i] otherwise).
+absl::Status CheckStepKey(const char* device, const char* what, size_t i, const StepKey& k);
+
+// Measure() of a FULL device: `measure(key)` runs or finds the step
+// (memoising it, and telling `fresh` of every step it memoises);
+// `lookup(key, out)`, called with `mu` held, copies a memoised step's values
+// (false if it has none). Returns the steps asked for, then the fresh steps
+// of their requests not among them.
+template <size_t N, typename MeasureFn, typename LookupFn>
+absl::StatusOr<std::vector<StepMeasurement>> MeasureSteps(const char* device,
+                                                          absl::Span<const StepKey> steps,
+                                                          std::mutex& mu, FreshSteps& fresh,
+                                                          MeasureFn measure, LookupFn lookup) {
+  for (size_t i = 0; i < steps.size(); ++i) {
+    if (absl::Status st = CheckStepKey(device, "steps", i, steps[i]); !st.ok()) return st;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    fresh.Enable();
+  }
+  std::vector<StepMeasurement> out;
+  out.reserve(steps.size());
+  for (const StepKey& k : steps) {
+    // A step is one kernel run over every head of every layer: the agent's
+    // caller may stop the call between steps (interrupt.h).
+    if (absl::Status st = PollInterrupt(); !st.ok()) return st;
+    absl::StatusOr<std::array<double, N>> v = measure(k);
+    if (!v.ok()) return v.status();
+    out.push_back({k, std::vector<double>(v->begin(), v->end())});
+  }
+  std::lock_guard<std::mutex> lock(mu);
+  std::vector<int64_t> requests;
+  for (const StepKey& k : steps) {
+    if (std::find(requests.begin(), requests.end(), k.request_id) == requests.end()) {
+      requests.push_back(k.request_id);
+    }
+  }
+  std::array<double, N> v;
+  for (int64_t r : requests) {
+    for (int64_t l : fresh.Take(r)) {
+      const StepKey k{r, l};
+      if (std::find(steps.begin(), steps.end(), k) != steps.end()) continue;
+      if (lookup(k, &v)) out.push_back({k, std::vector<double>(v.begin(), v.end())});
+    }
+  }
+  return out;
+}
+
+// Absorb()'s checks: N finite values per step, keys as CheckStepKey.
+absl::Status CheckMeasurements(const char* device, size_t n,
+                               absl::Span<const StepMeasurement> measured);
+template <size_t N>
+std::array<double, N> StepValues(const StepMeasurement& m) {
+  std::array<double, N> v;
+  std::copy(m.values.begin(), m.values.end(), v.begin());
+  return v;
+}
+
+// The two for a device whose memo maps (request, L) to its N values under
+// `mu`, and whose `full(request, l)` runs or finds a step.
+template <size_t N, typename Memo, typename FullFn>
+absl::StatusOr<std::vector<StepMeasurement>> MeasureMemo(const char* device,
+                                                         absl::Span<const StepKey> steps,
+                                                         std::mutex& mu, FreshSteps& fresh,
+                                                         const Memo& memo, FullFn full) {
+  return MeasureSteps<N>(
+      device, steps, mu, fresh, [&](const StepKey& k) { return full(k.request_id, k.l); },
+      [&](const StepKey& k, std::array<double, N>* v) {
+        auto it = memo.find({k.request_id, k.l});
+        if (it == memo.end()) return false;
+        *v = it->second;
+        return true;
+      });
+}
+template <size_t N, typename Memo>
+absl::Status AbsorbMemo(const char* device, absl::Span<const StepMeasurement> measured,
+                        std::mutex& mu, Memo& memo) {
+  if (absl::Status st = CheckMeasurements(device, N, measured); !st.ok()) return st;
+  std::lock_guard<std::mutex> lock(mu);
+  for (const StepMeasurement& m : measured) {
+    memo.emplace(std::make_pair(m.step.request_id, m.step.l), StepValues<N>(m));
+  }
+  return absl::OkStatus();
+}
 
 }  // namespace servesim::devices
 

@@ -57,4 +57,18 @@ std::vector<std::string> RegisteredDeviceKinds() {
   return names;
 }
 
+absl::StatusOr<std::vector<StepMeasurement>> Device::Measure(absl::Span<const StepKey>) const {
+  return absl::UnimplementedError(
+      absl::StrCat(Describe().kind,
+                   " device: Measure needs a device that measures per decode step (FULL "
+                   "fidelity of topick, spatten, cta or lad)"));
+}
+
+absl::Status Device::Absorb(absl::Span<const StepMeasurement>) const {
+  return absl::UnimplementedError(
+      absl::StrCat(Describe().kind,
+                   " device: Absorb needs a device that measures per decode step (FULL "
+                   "fidelity of topick, spatten, cta or lad)"));
+}
+
 }  // namespace servesim::devices

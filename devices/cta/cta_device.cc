@@ -686,7 +686,7 @@ absl::StatusOr<CtaFractions> CtaDevice::FullFractions(int64_t request_id, int64_
     }
   }
   std::lock_guard<std::mutex> lock(memo_mu_);
-  memo_.emplace(std::make_pair(request_id, n), f);
+  if (memo_.emplace(std::make_pair(request_id, n), f).second) fresh_.Add(request_id, n);
   auto it = requests_.find(request_id);
   if (it != requests_.end() && it->second == req) {
     full_bytes_ += bytes - req->bytes;
@@ -789,6 +789,11 @@ DeviceDescription CtaDevice::Describe() const {
   // FULL runs the kernel per (request, L) and reports the mean of what it
   // was asked.
   d.lookahead_ok = spec_.fidelity() != servesim::v1::PRUNE_FIDELITY_FULL;
+  d.measures_steps = spec_.fidelity() == servesim::v1::PRUNE_FIDELITY_FULL;
+  // A step is a function of (request, L), but moving a request makes the new
+  // agent project every one of its tokens again, which costs more than the
+  // step: its steps stay where they started.
+  d.steps_movable = false;
   d.parameters = {
       {"fidelity", static_cast<double>(spec_.fidelity() == servesim::v1::PRUNE_FIDELITY_UNSPECIFIED
                                            ? servesim::v1::PRUNE_FIDELITY_ANALYTIC
@@ -838,6 +843,18 @@ DeviceDescription CtaDevice::Describe() const {
     }
   }
   return d;
+}
+
+absl::StatusOr<std::vector<StepMeasurement>> CtaDevice::Measure(
+    absl::Span<const StepKey> steps) const {
+  if (spec_.fidelity() != servesim::v1::PRUNE_FIDELITY_FULL) return Device::Measure(steps);
+  return MeasureMemo<3>("cta", steps, memo_mu_, fresh_, memo_,
+                        [&](int64_t r, int64_t l) { return FullFractions(r, l); });
+}
+
+absl::Status CtaDevice::Absorb(absl::Span<const StepMeasurement> measured) const {
+  if (spec_.fidelity() != servesim::v1::PRUNE_FIDELITY_FULL) return Device::Absorb(measured);
+  return AbsorbMemo<3>("cta", measured, memo_mu_, memo_);
 }
 
 // ------------------------------------------------------------ Estimate ----

@@ -280,6 +280,10 @@ class CtaDevice : public Device {
   DeviceDescription Describe() const override;
   absl::Status Estimate(absl::Span<const Op> ops, absl::Span<Cost> costs) const override;
   absl::StatusOr<AttentionResult> Execute(const AttentionCall& call) const override;
+  // FULL fidelity: the steps' fractions, measured here or elsewhere (device.h).
+  absl::StatusOr<std::vector<StepMeasurement>> Measure(
+      absl::Span<const StepKey> steps) const override;
+  absl::Status Absorb(absl::Span<const StepMeasurement> measured) const override;
 
   // The kernel with its counts (Execute's decision on Q/K/V, header).
   absl::StatusOr<std::pair<AttentionResult, CtaOpCounts>> RunKernel(
@@ -337,6 +341,7 @@ class CtaDevice : public Device {
   int64_t full_bytes() const;
   int64_t full_builds() const;
   mutable std::map<std::pair<int64_t, int64_t>, CtaFractions> memo_;
+  mutable FreshSteps fresh_;  // guarded by memo_mu_
 };
 
 // Named presets: cta_0 (default), cta_0.5, cta_1, dense.

@@ -676,6 +676,7 @@ DeviceDescription LadDevice::Describe() const {
   // FULL runs the kernel per (request, L) with state across steps and
   // reports the mean of what it was asked.
   d.lookahead_ok = spec_.fidelity() != servesim::v1::PRUNE_FIDELITY_FULL;
+  d.measures_steps = spec_.fidelity() == servesim::v1::PRUNE_FIDELITY_FULL;
   d.parameters = {
       {"fidelity", static_cast<double>(spec_.fidelity() == servesim::v1::PRUNE_FIDELITY_UNSPECIFIED
                                            ? servesim::v1::PRUNE_FIDELITY_ANALYTIC
@@ -775,7 +776,9 @@ absl::Status LadDevice::Advance(int64_t request_id, RequestState* st, int64_t l)
     }
     st->last_l = step;
     std::lock_guard<std::mutex> lock(memo_mu_);
-    memo_.emplace(std::make_pair(request_id, step), FractionsOf(sum));
+    if (memo_.emplace(std::make_pair(request_id, step), FractionsOf(sum)).second) {
+      fresh_.Add(request_id, step);
+    }
   }
   return absl::OkStatus();
 }
@@ -823,6 +826,18 @@ absl::StatusOr<LadFractions> LadDevice::FullFractions(int64_t request_id, int64_
     other->mu.unlock();
   }
   return memo_.at({request_id, l});
+}
+
+absl::StatusOr<std::vector<StepMeasurement>> LadDevice::Measure(
+    absl::Span<const StepKey> steps) const {
+  if (spec_.fidelity() != servesim::v1::PRUNE_FIDELITY_FULL) return Device::Measure(steps);
+  return MeasureMemo<5>("lad", steps, memo_mu_, fresh_, memo_,
+                        [&](int64_t r, int64_t l) { return FullFractions(r, l); });
+}
+
+absl::Status LadDevice::Absorb(absl::Span<const StepMeasurement> measured) const {
+  if (spec_.fidelity() != servesim::v1::PRUNE_FIDELITY_FULL) return Device::Absorb(measured);
+  return AbsorbMemo<5>("lad", measured, memo_mu_, memo_);
 }
 
 absl::Status LadDevice::Estimate(absl::Span<const Op> ops, absl::Span<Cost> costs) const {

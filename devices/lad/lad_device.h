@@ -235,6 +235,10 @@ class LadDevice : public Device {
   // recently used dropped). Stats: positions whose K (centres, M, J) and V
   // (J) were read.
   absl::StatusOr<AttentionResult> Execute(const AttentionCall& call) const override;
+  // FULL fidelity: the steps' fractions, measured here or elsewhere (device.h).
+  absl::StatusOr<std::vector<StepMeasurement>> Measure(
+      absl::Span<const StepKey> steps) const override;
+  absl::Status Absorb(absl::Span<const StepMeasurement> measured) const override;
 
   // The cycle model from counts (absolute, one head-sample).
   LadHeadCost HeadCostCounts(int64_t n, int64_t d, double centres, double large, double active,
@@ -292,6 +296,7 @@ class LadDevice : public Device {
   int64_t cap_bytes_ = 0;
   mutable std::mutex memo_mu_;
   mutable absl::flat_hash_map<std::pair<int64_t, int64_t>, LadFractions> memo_;
+  mutable FreshSteps fresh_;  // guarded by memo_mu_
   mutable absl::flat_hash_map<int64_t, std::shared_ptr<RequestState>> states_;
   mutable std::list<int64_t> lru_;  // front: least recently used
   mutable int64_t state_bytes_ = 0;

@@ -557,10 +557,36 @@ absl::StatusOr<SpattenDevice::Row> SpattenDevice::FullFractions(int64_t request_
         RETURN_IF_ERROR(st.session->RunLayer(layer, call, &sum).status());
       }
     }
-    st.memo[step] = RowOf(sum);
+    if (st.memo.emplace(step, RowOf(sum)).second) fresh_.Add(request_id, step);
     st.last_l = step;
   }
   return st.memo.at(l);
+}
+
+absl::StatusOr<std::vector<StepMeasurement>> SpattenDevice::Measure(
+    absl::Span<const StepKey> steps) const {
+  if (spec_.fidelity() != servesim::v1::PRUNE_FIDELITY_FULL) return Device::Measure(steps);
+  return MeasureSteps<6>(
+      "spatten", steps, mu_, fresh_,
+      [&](const StepKey& k) { return FullFractions(k.request_id, k.l); },
+      [&](const StepKey& k, Row* v) {
+        auto r = requests_.find(k.request_id);
+        if (r == requests_.end()) return false;
+        auto it = r->second.memo.find(k.l);
+        if (it == r->second.memo.end()) return false;
+        *v = it->second;
+        return true;
+      });
+}
+
+absl::Status SpattenDevice::Absorb(absl::Span<const StepMeasurement> measured) const {
+  if (spec_.fidelity() != servesim::v1::PRUNE_FIDELITY_FULL) return Device::Absorb(measured);
+  RETURN_IF_ERROR(CheckMeasurements("spatten", 6, measured));
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const StepMeasurement& m : measured) {
+    requests_[m.step.request_id].memo.emplace(m.step.l, StepValues<6>(m));
+  }
+  return absl::OkStatus();
 }
 
 // ---------------------------------------------------------- cycle model ---
@@ -597,6 +623,7 @@ DeviceDescription SpattenDevice::Describe() const {
   // FULL runs the kernel per (request, L) and reports the mean of what it
   // was asked.
   d.lookahead_ok = spec_.fidelity() != servesim::v1::PRUNE_FIDELITY_FULL;
+  d.measures_steps = spec_.fidelity() == servesim::v1::PRUNE_FIDELITY_FULL;
   d.parameters = {
       {"fidelity", static_cast<double>(spec_.fidelity() == servesim::v1::PRUNE_FIDELITY_UNSPECIFIED
                                            ? servesim::v1::PRUNE_FIDELITY_ANALYTIC

@@ -152,6 +152,10 @@ class SpattenDevice : public Device {
   DeviceDescription Describe() const override;
   absl::Status Estimate(absl::Span<const Op> ops, absl::Span<Cost> costs) const override;
   absl::StatusOr<AttentionResult> Execute(const AttentionCall& call) const override;
+  // FULL fidelity: the steps' fractions, measured here or elsewhere (device.h).
+  absl::StatusOr<std::vector<StepMeasurement>> Measure(
+      absl::Span<const StepKey> steps) const override;
+  absl::Status Absorb(absl::Span<const StepMeasurement> measured) const override;
 
   // Per-layer ratios of a model with `layers` layers.
   double TokenRatio(int layer, int layers) const;
@@ -188,6 +192,7 @@ class SpattenDevice : public Device {
   };
   mutable std::mutex mu_;
   mutable std::map<int64_t, RequestState> requests_;
+  mutable FreshSteps fresh_;  // guarded by mu_
   // FULL: the requests' fixed-point K and V rows between steps (msb + lsb
   // <= 16 bits; wider operands regenerate each step).
   std::unique_ptr<FullKvCache> cache_;

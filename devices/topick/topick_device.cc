@@ -571,6 +571,8 @@ DeviceDescription TopickDevice::Describe() const {
   // FULL runs the kernel per (request, L) and reports the mean of what it
   // was asked.
   d.lookahead_ok = spec_.fidelity() != servesim::v1::PRUNE_FIDELITY_FULL;
+  d.measures_steps = spec_.fidelity() == servesim::v1::PRUNE_FIDELITY_FULL;
+  d.steps_movable = d.measures_steps;  // exact caches: a step is a function of (request, L)
   d.parameters = {
       {"fidelity", static_cast<double>(spec_.fidelity() == servesim::v1::PRUNE_FIDELITY_UNSPECIFIED
                                            ? servesim::v1::PRUNE_FIDELITY_ANALYTIC
@@ -677,8 +679,20 @@ absl::StatusOr<std::array<double, 3>> TopickDevice::FullFractions(int64_t reques
   const std::array<double, 3> f{sum.chunk_fetched[1] / n, sum.chunk_fetched[2] / n,
                                 sum.v_fetched / n};
   std::lock_guard<std::mutex> lock(memo_mu_);
-  memo_.emplace(std::make_pair(request_id, l), f);
+  if (memo_.emplace(std::make_pair(request_id, l), f).second) fresh_.Add(request_id, l);
   return f;
+}
+
+absl::StatusOr<std::vector<StepMeasurement>> TopickDevice::Measure(
+    absl::Span<const StepKey> steps) const {
+  if (spec_.fidelity() != servesim::v1::PRUNE_FIDELITY_FULL) return Device::Measure(steps);
+  return MeasureMemo<3>("topick", steps, memo_mu_, fresh_, memo_,
+                        [&](int64_t r, int64_t l) { return FullFractions(r, l); });
+}
+
+absl::Status TopickDevice::Absorb(absl::Span<const StepMeasurement> measured) const {
+  if (spec_.fidelity() != servesim::v1::PRUNE_FIDELITY_FULL) return Device::Absorb(measured);
+  return AbsorbMemo<3>("topick", measured, memo_mu_, memo_);
 }
 
 Cost TopickDevice::HeadCostToCost(const TopickHeadCost& h, double heads) const {

@@ -128,6 +128,10 @@ class TopickDevice : public Device {
   DeviceDescription Describe() const override;
   absl::Status Estimate(absl::Span<const Op> ops, absl::Span<Cost> costs) const override;
   absl::StatusOr<AttentionResult> Execute(const AttentionCall& call) const override;
+  // FULL fidelity: the steps' fractions, measured here or elsewhere (device.h).
+  absl::StatusOr<std::vector<StepMeasurement>> Measure(
+      absl::Span<const StepKey> steps) const override;
+  absl::Status Absorb(absl::Span<const StepMeasurement> measured) const override;
 
   // The kernel with everything it measured. Decode only (q_len 1).
   absl::StatusOr<TopickKernelResult> RunKernel(const AttentionCall& call) const;
@@ -164,6 +168,7 @@ class TopickDevice : public Device {
   std::unique_ptr<FullKvCache> cache_;
   mutable std::mutex memo_mu_;
   mutable absl::flat_hash_map<std::pair<int64_t, int64_t>, std::array<double, 3>> memo_;
+  mutable FreshSteps fresh_;  // guarded by memo_mu_
 };
 
 // Named presets: topick (default), topick_0.3, baseline.

@@ -48,20 +48,21 @@ std::string AgentsJson(const scenario::ResolvedScenario& sc) {
     const agents::RemoteStats s = d->Stats();
     std::vector<std::string> eps;
     for (const std::string& e : s.endpoints) eps.push_back(reports::JsonString(e));
-    items.push_back(
-        absl::StrFormat("    {\"device\": %s, \"endpoints\": [%s], \"estimate_calls\": %d, "
-                        "\"estimate_rpcs\": %d, \"memo_hits\": %d, \"memo_misses\": %d, "
-                        "\"memo_hit_rate\": %.6f, \"predicted_ops\": %d, \"prefetch_rpcs\": %d, "
-                        "\"prefetch_failures\": %d, \"other_rpcs\": %d, "
-                        "\"retries\": %d, \"failovers\": %d, "
-                        "\"rebinds\": %d, \"session_rebuilds\": %d}",
-                        reports::JsonString(d->label()), absl::StrJoin(eps, ", "), s.estimate_calls,
-                        s.estimate_rpcs, s.ops_memo_hits, s.ops_memo_misses,
-                        s.ops_memo_hits + s.ops_memo_misses > 0
-                            ? double(s.ops_memo_hits) / double(s.ops_memo_hits + s.ops_memo_misses)
-                            : 0.0,
-                        s.predicted_ops, s.prefetch_rpcs, s.prefetch_failures, s.other_rpcs,
-                        s.retries, s.failovers, s.rebinds, s.session_rebuilds));
+    items.push_back(absl::StrFormat(
+        "    {\"device\": %s, \"endpoints\": [%s], \"estimate_calls\": %d, "
+        "\"estimate_rpcs\": %d, \"memo_hits\": %d, \"memo_misses\": %d, "
+        "\"memo_hit_rate\": %.6f, \"predicted_ops\": %d, \"prefetch_rpcs\": %d, "
+        "\"prefetch_failures\": %d, \"other_rpcs\": %d, "
+        "\"retries\": %d, \"failovers\": %d, "
+        "\"rebinds\": %d, \"session_rebuilds\": %d, \"measure_rpcs\": %d, "
+        "\"measured_steps\": [%s]}",
+        reports::JsonString(d->label()), absl::StrJoin(eps, ", "), s.estimate_calls,
+        s.estimate_rpcs, s.ops_memo_hits, s.ops_memo_misses,
+        s.ops_memo_hits + s.ops_memo_misses > 0
+            ? double(s.ops_memo_hits) / double(s.ops_memo_hits + s.ops_memo_misses)
+            : 0.0,
+        s.predicted_ops, s.prefetch_rpcs, s.prefetch_failures, s.other_rpcs, s.retries, s.failovers,
+        s.rebinds, s.session_rebuilds, s.measure_rpcs, absl::StrJoin(s.measured_steps, ", ")));
   }
   return absl::StrCat("[\n", absl::StrJoin(items, ",\n"), "\n  ]");
 }

@@ -28,6 +28,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "agents/agent_server.h"
 #include "agents/agent_service.h"
 #include "agents/convert.h"
@@ -304,6 +305,69 @@ TEST(AgentEndToEndTest, AttAccOutputsAreByteIdenticalWithOneAndTwoAgentsPerKind)
   ExpectSameOutputs(dir + "/in", dir + "/two");
   const std::string info = ReadFile(dir + "/two/run_info.json");
   EXPECT_TRUE(absl::StrContains(info, "attention device (attacc)")) << info;
+}
+
+// The "measured_steps" list of run_info.json (one count per endpoint).
+std::vector<int64_t> MeasuredSteps(const std::string& info) {
+  std::vector<int64_t> out;
+  const std::string key = "\"measured_steps\": [";
+  const size_t at = info.find(key);
+  if (at == std::string::npos) return out;
+  const size_t end = info.find(']', at);
+  for (absl::string_view v : absl::StrSplit(
+           absl::string_view(info).substr(at + key.size(), end - at - key.size()), ", ")) {
+    int64_t n = 0;
+    if (absl::SimpleAtoi(v, &n)) out.push_back(n);
+  }
+  return out;
+}
+
+// A FULL-fidelity pool of `kind` in process, on one agent and spread over
+// two: byte-identical outputs (the device's description included, in
+// summary.json), with both agents measuring steps.
+void ExpectSpreadOverTwoAgentsIsByteIdentical(const std::string& kind, const std::string& spec) {
+  const std::string dir = FreshDir();
+  Agents ag;
+  for (int i = 0; i < 3; ++i) ag.procs.push_back(StartAgent(dir, kind));
+  const std::string scenario = dir + "/s.pbtxt";
+  WriteFile(scenario,
+            "model { preset: \"gpt2-medium\" }\n"
+            "cluster { xpu { preset: \"a100-80gb\" } attention_pool { units: 2 " +
+                spec +
+                " } }\n"
+                "workload { saturated { num_requests: 4 input_tokens: 120 output_tokens: 6 } }\n");
+  const Result in = RunServesim({"run", scenario, "--quiet", "--out", dir + "/in"});
+  ASSERT_EQ(in.code, 0) << in.out;
+  const Result one = RunServesim(
+      {"run", scenario, "--quiet", "--out", dir + "/one", "--agent", kind + "=" + ag.List(0, 1)});
+  ASSERT_EQ(one.code, 0) << one.out;
+  const Result two = RunServesim(
+      {"run", scenario, "--quiet", "--out", dir + "/two", "--agent", kind + "=" + ag.List(1, 3)});
+  ASSERT_EQ(two.code, 0) << two.out;
+  ExpectSameOutputs(dir + "/in", dir + "/one");
+  ExpectSameOutputs(dir + "/in", dir + "/two");
+  EXPECT_TRUE(absl::StrContains(ReadFile(dir + "/in/summary.json"), "fraction\": "));
+  const std::vector<int64_t> steps = MeasuredSteps(ReadFile(dir + "/two/run_info.json"));
+  ASSERT_EQ(steps.size(), 2u) << ReadFile(dir + "/two/run_info.json");
+  // 4 requests x 5 decode steps, each measured once, on both agents.
+  EXPECT_EQ(steps[0] + steps[1], 20);
+  EXPECT_GT(steps[0], 0);
+  EXPECT_GT(steps[1], 0);
+  EXPECT_EQ(MeasuredSteps(ReadFile(dir + "/one/run_info.json")), std::vector<int64_t>{0});
+}
+
+TEST(AgentEndToEndTest, FullTopickAndSpattenSpreadOverTwoAgentsAreByteIdentical) {
+  ExpectSpreadOverTwoAgentsIsByteIdentical(
+      "topick", "topick { fidelity: PRUNE_FIDELITY_FULL calibration { lengths: 128 } }");
+  ExpectSpreadOverTwoAgentsIsByteIdentical(
+      "spatten", "spatten { fidelity: PRUNE_FIDELITY_FULL calibration { lengths: 128 } }");
+}
+
+TEST(AgentEndToEndTest, FullCtaAndLadSpreadOverTwoAgentsAreByteIdentical) {
+  ExpectSpreadOverTwoAgentsIsByteIdentical(
+      "cta", "cta { fidelity: PRUNE_FIDELITY_FULL calibration { lengths: 256 } }");
+  ExpectSpreadOverTwoAgentsIsByteIdentical(
+      "lad", "lad { fidelity: PRUNE_FIDELITY_FULL calibration { lengths: 128 instances: 2 } }");
 }
 
 TEST(AgentEndToEndTest, CtaPoolOutputsAreByteIdenticalOnAnAgent) {

@@ -357,6 +357,55 @@ TEST(AgentServiceTest, BadRequestsGetTheirStatusCodes) {
   EXPECT_TRUE(RawEstimate(addr, req).ok());
 }
 
+TEST(AgentServiceTest, MeasureRefusesBadStepsAndDevicesThatDoNotMeasure) {
+  auto agent = StartLocal(AttAccSpec());
+  ASSERT_NE(agent, nullptr);
+  auto stub = v1::DeviceAgent::NewStub(
+      grpc::CreateChannel(agent->address(), grpc::InsecureChannelCredentials()));
+  auto measure = [&](const v1::MeasureRequest& req) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    v1::MeasureResponse resp;
+    return stub->Measure(&ctx, req, &resp);
+  };
+  v1::MeasureRequest req;
+  v1::StepKey* k = req.add_steps();
+  k->set_request_id(1);
+  k->set_l(100);
+  grpc::Status st = measure(req);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::UNIMPLEMENTED) << st.error_message();
+  EXPECT_TRUE(absl::StrContains(st.error_message(), "attacc device: Measure"))
+      << st.error_message();
+  k->set_request_id(-2);
+  st = measure(req);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_TRUE(absl::StrContains(st.error_message(), "steps[0] is (request_id -2"))
+      << st.error_message();
+  k->set_request_id(1);
+  k->set_l(kMaxContextTokens + 1);
+  EXPECT_EQ(measure(req).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  k->set_l(100);
+  while (req.steps_size() <= kMaxMeasureSteps) *req.add_steps() = *k;
+  st = measure(req);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_TRUE(absl::StrContains(st.error_message(), "at most 65536")) << st.error_message();
+  // Measurements sent to Estimate are checked before anything is costed.
+  SampleOps s(false);
+  v1::EstimateRequest est;
+  EncodeOps(s.ops, &est);
+  v1::StepMeasurement* m = est.add_measured();
+  m->mutable_step()->set_request_id(1);
+  m->mutable_step()->set_l(100);
+  m->add_values(std::numeric_limits<double>::infinity());
+  st = RawEstimate(agent->address(), est);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_TRUE(absl::StrContains(st.error_message(), "measured[0].values[0] is not finite"))
+      << st.error_message();
+  m->set_values(0, 0.5);
+  st = RawEstimate(agent->address(), est);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::UNIMPLEMENTED) << st.error_message();
+}
+
 TEST(AgentServiceTest, BearerTokenIsCheckedOnEveryCall) {
   AgentServiceOptions opts;
   opts.token = "s3cret";

@@ -1,0 +1,186 @@
+// Device::Measure and Absorb (devices/device.h): a FULL-fidelity device whose
+// steps were measured partly by other instances of the same spec costs every
+// op and describes itself bit for bit as one instance that measured them
+// all, for each of the four kinds that measure per step; and bad input is
+// refused by name.
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "devices/cta/cta_device.h"
+#include "devices/device.h"
+#include "devices/lad/lad_device.h"
+#include "devices/registry.h"
+#include "devices/spatten/spatten_device.h"
+#include "devices/topick/topick_device.h"
+#include "gtest/gtest.h"
+
+namespace servesim::devices {
+namespace {
+
+using servesim::v1::PRUNE_FIDELITY_ANALYTIC;
+using servesim::v1::PRUNE_FIDELITY_FULL;
+
+// A small model (2 layers, 2 heads, d_head 32) in `fidelity`, calibrated at
+// one short length.
+servesim::v1::DeviceSpec Spec(const std::string& kind, servesim::v1::PruneFidelity fidelity) {
+  servesim::v1::DeviceSpec spec;
+  servesim::v1::AttentionShape* m = nullptr;
+  servesim::v1::PruneCalibrationSpec* cal = nullptr;
+  if (kind == "topick") {
+    *spec.mutable_topick()->mutable_topick() = *TopickPreset("topick");
+    spec.mutable_topick()->set_fidelity(fidelity);
+    m = spec.mutable_topick()->mutable_model();
+    cal = spec.mutable_topick()->mutable_calibration();
+  } else if (kind == "spatten") {
+    *spec.mutable_spatten()->mutable_spatten() = *SpattenPreset("spatten");
+    spec.mutable_spatten()->set_fidelity(fidelity);
+    m = spec.mutable_spatten()->mutable_model();
+    cal = spec.mutable_spatten()->mutable_calibration();
+  } else if (kind == "cta") {
+    *spec.mutable_cta()->mutable_cta() = *CtaPreset("cta_0.5");
+    spec.mutable_cta()->set_fidelity(fidelity);
+    m = spec.mutable_cta()->mutable_model();
+    cal = spec.mutable_cta()->mutable_calibration();
+  } else {
+    *spec.mutable_lad()->mutable_lad() = *LadPreset("lad_1.5");
+    spec.mutable_lad()->set_fidelity(fidelity);
+    m = spec.mutable_lad()->mutable_model();
+    cal = spec.mutable_lad()->mutable_calibration();
+  }
+  m->set_layers(2);
+  m->set_heads(2);
+  m->set_d_head(32);
+  cal->add_lengths(64);
+  cal->set_instances(1);
+  return spec;
+}
+
+std::unique_ptr<Device> Make(const servesim::v1::DeviceSpec& spec) {
+  auto d = CreateDevice(spec);
+  EXPECT_TRUE(d.ok()) << d.status();
+  return d.ok() ? std::move(*d) : nullptr;
+}
+
+// One decode op over `seqs` (heads 2, d_head 32).
+Op DecodeOp(const std::vector<AttentionSeq>& seqs) {
+  Op op;
+  op.kind = OpKind::kAttention;
+  op.heads = op.kv_heads = 2;
+  op.d_head = 32;
+  op.seqs = seqs;
+  return op;
+}
+
+class MeasureTest : public testing::TestWithParam<std::string> {};
+
+TEST_P(MeasureTest, AbsorbedStepsCostAndDescribeAsIfMeasuredHere) {
+  const servesim::v1::DeviceSpec spec = Spec(GetParam(), PRUNE_FIDELITY_FULL);
+  auto alone = Make(spec), home = Make(spec), worker = Make(spec);
+  ASSERT_NE(alone, nullptr);
+  ASSERT_NE(home, nullptr);
+  ASSERT_NE(worker, nullptr);
+  EXPECT_TRUE(home->Describe().measures_steps);
+  EXPECT_EQ(home->Describe().steps_movable, GetParam() == "topick");
+  // Three requests decoding together for 6 steps: request 7 on the home,
+  // requests 8 and 9 on the worker; request 9 joins two steps late.
+  for (int step = 0; step < 6; ++step) {
+    std::vector<AttentionSeq> seqs;
+    for (int64_t r : {7, 8, 9}) {
+      if (r == 9 && step < 2) continue;
+      AttentionSeq s;
+      s.request_id = r;
+      s.new_tokens = 1;
+      s.past_tokens = 40 + 10 * (r - 7) + step;
+      seqs.push_back(s);
+    }
+    const Op op = DecodeOp(seqs);
+    std::vector<StepKey> mine, theirs;
+    for (const AttentionSeq& s : seqs) {
+      (s.request_id == 7 ? mine : theirs).push_back({s.request_id, s.past_tokens + 1});
+    }
+    auto own = home->Measure(mine);
+    ASSERT_TRUE(own.ok()) << own.status();
+    ASSERT_EQ(own->size(), 1u);
+    EXPECT_EQ(own->front().step, mine.front());
+    auto got = worker->Measure(theirs);
+    ASSERT_TRUE(got.ok()) << got.status();
+    ASSERT_EQ(got->size(), theirs.size());  // in order, nothing filled in
+    for (size_t i = 0; i < theirs.size(); ++i) EXPECT_EQ((*got)[i].step, theirs[i]);
+    ASSERT_TRUE(home->Absorb(*got).ok());
+    Cost a, h;
+    ASSERT_TRUE(alone->Estimate({op}, absl::MakeSpan(&a, 1)).ok());
+    ASSERT_TRUE(home->Estimate({op}, absl::MakeSpan(&h, 1)).ok());
+    EXPECT_EQ(a.time_s, h.time_s) << "step " << step;
+    EXPECT_EQ(a.dram_bytes, h.dram_bytes) << "step " << step;
+    EXPECT_EQ(a.compute_energy_pj, h.compute_energy_pj) << "step " << step;
+    EXPECT_EQ(a.flops, h.flops) << "step " << step;
+  }
+  // The description (the mean over every step measured) is the same bits;
+  // the worker's, which holds two of the three requests, is not.
+  auto params = [](const Device& d) {
+    std::vector<std::pair<std::string, double>> p;
+    for (const auto& kv : d.Describe().parameters) {
+      if (!absl::StrContains(kv.first, "calibration_s")) p.push_back(kv);
+    }
+    return p;
+  };
+  EXPECT_EQ(params(*alone), params(*home));
+  EXPECT_NE(params(*alone), params(*worker));
+}
+
+TEST_P(MeasureTest, AStepMeasuredTwiceIsFoundNotRerunAndBadInputIsRefusedByName) {
+  auto d = Make(Spec(GetParam(), PRUNE_FIDELITY_FULL));
+  ASSERT_NE(d, nullptr);
+  auto first = d->Measure({{3, 50}});
+  ASSERT_TRUE(first.ok()) << first.status();
+  auto again = d->Measure({{3, 50}});
+  ASSERT_TRUE(again.ok());
+  ASSERT_EQ(again->size(), 1u);
+  EXPECT_EQ(again->front().values, first->front().values);
+  EXPECT_LE(first->front().values.size(), static_cast<size_t>(kMaxStepValues));
+
+  auto bad = d->Measure({{-1, 50}});
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(bad.status().message(), "steps[0]")) << bad.status();
+  StepMeasurement short_one = first->front();
+  short_one.values.pop_back();
+  absl::Status st = d->Absorb({first->front(), short_one});
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(st.message(), "measured[1] has")) << st;
+  StepMeasurement nan = first->front();
+  nan.values[0] = std::numeric_limits<double>::quiet_NaN();
+  st = d->Absorb({nan});
+  EXPECT_TRUE(absl::StrContains(st.message(), "measured[0].values[0] is not finite")) << st;
+
+  // Absorbed values are what Estimate reads: no kernel reruns the step.
+  auto other = Make(Spec(GetParam(), PRUNE_FIDELITY_FULL));
+  ASSERT_NE(other, nullptr);
+  StepMeasurement halved = first->front();
+  for (double& v : halved.values) v *= 0.5;
+  ASSERT_TRUE(other->Absorb({halved}).ok());
+  AttentionSeq s;
+  s.request_id = 3;
+  s.new_tokens = 1;
+  s.past_tokens = 49;
+  Cost measured, absorbed;
+  ASSERT_TRUE(d->Estimate({DecodeOp({s})}, absl::MakeSpan(&measured, 1)).ok());
+  ASSERT_TRUE(other->Estimate({DecodeOp({s})}, absl::MakeSpan(&absorbed, 1)).ok());
+  EXPECT_NE(measured.time_s, absorbed.time_s);
+
+  // Devices that do not measure per step say so.
+  auto analytic = Make(Spec(GetParam(), PRUNE_FIDELITY_ANALYTIC));
+  ASSERT_NE(analytic, nullptr);
+  EXPECT_FALSE(analytic->Describe().measures_steps);
+  EXPECT_EQ(analytic->Measure({{3, 50}}).status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_EQ(analytic->Absorb({}).code(), absl::StatusCode::kUnimplemented);
+}
+
+INSTANTIATE_TEST_SUITE_P(FullKinds, MeasureTest,
+                         testing::Values("topick", "spatten", "cta", "lad"));
+
+}  // namespace
+}  // namespace servesim::devices
