@@ -46,6 +46,7 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -160,6 +161,9 @@ class AgentService final : public servesim::v1::DeviceAgent::Service {
   absl::StatusOr<devices::AttentionResult> RunKernel(grpc::ServerContext* ctx,
                                                      const devices::Device& device,
                                                      const devices::AttentionCall& call);
+  // The poll a kernel of this call runs under: PollCall at most once a
+  // millisecond; sets *stopped when it stops the kernel.
+  std::function<absl::Status()> CallPoll(grpc::ServerContext* ctx, bool* stopped) const;
   // The kernel's poll: the caller's cancellation, its deadline, the budget.
   absl::Status PollCall(grpc::ServerContext* ctx, std::chrono::system_clock::time_point deadline,
                         int64_t start_ns, int64_t budget_ns) const;

@@ -487,7 +487,7 @@ void EncodeDescription(const devices::DeviceDescription& d, v1::DescribeResponse
   o->set_static_power_w(d.static_power_w);
   o->set_static_in_op_energy(d.static_in_op_energy);
   o->set_measures_steps(d.measures_steps);
-  o->set_steps_movable(d.steps_movable);
+  o->set_splits_layers(d.splits_layers);
 }
 
 absl::StatusOr<devices::DeviceDescription> DecodeDescription(const v1::DescribeResponse& o) {
@@ -511,7 +511,7 @@ absl::StatusOr<devices::DeviceDescription> DecodeDescription(const v1::DescribeR
   d.static_power_w = o.static_power_w();
   d.static_in_op_energy = o.static_in_op_energy();
   d.measures_steps = o.measures_steps();
-  d.steps_movable = o.steps_movable();
+  d.splits_layers = o.splits_layers();
   return d;
 }
 
@@ -523,6 +523,10 @@ void EncodeStepKey(const devices::StepKey& k, v1::StepKey* o) {
 void EncodeMeasurement(const devices::StepMeasurement& m, v1::StepMeasurement* o) {
   EncodeStepKey(m.step, o->mutable_step());
   o->mutable_values()->Add(m.values.begin(), m.values.end());
+  if (m.parts > 1) {
+    o->set_part(m.part);
+    o->set_parts(m.parts);
+  }
 }
 
 namespace {
@@ -578,7 +582,13 @@ absl::StatusOr<std::vector<devices::StepMeasurement>> DecodeMeasurements(
         return absl::InvalidArgumentError(absl::StrCat(where, ".values[", j, "] is not finite"));
       }
     }
-    out.push_back({k, std::vector<double>(m.values().begin(), m.values().end())});
+    const int parts = std::max(1, m.parts());
+    if (parts > devices::kMaxLayerParts || m.part() < 0 || m.part() >= parts) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, " is share ", m.part(), " of ", m.parts(), "; expected parts in [0, ",
+                       devices::kMaxLayerParts, "] and part in [0, parts)"));
+    }
+    out.push_back({k, std::vector<double>(m.values().begin(), m.values().end()), m.part(), parts});
   }
   return out;
 }

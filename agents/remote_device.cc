@@ -361,7 +361,7 @@ absl::StatusOr<bool> RemoteDevice::Spread() const {
   ASSIGN_OR_RETURN(devices::DeviceDescription d, DescribeAt(0));
   std::lock_guard<std::mutex> lock(mu_);
   spread_ = d.measures_steps ? 1 : 0;
-  movable_ = d.steps_movable;
+  splits_ = d.splits_layers;
   return spread_ == 1;
 }
 
@@ -382,47 +382,31 @@ absl::Status RemoteDevice::MeasureSpread(absl::Span<const Op> ops,
   }
   const int n = static_cast<int>(endpoints_.size());
   std::vector<std::vector<devices::StepKey>> share(n);
+  bool layers = false;
   {
+    std::lock_guard<std::mutex> lock(mu_);
+    layers = splits_;
+  }
+  if (layers) {
+    // Every endpoint takes its share of every step's layers: endpoint e
+    // always share e of n, so each keeps the K rows of its own layers.
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const devices::StepKey& k : *steps) {
+      if (home_holds_.contains(k)) continue;
+      for (int e = 0; e < n; ++e) share[e].push_back(k);
+    }
+  } else {
     std::lock_guard<std::mutex> lock(mu_);
     // A request new to the client goes to the endpoint with the least
     // context to measure in this call so far (a step's kernels take time
     // in proportion to L), ties round-robin; one seen before stays where
     // its kernel state is.
     std::vector<int64_t> load(n, 0);
-    if (movable_) {
-      // Steps that may move are balanced per call: longest first, each to
-      // the least-loaded endpoint, or to where its request's K rows already
-      // are unless that is worse by more than half the step (a move makes
-      // the new endpoint build them).
-      std::vector<devices::StepKey> order;
-      for (const devices::StepKey& k : *steps) {
-        if (!home_holds_.contains(k)) order.push_back(k);
-      }
-      std::stable_sort(
-          order.begin(), order.end(),
-          [](const devices::StepKey& a, const devices::StepKey& b) { return a.l > b.l; });
-      for (const devices::StepKey& k : order) {
-        int best = next_owner_ % n;
-        for (int i = 1; i < n; ++i) {
-          const int e = (next_owner_ + i) % n;
-          if (load[e] < load[best]) best = e;
-        }
-        auto [it, added] = owner_.try_emplace(k.request_id, best);
-        if (added) {
-          next_owner_ = best + 1;
-        } else if (2 * (load[it->second] - load[best]) > k.l) {
-          it->second = best;
-        }
-        load[it->second] += k.l;
-        share[it->second].push_back(k);
-      }
-    }
     for (const devices::StepKey& k : *steps) {
       auto it = owner_.find(k.request_id);
-      if (!movable_ && it != owner_.end() && !home_holds_.contains(k)) load[it->second] += k.l;
+      if (it != owner_.end() && !home_holds_.contains(k)) load[it->second] += k.l;
     }
     for (const devices::StepKey& k : *steps) {
-      if (movable_) break;
       if (home_holds_.contains(k)) continue;
       auto [it, added] = owner_.try_emplace(k.request_id, 0);
       if (added) {
@@ -448,6 +432,10 @@ absl::Status RemoteDevice::MeasureSpread(absl::Span<const Op> ops,
       v1::MeasureRequest req;
       const size_t end = std::min(share[e].size(), at + kMaxMeasureSteps);
       for (size_t i = at; i < end; ++i) EncodeStepKey(share[e][i], req.add_steps());
+      if (layers) {
+        req.set_part(e);
+        req.set_parts(n);
+      }
       v1::MeasureResponse resp;
       int u = -1;
       status[e] = Call(
@@ -476,8 +464,9 @@ absl::Status RemoteDevice::MeasureSpread(absl::Span<const Op> ops,
         ++stats_.measure_rpcs;
         stats_.measured_steps[u] += static_cast<int64_t>(m->size());
       }
-      // What the home measured itself is in its memo already.
-      if (u != 0) got[e].insert(got[e].end(), m->begin(), m->end());
+      // What the home measured whole is in its memo already; shares are
+      // only counts until the home sums them.
+      if (u != 0 || layers) got[e].insert(got[e].end(), m->begin(), m->end());
     }
   };
   std::vector<std::thread> threads;
@@ -493,7 +482,10 @@ absl::Status RemoteDevice::MeasureSpread(absl::Span<const Op> ops,
   for (int e = 0; e < n; ++e) {
     RETURN_IF_ERROR(status[e]);
     for (devices::StepMeasurement& m : got[e]) {
-      if (!seen.contains(m.step)) steps->push_back(m.step);  // filled in on the way
+      if (!seen.contains(m.step)) {
+        seen.insert(m.step);
+        steps->push_back(m.step);  // filled in on the way
+      }
       absorb->push_back(std::move(m));
     }
   }

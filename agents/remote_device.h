@@ -42,18 +42,23 @@
 //  - Measured steps spread over the endpoints: a device whose description
 //    says measures_steps (FULL fidelity of topick, spatten, cta, lad: a
 //    kernel per (request, L) decode step, the expensive part of Estimate)
-//    served by several endpoints has each request's steps measured on one
-//    of them (Measure), chosen when the request is first seen (the one with
-//    the least context in that call so far) and kept, because the kernels
-//    carry state from step to step. The Measure calls of one Estimate run
-//    concurrently, one thread per endpoint, and are joined in endpoint
-//    order; the first endpoint (the home) then costs the ops with the
-//    others' measurements absorbed (EstimateRequest.measured), and answers
-//    Describe. Its memo thus holds every step, as an in-process device's
-//    would, so costs and the description are byte-identical for any number
-//    of endpoints; only the kernels' wall time is shared out. Other devices
-//    go round-robin as above (their Estimate is cheap: a call would cost
-//    more to split than to run).
+//    served by several endpoints has its steps measured on all of them
+//    (Measure), the calls of one Estimate running concurrently, one thread
+//    per endpoint, joined in endpoint order. Where the description also
+//    says splits_layers (topick, cta), endpoint e of n measures share e of
+//    every step's layers (MeasureLayers) and answers the kernels' integer
+//    counts, so each step's work is split evenly and each endpoint keeps
+//    the state of its own layers. Otherwise (spatten, lad: state carried
+//    from step to step through the layers) each request is measured whole
+//    on one endpoint, chosen when it is first seen (the one with the least
+//    context in that call so far) and kept. The first endpoint (the home)
+//    then costs the ops with the others' measurements absorbed
+//    (EstimateRequest.measured; shares summed, then the fractions taken)
+//    and answers Describe. Its memo thus holds every step, as an in-process
+//    device's would, so costs and the description are byte-identical for
+//    any number of endpoints; only the kernels' wall time is shared out.
+//    Other devices go round-robin as above (their Estimate is cheap: a
+//    call would cost more to split than to run).
 //  - TLS: with tls_ca_file set the channel is TLS (the agent's certificate
 //    must chain to that CA); tls_cert_file/tls_key_file add a client
 //    certificate. token adds `authorization: Bearer <token>` to every call.
@@ -258,7 +263,7 @@ class RemoteDevice : public devices::Device {
   mutable devices::DeviceDescription last_description_;
   // Spread measurement. spread_: -1 unknown, 0 no, 1 yes.
   mutable int spread_ = -1;
-  mutable bool movable_ = false;                     // the description's steps_movable
+  mutable bool splits_ = false;                      // the description's splits_layers
   mutable absl::flat_hash_map<int64_t, int> owner_;  // request -> endpoint measuring it
   mutable int next_owner_ = 0;
   mutable absl::flat_hash_set<devices::StepKey> home_holds_;  // steps in the home's memo

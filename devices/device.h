@@ -30,6 +30,12 @@
 //    if this instance had measured those steps itself. A request's steps
 //    must be measured on one instance, in order, for the values to equal
 //    the in-process ones (LAD and SpAtten carry state from step to step).
+//  - MeasureLayers(steps, part, parts) (devices whose description says
+//    `splits_layers`) measures only a share of every step's layers and
+//    returns the kernels' additive counts over that share (exact integers),
+//    not the step's values; Absorb given all `parts` shares of a step sums
+//    them and derives the values exactly as a whole measurement would. So
+//    `parts` instances can each take one share of every step.
 #ifndef SERVESIM_DEVICES_DEVICE_H_
 #define SERVESIM_DEVICES_DEVICE_H_
 
@@ -68,13 +74,8 @@ struct DeviceDescription {
   // Measure() and Absorb() are implemented and worth spreading: Estimate
   // runs a kernel per (request, L) decode step (FULL fidelity).
   bool measures_steps = false;
-  // A step's values depend on its (request, L) only, not on the steps this
-  // instance measured before, and moving a request to another instance
-  // costs about one step (topick), so a request's steps may be measured on
-  // different instances; false where kernels carry state from step to step
-  // (spatten's cascade pruning, lad's active sets) or a move costs more
-  // than a step (cta re-projects every token).
-  bool steps_movable = false;
+  // MeasureLayers() is implemented: a step's layers may be measured apart.
+  bool splits_layers = false;
 };
 
 // One decode step of one request, as Measure() takes it.
@@ -93,8 +94,13 @@ struct StepKey {
 struct StepMeasurement {
   StepKey step;
   std::vector<double> values;
+  // parts > 1: `values` are the counts of share `part` of the step's layers
+  // (layers [layers * part / parts, layers * (part + 1) / parts)).
+  int32_t part = 0;
+  int32_t parts = 1;
 };
 inline constexpr int kMaxStepValues = 16;
+inline constexpr int kMaxLayerParts = 64;
 
 struct AttentionCall {
   Tensor q, k, v;
@@ -131,6 +137,8 @@ class Device {
   virtual absl::StatusOr<std::vector<StepMeasurement>> Measure(
       absl::Span<const StepKey> steps) const;
   virtual absl::Status Absorb(absl::Span<const StepMeasurement> measured) const;
+  virtual absl::StatusOr<std::vector<StepMeasurement>> MeasureLayers(
+      absl::Span<const StepKey> steps, int part, int parts) const;
 };
 
 }  // namespace servesim::devices

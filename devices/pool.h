@@ -32,6 +32,10 @@ class PooledDevice : public Device {
   absl::Status Absorb(absl::Span<const StepMeasurement> measured) const override {
     return unit_->Absorb(measured);
   }
+  absl::StatusOr<std::vector<StepMeasurement>> MeasureLayers(absl::Span<const StepKey> steps,
+                                                             int part, int parts) const override {
+    return unit_->MeasureLayers(steps, part, parts);
+  }
   int units() const { return units_; }
 
  private:

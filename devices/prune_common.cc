@@ -456,20 +456,38 @@ absl::Status CheckStepKey(const char* device, const char* what, size_t i, const 
   return absl::OkStatus();
 }
 
+absl::Status CheckLayerShare(const char* device, int part, int parts) {
+  if (parts < 1 || parts > kMaxLayerParts || part < 0 || part >= parts) {
+    return absl::InvalidArgumentError(absl::StrCat(device, " device: layer share ", part, " of ",
+                                                   parts, "; expected parts in [1, ",
+                                                   kMaxLayerParts, "] and part in [0, parts)"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckMeasurements(const char* device, size_t n,
                                absl::Span<const StepMeasurement> measured) {
   for (size_t i = 0; i < measured.size(); ++i) {
-    const StepMeasurement& m = measured[i];
-    RETURN_IF_ERROR(CheckStepKey(device, "measured", i, m.step));
-    if (m.values.size() != n) {
-      return absl::InvalidArgumentError(absl::StrCat(device, " device: measured[", i, "] has ",
-                                                     m.values.size(), " values; expected ", n));
+    if (measured[i].parts != 1 || measured[i].part != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(device, " device: measured[", i, "] is layer share ", measured[i].part,
+                       " of ", measured[i].parts, "; this device takes whole steps"));
     }
-    for (size_t j = 0; j < n; ++j) {
-      if (!std::isfinite(m.values[j])) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(device, " device: measured[", i, "].values[", j, "] is not finite"));
-      }
+    RETURN_IF_ERROR(CheckMeasurement(device, i, n, measured[i]));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckMeasurement(const char* device, size_t i, size_t n, const StepMeasurement& m) {
+  RETURN_IF_ERROR(CheckStepKey(device, "measured", i, m.step));
+  if (m.values.size() != n) {
+    return absl::InvalidArgumentError(absl::StrCat(device, " device: measured[", i, "] has ",
+                                                   m.values.size(), " values; expected ", n));
+  }
+  for (size_t j = 0; j < n; ++j) {
+    if (!std::isfinite(m.values[j])) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(device, " device: measured[", i, "].values[", j, "] is not finite"));
     }
   }
   return absl::OkStatus();

@@ -20,6 +20,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "devices/attention_data.h"
@@ -330,12 +331,51 @@ absl::StatusOr<std::vector<StepMeasurement>> MeasureSteps(const char* device,
 // Absorb()'s checks: N finite values per step, keys as CheckStepKey.
 absl::Status CheckMeasurements(const char* device, size_t n,
                                absl::Span<const StepMeasurement> measured);
+// One of them, whole or a share: key, n values, finite.
+absl::Status CheckMeasurement(const char* device, size_t i, size_t n, const StepMeasurement& m);
 template <size_t N>
 std::array<double, N> StepValues(const StepMeasurement& m) {
   std::array<double, N> v;
   std::copy(m.values.begin(), m.values.end(), v.begin());
   return v;
 }
+
+// Layer shares (Device::MeasureLayers): the first layer of share `part` of
+// `parts` over `layers` layers (the share ends where part + 1 begins).
+inline int32_t LayerShareBegin(int32_t layers, int part, int parts) {
+  return static_cast<int32_t>(static_cast<int64_t>(layers) * part / parts);
+}
+// Checks part in [0, parts) and parts in [1, kMaxLayerParts].
+absl::Status CheckLayerShare(const char* device, int part, int parts);
+// MeasureLayers() of a FULL device: `counts(key, layer_begin, layer_end)`
+// gives the C additive counts of those layers of a step (memoising nothing).
+template <size_t C, typename CountsFn>
+absl::StatusOr<std::vector<StepMeasurement>> MeasureShares(const char* device,
+                                                           absl::Span<const StepKey> steps,
+                                                           int part, int parts, int32_t layers,
+                                                           CountsFn counts) {
+  if (absl::Status st = CheckLayerShare(device, part, parts); !st.ok()) return st;
+  const int32_t begin = LayerShareBegin(layers, part, parts);
+  const int32_t end = LayerShareBegin(layers, part + 1, parts);
+  std::vector<StepMeasurement> out;
+  out.reserve(steps.size());
+  for (size_t i = 0; i < steps.size(); ++i) {
+    if (absl::Status st = CheckStepKey(device, "steps", i, steps[i]); !st.ok()) return st;
+    if (absl::Status st = PollInterrupt(); !st.ok()) return st;
+    absl::StatusOr<std::array<double, C>> c = counts(steps[i], begin, end);
+    if (!c.ok()) return c.status();
+    out.push_back({steps[i], std::vector<double>(c->begin(), c->end()), part, parts});
+  }
+  return out;
+}
+
+// Absorb's measurements with the shares of each step summed (share order,
+// exact for integer counts below 2^53) into one whole measurement of C
+// counts per step; whole measurements (parts 1) are left out. Every share
+// of a step must come exactly once and with the same `parts`.
+template <size_t C>
+absl::StatusOr<std::vector<std::pair<StepKey, std::array<double, C>>>> SumLayerShares(
+    const char* device, absl::Span<const StepMeasurement> measured);
 
 // The two for a device whose memo maps (request, L) to its N values under
 // `mu`, and whose `full(request, l)` runs or finds a step.
@@ -353,6 +393,8 @@ absl::StatusOr<std::vector<StepMeasurement>> MeasureMemo(const char* device,
         return true;
       });
 }
+// Whole measurements of N values; with `sum_to_values`, shares of C counts
+// too (converted by sum_to_values(step, counts) -> N values).
 template <size_t N, typename Memo>
 absl::Status AbsorbMemo(const char* device, absl::Span<const StepMeasurement> measured,
                         std::mutex& mu, Memo& memo) {
@@ -362,6 +404,71 @@ absl::Status AbsorbMemo(const char* device, absl::Span<const StepMeasurement> me
     memo.emplace(std::make_pair(m.step.request_id, m.step.l), StepValues<N>(m));
   }
   return absl::OkStatus();
+}
+template <size_t N, size_t C, typename Memo, typename SumToValues>
+absl::Status AbsorbMemoWithShares(const char* device, absl::Span<const StepMeasurement> measured,
+                                  std::mutex& mu, Memo& memo, SumToValues sum_to_values) {
+  std::vector<StepMeasurement> whole;
+  for (size_t i = 0; i < measured.size(); ++i) {
+    if (measured[i].parts > 1) continue;
+    if (absl::Status st = CheckMeasurement(device, i, N, measured[i]); !st.ok()) return st;
+    whole.push_back(measured[i]);
+  }
+  absl::StatusOr<std::vector<std::pair<StepKey, std::array<double, C>>>> shares =
+      SumLayerShares<C>(device, measured);
+  if (!shares.ok()) return shares.status();
+  std::lock_guard<std::mutex> lock(mu);
+  for (const StepMeasurement& m : whole) {
+    memo.emplace(std::make_pair(m.step.request_id, m.step.l), StepValues<N>(m));
+  }
+  for (const auto& [k, counts] : *shares) {
+    memo.emplace(std::make_pair(k.request_id, k.l), sum_to_values(k, counts));
+  }
+  return absl::OkStatus();
+}
+
+template <size_t C>
+absl::StatusOr<std::vector<std::pair<StepKey, std::array<double, C>>>> SumLayerShares(
+    const char* device, absl::Span<const StepMeasurement> measured) {
+  struct Acc {
+    int parts = 0;
+    std::vector<const StepMeasurement*> by_part;
+  };
+  absl::flat_hash_map<StepKey, Acc> acc;
+  std::vector<StepKey> order;
+  for (size_t i = 0; i < measured.size(); ++i) {
+    const StepMeasurement& m = measured[i];
+    if (m.parts <= 1) continue;
+    if (absl::Status st = CheckLayerShare(device, m.part, m.parts); !st.ok()) return st;
+    if (absl::Status st = CheckMeasurement(device, i, C, m); !st.ok()) return st;
+    auto [it, added] = acc.try_emplace(m.step);
+    if (added) {
+      it->second.parts = m.parts;
+      it->second.by_part.assign(m.parts, nullptr);
+      order.push_back(m.step);
+    }
+    if (it->second.parts != m.parts || it->second.by_part[m.part] != nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(device, " device: measured[", i, "] is share ", m.part, " of ", m.parts,
+                       " of (request ", m.step.request_id, ", L ", m.step.l,
+                       "), which came already or with another number of shares"));
+    }
+    it->second.by_part[m.part] = &m;
+  }
+  std::vector<std::pair<StepKey, std::array<double, C>>> out;
+  for (const StepKey& k : order) {
+    std::array<double, C> sum{};
+    for (const StepMeasurement* m : acc[k].by_part) {
+      if (m == nullptr) {
+        return absl::InvalidArgumentError(absl::StrCat(device, " device: (request ", k.request_id,
+                                                       ", L ", k.l, ") is missing a share of ",
+                                                       acc[k].parts));
+      }
+      for (size_t c = 0; c < C; ++c) sum[c] += m->values[c];
+    }
+    out.emplace_back(k, sum);
+  }
+  return out;
 }
 
 }  // namespace servesim::devices

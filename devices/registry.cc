@@ -64,6 +64,14 @@ absl::StatusOr<std::vector<StepMeasurement>> Device::Measure(absl::Span<const St
                    "fidelity of topick, spatten, cta or lad)"));
 }
 
+absl::StatusOr<std::vector<StepMeasurement>> Device::MeasureLayers(absl::Span<const StepKey>, int,
+                                                                   int) const {
+  return absl::UnimplementedError(
+      absl::StrCat(Describe().kind,
+                   " device: MeasureLayers needs a device that measures a step's layers apart "
+                   "(FULL fidelity of topick or cta)"));
+}
+
 absl::Status Device::Absorb(absl::Span<const StepMeasurement>) const {
   return absl::UnimplementedError(
       absl::StrCat(Describe().kind,

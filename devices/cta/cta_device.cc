@@ -619,11 +619,32 @@ absl::StatusOr<CtaFractions> CtaDevice::Fractions(int64_t request_id, int64_t n)
 }
 
 absl::StatusOr<CtaFractions> CtaDevice::FullFractions(int64_t request_id, int64_t n) const {
-  std::shared_ptr<FullRequest> req;
   {
     std::lock_guard<std::mutex> lock(memo_mu_);
     auto it = memo_.find({request_id, n});
     if (it != memo_.end()) return it->second;
+  }
+  const int layers = spec_.model().layers();
+  ASSIGN_OR_RETURN(const auto counts, FullCounts(request_id, n, 0, layers));
+  const CtaFractions f = FractionsOfCounts(n, layers, counts);
+  std::lock_guard<std::mutex> lock(memo_mu_);
+  if (memo_.emplace(std::make_pair(request_id, n), f).second) fresh_.Add(request_id, n);
+  return f;
+}
+
+CtaFractions CtaDevice::FractionsOfCounts(int64_t n, int layers, const std::array<double, 2>& k) {
+  // {level-1 clusters, level-2 clusters}, summed over layers.
+  const double tot = static_cast<double>(n) * layers;
+  // Decode has one query: k0 = 1 (reported as 1 / n).
+  return CtaFractions{1.0 / static_cast<double>(n), (k[0] + k[1]) / tot, k[1] / tot};
+}
+
+absl::StatusOr<std::array<double, 2>> CtaDevice::FullCounts(int64_t request_id, int64_t n,
+                                                            int32_t layer_begin,
+                                                            int32_t layer_end) const {
+  std::shared_ptr<FullRequest> req;
+  {
+    std::lock_guard<std::mutex> lock(memo_mu_);
     auto& slot = requests_[request_id];
     if (slot == nullptr) slot = std::make_shared<FullRequest>();
     req = slot;
@@ -638,12 +659,13 @@ absl::StatusOr<CtaFractions> CtaDevice::FullFractions(int64_t request_id, int64_
       std::lock_guard<std::mutex> lock(memo_mu_);
       ++full_builds_;
     }
-    if (req->tokens < n) {
-      // Grow every layer's projections to n tokens (positions never change).
+    {
+      // Grow each layer's projections to n tokens (positions never change).
       std::vector<double> x(static_cast<size_t>(d_model_));
       std::vector<double> p(static_cast<size_t>(std::max(m1, m2)));
-      for (int l = 0; l < layers; ++l) {
+      for (int l = layer_begin; l < layer_end; ++l) {
         FullLayer& fl = req->layers[l];
+        if (fl.tokens >= n) continue;
         // Grow by at least 1/8 (not the default doubling): one token a step.
         auto grow = [n](auto& v, int m) {
           const size_t want = static_cast<size_t>(n * m);
@@ -652,16 +674,16 @@ absl::StatusOr<CtaFractions> CtaDevice::FullFractions(int64_t request_id, int64_
         };
         grow(fl.keys1, m1);
         grow(fl.p2, m2);
-        for (int64_t j = req->tokens; j < n; ++j) {
+        for (int64_t j = fl.tokens; j < n; ++j) {
           tokens_->Token(request_id, l, j, x.data());
           hashes_.kv1.Project(x.data(), 1.0, p.data());
           for (int i = 0; i < m1; ++i) fl.keys1[j * m1 + i] = hashes_.kv1.Key(p[i], i);
           hashes_.kv2.Project(x.data(), 1.0, fl.p2.data() + j * m2);
         }
+        fl.tokens = n;
       }
-      req->tokens = n;
     }
-    for (int l = 0; l < layers; ++l) {
+    for (int l = layer_begin; l < layer_end; ++l) {
       const FullLayer& fl = req->layers[l];
       // The first n tokens' keys and projections.
       const std::vector<int64_t> keys1(fl.keys1.begin(), fl.keys1.begin() + n * m1);
@@ -674,9 +696,6 @@ absl::StatusOr<CtaFractions> CtaDevice::FullFractions(int64_t request_id, int64_
       k2_sum += static_cast<double>(k2);
     }
   }
-  const double tot = static_cast<double>(n) * layers;
-  // Decode has one query: k0 = 1 (reported as 1 / n).
-  const CtaFractions f{1.0 / static_cast<double>(n), (k1_sum + k2_sum) / tot, k2_sum / tot};
   int64_t bytes = 0;
   {
     std::lock_guard<std::mutex> lock(req->mu);
@@ -686,7 +705,6 @@ absl::StatusOr<CtaFractions> CtaDevice::FullFractions(int64_t request_id, int64_
     }
   }
   std::lock_guard<std::mutex> lock(memo_mu_);
-  if (memo_.emplace(std::make_pair(request_id, n), f).second) fresh_.Add(request_id, n);
   auto it = requests_.find(request_id);
   if (it != requests_.end() && it->second == req) {
     full_bytes_ += bytes - req->bytes;
@@ -707,7 +725,7 @@ absl::StatusOr<CtaFractions> CtaDevice::FullFractions(int64_t request_id, int64_
       requests_.erase(victim);
     }
   }
-  return f;
+  return std::array<double, 2>{k1_sum, k2_sum};
 }
 
 int64_t CtaDevice::full_bytes() const {
@@ -790,10 +808,7 @@ DeviceDescription CtaDevice::Describe() const {
   // was asked.
   d.lookahead_ok = spec_.fidelity() != servesim::v1::PRUNE_FIDELITY_FULL;
   d.measures_steps = spec_.fidelity() == servesim::v1::PRUNE_FIDELITY_FULL;
-  // A step is a function of (request, L), but moving a request makes the new
-  // agent project every one of its tokens again, which costs more than the
-  // step: its steps stay where they started.
-  d.steps_movable = false;
+  d.splits_layers = d.measures_steps;  // layers are clustered apart: counts add over layers
   d.parameters = {
       {"fidelity", static_cast<double>(spec_.fidelity() == servesim::v1::PRUNE_FIDELITY_UNSPECIFIED
                                            ? servesim::v1::PRUNE_FIDELITY_ANALYTIC
@@ -852,9 +867,24 @@ absl::StatusOr<std::vector<StepMeasurement>> CtaDevice::Measure(
                         [&](int64_t r, int64_t l) { return FullFractions(r, l); });
 }
 
+absl::StatusOr<std::vector<StepMeasurement>> CtaDevice::MeasureLayers(
+    absl::Span<const StepKey> steps, int part, int parts) const {
+  if (spec_.fidelity() != servesim::v1::PRUNE_FIDELITY_FULL) {
+    return Device::MeasureLayers(steps, part, parts);
+  }
+  return MeasureShares<2>("cta", steps, part, parts, spec_.model().layers(),
+                          [&](const StepKey& k, int32_t begin, int32_t end) {
+                            return FullCounts(k.request_id, k.l, begin, end);
+                          });
+}
+
 absl::Status CtaDevice::Absorb(absl::Span<const StepMeasurement> measured) const {
   if (spec_.fidelity() != servesim::v1::PRUNE_FIDELITY_FULL) return Device::Absorb(measured);
-  return AbsorbMemo<3>("cta", measured, memo_mu_, memo_);
+  const int layers = spec_.model().layers();
+  return AbsorbMemoWithShares<3, 2>("cta", measured, memo_mu_, memo_,
+                                    [&](const StepKey& k, const std::array<double, 2>& c) {
+                                      return FractionsOfCounts(k.l, layers, c);
+                                    });
 }
 
 // ------------------------------------------------------------ Estimate ----

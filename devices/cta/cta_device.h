@@ -284,6 +284,9 @@ class CtaDevice : public Device {
   absl::StatusOr<std::vector<StepMeasurement>> Measure(
       absl::Span<const StepKey> steps) const override;
   absl::Status Absorb(absl::Span<const StepMeasurement> measured) const override;
+  // FULL: the clusters {level 1, level 2} of a share of every step's layers.
+  absl::StatusOr<std::vector<StepMeasurement>> MeasureLayers(absl::Span<const StepKey> steps,
+                                                             int part, int parts) const override;
 
   // The kernel with its counts (Execute's decision on Q/K/V, header).
   absl::StatusOr<std::pair<AttentionResult, CtaOpCounts>> RunKernel(
@@ -308,6 +311,11 @@ class CtaDevice : public Device {
   explicit CtaDevice(const servesim::v1::CtaDeviceSpec& spec);
   absl::Status Calibrate();
   absl::StatusOr<CtaFractions> FullFractions(int64_t request_id, int64_t n) const;
+  // FULL: the clusters {level 1, level 2} summed over layers
+  // [layer_begin, layer_end) of the request's first n tokens.
+  absl::StatusOr<std::array<double, 2>> FullCounts(int64_t request_id, int64_t n,
+                                                   int32_t layer_begin, int32_t layer_end) const;
+  static CtaFractions FractionsOfCounts(int64_t n, int layers, const std::array<double, 2>& k);
 
   servesim::v1::CtaDeviceSpec spec_;
   int64_t d_model_ = 1024;
@@ -321,10 +329,10 @@ class CtaDevice : public Device {
   struct FullLayer {
     std::vector<int64_t> keys1;
     std::vector<double> p2;
+    int64_t tokens = 0;  // projected so far
   };
   struct FullRequest {
     std::mutex mu;
-    int64_t tokens = 0;
     std::vector<FullLayer> layers;
     int64_t bytes = 0;     // as last accounted under memo_mu_
     uint64_t last_use = 0;

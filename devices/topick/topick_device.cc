@@ -572,7 +572,7 @@ DeviceDescription TopickDevice::Describe() const {
   // was asked.
   d.lookahead_ok = spec_.fidelity() != servesim::v1::PRUNE_FIDELITY_FULL;
   d.measures_steps = spec_.fidelity() == servesim::v1::PRUNE_FIDELITY_FULL;
-  d.steps_movable = d.measures_steps;  // exact caches: a step is a function of (request, L)
+  d.splits_layers = d.measures_steps;  // heads are independent: counts add over layers
   d.parameters = {
       {"fidelity", static_cast<double>(spec_.fidelity() == servesim::v1::PRUNE_FIDELITY_UNSPECIFIED
                                            ? servesim::v1::PRUNE_FIDELITY_ANALYTIC
@@ -646,6 +646,24 @@ absl::StatusOr<std::array<double, 3>> TopickDevice::FullFractions(int64_t reques
   }
   // Computed outside the lock; two threads racing on one key compute the
   // same value (the kernel is deterministic), so either insert is right.
+  ASSIGN_OR_RETURN(const TopickCounts sum, FullCounts(request_id, l, 0, spec_.model().layers()));
+  const std::array<double, 3> f = FractionsOfCounts(
+      {static_cast<double>(sum.tokens), static_cast<double>(sum.chunk_fetched[1]),
+       static_cast<double>(sum.chunk_fetched[2]), static_cast<double>(sum.v_fetched)});
+  std::lock_guard<std::mutex> lock(memo_mu_);
+  if (memo_.emplace(std::make_pair(request_id, l), f).second) fresh_.Add(request_id, l);
+  return f;
+}
+
+std::array<double, 3> TopickDevice::FractionsOfCounts(const std::array<double, 4>& c) {
+  // {tokens, chunk 2 fetched, chunk 3 fetched, V fetched}, summed over heads.
+  const double n = c[0];
+  return {c[1] / n, c[2] / n, c[3] / n};
+}
+
+absl::StatusOr<TopickCounts> TopickDevice::FullCounts(int64_t request_id, int64_t l,
+                                                      int32_t layer_begin,
+                                                      int32_t layer_end) const {
   const auto& m = spec_.model();
   TopickCounts sum;
   if (cache_ != nullptr) {
@@ -658,7 +676,7 @@ absl::StatusOr<std::array<double, 3>> TopickDevice::FullFractions(int64_t reques
     TopickWorkspace<int16_t> w;
     std::vector<float> q(d);
     std::vector<int8_t> pruned(l);
-    for (int32_t layer = 0; layer < m.layers(); ++layer) {
+    for (int32_t layer = layer_begin; layer < layer_end; ++layer) {
       for (int32_t head = 0; head < m.heads(); ++head) {
         ASSIGN_OR_RETURN(FullKvCache::View kv, lease.Rows(layer, head, l));
         RETURN_IF_ERROR(source_->StepQuery({request_id, layer, head}, l, q.data()));
@@ -667,7 +685,7 @@ absl::StatusOr<std::array<double, 3>> TopickDevice::FullFractions(int64_t reques
       }
     }
   } else {
-    for (int32_t layer = 0; layer < m.layers(); ++layer) {
+    for (int32_t layer = layer_begin; layer < layer_end; ++layer) {
       for (int32_t head = 0; head < m.heads(); ++head) {
         ASSIGN_OR_RETURN(AttentionCall call, source_->DecodeStep({request_id, layer, head}, l));
         ASSIGN_OR_RETURN(TopickKernelResult r, RunKernel(call));
@@ -675,12 +693,22 @@ absl::StatusOr<std::array<double, 3>> TopickDevice::FullFractions(int64_t reques
       }
     }
   }
-  const double n = static_cast<double>(sum.tokens);
-  const std::array<double, 3> f{sum.chunk_fetched[1] / n, sum.chunk_fetched[2] / n,
-                                sum.v_fetched / n};
-  std::lock_guard<std::mutex> lock(memo_mu_);
-  if (memo_.emplace(std::make_pair(request_id, l), f).second) fresh_.Add(request_id, l);
-  return f;
+  return sum;
+}
+
+absl::StatusOr<std::vector<StepMeasurement>> TopickDevice::MeasureLayers(
+    absl::Span<const StepKey> steps, int part, int parts) const {
+  if (spec_.fidelity() != servesim::v1::PRUNE_FIDELITY_FULL) {
+    return Device::MeasureLayers(steps, part, parts);
+  }
+  return MeasureShares<4>(
+      "topick", steps, part, parts, spec_.model().layers(),
+      [&](const StepKey& k, int32_t begin, int32_t end) -> absl::StatusOr<std::array<double, 4>> {
+        ASSIGN_OR_RETURN(const TopickCounts c, FullCounts(k.request_id, k.l, begin, end));
+        return std::array<double, 4>{
+            static_cast<double>(c.tokens), static_cast<double>(c.chunk_fetched[1]),
+            static_cast<double>(c.chunk_fetched[2]), static_cast<double>(c.v_fetched)};
+      });
 }
 
 absl::StatusOr<std::vector<StepMeasurement>> TopickDevice::Measure(
@@ -692,7 +720,9 @@ absl::StatusOr<std::vector<StepMeasurement>> TopickDevice::Measure(
 
 absl::Status TopickDevice::Absorb(absl::Span<const StepMeasurement> measured) const {
   if (spec_.fidelity() != servesim::v1::PRUNE_FIDELITY_FULL) return Device::Absorb(measured);
-  return AbsorbMemo<3>("topick", measured, memo_mu_, memo_);
+  return AbsorbMemoWithShares<3, 4>(
+      "topick", measured, memo_mu_, memo_,
+      [](const StepKey&, const std::array<double, 4>& c) { return FractionsOfCounts(c); });
 }
 
 Cost TopickDevice::HeadCostToCost(const TopickHeadCost& h, double heads) const {

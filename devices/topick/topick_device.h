@@ -132,6 +132,10 @@ class TopickDevice : public Device {
   absl::StatusOr<std::vector<StepMeasurement>> Measure(
       absl::Span<const StepKey> steps) const override;
   absl::Status Absorb(absl::Span<const StepMeasurement> measured) const override;
+  // FULL: the counts {tokens, chunk 2 fetched, chunk 3 fetched, V fetched}
+  // of a share of every step's layers.
+  absl::StatusOr<std::vector<StepMeasurement>> MeasureLayers(absl::Span<const StepKey> steps,
+                                                             int part, int parts) const override;
 
   // The kernel with everything it measured. Decode only (q_len 1).
   absl::StatusOr<TopickKernelResult> RunKernel(const AttentionCall& call) const;
@@ -157,6 +161,10 @@ class TopickDevice : public Device {
   explicit TopickDevice(const servesim::v1::TopickDeviceSpec& spec);
   absl::Status Calibrate();
   absl::StatusOr<std::array<double, 3>> FullFractions(int64_t request_id, int64_t l) const;
+  // FULL: the kernel's counts over layers [layer_begin, layer_end), all heads.
+  absl::StatusOr<TopickCounts> FullCounts(int64_t request_id, int64_t l, int32_t layer_begin,
+                                          int32_t layer_end) const;
+  static std::array<double, 3> FractionsOfCounts(const std::array<double, 4>& counts);
   Cost HeadCostToCost(const TopickHeadCost& h, double heads) const;
 
   servesim::v1::TopickDeviceSpec spec_;

@@ -324,8 +324,10 @@ std::vector<int64_t> MeasuredSteps(const std::string& info) {
 
 // A FULL-fidelity pool of `kind` in process, on one agent and spread over
 // two: byte-identical outputs (the device's description included, in
-// summary.json), with both agents measuring steps.
-void ExpectSpreadOverTwoAgentsIsByteIdentical(const std::string& kind, const std::string& spec) {
+// summary.json), with both agents measuring steps: each a share of the
+// requests' steps, or with `layer_shares` each a share of every step.
+void ExpectSpreadOverTwoAgentsIsByteIdentical(const std::string& kind, const std::string& spec,
+                                              bool layer_shares = false) {
   const std::string dir = FreshDir();
   Agents ag;
   for (int i = 0; i < 3; ++i) ag.procs.push_back(StartAgent(dir, kind));
@@ -349,23 +351,29 @@ void ExpectSpreadOverTwoAgentsIsByteIdentical(const std::string& kind, const std
   EXPECT_TRUE(absl::StrContains(ReadFile(dir + "/in/summary.json"), "fraction\": "));
   const std::vector<int64_t> steps = MeasuredSteps(ReadFile(dir + "/two/run_info.json"));
   ASSERT_EQ(steps.size(), 2u) << ReadFile(dir + "/two/run_info.json");
-  // 4 requests x 5 decode steps, each measured once, on both agents.
-  EXPECT_EQ(steps[0] + steps[1], 20);
-  EXPECT_GT(steps[0], 0);
-  EXPECT_GT(steps[1], 0);
+  // 4 requests x 5 decode steps, each measured once or in two shares.
+  if (layer_shares) {
+    EXPECT_EQ(steps, (std::vector<int64_t>{20, 20}));
+  } else {
+    EXPECT_EQ(steps[0] + steps[1], 20);
+    EXPECT_GT(steps[0], 0);
+    EXPECT_GT(steps[1], 0);
+  }
   EXPECT_EQ(MeasuredSteps(ReadFile(dir + "/one/run_info.json")), std::vector<int64_t>{0});
 }
 
 TEST(AgentEndToEndTest, FullTopickAndSpattenSpreadOverTwoAgentsAreByteIdentical) {
   ExpectSpreadOverTwoAgentsIsByteIdentical(
-      "topick", "topick { fidelity: PRUNE_FIDELITY_FULL calibration { lengths: 128 } }");
+      "topick", "topick { fidelity: PRUNE_FIDELITY_FULL calibration { lengths: 128 } }",
+      /*layer_shares=*/true);
   ExpectSpreadOverTwoAgentsIsByteIdentical(
       "spatten", "spatten { fidelity: PRUNE_FIDELITY_FULL calibration { lengths: 128 } }");
 }
 
 TEST(AgentEndToEndTest, FullCtaAndLadSpreadOverTwoAgentsAreByteIdentical) {
   ExpectSpreadOverTwoAgentsIsByteIdentical(
-      "cta", "cta { fidelity: PRUNE_FIDELITY_FULL calibration { lengths: 256 } }");
+      "cta", "cta { fidelity: PRUNE_FIDELITY_FULL calibration { lengths: 256 } }",
+      /*layer_shares=*/true);
   ExpectSpreadOverTwoAgentsIsByteIdentical(
       "lad", "lad { fidelity: PRUNE_FIDELITY_FULL calibration { lengths: 128 instances: 2 } }");
 }

@@ -84,7 +84,7 @@ TEST_P(MeasureTest, AbsorbedStepsCostAndDescribeAsIfMeasuredHere) {
   ASSERT_NE(home, nullptr);
   ASSERT_NE(worker, nullptr);
   EXPECT_TRUE(home->Describe().measures_steps);
-  EXPECT_EQ(home->Describe().steps_movable, GetParam() == "topick");
+  EXPECT_EQ(home->Describe().splits_layers, GetParam() == "topick" || GetParam() == "cta");
   // Three requests decoding together for 6 steps: request 7 on the home,
   // requests 8 and 9 on the worker; request 9 joins two steps late.
   for (int step = 0; step < 6; ++step) {
@@ -178,6 +178,64 @@ TEST_P(MeasureTest, AStepMeasuredTwiceIsFoundNotRerunAndBadInputIsRefusedByName)
   EXPECT_EQ(analytic->Measure({{3, 50}}).status().code(), absl::StatusCode::kUnimplemented);
   EXPECT_EQ(analytic->Absorb({}).code(), absl::StatusCode::kUnimplemented);
 }
+
+class MeasureLayersTest : public testing::TestWithParam<std::string> {};
+
+TEST_P(MeasureLayersTest, SharesSumToTheWholeStepBitForBit) {
+  // A 5-layer model in 2, 3 and 5 shares (uneven shares included): the
+  // shares' counts, absorbed, give the whole step's fractions bit for bit,
+  // and an incomplete or repeated set is refused.
+  servesim::v1::DeviceSpec spec = Spec(GetParam(), PRUNE_FIDELITY_FULL);
+  (GetParam() == "topick" ? spec.mutable_topick()->mutable_model()
+                          : spec.mutable_cta()->mutable_model())
+      ->set_layers(5);
+  auto alone = Make(spec);
+  ASSERT_NE(alone, nullptr);
+  EXPECT_TRUE(alone->Describe().splits_layers);
+  const std::vector<StepKey> steps = {{1, 70}, {2, 33}};
+  auto whole = alone->Measure(steps);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  for (int parts : {2, 3, 5}) {
+    auto home = Make(spec), worker = Make(spec);
+    std::vector<StepMeasurement> shares;
+    for (int part = 0; part < parts; ++part) {
+      auto got = (part % 2 == 0 ? home : worker)->MeasureLayers(steps, part, parts);
+      ASSERT_TRUE(got.ok()) << got.status();
+      ASSERT_EQ(got->size(), steps.size());
+      EXPECT_EQ((*got)[0].values.size(), GetParam() == "topick" ? 4u : 2u);
+      EXPECT_EQ((*got)[0].parts, parts);
+      shares.insert(shares.end(), got->begin(), got->end());
+    }
+    // A share alone is counts, not the step: nothing is memoised yet.
+    std::vector<StepMeasurement> missing(shares.begin() + 1, shares.end());
+    absl::Status st = home->Absorb(missing);
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_TRUE(absl::StrContains(st.message(), "missing a share")) << st;
+    std::vector<StepMeasurement> twice = shares;
+    twice.push_back(shares.front());
+    EXPECT_TRUE(absl::StrContains(home->Absorb(twice).message(), "came already")) << parts;
+    ASSERT_TRUE(home->Absorb(shares).ok());
+    auto again = home->Measure(steps);  // found in the memo
+    ASSERT_TRUE(again.ok());
+    for (size_t i = 0; i < steps.size(); ++i) {
+      EXPECT_EQ((*again)[i].values, (*whole)[i].values) << parts << " shares, step " << i;
+    }
+  }
+  // Share numbers out of range, and shares given to a device that takes
+  // whole steps only.
+  EXPECT_EQ(alone->MeasureLayers(steps, 2, 2).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(alone->MeasureLayers(steps, 0, kMaxLayerParts + 1).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  auto lad = Make(Spec("lad", PRUNE_FIDELITY_FULL));
+  ASSERT_NE(lad, nullptr);
+  EXPECT_FALSE(lad->Describe().splits_layers);
+  EXPECT_EQ(lad->MeasureLayers(steps, 0, 2).status().code(), absl::StatusCode::kUnimplemented);
+  StepMeasurement share{{1, 70}, {1, 2, 3, 4, 5}, 0, 2};
+  absl::Status st = lad->Absorb({share});
+  EXPECT_TRUE(absl::StrContains(st.message(), "takes whole steps")) << st;
+}
+
+INSTANTIATE_TEST_SUITE_P(SplittingKinds, MeasureLayersTest, testing::Values("topick", "cta"));
 
 INSTANTIATE_TEST_SUITE_P(FullKinds, MeasureTest,
                          testing::Values("topick", "spatten", "cta", "lad"));
