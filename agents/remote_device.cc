@@ -437,6 +437,16 @@ absl::Status RemoteDevice::MeasureSpread(absl::Span<const Op> ops,
         req.set_parts(n);
       }
       v1::MeasureResponse resp;
+      // An endpoint marked down is tried last, not first: its share goes to
+      // the next one up (any endpoint measures any share exactly; a
+      // request whose state was on it starts afresh where it lands).
+      int start = e;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        const auto now = std::chrono::steady_clock::now();
+        for (int i = 0; i < n && endpoints_[start]->down_until > now; ++i) start = (e + i + 1) % n;
+        if (endpoints_[start]->down_until > now) start = e;
+      }
       int u = -1;
       status[e] = Call(
           "Measure",
@@ -445,7 +455,7 @@ absl::Status RemoteDevice::MeasureSpread(absl::Span<const Op> ops,
             resp.Clear();
             return stub->Measure(ctx, req, &resp);
           },
-          e, &u);
+          start, &u);
       if (!status[e].ok()) return;
       auto m = DecodeMeasurements(resp.measured(), kMaxMeasuredSteps, "measured");
       if (!m.ok()) {
@@ -463,6 +473,11 @@ absl::Status RemoteDevice::MeasureSpread(absl::Span<const Op> ops,
         std::lock_guard<std::mutex> lock(mu_);
         ++stats_.measure_rpcs;
         stats_.measured_steps[u] += static_cast<int64_t>(m->size());
+      }
+      if (!layers && u != e) {
+        // Its requests' state is on `u` now: keep them there.
+        std::lock_guard<std::mutex> lock(mu_);
+        for (const devices::StepKey& k : share[e]) owner_[k.request_id] = u;
       }
       // What the home measured whole is in its memo already; shares are
       // only counts until the home sums them.

@@ -499,6 +499,40 @@ TEST(AgentEndToEndTest, KilledAgentFailsOverOrStopsWithPartialResults) {
   }
 }
 
+TEST(AgentEndToEndTest, FullTopickSpreadOverTwoAgentsSurvivesLosingOne) {
+  // The worker of two ToPick agents is killed mid-run: its layer share of
+  // each step goes to the home instead, and the outputs stay the in-process
+  // run's byte for byte.
+  const std::string dir = FreshDir();
+  const std::string sc = dir + "/s.pbtxt";
+  WriteFile(sc,
+            "model { preset: \"gpt2-medium\" }\n"
+            "cluster { xpu { preset: \"a100-80gb\" } attention_pool { units: 2 topick {\n"
+            "  fidelity: PRUNE_FIDELITY_FULL calibration { lengths: 128 } } } }\n"
+            "workload { saturated { num_requests: 4 input_tokens: 120 output_tokens: 40 } }\n");
+  const Result in = RunServesim({"run", sc, "--quiet", "--out", dir + "/in"});
+  ASSERT_EQ(in.code, 0) << in.out;
+  const double simulated = SimulatedSeconds(ReadFile(dir + "/in/summary.json"));
+  ASSERT_GT(simulated, 0);
+  Agents ag;
+  ag.procs.push_back(StartAgent(dir, "topick"));
+  ag.procs.push_back(StartAgent(dir, "topick"));
+  auto run = std::async(std::launch::async, [&] {
+    return RunServesim({"run", sc, "--quiet", "--out", dir + "/spread", "--pace",
+                        absl::StrCat(simulated / 3.0), "--agent", "topick=" + ag.List(0, 2)});
+  });
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  Stop(ag.procs[1], SIGKILL);
+  const Result r = run.get();
+  ASSERT_EQ(r.code, 0) << r.out;
+  ExpectSameOutputs(dir + "/in", dir + "/spread");
+  const std::string info = ReadFile(dir + "/spread/run_info.json");
+  EXPECT_FALSE(absl::StrContains(info, "\"failovers\": 0,")) << info;
+  const std::vector<int64_t> steps = MeasuredSteps(info);
+  ASSERT_EQ(steps.size(), 2u) << info;
+  EXPECT_GT(steps[0], steps[1]);  // the home took the worker's shares once it was gone
+}
+
 TEST(AgentEndToEndTest, AgentTokenTlsAndGracefulShutdown) {
   const std::string dir = FreshDir();
   const std::string sc = SmallGpuScenario(dir);
