@@ -1,10 +1,12 @@
 // libFuzzer target: the device agent's request handling
 // (agents/agent_service.h), without the network: the input is decoded as a
-// DescribeRequest, EstimateRequest or ExecuteRequest and handed to the
-// service implementation of one device kind, as gRPC would after decoding.
+// DescribeRequest, EstimateRequest, ExecuteRequest or MeasureRequest and
+// handed to the service implementation of one device kind, as gRPC would
+// after decoding.
 //
 // Input: byte 0 picks the kind (gpu, attacc, topick, spatten, lad, cta;
-// modulo 6), byte 1 the method (Describe, Estimate, Execute; modulo 3), the
+// modulo 6), byte 1 the method (Describe, Estimate, Execute, Measure; modulo
+// 4: inputs written for three methods keep theirs where byte 1 < 3), the
 // rest is the request's wire encoding (undecodable bytes are dropped, as
 // gRPC drops them). Every call must return (no crash, abort, hang or huge
 // allocation: scripts/fuzz.sh runs with -timeout and -rss_limit_mb) with an
@@ -64,7 +66,7 @@ void CheckError(const grpc::Status& st) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 2) return 0;
   AgentService* service = Service(data[0] % kNumKinds);
-  const int method = data[1] % 3;
+  const int method = data[1] % 4;
   const char* body = reinterpret_cast<const char*>(data + 2);
   const int body_size = static_cast<int>(size - 2);
   grpc::ServerContext ctx;
@@ -92,6 +94,20 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     for (const v1::Cost& c : resp.costs()) {
       Check(std::isfinite(c.time_s()) && c.time_s() >= 0);
       Check(std::isfinite(c.flops()) && std::isfinite(c.dram_bytes()));
+    }
+  } else if (method == 3) {
+    v1::MeasureRequest req;
+    if (!req.ParseFromArray(body, body_size)) return 0;
+    v1::MeasureResponse resp;
+    const grpc::Status st = service->Measure(&ctx, &req, &resp);
+    if (!st.ok()) {
+      CheckError(st);
+      return 0;
+    }
+    Check(resp.measured_size() >= req.steps_size());
+    for (const v1::StepMeasurement& m : resp.measured()) {
+      Check(m.values_size() <= servesim::devices::kMaxStepValues);
+      for (double v : m.values()) Check(std::isfinite(v));
     }
   } else {
     v1::ExecuteRequest req;
