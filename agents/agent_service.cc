@@ -343,9 +343,34 @@ grpc::Status AgentService::Estimate(grpc::ServerContext* ctx, const v1::Estimate
   if (!h.ok()) return ToGrpcStatus(h.status());
   DecodedOps ops;
   if (absl::Status st = DecodeOps(*req, &ops); !st.ok()) return ToGrpcStatus(st);
+  const int expected = req->expected();
+  if (expected < 0 || expected > static_cast<int>(ops.ops.size())) {
+    return grpc::Status(
+        grpc::StatusCode::INVALID_ARGUMENT,
+        absl::StrCat("expected = ", expected, "; expected 0..", ops.ops.size(), " (the ops sent)"));
+  }
+  if (req->expected_steps_size() != 0 && req->expected_steps_size() != expected) {
+    return grpc::Status(
+        grpc::StatusCode::INVALID_ARGUMENT,
+        absl::StrCat("expected_steps: ", req->expected_steps_size(),
+                     " values; expected none or one per expected op (", expected, ")"));
+  }
+  for (int i = 0; i < req->expected_steps_size(); ++i) {
+    if (req->expected_steps(i) < 0 || req->expected_steps(i) > kMaxLookahead) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          absl::StrCat("expected_steps[", i, "] = ", req->expected_steps(i),
+                                       "; expected 0..", kMaxLookahead));
+    }
+  }
+  const absl::Span<const devices::Op> asked =
+      absl::MakeConstSpan(ops.ops).first(ops.ops.size() - static_cast<size_t>(expected));
+  const absl::Span<const devices::Op> hinted = absl::MakeConstSpan(ops.ops).subspan(asked.size());
   const auto& accepts = (*h)->accepts;
-  for (size_t i = 0; i < ops.ops.size(); ++i) {
-    if (std::find(accepts.begin(), accepts.end(), ops.ops[i].kind) == accepts.end()) {
+  auto accepted = [&](const devices::Op& op) {
+    return std::find(accepts.begin(), accepts.end(), op.kind) != accepts.end();
+  };
+  for (size_t i = 0; i < asked.size(); ++i) {
+    if (!accepted(asked[i])) {
       return grpc::Status(
           grpc::StatusCode::UNIMPLEMENTED,
           absl::StrCat("ops[", i, "]: device '", kind_, "' does not implement op kind ",
@@ -363,8 +388,8 @@ grpc::Status AgentService::Estimate(grpc::ServerContext* ctx, const v1::Estimate
     if (!measured.ok()) return ToGrpcStatus(measured.status());
     if (absl::Status st = (*h)->device->Absorb(*measured); !st.ok()) return ToGrpcStatus(st);
   }
-  std::vector<devices::Cost> costs(ops.ops.size());
-  if (absl::Status st = (*h)->device->Estimate(ops.ops, absl::MakeSpan(costs)); !st.ok()) {
+  std::vector<devices::Cost> costs(asked.size());
+  if (absl::Status st = (*h)->device->Estimate(asked, absl::MakeSpan(costs)); !st.ok()) {
     return ToGrpcStatus(st);
   }
   // The lookahead steps: each predictable op again, its sequences j steps
@@ -376,7 +401,7 @@ grpc::Status AgentService::Estimate(grpc::ServerContext* ctx, const v1::Estimate
   // request itself may: past that the answer is shorter.
   int answered = 0;
   int64_t step_sequences = 0;
-  for (const devices::Op& op : ops.ops) {
+  for (const devices::Op& op : asked) {
     if (Predictable(op)) step_sequences += static_cast<int64_t>(op.seqs.size());
   }
   const int64_t affordable = kMaxOpSequences / std::max<int64_t>(step_sequences, 1);
@@ -384,7 +409,7 @@ grpc::Status AgentService::Estimate(grpc::ServerContext* ctx, const v1::Estimate
   std::deque<std::vector<devices::AttentionSeq>> shifted;
   std::vector<devices::Cost> step_costs;
   for (int j = 1; j <= lookahead && j <= affordable && (*h)->lookahead_ok; ++j) {
-    LookaheadStep(ops.ops, j, &step, &shifted);
+    LookaheadStep(asked, j, &step, &shifted);
     if (step.empty()) break;
     step_costs.assign(step.size(), devices::Cost{});
     if (!(*h)->device->Estimate(step, absl::MakeSpan(step_costs)).ok()) break;
@@ -392,6 +417,54 @@ grpc::Status AgentService::Estimate(grpc::ServerContext* ctx, const v1::Estimate
     answered = j;
   }
   resp->set_lookahead_answered(answered);
+  // The expected ops, by blocks with their steps (see agent.proto). A
+  // block is costed at once; when the device refuses it, a block without
+  // steps is answered one op at a time up to the refused op, and the answer
+  // ends there. So does it at the first op of a kind the device does not
+  // take. The steps of all blocks together cost at most kMaxOpSequences
+  // sequences.
+  int expected_answered = 0;
+  if ((*h)->lookahead_ok && !hinted.empty()) {
+    const absl::Span<const int32_t> steps = req->expected_steps();
+    int64_t budget = kMaxOpSequences;
+    bool stop = false;
+    ForEachExpectedBlock(hinted.size(), steps, [&](size_t b, size_t e, int32_t n) {
+      if (stop) return;
+      size_t usable = b;
+      while (usable < e && accepted(hinted[usable])) ++usable;
+      stop = usable < e;
+      const auto block = hinted.subspan(b, usable - b);
+      if (block.empty()) return;
+      const size_t at = costs.size();
+      costs.resize(at + block.size());
+      if (!(*h)->device->Estimate(block, absl::MakeSpan(costs).subspan(at)).ok()) {
+        costs.resize(at);
+        stop = true;
+        if (n > 0) return;
+        for (size_t i = 0; i < block.size(); ++i) {
+          devices::Cost c;
+          if (!(*h)->device->Estimate(block.subspan(i, 1), absl::MakeSpan(&c, 1)).ok()) break;
+          costs.push_back(c);
+          ++expected_answered;
+        }
+        return;
+      }
+      for (int32_t j = 1; j <= n; ++j) {
+        LookaheadStep(block, j, &step, &shifted);
+        if (step.empty()) break;
+        for (const devices::Op& op : step) budget -= static_cast<int64_t>(op.seqs.size());
+        step_costs.assign(step.size(), devices::Cost{});
+        if (budget < 0 || !(*h)->device->Estimate(step, absl::MakeSpan(step_costs)).ok()) {
+          costs.resize(at);
+          stop = true;
+          return;
+        }
+        costs.insert(costs.end(), step_costs.begin(), step_costs.end());
+      }
+      expected_answered += static_cast<int>(block.size());
+    });
+  }
+  resp->set_expected_answered(expected_answered);
   resp->mutable_costs()->Reserve(static_cast<int>(costs.size()));
   for (const devices::Cost& c : costs) EncodeCost(c, resp->add_costs());
   return grpc::Status::OK;

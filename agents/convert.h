@@ -74,6 +74,20 @@ bool Predictable(const devices::Op& op);
 // sequences j decode steps later (past_tokens + j). Ops that share a
 // sequence list share its shifted copy in `*lists`, as they would in the
 // iteration that sends them. Both are replaced.
+// Expected ops with steps (EstimateRequest.expected_steps) go by blocks,
+// maximal runs of consecutive ops with the same steps: calls
+// f(begin, end, steps) for each, in order. `steps` empty: one block, 0.
+template <typename F>
+void ForEachExpectedBlock(size_t n, absl::Span<const int32_t> steps, F&& f) {
+  for (size_t i = 0; i < n;) {
+    const int32_t k = steps.empty() ? 0 : steps[i];
+    size_t j = i + 1;
+    while (j < n && (steps.empty() ? 0 : steps[j]) == k) ++j;
+    f(i, j, k);
+    i = j;
+  }
+}
+
 void LookaheadStep(absl::Span<const devices::Op> ops, int64_t j, std::vector<devices::Op>* step,
                    std::deque<std::vector<devices::AttentionSeq>>* lists);
 

@@ -334,6 +334,7 @@ absl::StatusOr<devices::DeviceDescription> RemoteDevice::DescribeAt(int preferre
   std::lock_guard<std::mutex> lock(mu_);
   ++stats_.other_rpcs;
   last_description_ = d;
+  lookahead_ok_ = d.lookahead_ok ? 1 : 0;
   return d;
 }
 
@@ -574,14 +575,17 @@ void RemoteDevice::TrimLocked() const {
   memo_.erase(memo_.begin(), memo_.end());
   lists_.erase(lists_.begin(), lists_.end());
   windows_.clear();  // prefetches in flight keep theirs; their answers are dropped
+  pending_keys_.clear();  // their ids are void; a duplicate hint costs only its answer
   memo_bytes_ = 0;
   ++memo_epoch_;
 }
 
-// An asynchronous extension of a prediction in flight.
+// An asynchronous extension of a prediction (window set), or expected ops
+// (window null), in flight.
 struct RemoteDevice::Prefetch {
   uint64_t id = 0;
   std::shared_ptr<Window> window;
+  OwnedOps expected;  // window null: the expected ops asked
   int from = 0;   // the request's ops are the window's at this step
   int steps = 0;  // asked for
   uint64_t epoch = 0;
@@ -645,6 +649,19 @@ void CopyOwned(absl::Span<const Op> ops, std::vector<Op>* out,
   }
 }
 
+// The costs an answer to the first `answered` of `ops` holds (by blocks,
+// with their steps).
+size_t ExpectedCosts(absl::Span<const Op> ops, absl::Span<const int32_t> steps, size_t answered) {
+  size_t n = 0;
+  ForEachExpectedBlock(answered, steps.first(std::min(steps.size(), answered)),
+                       [&](size_t b, size_t e, int32_t k) {
+                         size_t predictable = 0;
+                         for (size_t i = b; i < e; ++i) predictable += Predictable(ops[i]) ? 1 : 0;
+                         n += (e - b) + static_cast<size_t>(k) * predictable;
+                       });
+  return n;
+}
+
 size_t OwnedBytes(const std::deque<std::vector<devices::AttentionSeq>>& seqs,
                   const std::deque<std::vector<int32_t>>& stacks, size_t ops) {
   size_t n = ops * sizeof(Op);
@@ -701,8 +718,81 @@ void RemoteDevice::StartPrefetch(const std::shared_ptr<Prefetch>& p) const {
                              [this, p](grpc::Status st) { OnExtended(p, st); });
 }
 
+std::shared_ptr<RemoteDevice::Prefetch> RemoteDevice::SendExpectedLocked() const {
+  Endpoint* ep = endpoints_[last_endpoint_].get();
+  if (pending_.ops.empty() || !ep->bound || ep->down_until > std::chrono::steady_clock::now()) {
+    return nullptr;
+  }
+  auto p = std::make_shared<Prefetch>();
+  p->expected = std::move(pending_);
+  pending_ = OwnedOps{};
+  EncodeOps(p->expected.ops, &p->req);
+  p->req.set_expected(static_cast<int>(p->expected.ops.size()));
+  if (std::any_of(p->expected.steps.begin(), p->expected.steps.end(),
+                  [](int32_t k) { return k > 0; })) {
+    p->req.mutable_expected_steps()->Add(p->expected.steps.begin(), p->expected.steps.end());
+  }
+  p->req.set_device_key(ep->device_key);
+  PrepareContext(&p->ctx, options_.deadline_s);
+  ++inflight_;
+  ++stats_.estimate_rpcs;
+  ++stats_.prefetch_rpcs;
+  p->stub = ep->stub.get();
+  prefetches_.insert(p.get());
+  return p;
+}
+
+void RemoteDevice::InsertExpectedLocked(const OwnedOps& expected, int answered,
+                                        const v1::EstimateResponse& resp, int at) const {
+  thread_local std::vector<MemoKey> fresh, step_keys;
+  thread_local std::vector<Op> step;
+  thread_local std::deque<std::vector<devices::AttentionSeq>> shifted;
+  const std::vector<MemoKey>* keys = &expected.keys;
+  if (expected.epoch != memo_epoch_) {  // the memo was emptied: list ids are void
+    KeysLocked(expected.ops, &fresh);
+    keys = &fresh;
+  }
+  for (const MemoKey& k : *keys) pending_keys_.erase(k);
+  const absl::Span<const Op> ops = expected.ops;
+  const absl::Span<const int32_t> steps = expected.steps;
+  const size_t n = static_cast<size_t>(answered);
+  ForEachExpectedBlock(
+      n, steps.first(std::min(steps.size(), n)), [&](size_t b, size_t e, int32_t k) {
+        for (size_t i = b; i < e; ++i) {
+          memo_.emplace((*keys)[i], MemoEntry{DecodeCost(resp.costs(at++)), -1, 0});
+        }
+        stats_.expected_ops += static_cast<int64_t>(e - b);
+        for (int32_t j = 1; j <= k; ++j) {
+          LookaheadStep(ops.subspan(b, e - b), j, &step, &shifted);
+          if (step.empty()) break;
+          KeysLocked(step, &step_keys);
+          for (size_t i = 0; i < step.size(); ++i) {
+            memo_.emplace(step_keys[i], MemoEntry{DecodeCost(resp.costs(at++)), -1, 0});
+          }
+          stats_.expected_ops += static_cast<int64_t>(step.size());
+        }
+      });
+}
+
 void RemoteDevice::OnExtended(const std::shared_ptr<Prefetch>& p, const grpc::Status& st) const {
   std::lock_guard<std::mutex> lock(mu_);
+  if (p->window == nullptr) {
+    // Expected ops: an answer is memoised whenever it comes (keys are
+    // computed now).
+    const int n = static_cast<int>(p->expected.ops.size());
+    const int answered = p->resp.expected_answered();
+    const bool valid =
+        st.ok() && answered >= 0 && answered <= n &&
+        static_cast<size_t>(p->resp.costs_size()) ==
+            ExpectedCosts(p->expected.ops, p->expected.steps, static_cast<size_t>(answered));
+    if (!valid) ++stats_.prefetch_failures;
+    InsertExpectedLocked(p->expected, valid ? answered : 0, p->resp, 0);
+    TrimLocked();
+    prefetches_.erase(p.get());
+    --inflight_;
+    idle_.notify_all();
+    return;
+  }
   p->window->extending = false;
   const int n = static_cast<int>(p->ops.size());
   const int answered = p->resp.lookahead_answered();
@@ -730,8 +820,9 @@ absl::Status RemoteDevice::Estimate(absl::Span<const Op> ops, absl::Span<Cost> c
   thread_local std::vector<Op> missed_ops;
   missed.clear();
   missed_ops.clear();
-  const int lookahead = std::min(kLookaheadStart, std::max(0, options_.lookahead_max));
+  const int lookahead_asked = std::min(kLookaheadStart, std::max(0, options_.lookahead_max));
   uint64_t epoch = 0;
+  bool rekey = false;
   std::shared_ptr<Prefetch> prefetch;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -745,6 +836,7 @@ absl::Status RemoteDevice::Estimate(absl::Span<const Op> ops, absl::Span<Cost> c
         ++stats_.ops_memo_hits;
         // Near the end of its prediction: ask for the steps after it.
         const MemoEntry& e = it->second;
+        if (e.step < 0) ++stats_.expected_hits;
         if (!extended && e.window != 0 && e.step > 0) {
           extended = true;
           auto w = windows_.find(e.window);
@@ -758,7 +850,31 @@ absl::Status RemoteDevice::Estimate(absl::Span<const Op> ops, absl::Span<Cost> c
         missed_ops.push_back(ops[i]);  // spans still shared: one list on the wire
       }
     }
+    // Every op hit: the expected ops waiting go now, asynchronously.
+    if (missed.empty() && prefetch == nullptr) prefetch = SendExpectedLocked();
     epoch = memo_epoch_;
+    if (!missed.empty() && expecting_ && inflight_ > 0) {
+      // The answer in flight probably holds these ops: wait for it.
+      ++stats_.expect_waits;
+      std::unique_lock<std::mutex> wait(mu_, std::adopt_lock);
+      idle_.wait(wait, [this] { return inflight_ == 0; });
+      wait.release();
+      KeysLocked(missed_ops, &keys);
+      size_t kept = 0;
+      for (size_t j = 0; j < missed.size(); ++j) {
+        auto it = memo_.find(keys[j]);
+        if (it != memo_.end()) {
+          costs[missed[j]] = it->second.cost;
+          ++stats_.ops_memo_hits;
+        } else {
+          missed[kept] = missed[j];
+          missed_ops[kept++] = missed_ops[j];
+        }
+      }
+      missed.resize(kept);
+      missed_ops.resize(kept);
+      rekey = true;  // keys now hold the missed ops'; recomputed for `ops` below
+    }
   }
   // Started with mu_ released: its callback takes mu_.
   if (prefetch != nullptr) StartPrefetch(prefetch);
@@ -767,8 +883,47 @@ absl::Status RemoteDevice::Estimate(absl::Span<const Op> ops, absl::Span<Cost> c
   std::vector<devices::StepMeasurement> absorb;
   std::vector<devices::StepKey> held;
   if (spread) RETURN_IF_ERROR(MeasureSpread(missed_ops, &absorb, &held));
+  // The expected ops waiting ride along.
+  OwnedOps extra;
+  bool expecting = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    extra = std::move(pending_);
+    pending_ = OwnedOps{};
+    expecting = expecting_;
+    if (!extra.ops.empty() && extra.epoch == memo_epoch_) {
+      // Hints this call asks anyway are not sent twice.
+      thread_local std::vector<MemoKey> asked;
+      KeysLocked(missed_ops, &asked);
+      const absl::flat_hash_set<MemoKey> asking(asked.begin(), asked.end());
+      size_t kept = 0;
+      for (size_t i = 0; i < extra.ops.size(); ++i) {
+        if (asking.contains(extra.keys[i]) && extra.steps[i] == 0) {
+          pending_keys_.erase(extra.keys[i]);
+          continue;
+        }
+        extra.ops[kept] = extra.ops[i];
+        extra.steps[kept] = extra.steps[i];
+        extra.keys[kept++] = extra.keys[i];
+      }
+      extra.ops.resize(kept);
+      extra.steps.resize(kept);
+      extra.keys.resize(kept);
+    }
+  }
+  const int lookahead = expecting ? 0 : lookahead_asked;
   v1::EstimateRequest req;
-  EncodeOps(missed_ops, &req);
+  if (extra.ops.empty()) {
+    EncodeOps(missed_ops, &req);
+  } else {
+    std::vector<Op> all(missed_ops.begin(), missed_ops.end());
+    all.insert(all.end(), extra.ops.begin(), extra.ops.end());
+    EncodeOps(all, &req);
+    req.set_expected(static_cast<int>(extra.ops.size()));
+    if (std::any_of(extra.steps.begin(), extra.steps.end(), [](int32_t k) { return k > 0; })) {
+      req.mutable_expected_steps()->Add(extra.steps.begin(), extra.steps.end());
+    }
+  }
   req.set_lookahead(lookahead);
   req.mutable_measured()->Reserve(static_cast<int>(absorb.size()));
   for (const devices::StepMeasurement& m : absorb) EncodeMeasurement(m, req.add_measured());
@@ -776,7 +931,7 @@ absl::Status RemoteDevice::Estimate(absl::Span<const Op> ops, absl::Span<Cost> c
   size_t predictable = 0;
   for (const Op& op : missed_ops) predictable += Predictable(op) ? 1 : 0;
   int used = 0;
-  RETURN_IF_ERROR(Call(
+  const absl::Status called = Call(
       "Estimate",
       [&](v1::DeviceAgent::Stub* stub, const std::string& key, grpc::ClientContext* ctx) {
         req.set_device_key(key);
@@ -784,16 +939,29 @@ absl::Status RemoteDevice::Estimate(absl::Span<const Op> ops, absl::Span<Cost> c
         grpc::Status st = stub->Estimate(ctx, req, &resp);
         if (!st.ok()) return st;
         const int answered = resp.lookahead_answered();
-        if (answered < 0 || answered > lookahead ||
-            static_cast<size_t>(resp.costs_size()) != missed.size() + predictable * answered) {
-          return grpc::Status(grpc::StatusCode::INTERNAL,
-                              absl::StrCat("answered ", resp.costs_size(), " costs (", answered,
-                                           " lookahead steps) for ", missed.size(), " ops, ",
-                                           predictable, " of them predictable"));
+        const int expected = resp.expected_answered();
+        if (answered < 0 || answered > lookahead || expected < 0 ||
+            static_cast<size_t>(expected) > extra.ops.size() ||
+            static_cast<size_t>(resp.costs_size()) !=
+                missed.size() + predictable * answered +
+                    ExpectedCosts(extra.ops, extra.steps, static_cast<size_t>(expected))) {
+          return grpc::Status(
+              grpc::StatusCode::INTERNAL,
+              absl::StrCat("answered ", resp.costs_size(), " costs (", answered,
+                           " lookahead steps, ", expected, " expected ops) for ", missed.size(),
+                           " ops, ", predictable, " of them predictable, and ", extra.ops.size(),
+                           " expected"));
         }
         return st;
       },
-      spread ? 0 : -1, &used));
+      spread ? 0 : -1, &used);
+  if (!called.ok()) {
+    // The expected ops were not answered: forget them (a later hint may
+    // name them again).
+    std::lock_guard<std::mutex> lock(mu_);
+    InsertExpectedLocked(extra, 0, resp, 0);
+    return called;
+  }
   for (size_t j = 0; j < missed.size(); ++j) {
     costs[missed[j]] = DecodeCost(resp.costs(static_cast<int>(j)));
   }
@@ -804,7 +972,7 @@ absl::Status RemoteDevice::Estimate(absl::Span<const Op> ops, absl::Span<Cost> c
   stats_.ops_memo_misses += static_cast<int64_t>(missed.size());
   TrimLocked();
   // The keys name lists by id; ids from before an emptying are void.
-  if (memo_epoch_ != epoch) KeysLocked(ops, &keys);
+  if (rekey || memo_epoch_ != epoch) KeysLocked(ops, &keys);
   const int answered = resp.lookahead_answered();
   uint64_t id = 0;
   std::shared_ptr<Window> window;
@@ -822,7 +990,64 @@ absl::Status RemoteDevice::Estimate(absl::Span<const Op> ops, absl::Span<Cost> c
   if (window != nullptr) {
     InsertStepsLocked(id, *window, 1, answered, resp, static_cast<int>(missed.size()));
   }
+  if (!extra.ops.empty()) {
+    InsertExpectedLocked(extra, resp.expected_answered(), resp,
+                         static_cast<int>(missed.size() + predictable * answered));
+  }
   return absl::OkStatus();
+}
+
+int RemoteDevice::ExpectSteps() const {
+  if (options_.lookahead_max <= 0) return 0;
+  int ok = -1;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ok = lookahead_ok_;
+  }
+  if (ok < 0) {
+    if (!DescribeOrError().ok()) return 0;  // no hints until an agent answers
+    std::lock_guard<std::mutex> lock(mu_);
+    ok = lookahead_ok_;
+  }
+  return ok == 1 ? std::min(kExpectSteps, options_.lookahead_max) : 0;
+}
+
+void RemoteDevice::Expect(absl::Span<const Op> ops, absl::Span<const int32_t> steps) const {
+  // Bounds on what waits: beyond them hints are dropped (the next call
+  // that misses asks anyway).
+  constexpr size_t kMaxPendingOps = 8192;
+  constexpr int64_t kMaxPendingSequences = int64_t{1} << 18;
+  if (ops.empty() || ExpectSteps() <= 0) return;
+  thread_local std::vector<MemoKey> keys;
+  std::lock_guard<std::mutex> lock(mu_);
+  expecting_ = true;
+  if (pending_.ops.empty()) pending_.epoch = memo_epoch_;
+  if (pending_.epoch != memo_epoch_) {  // emptied since: start the list again
+    pending_ = OwnedOps{};
+    pending_.epoch = memo_epoch_;
+  }
+  // Lists the ops share are interned once (KeysLocked) and copied once
+  // (CopyOwned), and only for the ops kept.
+  KeysLocked(ops, &keys);
+  thread_local std::vector<Op> fresh;
+  fresh.clear();
+  int64_t sequences = pending_.sequences;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const int32_t k =
+        steps.size() == ops.size() ? std::clamp<int32_t>(steps[i], 0, kMaxLookahead) : 0;
+    const int64_t weight = static_cast<int64_t>(ops[i].seqs.size()) * (1 + k);
+    if (pending_.ops.size() + fresh.size() >= kMaxPendingOps ||
+        sequences + weight > kMaxPendingSequences) {
+      break;
+    }
+    if (memo_.contains(keys[i]) || !pending_keys_.insert(keys[i]).second) continue;
+    fresh.push_back(ops[i]);
+    pending_.keys.push_back(keys[i]);
+    pending_.steps.push_back(k);
+    sequences += weight;
+  }
+  CopyOwned(fresh, &pending_.ops, &pending_.seqs, &pending_.stacks);
+  pending_.sequences = sequences;
 }
 
 absl::StatusOr<devices::AttentionResult> RemoteDevice::Execute(

@@ -39,6 +39,21 @@
 //    joins or leaves) makes a blocking round trip. This changes how many
 //    round trips a run makes and when, never a cost. lookahead_max 0 turns
 //    it off.
+//  - Expected ops (devices::Device::Expect): the simulation tells the
+//    device, ExpectSteps() iterations ahead, what it expects to ask (the
+//    planner's projection of the running batch: requests leave when their
+//    output is done, and a prefill's requests join the decode batch after
+//    it), each run of steps with the same requests as its first step's ops
+//    and a count of further steps. The ops not in the memo wait in a list;
+//    the next call that misses carries them (EstimateRequest.expected and
+//    expected_steps: the agent derives the further steps, as it does the
+//    lookahead's), or, when every op of a call hits, they go at once
+//    asynchronously. A call that misses while such a call is in flight
+//    waits for its answer first (the next iteration's ops are usually in
+//    it). Once told, the client stops its own lookahead: the projection
+//    knows who leaves when. Only devices whose description says
+//    lookahead_ok take hints (ExpectSteps() is 0 otherwise), so
+//    FULL-fidelity devices are never asked ahead.
 //  - Measured steps spread over the endpoints: a device whose description
 //    says measures_steps (FULL fidelity of topick, spatten, cta, lad: a
 //    kernel per (request, L) decode step, the expensive part of Estimate)
@@ -109,6 +124,11 @@ struct RemoteStats {
   // Measure calls, and the steps each endpoint measured.
   int64_t measure_rpcs = 0;
   std::vector<int64_t> measured_steps;  // per endpoint
+  // Expected ops (Expect) costed into the memo, memo hits on them, and
+  // calls that missed and waited for an expectation in flight.
+  int64_t expected_ops = 0;
+  int64_t expected_hits = 0;
+  int64_t expect_waits = 0;
 };
 
 class RemoteSession;
@@ -130,6 +150,11 @@ class RemoteDevice : public devices::Device {
                         absl::Span<devices::Cost> costs) const override;
   absl::StatusOr<devices::AttentionResult> Execute(
       const devices::AttentionCall& call) const override;
+  // kExpectSteps (at most the lookahead cap) for a device whose
+  // description says lookahead_ok; else 0. Asks an agent the first time.
+  int ExpectSteps() const override;
+  void Expect(absl::Span<const devices::Op> ops, absl::Span<const int32_t> steps) const override;
+  static constexpr int kExpectSteps = 32;
 
   // Describe, with its status (connectivity checks, tests).
   absl::StatusOr<devices::DeviceDescription> DescribeOrError() const;
@@ -212,7 +237,7 @@ class RemoteDevice : public devices::Device {
   };
   struct MemoEntry {
     devices::Cost cost;
-    int32_t step = 0;     // prediction step it was answered at; 0: asked for
+    int32_t step = 0;     // prediction step it was answered at; 0: asked for; -1: expected
     uint64_t window = 0;  // the prediction it belongs to; 0: none
   };
   // A prediction: the ops it started from (owning their lists) and how many
@@ -225,6 +250,24 @@ class RemoteDevice : public devices::Device {
     bool extending = false;
   };
   struct Prefetch;
+  // Ops owning their lists (Expect's, waiting to be sent).
+  struct OwnedOps {
+    std::vector<devices::Op> ops;
+    std::deque<std::vector<devices::AttentionSeq>> seqs;
+    std::deque<std::vector<int32_t>> stacks;
+    int64_t sequences = 0;       // over the ops
+    std::vector<int32_t> steps;  // per op: decode steps after it also expected
+    std::vector<MemoKey> keys;   // the ops' keys, at memo epoch `epoch`
+    uint64_t epoch = 0;
+  };
+  // Prepares an asynchronous call with the expected ops waiting (null if
+  // the endpoint is not bound and up). mu_ held.
+  std::shared_ptr<Prefetch> SendExpectedLocked() const;
+  // Memoises the first `answered` of `expected` with their steps, costs
+  // from resp.costs(at) (by blocks, as agent.proto says), and forgets them
+  // all as pending. mu_ held.
+  void InsertExpectedLocked(const OwnedOps& expected, int answered,
+                            const servesim::v1::EstimateResponse& resp, int at) const;
   // Prepares the asynchronous extension of window `id` (null if its
   // endpoint is not bound and up); StartPrefetch, without mu_, sends it.
   // mu_ held.
@@ -267,6 +310,13 @@ class RemoteDevice : public devices::Device {
   mutable absl::flat_hash_map<int64_t, int> owner_;  // request -> endpoint measuring it
   mutable int next_owner_ = 0;
   mutable absl::flat_hash_set<devices::StepKey> home_holds_;  // steps in the home's memo
+  // Expectations: the description's lookahead_ok (-1 unknown), whether
+  // Expect was called, the ops waiting and the keys of those waiting or in
+  // flight.
+  mutable int lookahead_ok_ = -1;
+  mutable bool expecting_ = false;
+  mutable OwnedOps pending_;
+  mutable absl::flat_hash_set<MemoKey> pending_keys_;
 };
 
 // One request's KV cache on an agent (the session API). Keeps the KV it

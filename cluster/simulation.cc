@@ -457,7 +457,56 @@ class Engine {
     scheduler::IterationPlanner planner;
     scheduler::IterationCost cost;
     const scheduler::Batch* batch = nullptr;  // this iteration's; null: none
+    // Hints to remote devices (Anticipate): the projected batches' hashes,
+    // the next one due, and whether the projection stopped at its horizon
+    // (not because everyone finished).
+    std::vector<uint64_t> projected;
+    size_t projected_next = 0;
+    bool projected_full = false;
+    std::vector<scheduler::Batch> projection;
   };
+
+  // A batch's identity for Anticipate: who runs, with how many new and past
+  // tokens.
+  static uint64_t BatchHash(const scheduler::Batch& b) {
+    uint64_t h = 0x9e3779b97f4a7c15ull ^ b.entries.size();
+    auto mix = [&h](uint64_t x) {
+      h ^= x + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+      h *= 0xff51afd7ed558ccdull;
+    };
+    for (const scheduler::BatchEntry& e : b.entries) {
+      mix(static_cast<uint64_t>(e.request_id));
+      mix(static_cast<uint64_t>(e.new_tokens) << 1 | (e.prefill ? 1 : 0));
+      mix(static_cast<uint64_t>(e.past_tokens));
+    }
+    return h;
+  }
+
+  // Remote devices answer far away: when a rank's batch is not the one
+  // projected (a request arrived, or the projection is about to run out),
+  // project the batches after it (requests leave as their output ends) and
+  // tell the devices the ops they will be asked (devices::Device::Expect).
+  // Changes no cost; in-process devices want no hints and skip all this.
+  static void Anticipate(Rank& r) {
+    const int steps = r.planner.ExpectSteps();
+    if (steps <= 0) return;
+    const bool hit = r.projected_next < r.projected.size() &&
+                     r.projected[r.projected_next] == BatchHash(*r.batch);
+    if (hit) ++r.projected_next;
+    // Measured on the AttAcc Azure hour: shorter projections (sized to how
+    // long the last ones held) cost more round trips than they save work.
+    const size_t margin = static_cast<size_t>(std::max(1, steps / 4));
+    const size_t told = hit ? r.projected.size() - r.projected_next : 0;
+    if (hit && (!r.projected_full || told >= margin)) return;
+    r.scheduler.Project(steps, &r.projection);
+    // After a hit, the steps the last projection covered were told.
+    r.planner.Expect(
+        absl::MakeConstSpan(r.projection).subspan(std::min(told, r.projection.size())));
+    r.projected.clear();
+    for (const scheduler::Batch& b : r.projection) r.projected.push_back(BatchHash(b));
+    r.projected_next = 0;
+    r.projected_full = static_cast<int>(r.projection.size()) == steps;
+  }
 
   bool Idle() const {
     for (const auto& r : ranks_) {
@@ -543,6 +592,7 @@ class Engine {
         r->cost = *idle;
       } else if (r->batch != nullptr) {
         if (lockstep) r->planner.SetGroupTokens(group_tokens);
+        if (!lockstep && !pipeline) Anticipate(*r);
         ASSIGN_OR_RETURN(r->cost, r->planner.Plan(*r->batch));
         tier_s = std::max(tier_s,
                           scheduler::KvTierWaitS(*r->batch, r->cost.time_s, pool_->model.num_layers,

@@ -36,6 +36,19 @@
 //    not the step's values; Absorb given all `parts` shares of a step sums
 //    them and derives the values exactly as a whole measurement would. So
 //    `parts` instances can each take one share of every step.
+//  - ExpectSteps() and Expect() are hints, for devices that answer from far
+//    away (agents/remote_device.h; 0 and a no-op elsewhere). ExpectSteps()
+//    is how many iterations ahead the simulation should say what it expects
+//    to ask; Expect(ops, steps) says it: ops that coming iterations will
+//    probably send to Estimate (the planner's projection of the running
+//    batch if no request arrives: scheduler::ReplicaScheduler::Project),
+//    and, where steps[i] > 0 and op i is an attention op whose sequences
+//    all decode (new_tokens 1), the same op at its next steps[i] decode
+//    steps (every past_tokens + 1, + 2, ...). `steps` is empty or one per
+//    op. A device may cost them ahead of time. Hints never change an answer, so a run gives
+//    the same results with or without them; a wrong hint costs only the
+//    work of answering it. Thread-safe like Estimate; the spans need not
+//    outlive the call.
 #ifndef SERVESIM_DEVICES_DEVICE_H_
 #define SERVESIM_DEVICES_DEVICE_H_
 
@@ -139,6 +152,8 @@ class Device {
   virtual absl::Status Absorb(absl::Span<const StepMeasurement> measured) const;
   virtual absl::StatusOr<std::vector<StepMeasurement>> MeasureLayers(
       absl::Span<const StepKey> steps, int part, int parts) const;
+  virtual int ExpectSteps() const { return 0; }
+  virtual void Expect(absl::Span<const Op> /*ops*/, absl::Span<const int32_t> /*steps*/) const {}
 };
 
 }  // namespace servesim::devices

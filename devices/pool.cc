@@ -23,20 +23,14 @@ DeviceDescription PooledDevice::Describe() const {
   return d;
 }
 
-absl::Status PooledDevice::Estimate(absl::Span<const Op> ops, absl::Span<Cost> costs) const {
-  if (ops.size() != costs.size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("device pool: ", ops.size(), " ops but ", costs.size(), " cost slots"));
-  }
-  // Every op's share on every unit, in one call to the unit's model.
-  std::vector<Op> parts;
-  std::vector<int> owner;
-  parts.reserve(ops.size() * units_);
+void PooledDevice::Split(absl::Span<const Op> ops, std::vector<Op>* parts,
+                         std::vector<int>* owner) const {
+  parts->reserve(ops.size() * units_);
   for (size_t i = 0; i < ops.size(); ++i) {
     const Op& op = ops[i];
     if (op.kind != OpKind::kAttention) {
-      parts.push_back(op);  // not split: the unit model decides what it accepts
-      owner.push_back(static_cast<int>(i));
+      parts->push_back(op);  // not split: the unit model decides what it accepts
+      owner->push_back(static_cast<int>(i));
       continue;
     }
     const int64_t hb = op.head_begin, he = op.head_end < 0 ? op.heads : op.head_end;
@@ -47,10 +41,33 @@ absl::Status PooledDevice::Estimate(absl::Span<const Op> ops, absl::Span<Cost> c
       Op part = op;
       part.head_begin = lo;
       part.head_end = hi;
-      parts.push_back(part);
-      owner.push_back(static_cast<int>(i));
+      parts->push_back(part);
+      owner->push_back(static_cast<int>(i));
     }
   }
+}
+
+void PooledDevice::Expect(absl::Span<const Op> ops, absl::Span<const int32_t> steps) const {
+  if (unit_->ExpectSteps() <= 0) return;
+  std::vector<Op> parts;
+  std::vector<int> owner;
+  Split(ops, &parts, &owner);
+  std::vector<int32_t> part_steps;
+  if (steps.size() == ops.size()) {
+    for (int o : owner) part_steps.push_back(steps[o]);
+  }
+  unit_->Expect(parts, part_steps);
+}
+
+absl::Status PooledDevice::Estimate(absl::Span<const Op> ops, absl::Span<Cost> costs) const {
+  if (ops.size() != costs.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("device pool: ", ops.size(), " ops but ", costs.size(), " cost slots"));
+  }
+  // Every op's share on every unit, in one call to the unit's model.
+  std::vector<Op> parts;
+  std::vector<int> owner;
+  Split(ops, &parts, &owner);
   std::vector<Cost> part_costs(parts.size());
   RETURN_IF_ERROR(unit_->Estimate(parts, absl::MakeSpan(part_costs)));
   for (Cost& c : costs) c = Cost{};

@@ -36,9 +36,16 @@ class PooledDevice : public Device {
                                                              int part, int parts) const override {
     return unit_->MeasureLayers(steps, part, parts);
   }
+  int ExpectSteps() const override { return unit_->ExpectSteps(); }
+  // The ops' shares, as Estimate would ask the unit model.
+  void Expect(absl::Span<const Op> ops, absl::Span<const int32_t> steps) const override;
   int units() const { return units_; }
 
  private:
+  // Every op's share on every unit (attention ops split by heads, the rest
+  // whole) into `parts`; owner[p] is the op parts[p] comes from.
+  void Split(absl::Span<const Op> ops, std::vector<Op>* parts, std::vector<int>* owner) const;
+
   std::unique_ptr<Device> unit_;
   int units_;
   double memory_bytes_per_unit_;

@@ -4,6 +4,7 @@
 #include <cassert>
 #include <cmath>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 
 namespace servesim::scheduler {
@@ -510,6 +511,53 @@ int64_t ReplicaScheduler::MeanContextTokens() const {
 absl::Span<const int32_t> ReplicaScheduler::Stacks(int32_t slot) const {
   if (placement_ == nullptr) return {};
   return placement_->StacksOf(slot);
+}
+
+void ReplicaScheduler::Project(int steps, std::vector<Batch>* out) const {
+  out->clear();
+  // Each decoding request after the current batch: its context and the
+  // tokens it has left.
+  struct Next {
+    int32_t slot;
+    int64_t context, left;
+  };
+  std::vector<Next> next;
+  next.reserve(running_.size());
+  absl::flat_hash_map<int32_t, const BatchEntry*> in_batch;
+  in_batch.reserve(batch_.entries.size());
+  for (const BatchEntry& e : batch_.entries) in_batch.emplace(e.slot, &e);
+  int64_t longest = 0;
+  for (int32_t slot : running_) {
+    const RequestState& r = table_[slot];
+    int64_t prefilled = r.prefilled, context = r.context_tokens, generated = r.generated;
+    if (auto it = in_batch.find(slot); it != in_batch.end()) {
+      const BatchEntry& e = *it->second;
+      if (e.prefill) {
+        prefilled += e.new_tokens;
+        context = prefilled;
+      } else {
+        context += 1;
+      }
+      if (e.emits_token) ++generated;
+    }
+    if (prefilled < r.prompt_tokens) continue;  // still prefilling
+    const int64_t left = r.spec.output_tokens - generated;
+    if (left <= 0) continue;  // finishes with the current batch
+    next.push_back({slot, context, left});
+    longest = std::max(longest, left);
+  }
+  const int n = static_cast<int>(std::min<int64_t>(steps, longest));
+  out->resize(static_cast<size_t>(std::max(n, 0)));
+  for (int s = 0; s < n; ++s) {
+    Batch& b = (*out)[s];
+    for (const Next& q : next) {
+      if (q.left <= s) continue;
+      b.entries.push_back(BatchEntry{q.slot, 1, q.context + s, false, true, Stacks(q.slot),
+                                     table_[q.slot].spec.id});
+      ++b.decode_tokens;
+      ++b.emitting;
+    }
+  }
 }
 
 void ReplicaScheduler::Complete(double now_s, RequestObserver* observer) {

@@ -206,6 +206,15 @@ class ReplicaScheduler {
   // The batch is valid until the next Schedule or Complete call.
   const Batch& Schedule(double now_s);
 
+  // The `steps` batches after the one Schedule returned, as they come if no
+  // request arrives, none is admitted and none is preempted: every running
+  // request whose prompt is done after that batch decodes once a step, in
+  // admission order, until its output is done. Stops early when nobody is
+  // left. For hints to devices (IterationPlanner::Expect); request_id is
+  // set, kv_stacks point into the placement (valid until the next
+  // Schedule or Complete).
+  void Project(int steps, std::vector<Batch>* out) const;
+
   // Caps running requests at `cap` (SLO-limited batching; <= 0: no cap).
   // Running requests above a lowered cap keep running; admission stops.
   void SetBatchCap(int64_t cap) { batch_cap_ = cap; }

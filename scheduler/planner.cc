@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <deque>
 
 #include "absl/base/casts.h"
 #include "common/status_macros.h"
@@ -677,45 +678,184 @@ void IterationPlanner::EmitSerialLayer(int32_t l, double at, const XpuLayer& x, 
   EmitPostAndFf(l, xp + x.proj.time_s, x, 0, ff_link_s, dev_ff_s);
 }
 
+IterationPlanner::DeviceShape IterationPlanner::ShapeWithDevice(const Batch& batch,
+                                                                DeviceScratch* s) const {
+  const int64_t H = model_.num_heads, KV = model_.num_kv_heads;
+  DeviceShape sh;
+  sh.t = batch.prefill_tokens + batch.decode_tokens;
+  // Decode sequences go to the device, prefill ones stay on the xPUs.
+  s->dec_seqs.clear();
+  s->pre_seqs.clear();
+  s->dec_stacks.clear();
+  for (const BatchEntry& e : batch.entries) {
+    if (e.prefill) {
+      s->pre_seqs.push_back({e.new_tokens, e.past_tokens, e.request_id});
+      sh.prefill_tokens += e.new_tokens;
+    } else {
+      s->dec_seqs.push_back({e.new_tokens, e.past_tokens, e.request_id});
+      s->dec_stacks.insert(s->dec_stacks.end(), e.kv_stacks.begin(), e.kv_stacks.end());
+    }
+  }
+  if (!s->dec_stacks.empty() && s->dec_stacks.size() != s->dec_seqs.size() * KV) {
+    s->dec_stacks.clear();
+  }
+  sh.b_dec = static_cast<int64_t>(s->dec_seqs.size());
+  sh.policy = config_.overlap;
+  if (sh.policy == OverlapPolicy::kBatchLevel && (!s->pre_seqs.empty() || sh.b_dec < 2)) {
+    sh.policy = OverlapPolicy::kSerial;  // two halves need a pure decode batch
+  }
+  const bool head_level =
+      sh.policy == OverlapPolicy::kHeadLevel || sh.policy == OverlapPolicy::kHeadLevelFf;
+  sh.groups = head_level ? static_cast<int>(std::clamp<int64_t>(config_.head_groups, 1, H)) : 1;
+  sh.f = sh.policy == OverlapPolicy::kHeadLevelFf ? FfDeviceFraction(sh.t) : 0.0;
+  sh.half = (sh.b_dec + 1) / 2;  // batch-level halves A and B
+  s->st_a.clear();
+  s->st_b.clear();
+  if (sh.policy == OverlapPolicy::kBatchLevel) {
+    s->seqs_a.assign(s->dec_seqs.begin(), s->dec_seqs.begin() + sh.half);
+    s->seqs_b.assign(s->dec_seqs.begin() + sh.half, s->dec_seqs.end());
+    if (!s->dec_stacks.empty()) {
+      s->st_a.assign(s->dec_stacks.begin(), s->dec_stacks.begin() + sh.half * KV);
+      s->st_b.assign(s->dec_stacks.begin() + sh.half * KV, s->dec_stacks.end());
+    }
+  }
+  return sh;
+}
+
+void IterationPlanner::XpuOpsWithDevice(const DeviceShape& sh, const Batch& batch,
+                                        const DeviceScratch& s, std::vector<Op>* out) const {
+  const size_t at = out->size();
+  if (sh.policy != OverlapPolicy::kBatchLevel) {
+    XpuLayerOps(sh.t, s.pre_seqs, 1.0 - sh.f, sh.groups, out);
+  } else {
+    XpuLayerOps(sh.half, {}, 1.0, 1, out);
+    XpuLayerOps(sh.b_dec - sh.half, {}, 1.0, 1, out);
+  }
+  TailOps(sh.t, batch.emitting, out);
+  SetCounts(sh.t, static_cast<int64_t>(batch.entries.size()), out, at);
+}
+
+void IterationPlanner::DeviceOpsOf(const DeviceShape& sh, const DeviceScratch& s,
+                                   std::vector<Op>* out, int* att_at, int* att_b_at,
+                                   int* ff_at) const {
+  const int64_t H = model_.num_heads, KV = model_.num_kv_heads, dh = model_.d_head;
+  // Attention of `seqs` as g head groups; returns where its ops start in
+  // `out` (-1: no sequences, zero cost, no call).
+  auto device_attention = [&](absl::Span<const devices::AttentionSeq> seqs,
+                              absl::Span<const int32_t> stacks, int g) -> int {
+    if (seqs.empty()) return -1;
+    const int at = static_cast<int>(out->size());
+    for (int j = 0; j < g; ++j) {
+      Op op;
+      op.kind = OpKind::kAttention;
+      op.stage = Stage::kAttention;
+      op.heads = H, op.kv_heads = KV, op.d_head = dh;
+      op.seqs = seqs;
+      op.kv_head_stack = stacks;
+      op.head_begin = H * j / g;
+      op.head_end = H * (j + 1) / g;
+      out->push_back(op);
+    }
+    return at;
+  };
+  *att_at = *att_b_at = *ff_at = -1;
+  if (sh.policy != OverlapPolicy::kBatchLevel) {
+    *att_at = device_attention(s.dec_seqs, s.dec_stacks, sh.groups);
+    if (sh.f > 0) {
+      *ff_at = static_cast<int>(out->size());
+      Op ops[2];
+      ops[0].kind = ops[1].kind = OpKind::kGemm;
+      ops[0].stage = Stage::kFf1;
+      ops[0].m = sh.t;
+      ops[0].n = static_cast<int64_t>(
+          std::llround(static_cast<double>(model_.FfInputMatrices() * model_.d_ff) * sh.f));
+      ops[0].k = model_.d_model;
+      ops[1].stage = Stage::kFf2;
+      ops[1].m = sh.t;
+      ops[1].n = model_.d_model;
+      ops[1].k = static_cast<int64_t>(std::llround(static_cast<double>(model_.d_ff) * sh.f));
+      out->push_back(ops[0]);
+      out->push_back(ops[1]);
+    }
+  } else {
+    *att_at = device_attention(s.seqs_a, s.st_a, 1);
+    *att_b_at = device_attention(s.seqs_b, s.st_b, 1);
+  }
+}
+
+int IterationPlanner::ExpectSteps() {
+  if (expect_steps_ < 0) {
+    expect_steps_ = 0;
+    // Projections cover the attention-device path (the other one reuses
+    // its ops by token counts, which the memo of a remote xPU catches).
+    if (config_.attention != nullptr) {
+      expect_steps_ = std::max(config_.attention->ExpectSteps(),
+                               device_ != nullptr ? device_->ExpectSteps() : 0);
+    }
+  }
+  return expect_steps_;
+}
+
+void IterationPlanner::Expect(absl::Span<const Batch> batches) {
+  if (batches.empty() || ExpectSteps() <= 0) return;
+  const bool to_dev = config_.attention->ExpectSteps() > 0;
+  const bool to_xpu = device_ != nullptr && device_->ExpectSteps() > 0;
+  // A run of batches of the same requests, decoding, differs step to step
+  // only in every context being one longer: its first batch's ops stand for
+  // it, the attention ops with the run's further steps, the others (the
+  // same token counts throughout) alone.
+  auto same_requests = [](const Batch& a, const Batch& b) {
+    return a.entries.size() == b.entries.size() &&
+           std::equal(a.entries.begin(), a.entries.end(), b.entries.begin(),
+                      [](const BatchEntry& x, const BatchEntry& y) {
+                        return x.request_id == y.request_id && !x.prefill && !y.prefill &&
+                               y.past_tokens == x.past_tokens + 1;
+                      });
+  };
+  std::deque<DeviceScratch> lists;  // each run's lists, until the devices copied them
+  std::vector<Op> dev, xpu;
+  std::vector<int32_t> dev_steps;
+  int att_at = -1, att_b_at = -1, ff_at = -1;
+  for (size_t r = 0; r < batches.size();) {
+    size_t e = r + 1;
+    while (e < batches.size() && same_requests(batches[e - 1], batches[e])) ++e;
+    const Batch& b = batches[r];
+    const int32_t further = static_cast<int32_t>(e - r - 1);
+    r = e;
+    if (b.empty()) continue;
+    DeviceScratch& s = lists.emplace_back();
+    const DeviceShape sh = ShapeWithDevice(b, &s);
+    if (to_xpu) XpuOpsWithDevice(sh, b, s, &xpu);
+    if (!to_dev) continue;
+    const size_t from = dev.size();
+    DeviceOpsOf(sh, s, &dev, &att_at, &att_b_at, &ff_at);
+    for (size_t i = from; i < dev.size(); ++i) {
+      dev_steps.push_back(dev[i].kind == OpKind::kAttention ? further : 0);
+    }
+  }
+  if (!dev.empty()) config_.attention->Expect(dev, dev_steps);
+  if (!xpu.empty()) device_->Expect(xpu, {});
+}
+
 absl::StatusOr<IterationCost> IterationPlanner::PlanWithDevice(const Batch& batch) {
   using devices::Cost;
   const devices::Device* dev = config_.attention;
-  const int64_t t = batch.prefill_tokens + batch.decode_tokens;
   const double elem = model_.act_bytes_per_element;
   const double kv_elem = model_.kv_bytes_per_element;
   const int64_t H = model_.num_heads, KV = model_.num_kv_heads, dh = model_.d_head;
   const int64_t d = model_.d_model;
 
-  // Decode sequences go to the device, prefill ones stay on the xPUs.
-  std::vector<devices::AttentionSeq>& dec_seqs = dec_seqs_;
-  std::vector<devices::AttentionSeq>& pre_seqs = pre_seqs_;
-  std::vector<int32_t>& dec_stacks = dec_stacks_;
-  dec_seqs.clear();
-  pre_seqs.clear();
-  dec_stacks.clear();
-  int64_t prefill_tokens = 0;
-  for (const BatchEntry& e : batch.entries) {
-    if (e.prefill) {
-      pre_seqs.push_back({e.new_tokens, e.past_tokens, e.request_id});
-      prefill_tokens += e.new_tokens;
-    } else {
-      dec_seqs.push_back({e.new_tokens, e.past_tokens, e.request_id});
-      dec_stacks.insert(dec_stacks.end(), e.kv_stacks.begin(), e.kv_stacks.end());
-    }
-  }
-  if (!dec_stacks.empty() && dec_stacks.size() != dec_seqs.size() * KV) dec_stacks.clear();
-  const int64_t b_dec = static_cast<int64_t>(dec_seqs.size());
-
-  OverlapPolicy policy = config_.overlap;
-  if (policy == OverlapPolicy::kBatchLevel && (!pre_seqs.empty() || b_dec < 2)) {
-    policy = OverlapPolicy::kSerial;  // two halves need a pure decode batch
-  }
+  DeviceScratch& s = scratch_;
+  const DeviceShape sh = ShapeWithDevice(batch, &s);
+  const int64_t t = sh.t;
+  const std::vector<devices::AttentionSeq>& pre_seqs = s.pre_seqs;
+  const int64_t prefill_tokens = sh.prefill_tokens;
+  const int64_t b_dec = sh.b_dec;
+  const OverlapPolicy policy = sh.policy;
   const bool head_level =
       policy == OverlapPolicy::kHeadLevel || policy == OverlapPolicy::kHeadLevelFf;
-  const int groups = head_level ? static_cast<int>(std::clamp<int64_t>(
-                                      config_.head_groups, 1, H))
-                                : 1;
-  const double f = policy == OverlapPolicy::kHeadLevelFf ? FfDeviceFraction(t) : 0.0;
+  const int groups = sh.groups;
+  const double f = sh.f;
 
   IterationCost out;
   out.ff_device_fraction = f;
@@ -730,23 +870,9 @@ absl::StatusOr<IterationCost> IterationPlanner::PlanWithDevice(const Batch& batc
   // pieces, both halves under batch-level pipelining, and the tail), then
   // every device op (the head groups' attention and the FF share). Costs
   // are per op, so batching them changes no result.
-  const int64_t half = (b_dec + 1) / 2;  // batch-level halves A and B
-  std::vector<devices::AttentionSeq>& seqs_a = seqs_a_;
-  std::vector<devices::AttentionSeq>& seqs_b = seqs_b_;
-  std::vector<int32_t>& st_a = st_a_;
-  std::vector<int32_t>& st_b = st_b_;
+  const int64_t half = sh.half;
   std::vector<Op>& xpu_ops = xpu_ops_;
   std::vector<Op>& dev_ops = dev_ops_;
-  st_a.clear();
-  st_b.clear();
-  if (policy == OverlapPolicy::kBatchLevel) {
-    seqs_a.assign(dec_seqs.begin(), dec_seqs.begin() + half);
-    seqs_b.assign(dec_seqs.begin() + half, dec_seqs.end());
-    if (!dec_stacks.empty()) {
-      st_a.assign(dec_stacks.begin(), dec_stacks.begin() + half * KV);
-      st_b.assign(dec_stacks.begin() + half * KV, dec_stacks.end());
-    }
-  }
   // The xPU ops depend on the policy, the token counts, the FF split, the
   // head groups and the prefill sequences only: a decode batch of the same
   // size as the last iteration's asks the same question, and the xPU device
@@ -766,14 +892,7 @@ absl::StatusOr<IterationCost> IterationPlanner::PlanWithDevice(const Batch& batc
   if (!xpu_same) {
     xpu_valid_ = false;
     xpu_ops.clear();
-    if (policy != OverlapPolicy::kBatchLevel) {
-      XpuLayerOps(t, pre_seqs, 1.0 - f, groups, &xpu_ops);
-    } else {
-      XpuLayerOps(half, {}, 1.0, 1, &xpu_ops);
-      XpuLayerOps(b_dec - half, {}, 1.0, 1, &xpu_ops);
-    }
-    TailOps(t, batch.emitting, &xpu_ops);
-    SetCounts(t, static_cast<int64_t>(batch.entries.size()), &xpu_ops, 0);
+    XpuOpsWithDevice(sh, batch, s, &xpu_ops);
     xpu_costs.assign(xpu_ops.size(), Cost{});
     RETURN_IF_ERROR(device_->Estimate(xpu_ops, absl::MakeSpan(xpu_costs)));
     xpu_key_ = xpu_key;
@@ -782,66 +901,32 @@ absl::StatusOr<IterationCost> IterationPlanner::PlanWithDevice(const Batch& batc
   }
   const size_t tail_at = xpu_ops.size() - kTailOps;
 
-  // Attention of `seqs` as g head groups; returns where its ops start in
-  // dev_ops (-1: no sequences, zero cost, no call).
-  auto device_attention = [&](absl::Span<const devices::AttentionSeq> seqs,
-                              absl::Span<const int32_t> stacks, int g) -> int {
-    if (seqs.empty()) return -1;
-    const int at = static_cast<int>(dev_ops.size());
-    for (int j = 0; j < g; ++j) {
-      Op op;
-      op.kind = OpKind::kAttention;
-      op.stage = Stage::kAttention;
-      op.heads = H, op.kv_heads = KV, op.d_head = dh;
-      op.seqs = seqs;
-      op.kv_head_stack = stacks;
-      op.head_begin = H * j / g;
-      op.head_end = H * (j + 1) / g;
-      dev_ops.push_back(op);
-    }
-    return at;
-  };
   // The device ops depend on the policy, head groups, token count, FF
   // split and the sequence and stack lists (by address and length: the
   // lists themselves are this planner's scratch, refilled each iteration):
   // the same shape as the last iteration keeps its ops, which are large to
   // build and copy.
   auto addr = [](const void* p) { return static_cast<int64_t>(reinterpret_cast<intptr_t>(p)); };
-  const std::array<int64_t, 16> dev_key = {
-      static_cast<int64_t>(policy),   groups,
-      t,                              absl::bit_cast<int64_t>(f),
-      addr(dec_seqs.data()),          static_cast<int64_t>(dec_seqs.size()),
-      addr(dec_stacks.data()),        static_cast<int64_t>(dec_stacks.size()),
-      addr(seqs_a.data()),            static_cast<int64_t>(seqs_a.size()),
-      addr(seqs_b.data()),            static_cast<int64_t>(seqs_b.size()),
-      addr(st_a.data()),              static_cast<int64_t>(st_a.size()),
-      addr(st_b.data()),              static_cast<int64_t>(st_b.size())};
+  const std::array<int64_t, 16> dev_key = {static_cast<int64_t>(policy),
+                                           groups,
+                                           t,
+                                           absl::bit_cast<int64_t>(f),
+                                           addr(s.dec_seqs.data()),
+                                           static_cast<int64_t>(s.dec_seqs.size()),
+                                           addr(s.dec_stacks.data()),
+                                           static_cast<int64_t>(s.dec_stacks.size()),
+                                           addr(s.seqs_a.data()),
+                                           static_cast<int64_t>(s.seqs_a.size()),
+                                           addr(s.seqs_b.data()),
+                                           static_cast<int64_t>(s.seqs_b.size()),
+                                           addr(s.st_a.data()),
+                                           static_cast<int64_t>(s.st_a.size()),
+                                           addr(s.st_b.data()),
+                                           static_cast<int64_t>(s.st_b.size())};
   if (!dev_ops_valid_ || dev_key != dev_key_) {
     dev_ops_valid_ = false;
     dev_ops.clear();
-    att_at_ = att_b_at_ = ff_at_ = -1;
-    if (policy != OverlapPolicy::kBatchLevel) {
-      att_at_ = device_attention(dec_seqs, dec_stacks, groups);
-      if (f > 0) {
-        ff_at_ = static_cast<int>(dev_ops.size());
-        Op ops[2];
-        ops[0].kind = ops[1].kind = OpKind::kGemm;
-        ops[0].stage = Stage::kFf1;
-        ops[0].m = t;
-        ops[0].n = static_cast<int64_t>(std::llround(
-            static_cast<double>(model_.FfInputMatrices() * model_.d_ff) * f));
-        ops[0].k = d;
-        ops[1].stage = Stage::kFf2;
-        ops[1].m = t;
-        ops[1].n = d;
-        ops[1].k = static_cast<int64_t>(std::llround(static_cast<double>(model_.d_ff) * f));
-        dev_ops.push_back(ops[0]);
-        dev_ops.push_back(ops[1]);
-      }
-    } else {
-      att_at_ = device_attention(seqs_a, st_a, 1);
-      att_b_at_ = device_attention(seqs_b, st_b, 1);
-    }
+    DeviceOpsOf(sh, s, &dev_ops, &att_at_, &att_b_at_, &ff_at_);
     dev_key_ = dev_key;
     dev_ops_valid_ = true;
   }

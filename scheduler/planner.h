@@ -161,6 +161,14 @@ class IterationPlanner {
   // [f(ff_max_batch), f(ff_min_batch)], the partitions placed.
   double FfDeviceFraction(int64_t tokens) const;
 
+  // Hints for devices that answer from far away (devices::Device::
+  // ExpectSteps): how many iterations ahead they want to hear of (0: none,
+  // as for every in-process device), and Expect(batches), which tells them
+  // the ops Plan would ask for each batch (attention-device path only).
+  // Neither changes any cost.
+  int ExpectSteps();
+  void Expect(absl::Span<const Batch> batches);
+
   const std::vector<devices::Op>& last_ops() const { return ops_; }
   const PlannerConfig& config() const { return config_; }
 
@@ -199,6 +207,28 @@ class IterationPlanner {
   static void SetCounts(int64_t tokens, int64_t sequences, std::vector<devices::Op>* ops,
                         size_t from);
   absl::StatusOr<IterationCost> PlanWithDevice(const Batch& batch);
+  // How PlanWithDevice runs a batch, and the lists its ops point into.
+  struct DeviceShape {
+    OverlapPolicy policy = OverlapPolicy::kSerial;
+    int groups = 1;
+    double f = 0;  // FF share on the device
+    int64_t t = 0, b_dec = 0, half = 0, prefill_tokens = 0;
+  };
+  struct DeviceScratch {
+    std::vector<devices::AttentionSeq> dec_seqs, pre_seqs, seqs_a, seqs_b;
+    std::vector<int32_t> dec_stacks, st_a, st_b;
+  };
+  // Splits `batch` into s's lists (decode sequences to the device, prefill
+  // ones to the xPUs; the halves under batch-level pipelining).
+  DeviceShape ShapeWithDevice(const Batch& batch, DeviceScratch* s) const;
+  // Appends the xPU ops (the layer pieces, both halves under batch-level
+  // pipelining, and the tail).
+  void XpuOpsWithDevice(const DeviceShape& sh, const Batch& batch, const DeviceScratch& s,
+                        std::vector<devices::Op>* out) const;
+  // Appends the device ops (each head group's or half's attention, the FF
+  // share); *att_at, *att_b_at, *ff_at: where they start (-1: none).
+  void DeviceOpsOf(const DeviceShape& sh, const DeviceScratch& s, std::vector<devices::Op>* out,
+                   int* att_at, int* att_b_at, int* ff_at) const;
   // xPU cost of the layer pieces for `tokens` tokens with the given FF
   // share kept on the xPUs and `xpu_seqs` attended on the xPUs.
   struct XpuLayer {
@@ -250,8 +280,8 @@ class IterationPlanner {
   int moe_at_ = -1;
   int64_t moe_group_tokens_ = 0;
   // PlanWithDevice's scratch, reused: no allocation per iteration.
-  std::vector<devices::AttentionSeq> dec_seqs_, pre_seqs_, seqs_a_, seqs_b_;
-  std::vector<int32_t> dec_stacks_, st_a_, st_b_;
+  DeviceScratch scratch_;
+  int expect_steps_ = -1;  // ExpectSteps(), once asked
   std::vector<devices::Op> xpu_ops_, dev_ops_;
   std::vector<devices::Cost> xpu_costs_, dev_costs_, att_, att_b_;
   std::vector<double> back_done_;

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <future>
@@ -211,6 +212,187 @@ TEST(AgentServiceTest, LookaheadOnlyWhereAnsweringAheadChangesNothing) {
     ASSERT_TRUE(local.ok());
     EXPECT_EQ((*local)->Describe().lookahead_ok, !full);
   }
+}
+
+// Expected ops (Device::Expect) ride along with the next call that misses,
+// or go at once when every op of a call hits; the steps they cover then
+// make no round trip, and every cost is the in-process one, bit for bit.
+// Hints stop the client's own lookahead. (Waits for each asynchronous call,
+// so the counts do not depend on timing.)
+TEST(AgentServiceTest, ExpectedOpsAreAnsweredAheadAndRideAlong) {
+  for (const v1::DeviceSpec& spec : {GpuSpec(), AttAccSpec()}) {
+    auto agent = StartLocal(spec);
+    ASSERT_NE(agent, nullptr);
+    auto remote = RemoteDevice::Create(spec, {agent->address()}, FastClient(), "test device");
+    ASSERT_TRUE(remote.ok()) << remote.status();
+    auto local = devices::CreateDevice(spec);
+    ASSERT_TRUE(local.ok());
+    EXPECT_EQ((*remote)->ExpectSteps(), RemoteDevice::kExpectSteps);
+    // Step j of a batch whose third sequence leaves after step 2.
+    SampleOps s(/*gemm_and_elementwise=*/spec.has_gpu());
+    std::deque<std::vector<AttentionSeq>> lists;
+    auto step_ops = [&](int j) {
+      std::vector<AttentionSeq>& seqs = lists.emplace_back(s.seqs);
+      if (j > 2) seqs.pop_back();
+      for (AttentionSeq& q : seqs) q.past_tokens += j;
+      std::vector<Op> ops = s.ops;
+      for (Op& op : ops) {
+        if (op.kind == OpKind::kAttention) op.seqs = seqs;
+      }
+      return ops;
+    };
+    auto check = [&](const std::vector<Op>& ops) {
+      std::vector<Cost> want(ops.size()), got(ops.size());
+      ASSERT_TRUE((*local)->Estimate(ops, absl::MakeSpan(want)).ok());
+      ASSERT_TRUE((*remote)->Estimate(ops, absl::MakeSpan(got)).ok());
+      (*remote)->WaitForPrefetches();
+      for (size_t i = 0; i < want.size(); ++i) ExpectSameBits(want[i], got[i]);
+    };
+    // Steps 1..4 expected before step 0 is asked: they ride along with it.
+    std::vector<Op> ahead;
+    for (int j = 1; j <= 4; ++j) {
+      const std::vector<Op> ops = step_ops(j);
+      ahead.insert(ahead.end(), ops.begin(), ops.end());
+    }
+    (*remote)->Expect(ahead, {});
+    check(step_ops(0));
+    RemoteStats st = (*remote)->Stats();
+    EXPECT_EQ(st.estimate_rpcs, 1);
+    // The other ops repeat step 0's and were asked with it.
+    EXPECT_EQ(st.expected_ops, 2 * 4);
+    for (int j = 1; j <= 4; ++j) check(step_ops(j));
+    st = (*remote)->Stats();
+    EXPECT_EQ(st.estimate_rpcs, 1);
+    EXPECT_EQ(st.predicted_ops, 0);  // no lookahead of its own
+    EXPECT_EQ(st.ops_memo_misses, static_cast<int64_t>(s.ops.size()));
+    // Steps 5 and 6 expected while every op hits: sent at once, async.
+    std::vector<Op> more = step_ops(5);
+    const std::vector<Op> six = step_ops(6);
+    more.insert(more.end(), six.begin(), six.end());
+    (*remote)->Expect(more, {});
+    check(step_ops(4));
+    check(step_ops(5));
+    check(step_ops(6));
+    st = (*remote)->Stats();
+    EXPECT_EQ(st.estimate_rpcs, 2);
+    EXPECT_EQ(st.prefetch_rpcs, 1);
+    EXPECT_EQ(st.expected_ops, 2 * 6);
+    EXPECT_EQ(st.prefetch_failures, 0);
+    // A hint already answered is not sent again.
+    (*remote)->Expect(more, {});
+    check(step_ops(6));
+    EXPECT_EQ((*remote)->Stats().estimate_rpcs, 2);
+    // A step past the hints asks the agent.
+    check(step_ops(7));
+    EXPECT_EQ((*remote)->Stats().estimate_rpcs, 3);
+    // Step 8 told with its next 5 steps: one op each, the steps derived.
+    const std::vector<Op> eight = step_ops(8);
+    std::vector<int32_t> steps;
+    for (const Op& op : eight) steps.push_back(op.kind == OpKind::kAttention ? 5 : 0);
+    (*remote)->Expect(eight, steps);
+    check(step_ops(7));  // every op hits: the hint goes now
+    for (int j = 8; j <= 13; ++j) check(step_ops(j));
+    st = (*remote)->Stats();
+    EXPECT_EQ(st.estimate_rpcs, 4);
+    EXPECT_EQ(st.prefetch_rpcs, 2);
+    EXPECT_EQ(st.expected_ops, 2 * 6 + 2 * 6);
+    EXPECT_EQ(st.prefetch_failures, 0);
+  }
+}
+
+// The agent answers expected ops after the asked ones and stops at the first
+// it cannot cost, without failing the call; devices that must not be asked
+// ahead answer none, and their clients take no hints.
+TEST(AgentServiceTest, ExpectedOpsStopAtTheFirstRefusedAndOnlyWhereAskingAheadIsSafe) {
+  auto agent = StartLocal(AttAccSpec());
+  ASSERT_NE(agent, nullptr);
+  auto stub = v1::DeviceAgent::NewStub(
+      grpc::CreateChannel(agent->address(), grpc::InsecureChannelCredentials()));
+  SampleOps s(/*gemm_and_elementwise=*/false);
+  Op reduce;  // AttAcc does not accept all-reduces
+  reduce.kind = OpKind::kAllReduce;
+  reduce.stage = devices::Stage::kAllReduce;
+  reduce.bytes = 1e6, reduce.participants = 8;
+  std::vector<Op> ops = {s.ops[0], s.ops[1], reduce, s.ops[2]};
+  auto ask = [&](int expected, v1::EstimateResponse* resp) {
+    v1::EstimateRequest req;
+    EncodeOps(ops, &req);
+    req.set_expected(expected);
+    grpc::ClientContext ctx;
+    return stub->Estimate(&ctx, req, resp);
+  };
+  v1::EstimateResponse resp;
+  auto local_device = [] { return devices::CreateDevice(AttAccSpec()); };
+  // ops[1..3] expected: ops[1] answered, the all-reduce ends the answer.
+  ASSERT_TRUE(ask(3, &resp).ok());
+  EXPECT_EQ(resp.expected_answered(), 1);
+  EXPECT_EQ(resp.costs_size(), 2);
+  // Expected with steps: ops[1] and its next 3 steps, by blocks.
+  {
+    v1::EstimateRequest req;
+    EncodeOps(absl::MakeConstSpan(ops).first(2), &req);
+    req.set_expected(1);
+    req.add_expected_steps(3);
+    v1::EstimateResponse r;
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(stub->Estimate(&ctx, req, &r).ok());
+    EXPECT_EQ(r.expected_answered(), 1);
+    ASSERT_EQ(r.costs_size(), 1 + 1 + 3);
+    std::vector<AttentionSeq> later = s.seqs;
+    for (int j = 0; j <= 3; ++j) {
+      Op op = s.ops[1];
+      op.seqs = later;
+      Cost c;
+      ASSERT_TRUE((*local_device())->Estimate({&op, 1}, absl::MakeSpan(&c, 1)).ok());
+      ExpectSameBits(c, DecodeCost(r.costs(1 + j)));
+      for (AttentionSeq& q : later) q.past_tokens += 1;
+    }
+    req.set_expected_steps(0, 257);
+    grpc::ClientContext ctx2;
+    grpc::Status st = stub->Estimate(&ctx2, req, &r);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_TRUE(absl::StrContains(st.error_message(), "expected_steps[0] = 257"))
+        << st.error_message();
+  }
+  auto local = devices::CreateDevice(AttAccSpec());
+  ASSERT_TRUE(local.ok());
+  std::vector<Cost> want(2);
+  ASSERT_TRUE((*local)->Estimate(absl::MakeConstSpan(ops).first(2), absl::MakeSpan(want)).ok());
+  for (int i = 0; i < 2; ++i) ExpectSameBits(want[i], DecodeCost(resp.costs(i)));
+  // Asked, the all-reduce fails the call as before.
+  EXPECT_EQ(ask(1, &resp).error_code(), grpc::StatusCode::UNIMPLEMENTED);
+  for (int bad : {-1, 5}) {
+    grpc::Status st = ask(bad, &resp);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << bad;
+    EXPECT_TRUE(absl::StrContains(st.error_message(), "expected = ")) << st.error_message();
+  }
+  // FULL-fidelity ToPick: none answered, and its client wants no hints.
+  v1::DeviceSpec full;
+  *full.mutable_topick()->mutable_topick() = *devices::TopickPreset("topick");
+  full.mutable_topick()->set_fidelity(v1::PRUNE_FIDELITY_FULL);
+  auto* m = full.mutable_topick()->mutable_model();
+  m->set_layers(1), m->set_heads(2), m->set_d_head(64);
+  auto topick = StartLocal(full);
+  ASSERT_NE(topick, nullptr);
+  std::vector<AttentionSeq> seqs{{1, 100, 7}};
+  Op op;
+  op.kind = OpKind::kAttention;
+  op.stage = devices::Stage::kAttention;
+  op.heads = 2, op.kv_heads = 2, op.d_head = 64;
+  op.seqs = seqs;
+  const Op two[2] = {op, op};
+  v1::EstimateRequest req;
+  EncodeOps(two, &req);
+  req.set_expected(1);
+  grpc::ClientContext ctx;
+  auto topick_stub = v1::DeviceAgent::NewStub(
+      grpc::CreateChannel(topick->address(), grpc::InsecureChannelCredentials()));
+  ASSERT_TRUE(topick_stub->Estimate(&ctx, req, &resp).ok());
+  EXPECT_EQ(resp.expected_answered(), 0);
+  EXPECT_EQ(resp.costs_size(), 1);
+  auto remote = RemoteDevice::Create(full, {topick->address()}, FastClient(), "test device");
+  ASSERT_TRUE(remote.ok());
+  EXPECT_EQ((*remote)->ExpectSteps(), 0);
 }
 
 grpc::Status RawEstimate(const std::string& address, const v1::EstimateRequest& req,

@@ -4,8 +4,11 @@
 #include <algorithm>
 #include <map>
 #include <memory>
+#include <set>
+#include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "devices/model.h"
 #include "devices/presets.h"
 #include "devices/registry.h"
@@ -400,6 +403,106 @@ TEST_F(HeteroPlannerTest, PrefillAttentionStaysOnTheXpus) {
   ASSERT_TRUE(alone.ok());
   EXPECT_DOUBLE_EQ(cost->total.link_bytes - alone->total.link_bytes,
                    96.0 * 512 * 2 * 96 * 128 * 2);
+}
+
+// A device that answers with another and records what it is asked and
+// told (Expect), each op by its full content.
+class HintedDevice : public devices::Device {
+ public:
+  explicit HintedDevice(const devices::Device* inner) : inner_(inner) {}
+  static std::string Key(const Op& op) {
+    std::string k = absl::StrCat(static_cast<int>(op.kind), ",", static_cast<int>(op.stage), ",",
+                                 op.m, ",", op.n, ",", op.k, ",", op.heads, ",", op.kv_heads, ",",
+                                 op.head_begin, ",", op.head_end, ",", op.elements, ",",
+                                 op.bytes_per_element, ",", op.flops_per_element, ",", op.bytes,
+                                 ",", op.participants, ",", op.tokens, ",", op.sequences, "|");
+    for (const auto& q : op.seqs)
+      absl::StrAppend(&k, q.new_tokens, ":", q.past_tokens, ":", q.request_id, ";");
+    k += "|";
+    for (int32_t st : op.kv_head_stack) absl::StrAppend(&k, st, ";");
+    return k;
+  }
+  devices::DeviceDescription Describe() const override { return inner_->Describe(); }
+  absl::Status Estimate(absl::Span<const Op> ops, absl::Span<Cost> costs) const override {
+    for (const Op& op : ops) asked.push_back(Key(op));
+    return inner_->Estimate(ops, costs);
+  }
+  absl::StatusOr<devices::AttentionResult> Execute(
+      const devices::AttentionCall& call) const override {
+    return inner_->Execute(call);
+  }
+  int ExpectSteps() const override { return 8; }
+  // Each op told, and the steps after it told with it.
+  void Expect(absl::Span<const Op> ops, absl::Span<const int32_t> steps) const override {
+    for (size_t i = 0; i < ops.size(); ++i) {
+      told.insert(Key(ops[i]));
+      const int32_t n = steps.empty() ? 0 : steps[i];
+      for (int32_t j = 1; j <= n; ++j) {
+        std::vector<devices::AttentionSeq> seqs(ops[i].seqs.begin(), ops[i].seqs.end());
+        for (auto& q : seqs) q.past_tokens += j;
+        Op later = ops[i];
+        later.seqs = seqs;
+        told.insert(Key(later));
+      }
+      if (n > 0) ++with_steps;
+    }
+  }
+  mutable int with_steps = 0;
+  mutable std::vector<std::string> asked;
+  mutable std::set<std::string> told;
+
+ private:
+  const devices::Device* inner_;
+};
+
+// Expect tells the devices exactly the ops Plan later asks for the same
+// batches, under every overlap policy; hints change no cost.
+TEST_F(HeteroPlannerTest, ExpectTellsTheOpsPlanAsks) {
+  const int64_t kv = Gpt3().num_kv_heads;
+  std::vector<std::vector<int32_t>> stacks(3);
+  for (int r = 0; r < 3; ++r) {
+    for (int64_t h = 0; h < kv; ++h) stacks[r].push_back(static_cast<int32_t>((r * 7 + h) % 40));
+  }
+  // Steps 0..5 of three decoding requests; the second leaves after step 2.
+  auto step = [&](int j) {
+    Batch b;
+    for (int r = 0; r < 3; ++r) {
+      if (r == 1 && j > 2) continue;
+      b.entries.push_back(BatchEntry{r, 1, 100 * (r + 1) + j, false, true, stacks[r], 10 + r});
+    }
+    b.decode_tokens = b.emitting = static_cast<int64_t>(b.entries.size());
+    return b;
+  };
+  for (OverlapPolicy policy : {OverlapPolicy::kSerial, OverlapPolicy::kHeadLevel,
+                               OverlapPolicy::kHeadLevelFf, OverlapPolicy::kBatchLevel}) {
+    const char* name = OverlapPolicyName(policy);
+    HintedDevice xpu(gpu_.get()), att(&fake_);
+    IterationPlanner hinted(Gpt3(), Config(&xpu, &att, policy));
+    IterationPlanner plain(Gpt3(), Config(gpu_.get(), &fake_, policy));
+    EXPECT_EQ(hinted.ExpectSteps(), 8);
+    EXPECT_EQ(plain.ExpectSteps(), 0);  // in-process devices take no hints
+    ASSERT_TRUE(hinted.Plan(step(0)).ok());
+    std::vector<Batch> ahead;
+    for (int j = 1; j <= 5; ++j) ahead.push_back(step(j));
+    hinted.Expect(ahead);
+    ASSERT_FALSE(att.told.empty()) << name;
+    ASSERT_FALSE(xpu.told.empty()) << name;
+    // Steps 1-2 and 3-5 are runs of the same requests: their attention ops
+    // are told once, with their further steps.
+    EXPECT_GT(att.with_steps, 0) << name;
+    xpu.asked.clear();
+    att.asked.clear();
+    for (int j = 1; j <= 5; ++j) {
+      auto got = hinted.Plan(step(j));
+      auto want = plain.Plan(step(j));
+      ASSERT_TRUE(got.ok() && want.ok()) << name;
+      EXPECT_EQ(got->time_s, want->time_s) << name << " step " << j;
+      EXPECT_EQ(got->total.compute_energy_pj, want->total.compute_energy_pj) << name;
+    }
+    ASSERT_FALSE(att.asked.empty()) << name;
+    for (const std::string& k : att.asked) EXPECT_TRUE(att.told.count(k)) << name << ": " << k;
+    for (const std::string& k : xpu.asked) EXPECT_TRUE(xpu.told.count(k)) << name << ": " << k;
+  }
 }
 
 }  // namespace

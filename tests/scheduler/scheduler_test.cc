@@ -1,6 +1,7 @@
 // Scheduler layer under a fake clock: KV capacity, admission, preemption,
 // chunked prefill budgets, rejection, routing, and the iteration planner
 // against AttAcc's published decode latency.
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -478,6 +479,72 @@ TEST_F(PlannerTest, TimeGrowsWithEachSequencesLength) {
   // 16 x 3500 more cached tokens x 4.72 MB / 8 xPUs / (3.35 TB/s x 0.85).
   const double expected = 16.0 * 3500 * 2 * 96 * 12 * 128 * 2 / (3.35e12 * 0.85);
   EXPECT_NEAR(long_ctx - short_ctx, expected, 1e-9);
+}
+
+// ------------------------------------------------------------ Project --
+
+// Once nothing waits and every prompt is done, the projection is the batches
+// that come, entry for entry: requests leave as their output ends.
+TEST(ProjectTest, ProjectionIsTheComingBatchesWhenNothingArrives) {
+  for (BatchingPolicy policy :
+       {BatchingPolicy::kPrefillFirst, BatchingPolicy::kChunkedPrefill, BatchingPolicy::kVllmV1}) {
+    BatchingConfig c = SmallConfig();
+    c.policy = policy;
+    c.kv_capacity_blocks = 1000;
+    c.max_tokens_per_iteration = 64;  // prompts take several chunks (not prefill-first)
+    ReplicaScheduler s(c);
+    const int64_t outs[] = {5, 2, 9, 1, 7};
+    for (int64_t i = 0; i < 5; ++i) s.Add(Req(i, 20 + 10 * i, outs[i]), 0, nullptr);
+    std::vector<std::vector<Batch>> projections;  // made at each iteration
+    std::vector<bool> settled;                    // nothing waits and no prompt is left after it
+    std::vector<std::vector<std::array<int64_t, 3>>> actual;
+    for (int it = 0; !s.Idle(); ++it) {
+      ASSERT_LT(it, 100);
+      const Batch& b = s.Schedule(it);
+      std::vector<std::array<int64_t, 3>> entries;
+      int64_t prefilling = 0;
+      for (const BatchEntry& e : b.entries) {
+        entries.push_back({e.request_id, e.new_tokens, e.past_tokens});
+        const RequestState& r = s.state(e.slot);
+        if (e.prefill && r.prefilled + e.new_tokens < r.prompt_tokens) ++prefilling;
+      }
+      actual.push_back(entries);
+      projections.emplace_back();
+      s.Project(32, &projections.back());
+      // Requests not in this batch but still prefilling count too.
+      for (int32_t slot = 0; slot < 5; ++slot) {
+        const RequestState& r = s.state(slot);
+        bool in = false;
+        for (const BatchEntry& e : b.entries) in = in || e.slot == slot;
+        if (!in && r.running && r.prefilled < r.prompt_tokens) ++prefilling;
+      }
+      settled.push_back(s.num_waiting() == 0 && prefilling == 0);
+      s.Complete(it, nullptr);
+    }
+    int checked = 0;
+    for (size_t i = 0; i < projections.size(); ++i) {
+      if (!settled[i]) continue;
+      const std::vector<Batch>& p = projections[i];
+      // The projection runs to the end of the run, step for step.
+      ASSERT_EQ(p.size(), actual.size() - i - 1)
+          << "policy " << static_cast<int>(policy) << " iteration " << i;
+      for (size_t k = 0; k < p.size(); ++k) {
+        std::vector<std::array<int64_t, 3>> got;
+        for (const BatchEntry& e : p[k].entries) {
+          got.push_back({e.request_id, e.new_tokens, e.past_tokens});
+          EXPECT_FALSE(e.prefill);
+          EXPECT_TRUE(e.emits_token);
+        }
+        EXPECT_EQ(got, actual[i + 1 + k]) << "iteration " << i << " step " << k;
+        EXPECT_EQ(p[k].decode_tokens, static_cast<int64_t>(got.size()));
+        EXPECT_EQ(p[k].emitting, static_cast<int64_t>(got.size()));
+      }
+      ++checked;
+    }
+    // Every policy settles within a few iterations of the nine.
+    EXPECT_GE(checked, 5) << "policy " << static_cast<int>(policy);
+    EXPECT_TRUE(projections.back().empty());  // the last batch ends the run
+  }
 }
 
 }  // namespace
