@@ -545,18 +545,22 @@ void RemoteDevice::KeysLocked(absl::Span<const Op> ops, std::vector<MemoKey>* ke
       k.seq_list = id_of(op.seqs.data(), op.seqs.size(), [&] { SeqListBytes(op.seqs, &bytes); });
       continue;
     }
-    k.kind = static_cast<uint8_t>(op.kind);
-    k.stage = static_cast<uint8_t>(op.stage);
+    ShapeKey sk;
+    sk.kind = static_cast<uint8_t>(op.kind);
+    sk.stage = static_cast<uint8_t>(op.stage);
     // clang-format off
-    k.ints = {op.m,         op.n,          op.k,        op.heads,    op.kv_heads,
-              op.d_head,    op.head_begin, op.head_end, op.elements, op.tokens,
-              op.sequences, op.kv_latent,  op.d_rope,   op.d_value,  op.experts_total,
-              op.top_k,     op.expert_matrices, op.window};
+    sk.ints = {op.m,         op.n,          op.k,        op.heads,    op.kv_heads,
+               op.d_head,    op.head_begin, op.head_end, op.elements, op.tokens,
+               op.sequences, op.kv_latent,  op.d_rope,   op.d_value,  op.experts_total,
+               op.top_k,     op.expert_matrices, op.window};
     // clang-format on
-    k.bits = {absl::bit_cast<uint64_t>(op.bytes_per_element),
-              absl::bit_cast<uint64_t>(op.flops_per_element), absl::bit_cast<uint64_t>(op.bytes),
-              absl::bit_cast<uint64_t>(op.routed), absl::bit_cast<uint64_t>(op.experts_touched)};
-    k.participants = op.participants;
+    sk.bits = {absl::bit_cast<uint64_t>(op.bytes_per_element),
+               absl::bit_cast<uint64_t>(op.flops_per_element), absl::bit_cast<uint64_t>(op.bytes),
+               absl::bit_cast<uint64_t>(op.routed), absl::bit_cast<uint64_t>(op.experts_touched)};
+    sk.participants = op.participants;
+    auto [shape, added] = shapes_.try_emplace(sk, static_cast<uint32_t>(shapes_.size() + 1));
+    if (added) memo_bytes_ += sizeof(ShapeKey) + 16;
+    k.shape = shape->second;
     // A list's length is part of its content, so lists of different lengths
     // at one address are told apart by the content, not the address.
     k.seq_list = id_of(op.seqs.data(), op.seqs.size(), [&] { SeqListBytes(op.seqs, &bytes); });
@@ -574,6 +578,7 @@ void RemoteDevice::TrimLocked() const {
   // does not grow and fault their pages in again.
   memo_.erase(memo_.begin(), memo_.end());
   lists_.erase(lists_.begin(), lists_.end());
+  shapes_.erase(shapes_.begin(), shapes_.end());
   windows_.clear();  // prefetches in flight keep theirs; their answers are dropped
   pending_keys_.clear();  // their ids are void; a duplicate hint costs only its answer
   memo_bytes_ = 0;

@@ -22,11 +22,12 @@
 //  - Estimate answers are memoised per op, keyed by the op's exact inputs
 //    (every field, the sequences and the stack placement, doubles by their
 //    bits): the cycle model is pure, so a hit is the answer the agent would
-//    give. Only the ops that miss go to the agent, in one call. Sequence and
-//    stack lists are interned (stored once, by content) and an op's key
-//    names them by id, so a call hashes each list once, not once per op.
-//    The memo and the lists are cleared together when they pass memo_bytes.
-//    Hits and misses are counted.
+//    give. Only the ops that miss go to the agent, in one call. An op's
+//    shape (every field but its lists) and its sequence and stack lists are
+//    interned (stored once, by content) and its key names the three by id,
+//    so a call hashes each list once, not once per op, and keys are small.
+//    The memo, the shapes and the lists are cleared together when they pass
+//    memo_bytes. Hits and misses are counted.
 //  - Lookahead: a call that misses also asks the agent for the next 8
 //    decode steps of its decode-attention ops (EstimateRequest.lookahead:
 //    each sequence's past_tokens + j), which go into the memo as a
@@ -211,9 +212,8 @@ class RemoteDevice : public devices::Device {
   std::string label_;
   std::string kind_;
   std::vector<std::unique_ptr<Endpoint>> endpoints_;
-  // An op's inputs with its sequence and stack lists by interned id (0:
-  // none).
-  struct MemoKey {
+  // An op's inputs but its lists (interned too: a run has few shapes).
+  struct ShapeKey {
     // m, n, k, heads, kv_heads, d_head, head range, elements, tokens,
     // sequences, MLA's kv_latent, d_rope, d_value, MoE's experts_total,
     // top_k, expert_matrices, the sliding window
@@ -222,17 +222,26 @@ class RemoteDevice : public devices::Device {
     // experts_touched
     std::array<uint64_t, 5> bits{};
     int32_t participants = 0;
-    uint32_t seq_list = 0, stack_list = 0;
     uint8_t kind = 0, stage = 0;
-    bool operator==(const MemoKey& o) const {
-      return ints == o.ints && bits == o.bits && participants == o.participants &&
-             seq_list == o.seq_list && stack_list == o.stack_list && kind == o.kind &&
+    bool operator==(const ShapeKey& o) const {
+      return ints == o.ints && bits == o.bits && participants == o.participants && kind == o.kind &&
              stage == o.stage;
     }
     template <typename H>
+    friend H AbslHashValue(H h, const ShapeKey& k) {
+      return H::combine(std::move(h), k.ints, k.bits, k.participants, k.kind, k.stage);
+    }
+  };
+  // An op's inputs: its shape and its sequence and stack lists, each by
+  // interned id (lists: 0 for none). Small, so the memo stays compact.
+  struct MemoKey {
+    uint32_t shape = 0, seq_list = 0, stack_list = 0;
+    bool operator==(const MemoKey& o) const {
+      return shape == o.shape && seq_list == o.seq_list && stack_list == o.stack_list;
+    }
+    template <typename H>
     friend H AbslHashValue(H h, const MemoKey& k) {
-      return H::combine(std::move(h), k.ints, k.bits, k.participants, k.seq_list,
-                        k.stack_list, k.kind, k.stage);
+      return H::combine(std::move(h), k.shape, k.seq_list, k.stack_list);
     }
   };
   struct MemoEntry {
@@ -294,6 +303,7 @@ class RemoteDevice : public devices::Device {
   mutable size_t next_ = 0;
   mutable absl::flat_hash_map<MemoKey, MemoEntry> memo_;
   mutable absl::flat_hash_map<std::string, uint32_t> lists_;  // content -> id
+  mutable absl::flat_hash_map<ShapeKey, uint32_t> shapes_;    // shape -> id
   mutable size_t memo_bytes_ = 0;       // lists' content plus entries
   mutable uint64_t memo_epoch_ = 0;     // bumped when the memo is emptied
   mutable absl::flat_hash_map<uint64_t, std::shared_ptr<Window>> windows_;
