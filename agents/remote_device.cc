@@ -693,6 +693,16 @@ void RemoteDevice::InsertStepsLocked(uint64_t id, const Window& window, int from
   }
 }
 
+void RemoteDevice::LaunchLocked(Endpoint* ep, Prefetch* p) const {
+  p->req.set_device_key(ep->device_key);
+  PrepareContext(&p->ctx, options_.deadline_s);
+  ++inflight_;
+  ++stats_.estimate_rpcs;
+  ++stats_.prefetch_rpcs;
+  p->stub = ep->stub.get();
+  prefetches_.insert(p);
+}
+
 std::shared_ptr<RemoteDevice::Prefetch> RemoteDevice::ExtendLocked(
     uint64_t id, const std::shared_ptr<Window>& window) const {
   Endpoint* ep = endpoints_[last_endpoint_].get();
@@ -707,14 +717,8 @@ std::shared_ptr<RemoteDevice::Prefetch> RemoteDevice::ExtendLocked(
   if (p->ops.empty() || p->steps <= 0) return nullptr;
   EncodeOps(p->ops, &p->req);
   p->req.set_lookahead(p->steps);
-  p->req.set_device_key(ep->device_key);
-  PrepareContext(&p->ctx, options_.deadline_s);
   window->extending = true;
-  ++inflight_;
-  ++stats_.estimate_rpcs;
-  ++stats_.prefetch_rpcs;
-  p->stub = ep->stub.get();
-  prefetches_.insert(p.get());
+  LaunchLocked(ep, p.get());
   return p;
 }
 
@@ -737,13 +741,7 @@ std::shared_ptr<RemoteDevice::Prefetch> RemoteDevice::SendExpectedLocked() const
                   [](int32_t k) { return k > 0; })) {
     p->req.mutable_expected_steps()->Add(p->expected.steps.begin(), p->expected.steps.end());
   }
-  p->req.set_device_key(ep->device_key);
-  PrepareContext(&p->ctx, options_.deadline_s);
-  ++inflight_;
-  ++stats_.estimate_rpcs;
-  ++stats_.prefetch_rpcs;
-  p->stub = ep->stub.get();
-  prefetches_.insert(p.get());
+  LaunchLocked(ep, p.get());
   return p;
 }
 

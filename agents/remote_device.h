@@ -269,6 +269,9 @@ class RemoteDevice : public devices::Device {
     std::vector<MemoKey> keys;   // the ops' keys, at memo epoch `epoch`
     uint64_t epoch = 0;
   };
+  // Addresses `p` to `ep` and counts it in flight (StartPrefetch sends
+  // it). mu_ held.
+  void LaunchLocked(Endpoint* ep, Prefetch* p) const;
   // Prepares an asynchronous call with the expected ops waiting (null if
   // the endpoint is not bound and up). mu_ held.
   std::shared_ptr<Prefetch> SendExpectedLocked() const;

@@ -179,24 +179,36 @@ TEST(AgentServiceTest, LookaheadAnswersUnchangedBatchesAhead) {
   }
 }
 
+// A one-layer, two-head ToPick of the given fidelity, and one decode
+// attention op over its heads.
+v1::DeviceSpec SmallTopick(v1::PruneFidelity fidelity) {
+  v1::DeviceSpec spec;
+  *spec.mutable_topick()->mutable_topick() = *devices::TopickPreset("topick");
+  spec.mutable_topick()->set_fidelity(fidelity);
+  auto* m = spec.mutable_topick()->mutable_model();
+  m->set_layers(1), m->set_heads(2), m->set_d_head(64);
+  return spec;
+}
+
+Op SmallTopickOp(absl::Span<const AttentionSeq> seqs) {
+  Op op;
+  op.kind = OpKind::kAttention;
+  op.stage = devices::Stage::kAttention;
+  op.heads = 2, op.kv_heads = 2, op.d_head = 64;
+  op.seqs = seqs;
+  return op;
+}
+
 // A FULL-fidelity device reports the mean of what it was asked, so asking
 // it ahead would change its outputs: it says so (lookahead_ok false) and the
 // agent answers no lookahead steps; ANALYTIC answers them.
 TEST(AgentServiceTest, LookaheadOnlyWhereAnsweringAheadChangesNothing) {
   for (auto fidelity : {v1::PRUNE_FIDELITY_FULL, v1::PRUNE_FIDELITY_ANALYTIC}) {
-    v1::DeviceSpec spec;
-    *spec.mutable_topick()->mutable_topick() = *devices::TopickPreset("topick");
-    spec.mutable_topick()->set_fidelity(fidelity);
-    auto* m = spec.mutable_topick()->mutable_model();
-    m->set_layers(1), m->set_heads(2), m->set_d_head(64);
+    const v1::DeviceSpec spec = SmallTopick(fidelity);
     auto agent = StartLocal(spec);
     ASSERT_NE(agent, nullptr);
     std::vector<AttentionSeq> seqs{{1, 100, 7}};
-    Op op;
-    op.kind = OpKind::kAttention;
-    op.stage = devices::Stage::kAttention;
-    op.heads = 2, op.kv_heads = 2, op.d_head = 64;
-    op.seqs = seqs;
+    const Op op = SmallTopickOp(seqs);
     v1::EstimateRequest req;
     EncodeOps({&op, 1}, &req);
     req.set_lookahead(4);
@@ -367,19 +379,11 @@ TEST(AgentServiceTest, ExpectedOpsStopAtTheFirstRefusedAndOnlyWhereAskingAheadIs
     EXPECT_TRUE(absl::StrContains(st.error_message(), "expected = ")) << st.error_message();
   }
   // FULL-fidelity ToPick: none answered, and its client wants no hints.
-  v1::DeviceSpec full;
-  *full.mutable_topick()->mutable_topick() = *devices::TopickPreset("topick");
-  full.mutable_topick()->set_fidelity(v1::PRUNE_FIDELITY_FULL);
-  auto* m = full.mutable_topick()->mutable_model();
-  m->set_layers(1), m->set_heads(2), m->set_d_head(64);
+  const v1::DeviceSpec full = SmallTopick(v1::PRUNE_FIDELITY_FULL);
   auto topick = StartLocal(full);
   ASSERT_NE(topick, nullptr);
   std::vector<AttentionSeq> seqs{{1, 100, 7}};
-  Op op;
-  op.kind = OpKind::kAttention;
-  op.stage = devices::Stage::kAttention;
-  op.heads = 2, op.kv_heads = 2, op.d_head = 64;
-  op.seqs = seqs;
+  const Op op = SmallTopickOp(seqs);
   const Op two[2] = {op, op};
   v1::EstimateRequest req;
   EncodeOps(two, &req);
