@@ -680,6 +680,15 @@ absl::StatusOr<ResolvedScenario> Resolve(const LoadedScenario& sc) {
   ck.NonNegative("cluster.xpu.dram_energy_pj_per_byte", x.dram_energy_pj_per_byte());
   ck.NonNegative("cluster.xpu.flop_energy_pj", x.flop_energy_pj());
   ck.NonNegative("cluster.xpu.int8_op_energy_pj", x.int8_op_energy_pj());
+  if (x.has_on_die()) {
+    const auto& e = x.on_die();
+    ck.NonNegative("cluster.xpu.on_die.l2_pj_per_byte", e.l2_pj_per_byte());
+    ck.NonNegative("cluster.xpu.on_die.l1_pj_per_byte", e.l1_pj_per_byte());
+    ck.NonNegative("cluster.xpu.on_die.register_pj_per_access", e.register_pj_per_access());
+    ck.Range<int64_t>("cluster.xpu.on_die.cores", e.cores(), 1, 100000);
+    ck.Range<double>("cluster.xpu.on_die.l1_bytes_per_core", e.l1_bytes_per_core(), 1024,
+                     1073741824.0);
+  }
   ck.Range<double>("cluster.xpu.idle_power_w", x.idle_power_w(), 0,
                    x.tdp_w() > 0 ? x.tdp_w() : 100000.0);
   if (x.tdp_w() > 0) {

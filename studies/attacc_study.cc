@@ -44,6 +44,22 @@ constexpr System kSystems[] = {
     {"dgx_attacc", "hl_pipe_ff", true, false, "OVERLAP_POLICY_HEAD_LEVEL_FF"},
 };
 
+// Where the study follows the authors' simulator (scale-snu/
+// attacc_simulator; docs/energy.md, "The AttAcc study"): the GPUs' on-die
+// traffic and SM occupancy (src/devices.py; src/config.py ENERGY_TABLE['GPU']
+// and the A100's geometry: L2 0.3 and L1 0.16 pJ/bit, 0.0675 pJ per
+// register access, 108 SMs with 192 KiB of L1 each), no launch overhead on
+// GEMMs and attention (their norm and activation fits keep fixed terms), and
+// 0.32 pJ per MAC at int8 as at fp16.
+constexpr const char* kAuthorsGpu =
+    " int8_op_energy_pj: 0.16"
+    " roofline { op_class: \"gemm\" compute_utilization: 0.8 memory_utilization: 0.85 "
+    "kernel_overhead_s: 0 }"
+    " roofline { op_class: \"attention\" compute_utilization: 0.8 memory_utilization: 0.85 "
+    "kernel_overhead_s: 0 }"
+    " on_die { l2_pj_per_byte: 2.4 l1_pj_per_byte: 1.28 register_pj_per_access: 0.0675"
+    " cores: 108 l1_bytes_per_core: 196608 occupancy_time: true }";
+
 // MT-NLG 530B does not fit DGX_Base in fp16; the paper runs it in int8
 // (§7.1).
 bool Int8(const std::string& model) { return model == "mt-nlg-530b"; }
@@ -64,13 +80,13 @@ int64_t StackRowsForPaperCapacity(const std::string& model) {
 std::string ScenarioText(const std::string& model, const System& sys, int64_t max_batch,
                          const std::string& workload, const std::string& extra,
                          int64_t ff_batch = 0) {
-  std::string t = absl::StrCat(
-      "name: \"attacc study: ", model, " / ", sys.name, " / ", sys.policy, "\"\n",
-      "model { preset: \"", model, "\" dtype: ", Int8(model) ? "DTYPE_INT8" : "DTYPE_FP16",
-      " max_context_tokens: 8192 }\n",
-      "cluster {\n  tensor_parallel: 8\n  memory_utilization: 1.0\n",
-      "  xpu { preset: \"a100-hbm3\"", sys.large ? " memory_bytes: 171798691840" : "",
-      " }\n");
+  std::string t = absl::StrCat("name: \"attacc study: ", model, " / ", sys.name, " / ", sys.policy,
+                               "\"\n", "model { preset: \"", model,
+                               "\" dtype: ", Int8(model) ? "DTYPE_INT8" : "DTYPE_FP16",
+                               " max_context_tokens: 8192 }\n",
+                               "cluster {\n  tensor_parallel: 8\n  memory_utilization: 1.0\n",
+                               "  xpu { preset: \"a100-hbm3\"",
+                               sys.large ? " memory_bytes: 171798691840" : "", kAuthorsGpu, " }\n");
   if (sys.attacc) {
     absl::StrAppend(&t, "  attacc { preset: \"attacc_bank\" stacks: 40 rows_per_bank: ",
                     StackRowsForPaperCapacity(model), " }\n  overlap: ", sys.overlap, "\n");
@@ -87,6 +103,25 @@ absl::StatusOr<ResolvedScenario> ResolveText(const std::string& text) {
   RETURN_IF_ERROR(Normalize(&sc));
   return Resolve(sc);
 }
+
+// A point's devices and planner.
+struct StudyPlanner {
+  std::unique_ptr<devices::Device> xpu, attention;
+  std::unique_ptr<scheduler::IterationPlanner> planner;
+
+  static absl::StatusOr<std::unique_ptr<StudyPlanner>> Of(const ResolvedScenario& sc) {
+    auto sp = std::make_unique<StudyPlanner>();
+    ASSIGN_OR_RETURN(sp->xpu, devices::CreateDevice(sc.xpu_device));
+    if (sc.has_attention_device) {
+      ASSIGN_OR_RETURN(sp->attention, devices::CreateDevice(sc.attention_device));
+    }
+    scheduler::PlannerConfig pc = sc.planner;
+    pc.xpu = sp->xpu.get();
+    pc.attention = sp->attention.get();
+    sp->planner = std::make_unique<scheduler::IterationPlanner>(sc.model, pc);
+    return sp;
+  }
+};
 
 // Requests of `tokens` tokens each that memory holds.
 int64_t CapacityBatch(const ResolvedScenario& sc, int64_t tokens) {
@@ -156,15 +191,36 @@ absl::StatusOr<std::vector<StudyPoint>> RunAttAccStudy(const StudyOptions& optio
                                                   std::string(sys.policy) == "hl_pipe_ff"
                                                       ? cap
                                                       : 0)));
-        ASSIGN_OR_RETURN(auto xpu, devices::CreateDevice(sc.xpu_device));
-        std::unique_ptr<devices::Device> att;
-        if (sc.has_attention_device) {
-          ASSIGN_OR_RETURN(att, devices::CreateDevice(sc.attention_device));
+        ASSIGN_OR_RETURN(std::unique_ptr<StudyPlanner> sp, StudyPlanner::Of(sc));
+        const bool ff = std::string(sys.policy) == "hl_pipe_ff";
+        // With co-processing a smaller batch places larger FF partitions
+        // (f(b), §6.2), as the authors' simulator splits the FF for each
+        // batch: the planner of batch b, or null where b requests no longer
+        // fit beside its partitions.
+        std::map<int64_t, std::unique_ptr<StudyPlanner>> ff_planners;
+        auto planner_for = [&](int64_t b) -> absl::StatusOr<StudyPlanner*> {
+          if (!ff || b == cap) return sp.get();
+          auto it = ff_planners.find(b);
+          if (it == ff_planners.end()) {
+            ASSIGN_OR_RETURN(ResolvedScenario sb,
+                             ResolveText(ScenarioText(model, sys, b, saturated, "", b)));
+            std::unique_ptr<StudyPlanner> pb;
+            if (CapacityBatch(sb, lin + lout) >= b) {
+              ASSIGN_OR_RETURN(pb, StudyPlanner::Of(sb));
+            }
+            it = ff_planners.emplace(b, std::move(pb)).first;
+          }
+          return it->second.get();
+        };
+        // The authors count FF co-processing's energy as if the GPUs ran the
+        // whole FF (their _ff_parallel shortens the FF layers' time after
+        // their energy is taken): the same batch planned without it.
+        std::unique_ptr<StudyPlanner> no_ff;
+        if (ff) {
+          ASSIGN_OR_RETURN(ResolvedScenario hl,
+                           ResolveText(ScenarioText(model, kSystems[3], cap, saturated, "")));
+          ASSIGN_OR_RETURN(no_ff, StudyPlanner::Of(hl));
         }
-        scheduler::PlannerConfig pc = sc.planner;
-        pc.xpu = xpu.get();
-        pc.attention = att.get();
-        scheduler::IterationPlanner planner(sc.model, pc);
         const int64_t l_avg = lin + lout / 2;
         for (double slo_ms : options.slos_ms) {
           StudyPoint p;
@@ -179,20 +235,39 @@ absl::StatusOr<std::vector<StudyPoint>> RunAttAccStudy(const StudyOptions& optio
           p.max_batch = cap;
           p.batch_bound = "capacity";
           if (slo_ms > 0) {
-            ASSIGN_OR_RETURN(int64_t b, scheduler::MaxBatchWithinSlo(planner, slo_ms * 1e-3,
-                                                                     l_avg - 1, cap));
+            // The largest batch whose step meets the SLO, scanning down from
+            // the capacity batch: SM occupancy makes the step time jump
+            // up and down with the batch, so a bisection could stop short.
+            int64_t b = cap;
+            for (; b >= 1; --b) {
+              ASSIGN_OR_RETURN(StudyPlanner * pb, planner_for(b));
+              if (pb == nullptr) continue;
+              ASSIGN_OR_RETURN(scheduler::IterationCost c,
+                               pb->planner->Plan(scheduler::UniformBatch(b, 1, l_avg - 1)));
+              if (c.time_s <= slo_ms * 1e-3) break;
+            }
             if (b < cap) {
               p.max_batch = b;
               p.batch_bound = "slo";
             }
           }
           if (p.max_batch >= 1) {
+            ASSIGN_OR_RETURN(StudyPlanner * pb, planner_for(p.max_batch));
+            scheduler::IterationPlanner& planner = *pb->planner;
             ASSIGN_OR_RETURN(scheduler::IterationCost d,
                              planner.Plan(scheduler::UniformBatch(p.max_batch, 1, l_avg - 1)));
             p.tbt_ms = d.time_s * 1e3;
             p.throughput_tokens_per_s = static_cast<double>(p.max_batch) / d.time_s;
-            p.energy_j_per_token =
+            p.energy_j_per_token_ff_rereads =
                 d.total.energy_pj() * 1e-12 / static_cast<double>(p.max_batch);
+            p.energy_j_per_token = p.energy_j_per_token_ff_rereads;
+            if (ff) {
+              ASSIGN_OR_RETURN(
+                  scheduler::IterationCost gpu_ff,
+                  no_ff->planner->Plan(scheduler::UniformBatch(p.max_batch, 1, l_avg - 1)));
+              p.energy_j_per_token =
+                  gpu_ff.total.energy_pj() * 1e-12 / static_cast<double>(p.max_batch);
+            }
             ASSIGN_OR_RETURN(scheduler::IterationCost pre,
                              planner.Plan(scheduler::UniformBatch(p.max_batch, lin, 0)));
             p.prefill_s = pre.time_s;
@@ -215,13 +290,14 @@ std::string StudyCsv(const std::vector<StudyPoint>& points) {
   std::string csv =
       "model,system,policy,lin,lout,slo_ms,max_batch,batch_bound,throughput_tokens_per_s,"
       "tbt_ms,energy_j_per_token,capacity_batch,prefill_s,e2e_throughput_tokens_per_s,"
-      "capacity_batch_authors\n";
+      "capacity_batch_authors,energy_j_per_token_ff_rereads\n";
   for (const StudyPoint& p : points) {
-    absl::StrAppendFormat(
-        &csv, "%s,%s,%s,%d,%d,%s,%d,%s,%.6g,%.6g,%.6g,%d,%.6g,%.6g,%d\n", p.model, p.system,
-        p.policy, p.lin, p.lout, p.slo_ms > 0 ? absl::StrFormat("%g", p.slo_ms) : "", p.max_batch,
-        p.batch_bound, p.throughput_tokens_per_s, p.tbt_ms, p.energy_j_per_token, p.capacity_batch,
-        p.prefill_s, p.e2e_throughput_tokens_per_s, p.capacity_batch_authors);
+    absl::StrAppendFormat(&csv, "%s,%s,%s,%d,%d,%s,%d,%s,%.6g,%.6g,%.6g,%d,%.6g,%.6g,%d,%.6g\n",
+                          p.model, p.system, p.policy, p.lin, p.lout,
+                          p.slo_ms > 0 ? absl::StrFormat("%g", p.slo_ms) : "", p.max_batch,
+                          p.batch_bound, p.throughput_tokens_per_s, p.tbt_ms, p.energy_j_per_token,
+                          p.capacity_batch, p.prefill_s, p.e2e_throughput_tokens_per_s,
+                          p.capacity_batch_authors, p.energy_j_per_token_ff_rereads);
   }
   return csv;
 }

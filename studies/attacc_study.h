@@ -17,7 +17,10 @@
 // throughput = batch / iteration time (generation stages only, as the
 // paper's figures); end-to-end throughput adds the batch's prefill.
 // Memory is used in full (memory_utilization 1), as the paper's capacity
-// arithmetic does.
+// arithmetic does. The GPUs follow the authors' simulator: on-die traffic
+// energy and SM occupancy (XpuSpec.on_die), no launch overhead on GEMMs and
+// attention, int8 MACs at the fp16 energy; FF co-processing's energy is
+// counted as theirs is (docs/energy.md, "The AttAcc study").
 //
 // Trace mode: each system serves the first 10 minutes of the Azure
 // conversation trace through the full simulator (one child process per run:
@@ -44,7 +47,13 @@ struct StudyPoint {
   std::string batch_bound;  // capacity | slo
   double throughput_tokens_per_s = 0;
   double tbt_ms = 0;
+  // Dynamic energy per generated token, as the authors' simulator counts
+  // it: with FF co-processing, as if the GPUs ran the whole FF.
   double energy_j_per_token = 0;
+  // servesim's count: with FF co-processing the stacks read their slice of
+  // every FF matrix once per request in the batch (GEMV units take one
+  // input vector per pass); otherwise energy_j_per_token.
+  double energy_j_per_token_ff_rereads = 0;
   double e2e_throughput_tokens_per_s = 0;
   double prefill_s = 0;
 };

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "devices/gpu/on_die.h"
 #include "devices/model.h"
 #include "devices/reference_attention.h"
 #include "devices/registry.h"
@@ -83,6 +84,26 @@ absl::StatusOr<std::unique_ptr<Device>> GpuDevice::Create(
     if (!(v >= 0) || !std::isfinite(v)) {
       return absl::InvalidArgumentError(
           absl::StrCat("gpu device: ", name, " = ", v, "; expected >= 0"));
+    }
+  }
+  if (x.has_on_die()) {
+    const auto& e = x.on_die();
+    for (auto [v, name] : {std::pair{e.l2_pj_per_byte(), "xpu.on_die.l2_pj_per_byte"},
+                           {e.l1_pj_per_byte(), "xpu.on_die.l1_pj_per_byte"},
+                           {e.register_pj_per_access(), "xpu.on_die.register_pj_per_access"}}) {
+      if (!(v >= 0) || !std::isfinite(v)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("gpu device: ", name, " = ", v, "; expected >= 0"));
+      }
+    }
+    if (e.cores() < 1 || e.cores() > 100000) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("gpu device: xpu.on_die.cores = ", e.cores(), "; expected 1..100000"));
+    }
+    if (!(e.l1_bytes_per_core() >= 1024 && e.l1_bytes_per_core() <= 1073741824.0)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("gpu device: xpu.on_die.l1_bytes_per_core = ", e.l1_bytes_per_core(),
+                       "; expected 1024..1073741824 (1 KiB..1 GiB)"));
     }
   }
   {
@@ -191,6 +212,15 @@ DeviceDescription GpuDevice::Describe() const {
       {"element_bytes", w_bytes_},
       {"kv_element_bytes", kv_bytes_},
   };
+  if (x.has_on_die()) {
+    const auto& e = x.on_die();
+    d.parameters.push_back({"on_die_l2_pj_per_byte", e.l2_pj_per_byte()});
+    d.parameters.push_back({"on_die_l1_pj_per_byte", e.l1_pj_per_byte()});
+    d.parameters.push_back({"on_die_register_pj_per_access", e.register_pj_per_access()});
+    d.parameters.push_back({"on_die_cores", static_cast<double>(e.cores())});
+    d.parameters.push_back({"on_die_l1_bytes_per_core", e.l1_bytes_per_core()});
+    d.parameters.push_back({"on_die_occupancy_time", e.occupancy_time() ? 1.0 : 0.0});
+  }
   for (const auto& r : x.roofline()) {
     d.parameters.push_back({absl::StrCat("roofline_", r.op_class(), "_compute_utilization"),
                             r.compute_utilization()});
@@ -572,9 +602,82 @@ absl::Status GpuDevice::Estimate(absl::Span<const Op> ops,
   }
   for (size_t i = 0; i < ops.size(); ++i) {
     costs[i] = RooflineCost(ops[i]);
+    if (spec_.xpu().has_on_die()) AddOnDie(ops[i], &costs[i]);
     if (profile_ != nullptr) costs[i].time_s = ProfiledTime(ops[i], costs[i]);
   }
   return absl::OkStatus();
+}
+
+void GpuDevice::AddOnDie(const Op& op, Cost* c) const {
+  const auto& e = spec_.xpu().on_die();
+  OnDieTraffic t;
+  double utilization = 1;  // of the SMs, by the op's thread blocks
+  switch (op.kind) {
+    case OpKind::kGemm: {
+      const double w = op.stage == Stage::kLmHead ? lm_head_bytes_ : w_bytes_;
+      const GemmShape g{.m = static_cast<double>(op.m),
+                        .n = static_cast<double>(op.n),
+                        .k = static_cast<double>(op.k),
+                        .a_bytes = a_bytes_,
+                        .b_bytes = w};
+      t = GemmOnDie(g, e.cores(), e.l1_bytes_per_core());
+      utilization = t.sm_utilization;
+      break;
+    }
+    case OpKind::kAttention: {
+      if (op.kv_latent > 0) return;  // MLA: not modelled (docs/energy.md)
+      // Per sequence and head: scores [new x d] x [d x keys], context
+      // [new x keys] x [keys x d]; a sliding window bounds the keys. Decode
+      // batches repeat shapes, so the last one's traffic is reused.
+      GemmShape last_score{.m = -1};
+      OnDieTraffic last{};
+      double blocks = 0;
+      for (const AttentionSeq& s : op.seqs) {
+        if (s.new_tokens <= 0) continue;
+        double keys = static_cast<double>(s.past_tokens + s.new_tokens);
+        if (op.window > 0) keys = std::min(keys, static_cast<double>(op.window + s.new_tokens - 1));
+        const GemmShape score{.m = static_cast<double>(s.new_tokens),
+                              .n = keys,
+                              .k = static_cast<double>(op.d_head),
+                              .count = static_cast<double>(op.heads),
+                              .a_bytes = a_bytes_,
+                              .b_bytes = kv_bytes_,
+                              .block_per_tile = false};
+        if (score.m != last_score.m || score.n != last_score.n) {
+          GemmShape context = score;
+          context.n = score.k;
+          context.k = keys;
+          const OnDieTraffic a = GemmOnDie(score, e.cores(), e.l1_bytes_per_core());
+          const OnDieTraffic b = GemmOnDie(context, e.cores(), e.l1_bytes_per_core());
+          last = {a.l2_bytes + b.l2_bytes, a.l1_bytes + b.l1_bytes,
+                  a.register_accesses + b.register_accesses};
+          last_score = score;
+        }
+        t.l2_bytes += last.l2_bytes;
+        t.l1_bytes += last.l1_bytes;
+        t.register_accesses += last.register_accesses;
+        blocks += static_cast<double>(op.heads);
+      }
+      utilization = SmUtilization(blocks, e.cores());
+      break;
+    }
+    case OpKind::kElementwise: {
+      // Streamed through L2 and L1, one register access per element.
+      const double bytes = op.elements * op.bytes_per_element;
+      t.l2_bytes = t.l1_bytes = bytes;
+      t.register_accesses = bytes / a_bytes_;
+      break;
+    }
+    case OpKind::kMoe:        // not modelled (docs/energy.md)
+    case OpKind::kAllReduce:  // links only
+      return;
+  }
+  c->compute_energy_pj += t.l2_bytes * e.l2_pj_per_byte() + t.l1_bytes * e.l1_pj_per_byte() +
+                          t.register_accesses * e.register_pj_per_access();
+  if (e.occupancy_time() && utilization < 1 && c->time_s > 0) {
+    const double overhead = caps_[ClassOf(op)].overhead_s;
+    c->time_s = overhead + (c->time_s - overhead) / utilization;
+  }
 }
 
 absl::StatusOr<AttentionResult> GpuDevice::Execute(

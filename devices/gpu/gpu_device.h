@@ -107,6 +107,10 @@ class GpuDevice : public Device {
 
   // Multi-head latent attention (Op.kv_latent > 0).
   Cost MlaAttentionCost(const Op& op) const;
+  // Adds `op`'s on-die traffic energy (XpuSpec.on_die) to `c`, and with
+  // on_die.occupancy_time stretches its time by the SMs its blocks leave
+  // idle. Only called with on_die set.
+  void AddOnDie(const Op& op, Cost* c) const;
 
   servesim::v1::GpuDeviceSpec spec_;
   struct Caps {

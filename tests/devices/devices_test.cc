@@ -9,6 +9,7 @@
 #include "common/rng.h"
 #include "devices/cta/cta_device.h"
 #include "devices/gpu/gpu_device.h"
+#include "devices/gpu/on_die.h"
 #include "devices/lad/lad_device.h"
 #include "devices/model.h"
 #include "devices/pool.h"
@@ -292,6 +293,83 @@ TEST_F(GpuRooflineTest, PrefillAttentionIsCausalPerQueryBlock) {
   const double kv_rows = 4 * 100 + 128 + 256 + 384 + 512;
   EXPECT_DOUBLE_EQ(c.dram_bytes,
                    2.0 * 64 * (2 * 8 * 512 + 2 * 2 * 512 + 2 * 2 * kv_rows));
+}
+
+// ---------------------------------------------------------------- on die --
+
+TEST(OnDieTest, OnlyTheSmallestTileFitsATinyL1) {
+  // 1,152 B of L1 hold an 8 x 8 fp16 tile ((8 + 8) x 32 + 64 elements) and
+  // nothing larger (8 x 16 needs 1,792 B). [16 x 64] x [64 x 32]:
+  //   L2: ceil(32/8) 16 64 + ceil(16/8) 32 64 + 16 32 = 8,704 elements
+  //   L1 (16 x 16 register tiles): 2 16 64 + 1 32 64 + 512 = 4,608
+  const OnDieTraffic t = GemmOnDie({.m = 16, .n = 32, .k = 64}, 108, 1152);
+  EXPECT_EQ(t.tile_m, 8);
+  EXPECT_EQ(t.tile_n, 8);
+  EXPECT_DOUBLE_EQ(t.l2_bytes, 8704.0 * 2);
+  EXPECT_DOUBLE_EQ(t.l1_bytes, 4608.0 * 2);
+  EXPECT_DOUBLE_EQ(t.register_accesses, 3.0 * 16 * 32 * 64);
+}
+
+TEST(OnDieTest, OneCoreTakesTheLargestTile) {
+  // With one SM every tiling fills it, so the fewest L2 bytes win: the
+  // whole 512 x 512 output in one tile (589,824 B of L1).
+  const OnDieTraffic t = GemmOnDie({.m = 512, .n = 512, .k = 32}, 1, 1 << 20);
+  EXPECT_EQ(t.tile_m, 512);
+  EXPECT_EQ(t.tile_n, 512);
+  EXPECT_DOUBLE_EQ(t.l2_bytes, (512.0 * 32 + 512.0 * 32 + 512.0 * 512) * 2);
+}
+
+TEST(OnDieTest, DecodeGemmSpreadsOverTheSms) {
+  // GPT-3's QKV on one of 8 GPUs at batch 1: [1 x 12288] x [12288 x 4608],
+  // 108 SMs. Blocks are ceil(4608 / tn); 8 and 16 wide fill 576/648 and
+  // 288/324 = 0.889 of the last waves, the best any tile does, and 16 reads
+  // the activations half as often: L2 = 288 x 12288 + 4608 x 12288 + 4608
+  // elements, the same as the 16 x 16 register tiles'.
+  const OnDieTraffic t = GemmOnDie({.m = 1, .n = 4608, .k = 12288}, 108, 192 * 1024);
+  EXPECT_EQ(t.tile_m, 1);
+  EXPECT_EQ(t.tile_n, 16);
+  const double elements = 288.0 * 12288 + 4608.0 * 12288 + 4608;
+  EXPECT_DOUBLE_EQ(t.l2_bytes, elements * 2);
+  EXPECT_DOUBLE_EQ(t.l1_bytes, elements * 2);
+  EXPECT_DOUBLE_EQ(t.register_accesses, 3.0 * 4608 * 12288);
+}
+
+TEST(OnDieTest, GpuAddsTheOnDieEnergyToComputeOnlyWhenSet) {
+  auto spec = GpuSpec("a100-hbm3");
+  Op norm;
+  norm.kind = OpKind::kElementwise;
+  norm.stage = Stage::kNorm;
+  norm.elements = 1000, norm.flops_per_element = 5, norm.bytes_per_element = 4;
+  Op gemm;
+  gemm.kind = OpKind::kGemm;
+  gemm.m = 1, gemm.n = 4608, gemm.k = 12288;
+  std::vector<Op> ops = {norm, gemm};
+  std::vector<Cost> plain(2), with(2);
+  ASSERT_TRUE((*CreateDevice(spec))->Estimate(ops, absl::MakeSpan(plain)).ok());
+  auto* e = spec.mutable_gpu()->mutable_xpu()->mutable_on_die();
+  e->set_l2_pj_per_byte(2.4);
+  e->set_l1_pj_per_byte(1.28);
+  e->set_register_pj_per_access(0.0675);
+  e->set_cores(108);
+  e->set_l1_bytes_per_core(192 * 1024);
+  ASSERT_TRUE((*CreateDevice(spec))->Estimate(ops, absl::MakeSpan(with)).ok());
+  // The norm streams 4,000 B through L2 and L1: 2,000 fp16 register
+  // accesses.
+  EXPECT_DOUBLE_EQ(with[0].compute_energy_pj - plain[0].compute_energy_pj,
+                   4000 * (2.4 + 1.28) + 2000 * 0.0675);
+  const double elements = 288.0 * 12288 + 4608.0 * 12288 + 4608;
+  EXPECT_NEAR(with[1].compute_energy_pj - plain[1].compute_energy_pj,
+              elements * 2 * (2.4 + 1.28) + 3.0 * 4608 * 12288 * 0.0675, 1e-3);
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(with[i].time_s, plain[i].time_s);
+    EXPECT_EQ(with[i].dram_energy_pj, plain[i].dram_energy_pj);
+  }
+  e->set_cores(0);
+  auto bad = CreateDevice(spec);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("xpu.on_die.cores = 0; expected 1..100000"),
+            absl::string_view::npos)
+      << bad.status();
 }
 
 TEST(GpuCollectiveTest, RingAllReduceOverNvlink3) {

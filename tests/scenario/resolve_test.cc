@@ -462,6 +462,26 @@ TEST(ScenarioResolveTest, AttentionPoolBadInputNamesTheField) {
   EXPECT_THAT(bad.status().message(), HasSubstr("cluster.attention_pool.topick.topick.preset"));
 }
 
+TEST(ScenarioResolveTest, OnDieModelBadInputNamesTheFieldAndRange) {
+  auto run = [](const char* on_die) {
+    return ParseAndResolve(absl::StrCat("model { preset: \"gpt2-medium\" }\n",
+                                        "cluster { xpu { preset: \"a100-80gb\" on_die { ", on_die,
+                                        " } } }\n"));
+  };
+  auto good = run("l2_pj_per_byte: 2.4 cores: 108 l1_bytes_per_core: 196608");
+  ASSERT_TRUE(good.ok()) << good.status();
+  auto cores = run("l2_pj_per_byte: 2.4 l1_bytes_per_core: 196608");
+  ASSERT_FALSE(cores.ok());
+  EXPECT_THAT(cores.status().message(), HasSubstr("cluster.xpu.on_die.cores"));
+  EXPECT_THAT(cores.status().message(), HasSubstr("[1, 100000]"));
+  auto l1 = run("cores: 108 l1_bytes_per_core: 100");
+  ASSERT_FALSE(l1.ok());
+  EXPECT_THAT(l1.status().message(), HasSubstr("cluster.xpu.on_die.l1_bytes_per_core"));
+  auto energy = run("cores: 108 l1_bytes_per_core: 196608 l1_pj_per_byte: -1");
+  ASSERT_FALSE(energy.ok());
+  EXPECT_THAT(energy.status().message(), HasSubstr("cluster.xpu.on_die.l1_pj_per_byte"));
+}
+
 TEST(ScenarioResolveTest, Llama2_70bTensorParallelAboveKvHeadsResolves) {
   const std::string text =
       "model { preset: \"llama2-70b\" }\n"

@@ -105,19 +105,31 @@ TEST_F(StudyTest, EndToEndGainsGrowWithOutputLengthForEveryModelAndPolicy) {
 }
 
 TEST_F(StudyTest, TightSloBindsTheGpuBatchAndMultipliesTheGain) {
-  // §7.3: at 30 ms the GPU systems' batches are SLO-bound and tiny, so the
-  // gain of DGX+AttAccs is far larger than without an SLO.
-  const StudyPoint& large30 = At("gpt3-175b", "dgx_large", "serial", 2048, 30);
-  EXPECT_EQ(large30.batch_bound, "slo");
-  EXPECT_LT(large30.max_batch, 10);
-  EXPECT_LE(large30.tbt_ms, 30.0);
+  // §7.3: tight SLOs bind the GPU systems' batches, so the gain of
+  // DGX+AttAccs grows. At 30 ms DGX_Large holds no batch of GPT-3 at all:
+  // one request's step takes 31.0 (L_out 128) to 32.9 ms (2048) in the
+  // authors' simulator too (SM occupancy leaves most SMs idle at batch 1).
+  for (int64_t lout : {128, 512, 2048}) {
+    const StudyPoint& large30 = At("gpt3-175b", "dgx_large", "serial", lout, 30);
+    EXPECT_EQ(large30.batch_bound, "slo");
+    EXPECT_EQ(large30.max_batch, 0);
+    EXPECT_EQ(large30.throughput_tokens_per_s, 0);
+  }
   const StudyPoint& attacc30 = At("gpt3-175b", "dgx_attacc", "hl_pipe_ff", 2048, 30);
+  EXPECT_GE(attacc30.max_batch, 1);
   EXPECT_LE(attacc30.tbt_ms, 30.0);
-  const double gain30 = attacc30.throughput_tokens_per_s / large30.throughput_tokens_per_s;
+  // At 50 ms DGX_Large's batch is SLO-bound, about half its capacity.
+  const StudyPoint& large50 = At("gpt3-175b", "dgx_large", "serial", 2048, 50);
+  EXPECT_EQ(large50.batch_bound, "slo");
+  EXPECT_LT(2 * large50.max_batch, large50.capacity_batch + 4);
+  EXPECT_LE(large50.tbt_ms, 50.0);
+  const double gain50 =
+      At("gpt3-175b", "dgx_attacc", "hl_pipe_ff", 2048, 50).throughput_tokens_per_s /
+      large50.throughput_tokens_per_s;
   const double gain_none =
       At("gpt3-175b", "dgx_attacc", "hl_pipe_ff", 2048).throughput_tokens_per_s /
       At("gpt3-175b", "dgx_large", "serial", 2048).throughput_tokens_per_s;
-  EXPECT_GT(gain30, 4 * gain_none);
+  EXPECT_GT(gain50, 1.3 * gain_none);
 }
 
 TEST_F(StudyTest, AttAccCutsEnergyPerToken) {
@@ -126,6 +138,28 @@ TEST_F(StudyTest, AttAccCutsEnergyPerToken) {
     const double base = At(m, "dgx_base", "serial", 2048).energy_j_per_token;
     const double attacc = At(m, "dgx_attacc", "hl_pipe", 2048).energy_j_per_token;
     EXPECT_LT(attacc, 0.5 * base) << m;
+  }
+}
+
+TEST_F(StudyTest, FfCoProcessingEnergyAsTheAuthorsCountItAndWithTheRereads) {
+  // The authors charge co-processed FF layers as the GPUs' (energy taken
+  // before the split): the point's energy is within 5% of hl_pipe's, whose
+  // batch is 0-3 requests larger. servesim's count adds
+  // the stacks re-reading their FF slice once per request: 10-30% more.
+  for (const auto& [key, p] : *points_) {
+    SCOPED_TRACE(p.model + " " + p.system + " " + p.policy + " " + std::to_string(p.lout) + " " +
+                 std::to_string(p.slo_ms));
+    if (p.policy != "hl_pipe_ff") {
+      EXPECT_EQ(p.energy_j_per_token_ff_rereads, p.energy_j_per_token);
+      continue;
+    }
+    if (p.max_batch < 1) continue;
+    EXPECT_GT(p.energy_j_per_token_ff_rereads, 1.1 * p.energy_j_per_token);
+    EXPECT_LT(p.energy_j_per_token_ff_rereads, 1.4 * p.energy_j_per_token);
+    if (p.slo_ms == 0) {
+      const double hl = At(p.model, "dgx_attacc", "hl_pipe", p.lout).energy_j_per_token;
+      EXPECT_NEAR(p.energy_j_per_token, hl, 0.05 * hl);
+    }
   }
 }
 
@@ -141,11 +175,11 @@ TEST_F(StudyTest, HeadlineTableOfTheDocs) {
   auto tput = [](const char* m, const char* system, const char* policy, int64_t lout,
                  double slo = 0) { return At(m, system, policy, lout, slo).throughput_tokens_per_s; };
   const double kRel = 0.02;  // the table prints 3 significant digits
-  const double over_base[] = {3.42, 3.82, 6.46};
-  const double over_large[] = {2.70, 2.21, 1.88};
-  const double hl_over_serial[] = {1.15, 1.09, 1.18};
-  const double ff_over_hl[] = {1.02, 1.02, 1.01};
-  const double energy_saving[] = {0.70, 0.69, 0.78};  // hl_pipe vs DGX_Base
+  const double over_base[] = {3.54, 3.97, 6.49};
+  const double over_large[] = {2.77, 2.14, 1.91};
+  const double hl_over_serial[] = {1.14, 1.09, 1.18};
+  const double ff_over_hl[] = {1.06, 1.00, 0.98};
+  const double energy_saving[] = {0.657, 0.655, 0.710};  // hl_pipe vs DGX_Base
   for (int i = 0; i < 3; ++i) {
     const char* m = kModels[i];
     SCOPED_TRACE(m);
@@ -171,12 +205,12 @@ TEST_F(StudyTest, HeadlineTableOfTheDocs) {
                 }),
                 energy_saving[i], 0.006);
   }
-  // GPT-3 at a 30 ms SLO, (2048, 2048): 12.0x over DGX_Large, batch 48 vs 4.
-  const StudyPoint& attacc30 = At("gpt3-175b", "dgx_attacc", "hl_pipe_ff", 2048, 30);
-  const StudyPoint& large30 = At("gpt3-175b", "dgx_large", "serial", 2048, 30);
-  EXPECT_NEAR(attacc30.throughput_tokens_per_s / large30.throughput_tokens_per_s, 12.0, 0.24);
-  EXPECT_EQ(attacc30.max_batch, 48);
-  EXPECT_EQ(large30.max_batch, 4);
+  // GPT-3 at a 30 ms SLO: DGX+AttAccs runs batch 71 / 51 / 40 at L_out
+  // 128 / 512 / 2048 (the paper: 48), DGX_Large none (the paper: 1).
+  EXPECT_EQ(At("gpt3-175b", "dgx_attacc", "hl_pipe_ff", 128, 30).max_batch, 71);
+  EXPECT_EQ(At("gpt3-175b", "dgx_attacc", "hl_pipe_ff", 512, 30).max_batch, 51);
+  EXPECT_EQ(At("gpt3-175b", "dgx_attacc", "hl_pipe_ff", 2048, 30).max_batch, 40);
+  EXPECT_EQ(At("gpt3-175b", "dgx_large", "serial", 2048, 30).max_batch, 0);
 }
 
 // The authors' count by hand, GPT-3 175B in fp16 at (2048, 128) on
@@ -209,7 +243,7 @@ TEST_F(StudyTest, CsvHasTheDocumentedColumns) {
   EXPECT_EQ(csv.substr(0, csv.find('\n')),
             "model,system,policy,lin,lout,slo_ms,max_batch,batch_bound,"
             "throughput_tokens_per_s,tbt_ms,energy_j_per_token,capacity_batch,prefill_s,"
-            "e2e_throughput_tokens_per_s,capacity_batch_authors");
+            "e2e_throughput_tokens_per_s,capacity_batch_authors,energy_j_per_token_ff_rereads");
   // slo_ms is empty without an SLO.
   EXPECT_NE(csv.find("llama-65b,dgx_base,serial,2048,128,,"), std::string::npos);
   EXPECT_NE(csv.find("llama-65b,dgx_base,serial,2048,128,30,"), std::string::npos);
