@@ -373,12 +373,14 @@ absl::Status RemoteDevice::MeasureSpread(absl::Span<const Op> ops,
   // groups share their sequences).
   steps->clear();
   absl::flat_hash_set<devices::StepKey> seen;
+  absl::flat_hash_map<int64_t, int64_t> final_of;  // request -> final_tokens hint
   for (const Op& op : ops) {
     if (op.kind != devices::OpKind::kAttention) continue;
     for (const devices::AttentionSeq& s : op.seqs) {
       if (s.new_tokens != 1 || s.request_id < 0) continue;
       const devices::StepKey k{s.request_id, s.past_tokens + 1};
       if (seen.insert(k).second) steps->push_back(k);
+      if (s.final_tokens > 0) final_of.try_emplace(s.request_id, s.final_tokens);
     }
   }
   const int n = static_cast<int>(endpoints_.size());
@@ -398,30 +400,48 @@ absl::Status RemoteDevice::MeasureSpread(absl::Span<const Op> ops,
     }
   } else {
     std::lock_guard<std::mutex> lock(mu_);
-    // A request new to the client goes to the endpoint with the least
-    // context to measure in this call so far (a step's kernels take time
-    // in proportion to L), ties round-robin; one seen before stays where
-    // its kernel state is.
-    std::vector<int64_t> load(n, 0);
+    // A step's kernels take time in proportion to L, so a request's work
+    // left is the sum of L over its remaining steps, where the scheduler
+    // hinted its final length (else this step's L). A request seen before
+    // stays where its kernel state is; each endpoint's load is the work
+    // left of its requests in this call. New requests go, largest first, to
+    // the least-loaded endpoint (ties round the endpoints): the
+    // longest-processing-time rule, so that requests of different output
+    // lengths still split the run's work evenly.
+    auto work_left = [&](const devices::StepKey& k) {
+      const auto it = final_of.find(k.request_id);
+      const double l = static_cast<double>(k.l);
+      if (it == final_of.end() || it->second <= k.l) return l;
+      const double f = static_cast<double>(it->second);
+      return (f * (f + 1) - (l - 1) * l) / 2;
+    };
+    std::vector<double> load(n, 0);
+    std::vector<std::pair<double, int64_t>> fresh;  // (work left, request), first step's order
+    absl::flat_hash_set<int64_t> counted;
     for (const devices::StepKey& k : *steps) {
+      if (home_holds_.contains(k) || !counted.insert(k.request_id).second) continue;
       auto it = owner_.find(k.request_id);
-      if (it != owner_.end() && !home_holds_.contains(k)) load[it->second] += k.l;
+      if (it != owner_.end()) {
+        load[it->second] += work_left(k);
+      } else {
+        fresh.push_back({work_left(k), k.request_id});
+      }
+    }
+    std::stable_sort(fresh.begin(), fresh.end(),
+                     [](const auto& a, const auto& b) { return a.first > b.first; });
+    for (const auto& [work, request] : fresh) {
+      int best = next_owner_ % n;
+      for (int i = 1; i < n; ++i) {
+        const int e = (next_owner_ + i) % n;
+        if (load[e] < load[best]) best = e;
+      }
+      next_owner_ = best + 1;
+      owner_[request] = best;
+      load[best] += work;
     }
     for (const devices::StepKey& k : *steps) {
       if (home_holds_.contains(k)) continue;
-      auto [it, added] = owner_.try_emplace(k.request_id, 0);
-      if (added) {
-        // Ties (an idle call) go round the endpoints.
-        int best = next_owner_ % n;
-        for (int i = 1; i < n; ++i) {
-          const int e = (next_owner_ + i) % n;
-          if (load[e] < load[best]) best = e;
-        }
-        next_owner_ = best + 1;
-        it->second = best;
-        load[best] += k.l;
-      }
-      share[it->second].push_back(k);
+      share[owner_.at(k.request_id)].push_back(k);
     }
   }
   // One thread per endpoint with steps (the caller's thread takes the last),

@@ -67,7 +67,9 @@
 //    the state of its own layers. Otherwise (spatten, lad: state carried
 //    from step to step through the layers) each request is measured whole
 //    on one endpoint, chosen when it is first seen (the one with the least
-//    context in that call so far) and kept. The first endpoint (the home)
+//    work left: the sum of L over its requests' remaining steps, from
+//    AttentionSeq::final_tokens; the most work placed first) and kept. The
+//    first endpoint (the home)
 //    then costs the ops with the others' measurements absorbed
 //    (EstimateRequest.measured; shares summed, then the fractions taken)
 //    and answers Describe. Its memo thus holds every step, as an in-process

@@ -58,6 +58,10 @@ struct AttentionSeq {
   // devices (SpAtten's cascade pruning, memoised functional kernels) can key
   // per-request state; -1 when unknown.
   int64_t request_id = -1;
+  // The request's context length once its output is done (prompt plus
+  // output tokens), where the scheduler knows it; 0 when unknown. A hint
+  // for spreading work (agents/remote_device): no cost may depend on it.
+  int64_t final_tokens = 0;
 };
 
 struct Op {

@@ -8,6 +8,11 @@
 #include "absl/container/flat_hash_set.h"
 
 namespace servesim::scheduler {
+namespace {
+
+int64_t FinalTokens(const RequestSpec& spec) { return spec.input_tokens + spec.output_tokens; }
+
+}  // namespace
 
 const char* BatchBoundName(BatchBound b) {
   switch (b) {
@@ -287,7 +292,8 @@ void ReplicaScheduler::ScheduleDecodes() {
   for (int32_t slot : running_) {
     const RequestState& r = table_[slot];
     if (r.prefilled < r.prompt_tokens) continue;
-    batch_.entries.push_back(BatchEntry{slot, 1, r.context_tokens, false, true, Stacks(slot), table_[slot].spec.id});
+    batch_.entries.push_back(BatchEntry{slot, 1, r.context_tokens, false, true, Stacks(slot),
+                                        table_[slot].spec.id, FinalTokens(table_[slot].spec)});
     ++batch_.decode_tokens;
     ++batch_.emitting;
   }
@@ -333,8 +339,8 @@ void ReplicaScheduler::SchedulePolicy() {
       waiting_.pop_front();
       const RequestState& r = table_[slot];
       const int64_t p = r.prompt_tokens - r.prefilled;  // less what the cache held
-      batch_.entries.push_back(
-          BatchEntry{slot, p, r.prefilled, true, true, Stacks(slot), r.spec.id});
+      batch_.entries.push_back(BatchEntry{slot, p, r.prefilled, true, true, Stacks(slot), r.spec.id,
+                                          FinalTokens(r.spec)});
       tokens += p;
       batch_.prefill_tokens += p;
       ++batch_.emitting;
@@ -356,7 +362,8 @@ void ReplicaScheduler::SchedulePolicy() {
     if (r.prefilled >= r.prompt_tokens) continue;
     const int64_t chunk = std::min(r.prompt_tokens - r.prefilled, left);
     const bool last = r.prefilled + chunk == r.prompt_tokens;
-    batch_.entries.push_back(BatchEntry{slot, chunk, r.prefilled, true, last, Stacks(slot), table_[slot].spec.id});
+    batch_.entries.push_back(BatchEntry{slot, chunk, r.prefilled, true, last, Stacks(slot),
+                                        table_[slot].spec.id, FinalTokens(table_[slot].spec)});
     batch_.prefill_tokens += chunk;
     batch_.emitting += last ? 1 : 0;
     left -= chunk;
@@ -372,8 +379,8 @@ void ReplicaScheduler::SchedulePolicy() {
     const RequestState& r = table_[slot];
     const int64_t chunk = std::min(r.prompt_tokens - r.prefilled, left);
     const bool last = r.prefilled + chunk == r.prompt_tokens;
-    batch_.entries.push_back(
-        BatchEntry{slot, chunk, r.prefilled, true, last, Stacks(slot), r.spec.id});
+    batch_.entries.push_back(BatchEntry{slot, chunk, r.prefilled, true, last, Stacks(slot),
+                                        r.spec.id, FinalTokens(r.spec)});
     batch_.prefill_tokens += chunk;
     batch_.emitting += last ? 1 : 0;
     left -= chunk;
@@ -407,7 +414,8 @@ void ReplicaScheduler::ScheduleVllmV1() {
     }
     if (!scheduled) break;  // it was the last running request
     const bool emits = !prefill || past + n == r.prompt_tokens;
-    batch_.entries.push_back(BatchEntry{slot, n, past, prefill, emits, Stacks(slot), r.spec.id});
+    batch_.entries.push_back(
+        BatchEntry{slot, n, past, prefill, emits, Stacks(slot), r.spec.id, FinalTokens(r.spec)});
     (prefill ? batch_.prefill_tokens : batch_.decode_tokens) += n;
     batch_.emitting += emits ? 1 : 0;
     budget -= n;
@@ -457,7 +465,8 @@ void ReplicaScheduler::ScheduleVllmV1() {
     r.running = true;
     running_.push_back(slot);
     const bool emits = cached + n == r.prompt_tokens;
-    batch_.entries.push_back(BatchEntry{slot, n, cached, true, emits, Stacks(slot), r.spec.id});
+    batch_.entries.push_back(
+        BatchEntry{slot, n, cached, true, emits, Stacks(slot), r.spec.id, FinalTokens(r.spec)});
     batch_.prefill_tokens += n;
     batch_.emitting += emits ? 1 : 0;
     budget -= n;
@@ -553,7 +562,7 @@ void ReplicaScheduler::Project(int steps, std::vector<Batch>* out) const {
     for (const Next& q : next) {
       if (q.left <= s) continue;
       b.entries.push_back(BatchEntry{q.slot, 1, q.context + s, false, true, Stacks(q.slot),
-                                     table_[q.slot].spec.id});
+                                     table_[q.slot].spec.id, FinalTokens(table_[q.slot].spec)});
       ++b.decode_tokens;
       ++b.emitting;
     }

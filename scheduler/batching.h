@@ -126,6 +126,7 @@ struct BatchEntry {
   // Stacks of the request's KV heads when placement is on; else empty.
   absl::Span<const int32_t> kv_stacks;
   int64_t request_id = -1;   // RequestSpec::id; -1 in hypothetical batches
+  int64_t final_tokens = 0;  // prompt + output tokens (AttentionSeq::final_tokens); 0: unknown
 };
 
 struct Batch {

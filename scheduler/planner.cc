@@ -116,7 +116,7 @@ void IterationPlanner::BuildLayerOps(const Batch& batch) {
   ops_.clear();
   seqs_.clear();
   for (const BatchEntry& e : batch.entries) {
-    seqs_.push_back({e.new_tokens, e.past_tokens, e.request_id});
+    seqs_.push_back({e.new_tokens, e.past_tokens, e.request_id, e.final_tokens});
   }
   const int64_t t = batch.prefill_tokens + batch.decode_tokens;
   const int64_t d = model_.d_model;
@@ -469,7 +469,7 @@ absl::StatusOr<IterationCost> IterationPlanner::Plan(const Batch& batch) {
   if (ops_valid_ && key == ops_key_) {
     seqs_.clear();
     for (const BatchEntry& e : batch.entries) {
-      seqs_.push_back({e.new_tokens, e.past_tokens, e.request_id});
+      seqs_.push_back({e.new_tokens, e.past_tokens, e.request_id, e.final_tokens});
     }
     ops_[attention_at_].seqs = seqs_;
     RETURN_IF_ERROR(device_->Estimate(absl::MakeConstSpan(&ops_[attention_at_], 1),
@@ -689,10 +689,10 @@ IterationPlanner::DeviceShape IterationPlanner::ShapeWithDevice(const Batch& bat
   s->dec_stacks.clear();
   for (const BatchEntry& e : batch.entries) {
     if (e.prefill) {
-      s->pre_seqs.push_back({e.new_tokens, e.past_tokens, e.request_id});
+      s->pre_seqs.push_back({e.new_tokens, e.past_tokens, e.request_id, e.final_tokens});
       sh.prefill_tokens += e.new_tokens;
     } else {
-      s->dec_seqs.push_back({e.new_tokens, e.past_tokens, e.request_id});
+      s->dec_seqs.push_back({e.new_tokens, e.past_tokens, e.request_id, e.final_tokens});
       s->dec_stacks.insert(s->dec_stacks.end(), e.kv_stacks.begin(), e.kv_stacks.end());
     }
   }

@@ -198,6 +198,7 @@ absl::StatusOr<std::vector<StudyPoint>> RunAttAccStudy(const StudyOptions& optio
         // batch: the planner of batch b, or null where b requests no longer
         // fit beside its partitions.
         std::map<int64_t, std::unique_ptr<StudyPlanner>> ff_planners;
+        const int64_t tokens = lin + lout;  // (a lambda may not capture a structured binding)
         auto planner_for = [&](int64_t b) -> absl::StatusOr<StudyPlanner*> {
           if (!ff || b == cap) return sp.get();
           auto it = ff_planners.find(b);
@@ -205,7 +206,7 @@ absl::StatusOr<std::vector<StudyPoint>> RunAttAccStudy(const StudyOptions& optio
             ASSIGN_OR_RETURN(ResolvedScenario sb,
                              ResolveText(ScenarioText(model, sys, b, saturated, "", b)));
             std::unique_ptr<StudyPlanner> pb;
-            if (CapacityBatch(sb, lin + lout) >= b) {
+            if (CapacityBatch(sb, tokens) >= b) {
               ASSIGN_OR_RETURN(pb, StudyPlanner::Of(sb));
             }
             it = ff_planners.emplace(b, std::move(pb)).first;

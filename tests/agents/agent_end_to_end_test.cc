@@ -370,6 +370,36 @@ TEST(AgentEndToEndTest, FullTopickAndSpattenSpreadOverTwoAgentsAreByteIdentical)
       "spatten", "spatten { fidelity: PRUNE_FIDELITY_FULL calibration { lengths: 128 } }");
 }
 
+TEST(AgentEndToEndTest, WholeRequestsSpreadByTheWorkTheyHaveLeft) {
+  // SpAtten measures each request whole on one agent. Four requests arrive
+  // together with 13, 5, 5 and 5 output tokens: 12 + 4 + 4 + 4 decode steps
+  // of about 120-130 keys. Placed as first seen (alternately) the agents
+  // would measure 16 and 8 steps; placed by the work each has left (the
+  // scheduler's final length), the long one goes alone: 12 and 12.
+  const std::string dir = FreshDir();
+  Agents ag;
+  for (int i = 0; i < 2; ++i) ag.procs.push_back(StartAgent(dir, "spatten"));
+  WriteFile(dir + "/t.csv",
+            "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+            "2023-11-16 18:15:46.00,120,13\n"
+            "2023-11-16 18:15:46.00,120,5\n"
+            "2023-11-16 18:15:46.00,120,5\n"
+            "2023-11-16 18:15:46.00,120,5\n");
+  const std::string scenario = dir + "/s.pbtxt";
+  WriteFile(scenario,
+            "model { preset: \"gpt2-medium\" }\n"
+            "cluster { xpu { preset: \"a100-80gb\" } attention_pool { units: 2 spatten {\n"
+            "  fidelity: PRUNE_FIDELITY_FULL calibration { lengths: 128 } } } }\n"
+            "workload { trace { path: \"t.csv\" } }\n");
+  const Result in = RunServesim({"run", scenario, "--quiet", "--out", dir + "/in"});
+  ASSERT_EQ(in.code, 0) << in.out;
+  const Result two = RunServesim(
+      {"run", scenario, "--quiet", "--out", dir + "/two", "--agent", "spatten=" + ag.List(0, 2)});
+  ASSERT_EQ(two.code, 0) << two.out;
+  ExpectSameOutputs(dir + "/in", dir + "/two");
+  EXPECT_EQ(MeasuredSteps(ReadFile(dir + "/two/run_info.json")), (std::vector<int64_t>{12, 12}));
+}
+
 TEST(AgentEndToEndTest, FullCtaAndLadSpreadOverTwoAgentsAreByteIdentical) {
   ExpectSpreadOverTwoAgentsIsByteIdentical(
       "cta", "cta { fidelity: PRUNE_FIDELITY_FULL calibration { lengths: 256 } }",
