@@ -368,6 +368,7 @@ void EncodeCost(const devices::Cost& c, v1::Cost* o) {
   o->set_flops(c.flops);
   o->set_dram_bytes(c.dram_bytes);
   o->set_link_bytes(c.link_bytes);
+  o->set_internode_bytes(c.internode_bytes);
   o->set_compute_energy_pj(c.compute_energy_pj);
   o->set_dram_energy_pj(c.dram_energy_pj);
   o->set_link_energy_pj(c.link_energy_pj);
@@ -386,6 +387,7 @@ devices::Cost DecodeCost(const v1::Cost& o) {
   c.flops = o.flops();
   c.dram_bytes = o.dram_bytes();
   c.link_bytes = o.link_bytes();
+  c.internode_bytes = o.internode_bytes();
   c.compute_energy_pj = o.compute_energy_pj();
   c.dram_energy_pj = o.dram_energy_pj();
   c.link_energy_pj = o.link_energy_pj();

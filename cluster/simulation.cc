@@ -139,6 +139,24 @@ struct Shared {
   std::vector<sg4::Host*> kv_hosts, receiver_hosts;
   // Per link, its first index in the live metrics' list (LiveSink::OnLinks).
   std::vector<int> live_link;
+  // Per link, the KV flows on it now (sent, not yet landed).
+  std::vector<int> kv_flows_on;
+  // Collectives on the fabric (docs/disaggregation.md): per replica whose
+  // xPUs span nodes (none with a platform file), the flows that carry a
+  // step's bytes out of its nodes' NICs from its host: over its NIC link
+  // the hops of the ring over its nodes that stay in a rack, together, and
+  // each hop between racks on its own over the uplinks too.
+  struct CollectiveHop {
+    sg4::Host* to = nullptr;
+    double share = 0;                        // of the step's bytes
+    std::vector<std::pair<int, int>> links;  // (index in `links`, direction)
+  };
+  struct Collectives {
+    std::vector<CollectiveHop> hops;
+    double nic_bw = 0, latency = 0;  // the NIC link's, the in-rack route's
+    bool crosses_racks = false;
+  };
+  std::vector<Collectives> collectives;  // per replica; empty: none
   // Calls f(link index, direction) for each link of the route from
   // prefill replica a to decode replica b (BuildPlatform's routes).
   template <typename F>
@@ -645,7 +663,21 @@ class Engine {
     const scheduler::IterationCost* cost = &cost_;
     // The engine's host time per step that does not overlap the xPUs, and
     // the wait for KV tiers.
-    const double duration = cost->time_s + pool_->step_overhead_s + tier_s;
+    double duration = cost->time_s + pool_->step_overhead_s + tier_s;
+    // A prefill replica's layer-wise KV leaves as the step starts; before
+    // its collectives' flow, which it shares the NIC link with.
+    const bool stream = role_ == Role::kPrefill && sh_->sc->kv_layerwise;
+    bool streamed = false;
+    if (cost->total.internode_bytes > 0 && !sh_->collectives.empty() &&
+        !sh_->collectives[replica_].hops.empty()) {
+      if (stream) {
+        for (const auto& r : ranks_) {
+          if (r->batch != nullptr) StreamLayers(*r->batch);
+        }
+        streamed = true;
+      }
+      duration += Collectives(start, duration, cost->total.internode_bytes);
+    }
     device_busy_total_s_ += cost->device_busy_s;
     it.duration_s = duration;
     // The xPUs' active power over their busy time (cluster.xpu.active_power_w).
@@ -658,7 +690,7 @@ class Engine {
     sh_->metrics->AddIteration(it);
     sh_->metrics->AddEnergy(cost->total, cost->device_total, active_j);
     RETURN_IF_ERROR(SampleTimeline(*lead, it));
-    if (role_ == Role::kPrefill && sh_->sc->kv_layerwise) {
+    if (stream && !streamed) {
       for (const auto& r : ranks_) {
         if (r->batch != nullptr) StreamLayers(*r->batch);
       }
@@ -702,6 +734,52 @@ class Engine {
       sh_->live->OnIteration(li);
     }
     return duration;
+  }
+
+  // Collectives on the fabric (docs/disaggregation.md): a step of a
+  // replica whose xPUs span nodes sends `bytes` out of its nodes' NICs,
+  // which its cost times as if the NICs were its own: at least the time
+  // they take over the NIC link alone, route latency + bytes / bandwidth.
+  // When another flow may share a link of theirs during the step (a KV
+  // flow in flight on the NIC link now, or, on a decode replica, one that
+  // may leave a prefill replica before the step ends; on a replica across
+  // racks, always), the bytes go as flows from the step's start (the ring's
+  // hops within racks together over the NIC link, each hop between racks
+  // over the uplinks too), sharing every link with what else crosses it,
+  // and the step lasts as much longer as they take beyond that time alone;
+  // returns the extra time. Otherwise no flow runs: it would take exactly
+  // that time. The bytes count on the links either way.
+  double Collectives(double start, double duration, double bytes) {
+    const Shared::Collectives& c = sh_->collectives[static_cast<size_t>(replica_)];
+    const double alone = c.latency + bytes / c.nic_bw;
+    const bool shared = c.crosses_racks || sh_->kv_flows_on[replica_] > 0 ||
+                        (role_ == Role::kDecode && !(start + duration < sh_->HandoffFloor()));
+    double end = start + alone, extra = 0;
+    if (shared) {
+      if (sg4::Engine::get_clock() < start) sg4::this_actor::sleep_until(start);
+      flows_.clear();
+      for (const Shared::CollectiveHop& hop : c.hops) {
+        flows_.push_back(sg4::Comm::sendto_async(
+            sh_->kv_hosts[replica_], hop.to, static_cast<uint64_t>(std::ceil(bytes * hop.share))));
+      }
+      sg4::Comm::wait_all(flows_);
+      end = sg4::Engine::get_clock();
+      // Below SimGrid's timing precision (1 ns), or bytes rounded up to
+      // whole ones, the flows were alone.
+      extra = end - start - alone;
+      if (extra < 1e-9) extra = 0;
+    }
+    for (const Shared::CollectiveHop& hop : c.hops) {
+      for (const auto& [l, dir] : hop.links) {
+        metrics::LinkLoad& link = sh_->links[l];
+        link.bytes += bytes * hop.share;
+        link.AddFlow(dir, bytes * hop.share, start, end, sh_->link_bin_s);
+        if (sh_->live != nullptr)
+          sh_->live->OnLinkBytes(sh_->live_link[l] + dir, bytes * hop.share);
+      }
+    }
+    sh_->metrics->AddCollectives(bytes, shared, extra);
+    return extra;
   }
 
   // The xPU power cap (cluster.power.xpu_cap_w, docs/energy.md). Over
@@ -873,7 +951,10 @@ class Engine {
     const int d = DecodeReplica(h);
     ++h.parts_sent;
     ++sh_->kv_in_flight;
-    sh_->ForRoute(replica_, d, [&](int l, int) { sh_->links[l].bytes += bytes; });
+    sh_->ForRoute(replica_, d, [&](int l, int) {
+      sh_->links[l].bytes += bytes;
+      ++sh_->kv_flows_on[l];
+    });
     // Out of one NIC and into another.
     sh_->metrics->AddTransferEnergy(
         bytes * 1e-12 *
@@ -948,6 +1029,7 @@ class Engine {
     if (msg->from >= 0) {
       // Its bytes over its life on every link of its route (links.csv).
       sh_->ForRoute(msg->from, replica_, [&](int l, int dir) {
+        --sh_->kv_flows_on[l];
         sh_->links[l].AddFlow(dir, msg->bytes, msg->sent_s, now, sh_->link_bin_s);
         if (sh_->live != nullptr) sh_->live->OnLinkBytes(sh_->live_link[l] + dir, msg->bytes);
       });
@@ -1118,6 +1200,7 @@ class Engine {
   // what the receiver counted; the engine's wake-up while it waits idle.
   std::vector<std::pair<Message*, double>> landed_;
   double landed_s_ = 0;  // the time of the message Receive() takes
+  std::vector<sg4::CommPtr> flows_;  // a step's collectives (Collectives)
   int64_t landed_ends_ = 0, landed_expected_ = 0, landed_finals_ = 0;
   sg4::SemaphorePtr wake_ = sg4::Semaphore::create(0);
   bool asleep_ = false;
@@ -1306,6 +1389,7 @@ void BuildPlatform(const ResolvedScenario& sc, Shared* sh, const FilePlatform* f
     const auto& fabric = sc.proto.cluster().disaggregation().fabric();
     std::vector<sg4::Link*> nics;
     std::vector<int64_t> node_of(static_cast<size_t>(sc.replicas));
+    std::vector<int64_t> nodes_of(static_cast<size_t>(sc.replicas), 1);
     std::vector<double> node_nic_bw;  // per node: its NICs' bandwidth
     int64_t used = 0, per_node = 0;   // xPUs used on the current node, its size
     for (int64_t r = 0; r < sc.replicas; ++r) {
@@ -1322,6 +1406,7 @@ void BuildPlatform(const ResolvedScenario& sc, Shared* sh, const FilePlatform* f
       node_of[r] = static_cast<int64_t>(node_nic_bw.size()) - 1;
       // A replica larger than a node takes whole nodes.
       const int64_t extra = (xpus + size - 1) / size - 1;
+      nodes_of[r] = extra + 1;
       for (int64_t k = 0; k < extra; ++k) node_nic_bw.push_back(node_nic_bw.back());
       used = xpus > size ? size : used + xpus;
       const double bw = static_cast<double>(xpus) * c.internode().bandwidth_bytes_per_s();
@@ -1379,26 +1464,86 @@ void BuildPlatform(const ResolvedScenario& sc, Shared* sh, const FilePlatform* f
       sh->rack_of.push_back(rack);
       sh->pod_of.push_back(pod_uplinks.empty() ? -1 : rack / fabric.racks_per_pod());
     }
+    // sh->links' index -> the SimGrid link.
+    const int nics_n = static_cast<int>(sc.replicas);
+    auto link_of = [&](int l, int dir) {
+      if (l < nics_n) return sg4::LinkInRoute(nics[l]);
+      sg4::Link* link =
+          l < nics_n + sh->racks ? uplinks[l - nics_n] : pod_uplinks[l - nics_n - sh->racks];
+      return sg4::LinkInRoute(
+          link, dir == 0 ? sg4::LinkInRoute::Direction::UP : sg4::LinkInRoute::Direction::DOWN);
+    };
+    // Collectives of replicas across nodes (Engine::Collectives): a ring
+    // over the replica's nodes. Its flows leave the replica's host over its
+    // NIC link and reach a peer over a link of the NIC's latency and no
+    // bandwidth bound (out of one NIC and into another: the latency of a
+    // KV flow between two replicas of a rack; CM02 shares a link in inverse
+    // proportion to its flows' route latencies, as TCP does).
+    sh->collectives.assign(static_cast<size_t>(sc.replicas), {});
+    for (int64_t r = 0; r < sc.replicas; ++r) {
+      const int64_t n = nodes_of[r];
+      if (n < 2) continue;
+      const auto& net = PoolOf(sc, r).proto.cluster().internode();
+      Shared::Collectives& c = sh->collectives[r];
+      c.nic_bw = sh->links[r].bandwidth_bytes_per_s;
+      c.latency = 2 * net.latency_s();
+      auto far_nic = [&](const std::string& name) {
+        return zone->create_link(own + name, 1e30)
+            ->set_sharing_policy(sg4::Link::SharingPolicy::FATPIPE)
+            ->set_latency(net.latency_s())
+            ->seal();
+      };
+      auto add_hop = [&](const std::string& name, double share,
+                         std::vector<std::pair<int, int>> links) {
+        Shared::CollectiveHop hop;
+        hop.to = zone->create_host(own + name, 1e9);
+        hop.share = share;
+        hop.links = std::move(links);
+        std::vector<sg4::LinkInRoute> route;
+        for (const auto& [l, dir] : hop.links) route.push_back(link_of(l, dir));
+        route.emplace_back(far_nic(name + ".nic"));
+        zone->add_route((*engine_hosts)[r]->get_netpoint(), hop.to->get_netpoint(), nullptr,
+                        nullptr, route, false);
+        c.hops.push_back(std::move(hop));
+      };
+      // Node k sends 1/n of the bytes to node k + 1 (mod n).
+      int64_t in_rack = 0;
+      for (int64_t k = 0; k < n; ++k) {
+        const int64_t a = node_of[r] + k, b = node_of[r] + (k + 1) % n;
+        const int ra = per_rack > 0 ? static_cast<int>(a / per_rack) : -1;
+        const int rb = per_rack > 0 ? static_cast<int>(b / per_rack) : -1;
+        if (ra == rb) {
+          ++in_rack;
+          continue;
+        }
+        std::vector<std::pair<int, int>> links = {{static_cast<int>(r), 0}, {nics_n + ra, 0}};
+        if (!pod_uplinks.empty()) {
+          const int pa = ra / fabric.racks_per_pod(), pb = rb / fabric.racks_per_pod();
+          if (pa != pb) {
+            links.emplace_back(nics_n + sh->racks + pa, 0);
+            links.emplace_back(nics_n + sh->racks + pb, 1);
+          }
+        }
+        links.emplace_back(nics_n + rb, 1);
+        add_hop(absl::StrCat("r", r, ".ring", k), 1.0 / static_cast<double>(n), std::move(links));
+        c.crosses_racks = true;
+      }
+      if (in_rack > 0) {
+        add_hop(absl::StrCat("r", r, ".ring"),
+                static_cast<double>(in_rack) / static_cast<double>(n), {{static_cast<int>(r), 0}});
+      }
+    }
     for (int64_t p = 0; p < sc.prefill_pool->replicas; ++p) {
       for (int64_t d = sc.prefill_pool->replicas; d < sc.replicas; ++d) {
         std::vector<sg4::LinkInRoute> route;
-        sh->ForRoute(static_cast<int>(p), static_cast<int>(d), [&](int l, int dir) {
-          const int nics_n = static_cast<int>(sc.replicas);
-          sg4::Link* link = l < nics_n               ? nics[l]
-                            : l < nics_n + sh->racks ? uplinks[l - nics_n]
-                                                     : pod_uplinks[l - nics_n - sh->racks];
-          if (l < nics_n) {
-            route.emplace_back(link);
-          } else {
-            route.emplace_back(link, dir == 0 ? sg4::LinkInRoute::Direction::UP
-                                              : sg4::LinkInRoute::Direction::DOWN);
-          }
-        });
+        sh->ForRoute(static_cast<int>(p), static_cast<int>(d),
+                     [&](int l, int dir) { route.push_back(link_of(l, dir)); });
         zone->add_route((*engine_hosts)[p]->get_netpoint(), (*engine_hosts)[d]->get_netpoint(),
                         nullptr, nullptr, route, false);
       }
     }
   }
+  sh->kv_flows_on.assign(sh->links.size(), 0);
   zone->seal();
 }
 

@@ -123,6 +123,11 @@ struct Cost {
   double flops = 0;
   double dram_bytes = 0;   // device-memory traffic
   double link_bytes = 0;   // bytes this device sent over links
+  // Of those, the bytes it sent out of its node over its NIC (collectives
+  // among more xPUs than a node holds); the engine carries them over the
+  // platform's NIC links (docs/disaggregation.md, "Collectives on the
+  // fabric").
+  double internode_bytes = 0;
   double compute_energy_pj = 0;
   double dram_energy_pj = 0;
   double link_energy_pj = 0;
@@ -143,6 +148,7 @@ struct Cost {
     flops += o.flops;
     dram_bytes += o.dram_bytes;
     link_bytes += o.link_bytes;
+    internode_bytes += o.internode_bytes;
     compute_energy_pj += o.compute_energy_pj;
     dram_energy_pj += o.dram_energy_pj;
     link_energy_pj += o.link_energy_pj;
@@ -161,6 +167,7 @@ struct Cost {
     c.flops = flops * f;
     c.dram_bytes = dram_bytes * f;
     c.link_bytes = link_bytes * f;
+    c.internode_bytes = internode_bytes * f;
     c.compute_energy_pj = compute_energy_pj * f;
     c.dram_energy_pj = dram_energy_pj * f;
     c.link_energy_pj = link_energy_pj * f;

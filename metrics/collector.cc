@@ -339,6 +339,9 @@ Summary ComputeSummary(const MetricsCollector& metrics) {
   if (it.busy_s > 0) s.kv_utilization_mean = it.kv_weighted / it.busy_s;
   s.handoffs = metrics.handoffs();
   s.kv_bytes = metrics.kv_bytes();
+  s.collective_bytes = metrics.collective_bytes();
+  s.collective_flows = metrics.collective_flows();
+  s.collective_extra_s = metrics.collective_extra_s();
   s.ttft_prefill_s = metrics.ttft_prefill().ToDistribution();
   s.ttft_transfer_s = metrics.ttft_transfer().ToDistribution();
   s.ttft_decode_s = metrics.ttft_decode().ToDistribution();

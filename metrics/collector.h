@@ -132,6 +132,17 @@ class MetricsCollector {
   }
   int64_t power_capped_iterations() const { return power_capped_; }
   int64_t handoffs() const { return handoffs_; }
+  // Collectives on the fabric (cluster::Engine::Collectives): a step's
+  // bytes out of its nodes' NICs, whether they went as a flow (shared the
+  // link), and the time the step lost to the sharing.
+  void AddCollectives(double bytes, bool flow, double extra_s) {
+    collective_bytes_ += bytes;
+    collective_flows_ += flow ? 1 : 0;
+    collective_extra_s_ += extra_s;
+  }
+  double collective_bytes() const { return collective_bytes_; }
+  int64_t collective_flows() const { return collective_flows_; }
+  double collective_extra_s() const { return collective_extra_s_; }
   double kv_bytes() const { return kv_bytes_; }
   // The platform's links and their traffic, set at the end of the run.
   // The platform's links and their traffic, binned every `bin_s`.
@@ -259,6 +270,8 @@ class MetricsCollector {
   double last_event_s_ = 0;
   int64_t prefix_hit_tokens_ = 0, prefix_query_tokens_ = 0;
   int64_t handoffs_ = 0;
+  double collective_bytes_ = 0, collective_extra_s_ = 0;
+  int64_t collective_flows_ = 0;
   double kv_bytes_ = 0, transfer_energy_j_ = 0;
   std::vector<KvTierTotals> kv_tiers_;
   double kv_tier_energy_j_ = 0;
@@ -314,6 +327,11 @@ struct Summary {
   // direction, each having the bandwidth to itself).
   int64_t handoffs = 0;
   double kv_bytes = 0;
+  // Collectives on the fabric (docs/disaggregation.md): bytes out of the
+  // nodes' NICs, steps whose bytes shared a link as a flow, and the time
+  // those steps lost to the sharing (summed over replicas).
+  double collective_bytes = 0, collective_extra_s = 0;
+  int64_t collective_flows = 0;
   Distribution ttft_prefill_s, ttft_transfer_s, ttft_decode_s;
   double ttft_transfer_share = 0;
   struct LinkUse {

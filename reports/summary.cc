@@ -183,6 +183,11 @@ std::string SummaryJson(const ResolvedScenario& sc, const Workload& wl,
     kv("ttft_kv_transfer_s", Dist(s.ttft_transfer_s));
     kv("ttft_decode_s", Dist(s.ttft_decode_s));
     kv("ttft_kv_transfer_share", FormatFigure(s.ttft_transfer_share));
+    if (s.collective_bytes > 0) {
+      kv("collective_nic_bytes", FormatFigure(s.collective_bytes));
+      kv("collective_shared_steps", absl::StrCat(s.collective_flows));
+      kv("collective_contention_s", FormatFigure(s.collective_extra_s));
+    }
     std::string links = "[";
     for (size_t i = 0; i < s.links.size(); ++i) {
       absl::StrAppend(&links, i ? ", " : "", "{\"name\": ", JsonString(s.links[i].name),
@@ -352,6 +357,13 @@ std::string FormatSummaryTable(const ResolvedScenario& sc, const Workload& wl,
         absl::StripLeadingAsciiWhitespace(Ms(s.ttft_transfer_s.mean)),
         absl::StripLeadingAsciiWhitespace(Ms(s.ttft_decode_s.mean)), 100 * s.ttft_transfer_share,
         busiest_name, 100 * busiest);
+    if (s.collective_bytes > 0) {
+      absl::StrAppendFormat(&t,
+                            "  collective %.2f GB out of nodes' NICs; %d steps shared a link with "
+                            "KV, %.2f ms lost to it\n",
+                            s.collective_bytes / 1e9, s.collective_flows,
+                            1e3 * s.collective_extra_s);
+    }
   }
   absl::StrAppendFormat(
       &t,

@@ -332,6 +332,7 @@ Cost GpuDevice::RooflineCost(const Op& op) const {
               net.latency_s() + slice / channels / net.bandwidth_bytes_per_s(),
               link.latency_s() + slice * (channels - 1) / channels / link.bandwidth_bytes_per_s());
           c.time_s = 2 * (p - 1) * step;
+          c.internode_bytes = c.link_bytes / channels;
           c.link_energy_pj = c.link_bytes / channels * net.energy_pj_per_byte() +
                              c.link_bytes * (channels - 1) / channels * link.energy_pj_per_byte();
           return c;

@@ -123,10 +123,11 @@ TEST(AgentConvertTest, OpsRoundTripAndShareSequenceLists) {
 TEST(AgentConvertTest, CostsAreBitExact) {
   Cost c;
   double v = 1.0 / 3.0;
-  for (double Cost::*f : {&Cost::time_s, &Cost::flops, &Cost::dram_bytes, &Cost::link_bytes,
-                          &Cost::compute_energy_pj, &Cost::dram_energy_pj, &Cost::link_energy_pj,
-                          &Cost::bg_bus_bytes, &Cost::tsv_bytes, &Cost::external_bytes,
-                          &Cost::cycles, &Cost::score_s, &Cost::softmax_s, &Cost::context_s}) {
+  for (double Cost::*f :
+       {&Cost::time_s, &Cost::flops, &Cost::dram_bytes, &Cost::link_bytes, &Cost::compute_energy_pj,
+        &Cost::dram_energy_pj, &Cost::link_energy_pj, &Cost::bg_bus_bytes, &Cost::tsv_bytes,
+        &Cost::external_bytes, &Cost::cycles, &Cost::score_s, &Cost::softmax_s, &Cost::context_s,
+        &Cost::internode_bytes}) {
     c.*f = v;
     v = v * 7.1e13 + 4.9e-324;  // spans magnitudes, with a subnormal step
   }

@@ -41,10 +41,11 @@ inline uint64_t Bits(double d) {
 }
 
 inline void ExpectSameBits(const Cost& a, const Cost& b) {
-  for (double Cost::*f : {&Cost::time_s, &Cost::flops, &Cost::dram_bytes, &Cost::link_bytes,
-                          &Cost::compute_energy_pj, &Cost::dram_energy_pj, &Cost::link_energy_pj,
-                          &Cost::bg_bus_bytes, &Cost::tsv_bytes, &Cost::external_bytes,
-                          &Cost::cycles, &Cost::score_s, &Cost::softmax_s, &Cost::context_s}) {
+  for (double Cost::*f :
+       {&Cost::time_s, &Cost::flops, &Cost::dram_bytes, &Cost::link_bytes, &Cost::compute_energy_pj,
+        &Cost::dram_energy_pj, &Cost::link_energy_pj, &Cost::bg_bus_bytes, &Cost::tsv_bytes,
+        &Cost::external_bytes, &Cost::cycles, &Cost::score_s, &Cost::softmax_s, &Cost::context_s,
+        &Cost::internode_bytes}) {
     EXPECT_EQ(Bits(a.*f), Bits(b.*f));
   }
 }

@@ -250,6 +250,136 @@ TEST(DisaggregationTest, LinksCsvHoldsEachLinksUtilisationOverTime) {
   }
 }
 
+// iterations.csv's duration_s of replica `replica`'s steps, in order.
+std::vector<double> StepDurations(const std::string& dir, const std::string& replica) {
+  std::vector<double> out;
+  const std::vector<std::string> lines = Lines(ReadFile(dir + "/iterations.csv"));
+  for (size_t i = 1; i < lines.size(); ++i) {
+    const std::vector<std::string> cells = absl::StrSplit(lines[i], ',');
+    double d = 0;
+    if (cells.size() > 2 && cells[0] == replica && absl::SimpleAtod(cells[2], &d)) {
+      out.push_back(d);
+    }
+  }
+  return out;
+}
+
+// The text value of summary.json's `key`.
+std::string SummaryValue(const std::string& dir, const std::string& key) {
+  const std::string summary = ReadFile(dir + "/summary.json");
+  const std::string tag = absl::StrCat("\"", key, "\": ");
+  const size_t at = summary.find(tag);
+  if (at == std::string::npos) return "";
+  const size_t from = at + tag.size();
+  return summary.substr(from, summary.find_first_of(",}", from) - from);
+}
+
+// Collectives on the fabric: a prefill replica of two xPUs on two nodes
+// (one xPU per node) all-reduces across them over its NICs, 20 GB/s
+// together. Llama-3.1-8B's 1000-token step all-reduces 1000 x 4096 x 2 =
+// 8,192,000 bytes twice per layer: each xPU's NIC sends its whole 8,192,000
+// (2 x (2 - 1) / 2 of it, one channel) 64 times, 1,048,576,000 bytes from
+// both. Alone on the link they take 52.4288 ms, which the step's cost
+// holds. Streamed layer by layer, 31/32 of the prompt's KV (126,976,000
+// bytes) leaves as the step starts over the same link, at most 10 GB/s (the
+// decode NIC's): the collectives get the other 10 GB/s while it flows, and
+// the link stays full until they end, so the step is longer by the KV's
+// bytes over the link's 20 GB/s, 6.3488 ms. Sent after the prefill, the KV
+// shares nothing with the step.
+TEST(DisaggregationTest, CollectivesAcrossNodesShareTheNicWithKvLeavingIt) {
+  const std::string prefill = "prefill { cluster { replicas: 1 tensor_parallel: 2 } }";
+  // Per policy: the steps shared and the time lost; the step's duration.
+  std::map<std::string, std::vector<std::string>> runs;
+  std::map<std::string, double> step_s;
+  for (const char* policy : {"KV_TRANSFER_POLICY_LAYERWISE", "KV_TRANSFER_POLICY_AFTER_PREFILL"}) {
+    std::string dir;
+    RunScenario(absl::StrReplaceAll(Scenario(1, 1, policy, "xpus_per_node: 1"),
+                                    {{"prefill { cluster { replicas: 1 } }", prefill}}),
+                &dir);
+    EXPECT_EQ(SummaryValue(dir, "collective_nic_bytes"), "1.048576e+09");
+    // The link counts the collectives' bytes beside the KV's either way.
+    EXPECT_TRUE(absl::StrContains(ReadFile(dir + "/summary.json"),
+                                  "{\"name\": \"r0.nic\", \"bytes\": 1.179648e+09,"));
+    const std::vector<double> steps = StepDurations(dir, "0");
+    ASSERT_EQ(steps.size(), 1u);
+    runs[policy] = {SummaryValue(dir, "collective_shared_steps"),
+                    SummaryValue(dir, "collective_contention_s")};
+    step_s[policy] = steps[0];
+  }
+  const auto& layerwise = runs["KV_TRANSFER_POLICY_LAYERWISE"];
+  const auto& after = runs["KV_TRANSFER_POLICY_AFTER_PREFILL"];
+  EXPECT_EQ(after[0], "0");
+  EXPECT_EQ(after[1], "0");
+  EXPECT_EQ(layerwise[0], "1");
+  const double lost = kPromptKvBytes * 31 / 32 / (2 * kNicBw);  // 6.3488 ms
+  double v = 0;
+  ASSERT_TRUE(absl::SimpleAtod(layerwise[1], &v));
+  EXPECT_NEAR(v, lost, 1e-9);
+  // iterations.csv: to the nanosecond.
+  EXPECT_NEAR(step_s["KV_TRANSFER_POLICY_LAYERWISE"] - step_s["KV_TRANSFER_POLICY_AFTER_PREFILL"],
+              lost, 2e-9);
+}
+
+// Across racks: the same prefill replica with each node in a rack of its
+// own, behind uplinks of 10 GB/s / 4 = 2.5 GB/s, the spine 1 us away. Both
+// hops of its ring (node 0 to 1, 1 to 0) climb to the spine, each with half
+// the bytes, 524,288,000, bound by its uplinks: 209.7152 ms against the
+// 52.4288 ms its cost holds, plus the spine's latency. Nothing else flows.
+TEST(DisaggregationTest, CollectivesAcrossRacksAreBoundByTheUplinks) {
+  std::string dir;
+  RunScenario(
+      absl::StrReplaceAll(
+          Scenario(1, 1, "KV_TRANSFER_POLICY_AFTER_PREFILL", "xpus_per_node: 1",
+                   "fabric { nodes_per_rack: 1 oversubscription: 4 spine_latency_s: 1e-6 }"),
+          {{"prefill { cluster { replicas: 1 } }",
+            "prefill { cluster { replicas: 1 tensor_parallel: 2 } }"}}),
+      &dir);
+  const double bytes = 1048576000;
+  EXPECT_EQ(SummaryValue(dir, "collective_shared_steps"), "1");
+  double v = 0;
+  ASSERT_TRUE(absl::SimpleAtod(SummaryValue(dir, "collective_contention_s"), &v));
+  EXPECT_NEAR(v, bytes / 2 / 2.5e9 - bytes / (2 * kNicBw) + 1e-6, 1e-9);  // 157.2874 ms
+  // Each rack's uplink carried one hop each way; rack 0's the KV too, on
+  // its way to the decode replica in rack 2.
+  const std::string summary = ReadFile(dir + "/summary.json");
+  EXPECT_TRUE(absl::StrContains(summary, "{\"name\": \"rack0.uplink\", \"bytes\": 1.179648e+09,"))
+      << summary;
+  EXPECT_TRUE(absl::StrContains(summary, "{\"name\": \"rack1.uplink\", \"bytes\": 1.048576e+09,"))
+      << summary;
+}
+
+// The decode side: a decode replica of two xPUs on two nodes decodes the
+// first request while the second one's KV (131,072,000 bytes, 13.1272 ms
+// at the prefill NIC's 10 GB/s) flows into its NIC link (20 GB/s). Each of
+// its steps sends 2 x 64 x 4096 x 2 = 1,048,576 bytes out of the nodes'
+// NICs; sharing the link with the KV they get 10 GB/s, not 20: a step
+// wholly inside the transfer (7.05 ms each) is longer by 1,048,576 / 20
+// GB/s = 52.4288 us, and two are. The KV itself is bound by the prefill
+// NIC and arrives as it would alone.
+TEST(DisaggregationTest, DecodeStepsAcrossNodesShareTheNicWithArrivingKv) {
+  std::string dir;
+  const auto rows =
+      RunScenario(absl::StrReplaceAll(
+                      absl::StrReplaceAll(
+                          Scenario(1, 2, "KV_TRANSFER_POLICY_AFTER_PREFILL", "xpus_per_node: 1"),
+                          {{"prefill { cluster { replicas: 1 } }",
+                            "prefill { cluster { replicas: 1 } scheduler { "
+                            "max_tokens_per_iteration: 1000 } }"},
+                           {"decode { cluster { replicas: 1 } }",
+                            "decode { cluster { replicas: 1 tensor_parallel: 2 } }"}}),
+                      {{"output_tokens: 8", "output_tokens: 64"}}),
+                  &dir);
+  ASSERT_EQ(rows.size(), 2u);
+  for (const auto& row : rows) {
+    EXPECT_NEAR(Num(row, "kv_ready_s") - Num(row, "prefill_end_s"),
+                2 * kNicLatency + kPromptKvBytes / kNicBw, kCsvResolution);
+  }
+  EXPECT_EQ(SummaryValue(dir, "collective_nic_bytes"), "134217728");  // 128 steps
+  double v = 0;
+  ASSERT_TRUE(absl::SimpleAtod(SummaryValue(dir, "collective_contention_s"), &v));
+  EXPECT_NEAR(v, 2 * 1048576 / (2 * kNicBw), 1e-12);
+}
+
 // A SimGrid platform file with the built-in fabric's NICs: each prefill
 // replica's host reaches the decode replica's over its own 10 GB/s link
 // and the decode host's, 10 us each.

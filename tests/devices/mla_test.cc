@@ -183,9 +183,14 @@ TEST(GpuCollectiveTest, AnAllReduceAcrossNodesRunsAChannelPerNic) {
   const Cost two_nodes = CostOf(**CreateDevice(spec), op);
   EXPECT_NEAR(two_nodes.time_s, 30 * (5e-6 + 1e6 / 8 / 50e9), 1e-15);
   EXPECT_DOUBLE_EQ(two_nodes.link_bytes, 30.0 / 16 * 16e6);
+  // Of which each xPU's NIC sends its channel's 1/8: 30 steps of 1 MB / 8.
+  EXPECT_DOUBLE_EQ(two_nodes.internode_bytes, 30 * 1e6 / 8);
+  EXPECT_DOUBLE_EQ(one_node.internode_bytes, 0);
   // Within a node (8 peers) the NIC is not used.
   op.participants = 8;
-  EXPECT_NEAR(CostOf(**CreateDevice(spec), op).time_s, 14 * (3e-6 + 2e6 / 450e9), 1e-15);
+  const Cost in_node = CostOf(**CreateDevice(spec), op);
+  EXPECT_NEAR(in_node.time_s, 14 * (3e-6 + 2e6 / 450e9), 1e-15);
+  EXPECT_DOUBLE_EQ(in_node.internode_bytes, 0);
 }
 
 }  // namespace
