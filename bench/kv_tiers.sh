@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # KV tiers below HBM (docs/kv_tiers.md): Llama-3.1-70B, 2 x TP4 on a DGX
 # H100, the Mooncake synthetic trace at a quarter of its rate, with
-# HBM-only prefix caching, a host-DRAM tier (loads blocking or layer-wise,
-# write-through or write-on-evict), host DRAM + NVMe, and, under
+# HBM-only prefix caching, a host-DRAM tier (loads blocking, layer-wise or
+# asynchronous, write-through or write-on-evict), host DRAM + NVMe
+# (blocking or asynchronous), and, under
 # load-balancing routing, host DRAM with and without a cluster store over
 # RoCE that both replicas share. Prints one row
 # per configuration: latency, SLO attainment, where prompt tokens were
@@ -77,8 +78,10 @@ variants
 row "HBM only" "$tmp/none.pbtxt"
 row "+ host DRAM (blocking)" "$tmp/dram.pbtxt"
 row "+ host DRAM (layer-wise)" "$tmp/dram.pbtxt" --set cluster.kv_tiers.load=LAYERWISE
+row "+ host DRAM (async)" "$tmp/dram.pbtxt" --set cluster.kv_tiers.load=ASYNC
 row "+ host DRAM (write-on-evict)" "$tmp/dram.pbtxt" --set cluster.kv_tiers.write=ON_EVICT
 row "+ host DRAM + NVMe (blocking)" "$scenario"
+row "+ host DRAM + NVMe (async)" "$scenario" --set cluster.kv_tiers.load=ASYNC
 echo "least-outstanding routing (no cache affinity):"
 row "+ host DRAM 250 GB" "$tmp/lo_dram.pbtxt"
 row "+ host DRAM 200 GB + store 50 GB" "$tmp/lo_store.pbtxt"

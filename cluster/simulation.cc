@@ -410,6 +410,11 @@ class Engine {
           Stop(duration.status());
           return;
         }
+        if (wait_until_ >= 0) {
+          if (sg4::Engine::get_clock() < t) sg4::this_actor::sleep_until(t);
+          AwaitLoads();
+          break;
+        }
         const double end = t + *duration;
         const double floor = role_ == Role::kDecode ? sh_->HandoffFloor() : sh_->ArrivalFloor();
         if (!FastForward() || !(end < floor)) {
@@ -528,6 +533,30 @@ class Engine {
     r.projected_full = static_cast<int>(r.projection.size()) == steps;
   }
 
+  // Nothing was schedulable (Iteration): blocks until a request's
+  // asynchronous tier loads end (wait_until_) or a message comes, which
+  // Run then takes.
+  void AwaitLoads() {
+    const double wait = wait_until_ - sg4::Engine::get_clock();
+    wait_until_ = -1;
+    if (!(wait > 0)) return;
+    if (role_ == Role::kDecode) {
+      if (landed_.empty()) {
+        asleep_ = true;
+        wake_->acquire_timeout(wait);
+        asleep_ = false;
+      }
+      return;
+    }
+    // A prefill replica may start a step (and so hand off) from now on.
+    if (role_ == Role::kPrefill) sh_->prefill_busy_until[replica_] = sg4::Engine::get_clock();
+    try {
+      Receive(sh_->engine_boxes[replica_]->get<Message>(wait));
+    } catch (const simgrid::TimeoutException&) {
+      // The loads are done.
+    }
+  }
+
   bool Idle() const {
     for (const auto& r : ranks_) {
       if (!r->scheduler.Idle()) return false;
@@ -589,6 +618,14 @@ class Engine {
           static_cast<int64_t>(ranks_.size()) * std::min(graph_max, CapturedTokens(most_tokens));
     }
     if (lead == nullptr) {
+      // Nothing runs until a request's asynchronous tier loads end (or a
+      // request arrives): Run waits for either.
+      double ready = std::numeric_limits<double>::infinity();
+      for (const auto& r : ranks_) ready = std::min(ready, r->scheduler.NextLoadReady());
+      if (ready < std::numeric_limits<double>::infinity()) {
+        wait_until_ = ready;
+        return 0.0;
+      }
       return absl::InternalError(absl::StrCat(
           "replica ", replica_, ": work queued but nothing schedulable at t=", start));
     }
@@ -1201,6 +1238,9 @@ class Engine {
   std::vector<std::pair<Message*, double>> landed_;
   double landed_s_ = 0;  // the time of the message Receive() takes
   std::vector<sg4::CommPtr> flows_;  // a step's collectives (Collectives)
+  // Set by Iteration when nothing could run before this time (a request's
+  // asynchronous tier loads); -1: not waiting.
+  double wait_until_ = -1;
   int64_t landed_ends_ = 0, landed_expected_ = 0, landed_finals_ = 0;
   sg4::SemaphorePtr wake_ = sg4::Semaphore::create(0);
   bool asleep_ = false;

@@ -452,6 +452,12 @@ absl::Status ResolveKvTiers(const LoadedScenario& sc, double kv_bytes_per_token_
   }
   out->batching.kv_tier_write_through = kt.write() != servesim::v1::KV_TIER_WRITE_ON_EVICT;
   out->kv_tier_layerwise = kt.load() == servesim::v1::KV_TIER_LOAD_LAYERWISE;
+  out->batching.kv_tier_async = kt.load() == servesim::v1::KV_TIER_LOAD_ASYNC;
+  if (out->batching.kv_tier_async && out->batching.policy != scheduler::BatchingPolicy::kVllmV1) {
+    return fail("cluster.kv_tiers.load",
+                "KV_TIER_LOAD_ASYNC is vLLM v1's WAITING_FOR_REMOTE_KVS; set scheduler.batching: "
+                "BATCHING_POLICY_VLLM_V1, or load BLOCKING or LAYERWISE");
+  }
   return absl::OkStatus();
 }
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cassert>
 #include <cmath>
+#include <limits>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
@@ -300,16 +301,19 @@ void ReplicaScheduler::ScheduleDecodes() {
 }
 
 const Batch& ReplicaScheduler::Schedule(double now_s) {
-  (void)now_s;  // FCFS needs no clock; kept for SLO-aware policies.
   batch_.Clear();
+  now_s_ = now_s;  // asynchronous tier loads: what has loaded by now
   SchedulePolicy();
   if (prefix_ != nullptr && prefix_->num_tiers() > 0) CostTierMoves();
   return batch_;
 }
 
 void ReplicaScheduler::CostTierMoves() {
-  const PrefixCache::Moved moved = prefix_->TakeMoved();
+  PrefixCache::Moved moved = prefix_->TakeMoved();
   for (int k = 0; k < prefix_->num_tiers(); ++k) {
+    // Asynchronous loads run beside the step (StartLoads).
+    moved.loads[k] -= async_loads_[k];
+    async_loads_[k] = 0;
     const KvTierConfig& t = prefix_->tier_config(k);
     if (moved.loads[k] > 0) {
       batch_.kv_tier_load_s +=
@@ -424,8 +428,11 @@ void ReplicaScheduler::ScheduleVllmV1() {
     batch_.bound = BatchBound::kCapacity;
     return;
   }
-  // Then waiting requests, FCFS.
-  while (!waiting_.empty()) {
+  // Then waiting requests, FCFS. One loading its KV from a lower tier
+  // (kv_tier_async) is passed over until its loads are done: it keeps its
+  // place (vLLM's skipped_waiting_requests).
+  size_t i = 0;
+  while (i < waiting_.size()) {
     if (budget <= 0) {
       batch_.bound = BatchBound::kTokenBudget;
       break;
@@ -439,11 +446,34 @@ void ReplicaScheduler::ScheduleVllmV1() {
       batch_.bound = BatchBound::kSlo;
       break;
     }
-    const int32_t slot = waiting_.front();
+    const int32_t slot = waiting_[i];
     RequestState& r = table_[slot];
+    if (r.load_ready_s >= 0) {
+      if (r.load_ready_s > now_s_) {
+        ++i;  // still loading
+        continue;
+      }
+      // Loaded: its prompt's leading blocks are in place.
+      if (!AdmitChunk(i, r.prefilled, &budget)) {
+        batch_.bound = BatchBound::kCapacity;
+        break;
+      }
+      r.load_ready_s = -1;
+      continue;
+    }
     PrefixCache::Match match;
     if (prefix_ != nullptr) match = PrefixMatch(slot);
     const int64_t cached = ComputedAtAdmission(slot, match.blocks * config_.kv_block_tokens);
+    if (config_.kv_tier_async && match.loads > 0) {
+      // Blocks for the hits only; it computes nothing in this step.
+      if (!prefix_->CanAllocate(match, 0)) {
+        batch_.bound = BatchBound::kCapacity;
+        break;
+      }
+      StartLoads(i, match, cached, now_s_);
+      ++i;
+      continue;
+    }
     int64_t n = r.prompt_tokens - cached;
     if (threshold > 0) n = std::min(n, threshold);
     n = std::min(n, budget);
@@ -455,22 +485,65 @@ void ReplicaScheduler::ScheduleVllmV1() {
       batch_.bound = BatchBound::kCapacity;
       break;
     }
-    waiting_.pop_front();
     queued_blocks_ -= BlocksFor(r.prompt_tokens);
     r.prefilled = 0;
     r.context_tokens = 0;
     if (prefix_ != nullptr) TakePrefix(slot, match);
-    r.prefilled = r.context_tokens = cached;
-    Grow(slot, cached + n);  // checked above
-    r.running = true;
-    running_.push_back(slot);
-    const bool emits = cached + n == r.prompt_tokens;
-    batch_.entries.push_back(
-        BatchEntry{slot, n, cached, true, emits, Stacks(slot), r.spec.id, FinalTokens(r.spec)});
-    batch_.prefill_tokens += n;
-    batch_.emitting += emits ? 1 : 0;
-    budget -= n;
+    AdmitChunk(i, cached, &budget);  // checked above
   }
+}
+
+bool ReplicaScheduler::AdmitChunk(size_t i, int64_t computed, int64_t* budget) {
+  const int32_t slot = waiting_[i];
+  RequestState& r = table_[slot];
+  int64_t n = r.prompt_tokens - computed;
+  if (config_.long_prefill_token_threshold > 0) {
+    n = std::min(n, config_.long_prefill_token_threshold);
+  }
+  n = std::min(n, *budget);
+  r.prefilled = r.context_tokens = computed;
+  if (!Grow(slot, computed + n)) return false;
+  waiting_.erase(waiting_.begin() + static_cast<std::ptrdiff_t>(i));
+  r.running = true;
+  running_.push_back(slot);
+  const bool emits = computed + n == r.prompt_tokens;
+  batch_.entries.push_back(
+      BatchEntry{slot, n, computed, true, emits, Stacks(slot), r.spec.id, FinalTokens(r.spec)});
+  batch_.prefill_tokens += n;
+  batch_.emitting += emits ? 1 : 0;
+  *budget -= n;
+  return true;
+}
+
+void ReplicaScheduler::StartLoads(size_t i, const PrefixCache::Match& match, int64_t computed,
+                                  double now_s) {
+  const int32_t slot = waiting_[i];
+  RequestState& r = table_[slot];
+  queued_blocks_ -= BlocksFor(r.prompt_tokens);
+  r.prefilled = 0;
+  r.context_tokens = 0;
+  TakePrefix(slot, match);
+  r.prefilled = r.context_tokens = computed;
+  // The loads queue on the xPU's link behind those already on it, the
+  // tiers one after the other (as a blocking step takes them).
+  double t = std::max(now_s, load_link_free_s_);
+  for (int k = 0; k < prefix_->num_tiers(); ++k) {
+    if (match.from_tier[k] == 0) continue;
+    const KvTierConfig& tier = prefix_->tier_config(k);
+    t += tier.latency_s + static_cast<double>(match.from_tier[k]) * tier.seconds_per_block;
+    async_loads_[k] += match.from_tier[k];
+  }
+  load_link_free_s_ = t;
+  r.load_ready_s = t;
+}
+
+double ReplicaScheduler::NextLoadReady() const {
+  double t = std::numeric_limits<double>::infinity();
+  if (!config_.kv_tier_async) return t;
+  for (int32_t slot : waiting_) {
+    if (table_[slot].load_ready_s >= 0) t = std::min(t, table_[slot].load_ready_s);
+  }
+  return t;
 }
 
 int64_t ReplicaScheduler::PrefillTokensAhead(const RequestSpec& spec) const {

@@ -53,6 +53,13 @@
 //    latency plus blocks x seconds per block, the tiers one after the
 //    other), and under write-on-evict for the stores of the blocks its
 //    allocations evict; write-through stores overlap the steps.
+//    kv_tier_async (kVllmV1, vLLM's WAITING_FOR_REMOTE_KVS): a waiting
+//    request whose leading blocks need loads takes its blocks and starts
+//    them instead, queued behind the loads already on the xPU's link, and
+//    computes nothing in that step; until they are done later steps pass
+//    over it (it keeps its place, blocks nobody and counts against no
+//    limit but KV), then it is admitted as a request whose prompt is
+//    partly computed.
 //  - A request whose KV arrives with it (RequestSpec::kv_ready_tokens)
 //    needs blocks for its whole prompt at admission, as any other, but
 //    computes only the rest (at least its last prompt token); preempted, it
@@ -91,6 +98,9 @@ struct BatchingConfig {
   // enter the first: as they are cached (true) or as HBM evicts them.
   std::vector<KvTierConfig> kv_tiers;
   bool kv_tier_write_through = true;
+  // kVllmV1 only: tier loads run beside the steps (vLLM's
+  // WAITING_FOR_REMOTE_KVS) instead of inside the step that admits.
+  bool kv_tier_async = false;
   // The pool's cluster store, which a last tier with cluster_store uses;
   // the engine creates one per pool and run (shared by its schedulers).
   std::shared_ptr<BlockLru> kv_store;
@@ -183,6 +193,9 @@ struct RequestState {
   double last_token_s = -1;
   double finish_s = -1;
   bool running = false;
+  // Asynchronous tier loads (BatchingConfig::kv_tier_async): when its
+  // loaded blocks are in HBM; -1 when it is not loading.
+  double load_ready_s = -1;
 };
 
 // Receives what happens to requests; metrics implement it.
@@ -224,6 +237,10 @@ class ReplicaScheduler {
   void Complete(double now_s, RequestObserver* observer);
 
   bool Idle() const { return waiting_.empty() && running_.empty(); }
+  // The earliest time a waiting request's asynchronous tier loads end;
+  // infinity when none is loading. When Schedule finds nothing to run, the
+  // replica waits for it (or an arrival).
+  double NextLoadReady() const;
   int64_t num_waiting() const { return static_cast<int64_t>(waiting_.size()); }
   int64_t num_running() const { return static_cast<int64_t>(running_.size()); }
   const KvBlockPool& kv() const { return kv_; }
@@ -274,8 +291,18 @@ class ReplicaScheduler {
   void ScheduleVllmV1();
   // The policy's part of Schedule.
   void SchedulePolicy();
-  // Batch::kv_tier_*_s of the blocks moved while scheduling.
+  // Batch::kv_tier_*_s of the blocks moved while scheduling (but for
+  // asynchronous loads).
   void CostTierMoves();
+  // kVllmV1: the waiting request at waiting_[i] joins the batch with
+  // `computed` of its prompt's tokens in place and a chunk of the rest
+  // (at most `*budget`), taking blocks for it; false (nothing changed)
+  // when they cannot be had.
+  bool AdmitChunk(size_t i, int64_t computed, int64_t* budget);
+  // kv_tier_async: the request at waiting_[i] takes its leading blocks
+  // (`match`; `computed` of its prompt's tokens are then in place) and
+  // starts loading those only a tier holds at `now_s`.
+  void StartLoads(size_t i, const PrefixCache::Match& match, int64_t computed, double now_s);
   int32_t NewSlot(const RequestSpec& spec);
   // Prefix caching: the hash naming block `b` of the request in `slot`
   // (its trace's, or one of its own past what the trace says).
@@ -312,6 +339,11 @@ class ReplicaScheduler {
   std::vector<uint64_t> key_scratch_;
   int64_t prefix_hit_tokens_ = 0, prefix_query_tokens_ = 0;
   int64_t tier_hit_tokens_[kMaxKvTiers] = {0, 0, 0, 0};
+  // Asynchronous loads: when the xPU's link to the tiers is next free;
+  // per tier, the blocks loaded asynchronously in this Schedule call.
+  double load_link_free_s_ = 0;
+  double now_s_ = 0;  // the time Schedule was called at
+  int64_t async_loads_[kMaxKvTiers] = {0, 0, 0, 0};
 };
 
 }  // namespace servesim::scheduler

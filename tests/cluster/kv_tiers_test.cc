@@ -109,6 +109,79 @@ TEST(KvTiersEndToEndTest, APrefixEvictedFromHbmIsLoadedAtTheLinksRate) {
   EXPECT_NEAR(s[2] - f[2], 60 * kBlockBytes * (1 / 1e10 - 1 / 2e10), 2e-6);
 }
 
+// Asynchronous loads (KV_TIER_LOAD_ASYNC): alone on the replica, a prompt
+// that loads its prefix waits out the loads and then runs its step, so its
+// TTFT is the blocking one's (which runs the loads inside the step).
+TEST(KvTiersEndToEndTest, AsynchronousLoadsAloneCostWhatBlockingOnesDo) {
+  const std::string dir = FreshDir("kv_async_alone");
+  auto tier = [](const char* load) {
+    return absl::StrCat(
+        "kv_tiers { tier { kind: KV_TIER_HOST_DRAM capacity_bytes_per_xpu: 1e10 link { "
+        "bandwidth_bytes_per_s: 1e10 latency_s: 1e-5 } } load: ",
+        load, " }");
+  };
+  const std::vector<int> groups = {0, 1, 0};
+  const std::string blocking =
+      RunGroups(dir, "blocking", groups, tier("KV_TIER_LOAD_BLOCKING"), "num_kv_blocks: 200");
+  const std::string async =
+      RunGroups(dir, "async", groups, tier("KV_TIER_LOAD_ASYNC"), "num_kv_blocks: 200");
+  EXPECT_EQ(SummaryInt(async, "loaded_blocks"), 60);
+  const std::vector<double> b = Ttft(blocking), a = Ttft(async);
+  ASSERT_EQ(a.size(), 3u);
+  ASSERT_EQ(b.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) EXPECT_NEAR(a[i], b[i], 2e-6) << i;
+}
+
+// While another request decodes: request 2's prompt (a prefix group of its
+// own) evicts the tail of request 0's prefix from HBM; request 3, request
+// 0's prompt again, arrives while request 1 (600 output tokens) decodes and
+// loads 74 blocks from host DRAM: 10 us + 74 x 2,097,152 bytes / 10 GB/s =
+// 15.528 ms. Blocking, the step that admits it waits for them and request
+// 1 with it; asynchronously, request 1 decodes on, and ends that much
+// sooner, while request 3 waits for the first step after its loads.
+TEST(KvTiersEndToEndTest, AsynchronousLoadsLetTheOthersDecodeOn) {
+  const std::string dir = FreshDir("kv_async");
+  WriteFile(dir + "/t.csv",
+            "arrival_s,input_tokens,output_tokens,prefix_group,prefix_tokens\n"
+            "0,2100,4,0,2048\n0.5,100,600,2,0\n1,2100,4,1,2048\n2,2100,4,0,2048\n");
+  std::map<std::string, std::vector<std::string>> finish, ttft;
+  for (const char* load : {"KV_TIER_LOAD_BLOCKING", "KV_TIER_LOAD_ASYNC"}) {
+    WriteFile(dir + "/s.pbtxt", absl::StrCat(R"(
+model { preset: "llama3.1-8b" }
+cluster { xpu { preset: "a100-80gb" } kv_tiers { tier { kind: KV_TIER_HOST_DRAM
+  capacity_bytes_per_xpu: 1e10 link { bandwidth_bytes_per_s: 1e10 latency_s: 1e-5 } } load: )",
+                                             load, R"( } }
+workload { trace { path: "t.csv" } }
+scheduler { batching: BATCHING_POLICY_VLLM_V1 num_kv_blocks: 200 }
+)"));
+    const std::string out = dir + "/" + load;
+    const auto r = RunServesim({"run", dir + "/s.pbtxt", "--out", out});
+    ASSERT_EQ(r.code, 0) << r.out;
+    EXPECT_EQ(SummaryInt(out, "loaded_blocks"), 74);
+    const std::vector<std::string> lines = Lines(ReadFile(out + "/requests.csv"));
+    ASSERT_EQ(lines.size(), 5u);
+    for (size_t i = 1; i < lines.size(); ++i) {
+      const std::vector<std::string> cells = absl::StrSplit(lines[i], ',');
+      finish[load].push_back(cells.at(3));
+      ttft[load].push_back(cells.at(6));
+    }
+  }
+  auto num = [](const std::string& s) {
+    double v = 0;
+    EXPECT_TRUE(absl::SimpleAtod(s, &v)) << s;
+    return v;
+  };
+  const double load_s = 1e-5 + 74 * kBlockBytes / 1e10;  // 15.528 ms
+  const auto& b = finish["KV_TIER_LOAD_BLOCKING"];
+  const auto& a = finish["KV_TIER_LOAD_ASYNC"];
+  EXPECT_NEAR(num(b[1]) - num(a[1]), load_s, 3e-6);
+  // Requests 0 and 2 end before request 3 arrives: the same either way.
+  EXPECT_EQ(a[0], b[0]);
+  EXPECT_EQ(a[2], b[2]);
+  // Request 3 waits for a step boundary after its loads end.
+  EXPECT_GT(num(ttft["KV_TIER_LOAD_ASYNC"][3]), num(ttft["KV_TIER_LOAD_BLOCKING"][3]));
+}
+
 // Two replicas, round robin: two prompts of one prefix group land on
 // replicas 0 and 1. Alone, replica 1 computes the prefix again; with a
 // store they share, it loads the 128 blocks replica 0 stored there.

@@ -951,6 +951,15 @@ TEST(KvTierResolveTest, BadTiersAreRefusedNamingTheirLine) {
             "scheduler.prefix_caching: true");
   EXPECT_THAT(error(TierScenario(dram, "  attacc { stacks: 8 }\n")),
               HasSubstr("cluster.kv_tiers: not modelled with an attention device"));
+  // Asynchronous loads are vLLM v1's.
+  std::string async = TierScenario(dram + "    load: KV_TIER_LOAD_ASYNC\n");
+  EXPECT_EQ(error(async), "ok");
+  async.replace(async.find("BATCHING_POLICY_VLLM_V1"), 23,
+                "BATCHING_POLICY_CHUNKED_PREFILL prefix_caching: true");
+  EXPECT_EQ(error(async),
+            "s.pbtxt:6: cluster.kv_tiers.load: KV_TIER_LOAD_ASYNC is vLLM v1's "
+            "WAITING_FOR_REMOTE_KVS; set scheduler.batching: BATCHING_POLICY_VLLM_V1, or load "
+            "BLOCKING or LAYERWISE");
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // Lower KV tiers under the prefix cache (scheduler/prefix_cache.h,
 // docs/kv_tiers.md): where blocks go, what a hit loads and what the step
 // waits for, by hand.
+#include <limits>
 #include <memory>
 #include <vector>
 
@@ -188,6 +189,81 @@ TEST(KvTierSchedulerTest, APromptEvictedFromHbmLoadsItsPrefixFromTheTier) {
     EXPECT_DOUBLE_EQ(c.kv_tier_store_s, write_through ? 0.0 : 5e-4 + 2e-3);
     EXPECT_DOUBLE_EQ(KvTierWaitS(c, 1.0, 80, false), c.kv_tier_store_s + 5e-4 + 2e-3);
   }
+}
+
+// Asynchronous loads (vLLM's WAITING_FOR_REMOTE_KVS): as above, C finds
+// A's first two blocks in host DRAM, but takes them and starts loading
+// them (0.5 ms + 2 x 1 ms, ready at 2.0025 s) instead of computing; D,
+// behind it, is admitted in the same step, which waits for nothing. A
+// step before the loads end passes over C (D decodes alone); the first
+// step at or after 2.0025 s admits C with its 32 tokens in place.
+TEST(KvTierSchedulerTest, AsynchronousLoadsRunBesideTheSteps) {
+  BatchingConfig config = V1(true);
+  config.kv_tier_async = true;
+  ReplicaScheduler s(config);
+  s.Add(Req(0, 48, {1, 2, 3}), 0, nullptr);
+  ASSERT_EQ(s.Schedule(0).entries.size(), 1u);
+  s.Complete(1, nullptr);
+  s.Add(Req(1, 95, {11, 12, 13, 14, 15}), 1, nullptr);
+  ASSERT_EQ(s.Schedule(1).entries.size(), 1u);  // evicts A's blocks from HBM
+  s.Complete(2, nullptr);
+  EXPECT_EQ(s.NextLoadReady(), std::numeric_limits<double>::infinity());
+  s.Add(Req(2, 48, {1, 2, 3}), 2, nullptr);
+  RequestSpec d = Req(3, 16, {41});
+  d.output_tokens = 3;
+  s.Add(d, 2, nullptr);
+  const Batch& first = s.Schedule(2);
+  ASSERT_EQ(first.entries.size(), 1u);
+  EXPECT_EQ(first.entries[0].request_id, 3);  // D; C loads
+  EXPECT_EQ(first.kv_tier_loads, 0);
+  EXPECT_EQ(first.kv_tier_load_s, 0);
+  EXPECT_EQ(s.kv().used(), 3);  // C's 2 loading blocks, D's 1
+  EXPECT_EQ(s.num_waiting(), 1);
+  EXPECT_DOUBLE_EQ(s.NextLoadReady(), 2 + 5e-4 + 2e-3);
+  EXPECT_EQ(s.tier_hit_tokens(0), 32);
+  EXPECT_EQ(s.prefix_cache()->tier_stats(0).loaded, 2);
+  s.Complete(2.001, nullptr);
+  const Batch& second = s.Schedule(2.001);
+  ASSERT_EQ(second.entries.size(), 1u);  // D decodes; C is still loading
+  EXPECT_FALSE(second.entries[0].prefill);
+  s.Complete(2.002, nullptr);
+  const Batch& third = s.Schedule(2.0025);
+  ASSERT_EQ(third.entries.size(), 2u);
+  EXPECT_EQ(third.entries[1].request_id, 2);
+  EXPECT_EQ(third.entries[1].past_tokens, 32);
+  EXPECT_EQ(third.entries[1].new_tokens, 16);
+  EXPECT_EQ(third.kv_tier_load_s, 0);
+  EXPECT_EQ(s.NextLoadReady(), std::numeric_limits<double>::infinity());
+  EXPECT_EQ(s.prefix_hit_tokens(), 32);
+}
+
+// Two prompts loading in one step queue on the xPU's link: the second's
+// loads start when the first's end. Alone, a waiting request that is
+// loading leaves nothing to schedule.
+TEST(KvTierSchedulerTest, AsynchronousLoadsQueueOnTheLink) {
+  BatchingConfig config = V1(true);
+  config.kv_tier_async = true;
+  config.kv_capacity_blocks = 12;
+  config.kv_tiers = {Tier("host_dram", 32)};
+  ReplicaScheduler s(config);
+  s.Add(Req(0, 48, {1, 2, 3}), 0, nullptr);
+  s.Add(Req(1, 48, {4, 5, 6}), 0, nullptr);
+  ASSERT_EQ(s.Schedule(0).entries.size(), 2u);
+  s.Complete(1, nullptr);
+  // A long prompt's twelve blocks evict all six from HBM (the tier keeps
+  // them all).
+  s.Add(Req(2, 190, {}), 1, nullptr);
+  ASSERT_EQ(s.Schedule(1).entries.size(), 1u);
+  s.Complete(2, nullptr);
+  s.Add(Req(3, 48, {1, 2, 3}), 2, nullptr);
+  s.Add(Req(4, 48, {4, 5, 6}), 2, nullptr);
+  EXPECT_TRUE(s.Schedule(2).empty());
+  EXPECT_DOUBLE_EQ(s.NextLoadReady(), 2 + 2.5e-3);
+  s.Complete(2, nullptr);
+  const Batch& next = s.Schedule(2 + 2.5e-3);
+  ASSERT_EQ(next.entries.size(), 1u);
+  EXPECT_EQ(next.entries[0].request_id, 3);
+  EXPECT_DOUBLE_EQ(s.NextLoadReady(), 2 + 2 * 2.5e-3);
 }
 
 // A cluster store shared by two replicas: the prompt replica 0 computed,
