@@ -359,8 +359,8 @@ std::string FormatSummaryTable(const ResolvedScenario& sc, const Workload& wl,
         busiest_name, 100 * busiest);
     if (s.collective_bytes > 0) {
       absl::StrAppendFormat(&t,
-                            "  collective %.2f GB out of nodes' NICs; %d steps shared a link with "
-                            "KV, %.2f ms lost to it\n",
+                            "  collective %.2f GB out of nodes' NICs; %d steps as flows, %.2f ms "
+                            "lost to shared or oversubscribed links\n",
                             s.collective_bytes / 1e9, s.collective_flows,
                             1e3 * s.collective_extra_s);
     }
