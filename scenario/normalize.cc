@@ -84,9 +84,9 @@ absl::Status NormalizeCluster(LoadedScenario* scenario) {
       c->mutable_xpu()->set_preset(n.xpu());
     }
     if (!c->has_xpus_per_node() && n.has_xpus()) c->set_xpus_per_node(n.xpus());
-    if (c->internode().preset().empty() && !c->internode().has_bandwidth_bytes_per_s()) {
-      c->mutable_internode()->set_preset(n.nic());
-    }
+    // The node's NIC fills what the cluster's internode leaves unset: a
+    // bandwidth given alone (a --set) keeps the NIC's latency and energy.
+    if (c->internode().preset().empty()) c->mutable_internode()->set_preset(n.nic());
   }
   RETURN_IF_ERROR(FillFromPreset(c->mutable_xpu(), &devices::XpuPreset, *scenario, "cluster.xpu"));
   // The xPU's own GPU-to-GPU link (its preset's), else NVLink 3.

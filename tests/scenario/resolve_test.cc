@@ -11,6 +11,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "devices/presets.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "scenario/scenario.h"
@@ -809,6 +810,17 @@ TEST(ScenarioNodeTest, ANodePresetFillsTheXpuTheNodeSizeAndTheNic) {
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->proto.cluster().internode().preset(), "roce-400g");
   EXPECT_EQ(r->proto.cluster().xpus_per_node(), 4);
+  // A NIC bandwidth given alone keeps the node's NIC's latency and energy.
+  r = ParseAndResolve(
+      "model { preset: \"llama3.1-8b\" }\ncluster {\n  node { preset: \"dgx-h100\" }\n"
+      "  internode { bandwidth_bytes_per_s: 25e9 }\n}\n");
+  ASSERT_TRUE(r.ok()) << r.status();
+  const auto ndr = devices::LinkPreset("infiniband-ndr");
+  ASSERT_TRUE(ndr.ok());
+  EXPECT_DOUBLE_EQ(r->proto.cluster().internode().bandwidth_bytes_per_s(), 25e9);
+  EXPECT_DOUBLE_EQ(r->proto.cluster().internode().latency_s(), ndr->latency_s());
+  EXPECT_DOUBLE_EQ(r->proto.cluster().internode().energy_pj_per_byte(), ndr->energy_pj_per_byte());
+  EXPECT_GT(ndr->latency_s(), 0);
   r = ParseAndResolve(
       "model { preset: \"llama3.1-8b\" }\ncluster {\n  node { preset: \"dgx-z\" }\n}\n");
   ASSERT_FALSE(r.ok());
