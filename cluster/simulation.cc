@@ -689,6 +689,8 @@ class Engine {
       xpu_busy_s = cycle.busiest_stage_s;
       cost_.total.link_bytes += pipe_bytes;
       cost_.total.link_energy_pj += pipe_bytes * pool_->pipeline.link_energy_pj_per_byte;
+      // Across nodes they leave through the NICs (Collectives).
+      if (pool_->pipeline.across_nodes) cost_.total.internode_bytes += pipe_bytes;
     }
     if (lockstep || pipeline) {
       cost_.time_s = time_s;

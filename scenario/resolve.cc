@@ -892,6 +892,7 @@ absl::StatusOr<ResolvedScenario> Resolve(const LoadedScenario& sc) {
     pc.link_bytes_per_s = link.bandwidth_bytes_per_s();
     pc.link_latency_s = link.latency_s();
     pc.link_energy_pj_per_byte = link.energy_pj_per_byte();
+    pc.across_nodes = across_nodes;
   }
   kin.block_tokens = s.kv_block_tokens();
   out.planner.tensor_parallel = tp;

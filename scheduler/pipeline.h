@@ -62,6 +62,7 @@ struct PipelineConfig {
   // The link between consecutive stages' xPUs (per xPU): NVLink within a
   // node, the NIC when the stages sit on different nodes.
   double link_bytes_per_s = 0, link_latency_s = 0, link_energy_pj_per_byte = 0;
+  bool across_nodes = false;  // the hand-offs leave through the NICs
 };
 
 // Stage times of a batch of `tokens` tokens whose whole-model cost on one

@@ -320,6 +320,27 @@ TEST(DisaggregationTest, CollectivesAcrossNodesShareTheNicWithKvLeavingIt) {
               lost, 2e-9);
 }
 
+// Pipeline stages on two nodes hand the 1000-token step's hidden states
+// and residual on, 1000 x 4096 x 2 x 2 = 16,384,000 bytes, through the
+// NICs: alone 0.8192 ms over the replica's 20 GB/s; beside the layer-wise
+// KV (bound to 10 GB/s elsewhere, and longer) at 10 GB/s, 0.8192 ms more.
+TEST(DisaggregationTest, PipelineHandOffsAcrossNodesShareTheNicWithKv) {
+  std::map<std::string, double> step_s;
+  for (const char* policy : {"KV_TRANSFER_POLICY_LAYERWISE", "KV_TRANSFER_POLICY_AFTER_PREFILL"}) {
+    std::string dir;
+    RunScenario(absl::StrReplaceAll(Scenario(1, 1, policy, "xpus_per_node: 1"),
+                                    {{"prefill { cluster { replicas: 1 } }",
+                                      "prefill { cluster { replicas: 1 pipeline_parallel: 2 } }"}}),
+                &dir);
+    EXPECT_EQ(SummaryValue(dir, "collective_nic_bytes"), "16384000");
+    const std::vector<double> steps = StepDurations(dir, "0");
+    ASSERT_EQ(steps.size(), 1u);
+    step_s[policy] = steps[0];
+  }
+  EXPECT_NEAR(step_s["KV_TRANSFER_POLICY_LAYERWISE"] - step_s["KV_TRANSFER_POLICY_AFTER_PREFILL"],
+              16384000 / (2 * kNicBw), 2e-9);
+}
+
 // Across racks: the same prefill replica with each node in a rack of its
 // own, behind uplinks of 10 GB/s / 4 = 2.5 GB/s, the spine 1 us away. Both
 // hops of its ring (node 0 to 1, 1 to 0) climb to the spine, each with half
