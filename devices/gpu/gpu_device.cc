@@ -325,13 +325,19 @@ Cost GpuDevice::RooflineCost(const Op& op) const {
           // Across nodes: NCCL runs one ring channel per NIC, each slicing
           // the data; every xPU is its channel's node boundary once, so a
           // step moves 1/C of its slice over its NIC and the rest over
-          // the node's links, and lasts as long as the slower of the two.
+          // the node's links, at the pace of the slower of the two. The
+          // latency is NCCL's own ring model's (src/graph/tuning.cc: the
+          // pipelined data pays each hop's latency once along its way): of
+          // the 2(p - 1) steps, the 2(nodes - 1) that cross a node boundary
+          // take the NIC's latency, the others the node's link's.
           const auto& net = spec_.internode();
           const double slice = op.bytes / p, channels = per_node;
-          const double step = std::max(
-              net.latency_s() + slice / channels / net.bandwidth_bytes_per_s(),
-              link.latency_s() + slice * (channels - 1) / channels / link.bandwidth_bytes_per_s());
-          c.time_s = 2 * (p - 1) * step;
+          const double steps = 2 * (p - 1);
+          const double inter = 2 * (std::ceil(p / channels) - 1);
+          const double pace =
+              std::max(slice / channels / net.bandwidth_bytes_per_s(),
+                       slice * (channels - 1) / channels / link.bandwidth_bytes_per_s());
+          c.time_s = steps * pace + (steps - inter) * link.latency_s() + inter * net.latency_s();
           c.internode_bytes = c.link_bytes / channels;
           c.link_energy_pj = c.link_bytes / channels * net.energy_pj_per_byte() +
                              c.link_bytes * (channels - 1) / channels * link.energy_pj_per_byte();

@@ -3,6 +3,7 @@
 // FP8 GEMMs and a node-spanning all-reduce by hand, and the planner's MLA
 // layer (docs/models.md). Every expected value is worked out in the
 // comments.
+#include <algorithm>
 #include <memory>
 #include <vector>
 
@@ -176,12 +177,18 @@ TEST(GpuCollectiveTest, AnAllReduceAcrossNodesRunsAChannelPerNic) {
   const Cost one_node = CostOf(**CreateDevice(spec), op);
   EXPECT_NEAR(one_node.time_s, 30 * (3e-6 + 1e6 / 450e9), 1e-15);
   // Two nodes of 8 with a 400 Gb/s NIC per GPU: a step moves 1/8 of its
-  // 1 MB slice over the NIC (5 us + 2.5 us) and 7/8 over NVLink (3 us +
-  // 1.944 us); the NIC is slower.
+  // 1 MB slice over the NIC (2.5 us) and 7/8 over NVLink (1.944 us); the
+  // NIC sets the pace. Of the 30 steps, 2 cross a node boundary and take
+  // the NIC's 5 us latency, 28 NVLink's 3 us: 75 + 10 + 84 = 169 us.
   spec.mutable_gpu()->set_xpus_per_node(8);
   *spec.mutable_gpu()->mutable_internode() = *LinkPreset("infiniband-ndr");
   const Cost two_nodes = CostOf(**CreateDevice(spec), op);
-  EXPECT_NEAR(two_nodes.time_s, 30 * (5e-6 + 1e6 / 8 / 50e9), 1e-15);
+  EXPECT_NEAR(two_nodes.time_s, 30 * (1e6 / 8 / 50e9) + 2 * 5e-6 + 28 * 3e-6, 1e-15);
+  // Four nodes of 4: 6 steps cross a boundary.
+  spec.mutable_gpu()->set_xpus_per_node(4);
+  EXPECT_NEAR(CostOf(**CreateDevice(spec), op).time_s,
+              30 * std::max(1e6 / 4 / 50e9, 1e6 * 3 / 4 / 450e9) + 6 * 5e-6 + 24 * 3e-6, 1e-15);
+  spec.mutable_gpu()->set_xpus_per_node(8);
   EXPECT_DOUBLE_EQ(two_nodes.link_bytes, 30.0 / 16 * 16e6);
   // Of which each xPU's NIC sends its channel's 1/8: 30 steps of 1 MB / 8.
   EXPECT_DOUBLE_EQ(two_nodes.internode_bytes, 30 * 1e6 / 8);
