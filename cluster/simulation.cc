@@ -710,9 +710,7 @@ class Engine {
     if (cost->total.internode_bytes > 0 && !sh_->collectives.empty() &&
         !sh_->collectives[replica_].hops.empty()) {
       if (stream) {
-        for (const auto& r : ranks_) {
-          if (r->batch != nullptr) StreamLayers(*r->batch);
-        }
+        StreamLayers();
         streamed = true;
       }
       duration += Collectives(start, duration, cost->total.internode_bytes);
@@ -729,11 +727,7 @@ class Engine {
     sh_->metrics->AddIteration(it);
     sh_->metrics->AddEnergy(cost->total, cost->device_total, active_j);
     RETURN_IF_ERROR(SampleTimeline(*lead, it));
-    if (stream && !streamed) {
-      for (const auto& r : ranks_) {
-        if (r->batch != nullptr) StreamLayers(*r->batch);
-      }
-    }
+    if (stream && !streamed) StreamLayers();
     if (sh_->live != nullptr) {
       LiveIteration li;
       li.replica = replica_;
@@ -1030,6 +1024,11 @@ class Engine {
       const double total = KvBytes(h.spec.input_tokens);
       h.tail_bytes = KvBytes(e.new_tokens) / layers;
       SendKv(h, total - h.tail_bytes, 0);
+    }
+  }  // Every rank's batch's layer-wise KV (StreamLayers above).
+  void StreamLayers() {
+    for (const auto& r : ranks_) {
+      if (r->batch != nullptr) StreamLayers(*r->batch);
     }
   }
 
