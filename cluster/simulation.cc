@@ -141,6 +141,9 @@ struct Shared {
   std::vector<int> live_link;
   // Per link, the KV flows on it now (sent, not yet landed).
   std::vector<int> kv_flows_on;
+  // SLO-limited batching: per pool, the batch cap by 64-token context
+  // bucket (Engine::SloCap). A pool's replicas plan alike, so they share it.
+  absl::flat_hash_map<const ResolvedScenario*, std::map<int64_t, int64_t>> slo_caps;
   // Collectives on the fabric (docs/disaggregation.md): per replica whose
   // xPUs span nodes (none with a platform file), the flows that carry a
   // step's bytes out of its nodes' NICs from its host: over its NIC link
@@ -1157,18 +1160,26 @@ class Engine {
   }
 
   // The SLO batch cap for the current mean context, memoised per 64-token
-  // bucket (rounded up, so the cap is never too generous). Data-parallel
-  // ranks share the first rank's cap.
+  // bucket (rounded up, so the cap is never too generous) and shared by the
+  // pool's replicas. A new bucket's search starts from the nearest known
+  // bucket's cap. Data-parallel ranks share the first rank's cap.
   absl::StatusOr<int64_t> SloCap() {
     const int64_t ctx = ranks_[0]->scheduler.MeanContextTokens();
     const int64_t bucket = (ctx + 63) / 64;
-    auto it = slo_caps_.find(bucket);
-    if (it == slo_caps_.end()) {
+    std::map<int64_t, int64_t>& caps = sh_->slo_caps[pool_];
+    auto it = caps.lower_bound(bucket);
+    if (it == caps.end() || it->first != bucket) {
+      int64_t hint = 0;
+      if (it != caps.end()) hint = it->second;
+      if (it != caps.begin() &&
+          (it == caps.end() || bucket - std::prev(it)->first < it->first - bucket)) {
+        hint = std::prev(it)->second;
+      }
       ASSIGN_OR_RETURN(int64_t cap,
                        scheduler::MaxBatchWithinSlo(ranks_[0]->planner, pool_->tbt_slo_s,
                                                     std::max<int64_t>(1, bucket * 64),
-                                                    pool_->batching.max_batch_size));
-      it = slo_caps_.emplace(bucket, cap).first;
+                                                    pool_->batching.max_batch_size, hint));
+      it = caps.emplace_hint(it, bucket, cap);
     }
     batch_cap_ = it->second;
     return it->second;
@@ -1265,7 +1276,6 @@ class Engine {
   int64_t finished_ = 0;   // finished or rejected
   int64_t done_ = 0;
   int64_t batch_cap_ = 0;
-  absl::flat_hash_map<int64_t, int64_t> slo_caps_;
   absl::flat_hash_map<int64_t, double> chunk_s_;  // a lone prefill step's time, by tokens
   scheduler::IterationCost cost_;  // the current iteration's
   std::vector<scheduler::PipelineStep> steps_;  // its in-flight batches' stages

@@ -306,9 +306,13 @@ class IterationPlanner {
 // SLO-limited batching (AttAcc §3.2, §7.3): the largest decode batch, in
 // 1..max_batch, of requests with `context_tokens` cached tokens each whose
 // predicted iteration time meets `tbt_s`; 0 if even one request misses it.
-// Binary search: iteration time grows with the batch.
+// Iteration time grows with the batch, so the answer is found by a binary
+// search; with a `hint` in 1..max_batch (the cap of a nearby context) it
+// gallops from the hint first, which finds the same answer in about two
+// plans where the cap barely moves instead of log2(max_batch).
 absl::StatusOr<int64_t> MaxBatchWithinSlo(IterationPlanner& planner, double tbt_s,
-                                          int64_t context_tokens, int64_t max_batch);
+                                          int64_t context_tokens, int64_t max_batch,
+                                          int64_t hint = 0);
 
 }  // namespace servesim::scheduler
 

@@ -176,6 +176,44 @@ TEST(SloCapTest, LargestBatchMeetingTheTargetMatchesBruteForce) {
   EXPECT_EQ(*MaxBatchWithinSlo(planner, 1e-6, 2048, 256), 0);
 }
 
+TEST(SloCapTest, AHintFindsTheSameCapInFewerPlans) {
+  auto gpu = Gpu();
+  FakeAttentionDevice fake(40);
+  IterationPlanner planner(Gpt3(), Config(gpu.get(), &fake, OverlapPolicy::kSerial));
+  const double tbt = 0.050;
+  fake.attention_calls.clear();
+  const int64_t cap = *MaxBatchWithinSlo(planner, tbt, 2048, 256);
+  // Without a hint: a bisection of 1..256, eight plans (one attention op
+  // each, recording its batch).
+  ASSERT_EQ(fake.attention_calls.size(), 8u);
+  ASSERT_GT(cap, 2);
+  ASSERT_LT(cap, 250);
+  EXPECT_LE(planner.Plan(Decode(cap, 2048))->time_s, tbt);
+  EXPECT_GT(planner.Plan(Decode(cap + 1, 2048))->time_s, tbt);
+  // Every hint gives the same answer.
+  for (int64_t hint = 0; hint <= 256; ++hint) {
+    EXPECT_EQ(*MaxBatchWithinSlo(planner, tbt, 2048, 256, hint), cap) << "hint " << hint;
+  }
+  // The answer as the hint: two plans, it and one more.
+  fake.attention_calls.clear();
+  EXPECT_EQ(*MaxBatchWithinSlo(planner, tbt, 2048, 256, cap), cap);
+  EXPECT_EQ(fake.attention_calls, (std::vector<int64_t>{cap, cap + 1}));
+  // One above: it fails, the one below passes.
+  fake.attention_calls.clear();
+  EXPECT_EQ(*MaxBatchWithinSlo(planner, tbt, 2048, 256, cap + 1), cap);
+  EXPECT_EQ(fake.attention_calls, (std::vector<int64_t>{cap + 1, cap}));
+  // Three below: up by 1, 2 and 4, which overshoots, then a bisection of
+  // what lies between.
+  fake.attention_calls.clear();
+  EXPECT_EQ(*MaxBatchWithinSlo(planner, tbt, 2048, 256, cap - 3), cap);
+  EXPECT_EQ(fake.attention_calls,
+            (std::vector<int64_t>{cap - 3, cap - 2, cap, cap + 4, cap + 2, cap + 1}));
+  // Nothing meets the target: down from the hint to 1.
+  fake.attention_calls.clear();
+  EXPECT_EQ(*MaxBatchWithinSlo(planner, 1e-6, 2048, 256, 4), 0);
+  EXPECT_EQ(fake.attention_calls, (std::vector<int64_t>{4, 3, 1}));
+}
+
 // --------------------------------------------------------------- planner --
 
 class HeteroPlannerTest : public ::testing::Test {
