@@ -18,7 +18,8 @@
 //  - Throughput: output tokens / makespan; requests/s: completed / makespan.
 //  - Percentiles: linear interpolation between closest ranks (numpy's
 //    default) while exact; above output.exact_percentile_max_samples
-//    samples, from a quantile sketch within 1e-4 (metrics/quantiles.h).
+//    stored runs of equal consecutive samples, from a quantile sketch
+//    within 1e-4 (metrics/quantiles.h).
 //  - Batch size: mean and max over iterations of requests in the batch.
 //  - KV utilisation: blocks used / capacity after each iteration's
 //    scheduling; mean weighted by iteration duration, and max.

@@ -233,31 +233,84 @@ Distribution SummarizeSorted(const std::vector<double>& v) {
 QuantileAccumulator::QuantileAccumulator(int64_t exact_max_samples)
     : exact_max_samples_(exact_max_samples) {}
 
-const std::vector<double>& QuantileAccumulator::sorted_values() const {
-  if (!sorted_valid_) {
-    sorted_.assign(values_.begin(), values_.end());
-    SortValues(&sorted_);
-    sorted_valid_ = true;
+void QuantileAccumulator::Sort() const {
+  if (sorted_valid_) return;
+  std::vector<Run>& v = sorted_;
+  v.assign(runs_.begin(), runs_.end());
+  const size_t n = v.size();
+  if (n < 4096) {
+    std::sort(v.begin(), v.end(), [](const Run& a, const Run& b) { return a.value < b.value; });
+  } else {
+    // SortValues' radix sort, carrying each run's count: order-preserving
+    // keys, stable passes of 11 bits, a pass whose digit is the same
+    // everywhere skipped.
+    auto key = [](double d) {
+      const uint64_t u = absl::bit_cast<uint64_t>(d);
+      return (u >> 63) != 0 ? ~u : u | (uint64_t{1} << 63);
+    };
+    std::vector<Run> tmp(n);
+    constexpr int kBits = 11;
+    constexpr uint64_t kMask = (uint64_t{1} << kBits) - 1;
+    std::vector<size_t> count(size_t{1} << kBits);
+    for (int shift = 0; shift < 64; shift += kBits) {
+      std::fill(count.begin(), count.end(), 0);
+      for (const Run& r : v) ++count[(key(r.value) >> shift) & kMask];
+      if (count[(key(v[0].value) >> shift) & kMask] == n) continue;
+      size_t at = 0;
+      for (size_t& c : count) {
+        const size_t here = c;
+        c = at;
+        at += here;
+      }
+      for (const Run& r : v) tmp[count[(key(r.value) >> shift) & kMask]++] = r;
+      v.swap(tmp);
+    }
   }
-  return sorted_;
+  // Equal values merged; counts made cumulative.
+  size_t out = 0;
+  int64_t total = 0;
+  for (size_t i = 0; i < n; ++i) {
+    total += v[i].count;
+    if (out > 0 && v[out - 1].value == v[i].value) {
+      v[out - 1].count = total;
+    } else {
+      v[out++] = {v[i].value, total};
+    }
+  }
+  v.resize(out);
+  sorted_valid_ = true;
+}
+
+double QuantileAccumulator::ValueAtRank(int64_t rank) const {
+  if (sketch_ != nullptr) return sketch_->ValueAtRank(rank);
+  Sort();
+  auto it = std::upper_bound(sorted_.begin(), sorted_.end(), rank,
+                             [](int64_t r, const Run& run) { return r < run.count; });
+  return it == sorted_.end() ? sorted_.back().value : it->value;
 }
 
 void QuantileAccumulator::Add(double value) {
   ++count_;
   if (sorted_valid_) {
     sorted_valid_ = false;
-    std::vector<double>().swap(sorted_);
+    std::vector<Run>().swap(sorted_);
   }
   if (sketch_ == nullptr) {
-    values_.push_back(value);
-    if (static_cast<int64_t>(values_.size()) <= exact_max_samples_) return;
-    sketch_ = std::make_unique<QuantileSketch>();
-    for (double v : values_) {
-      sketch_->Add(v);
-      sum_ += v;
-      max_ = std::max(max_, v);
+    if (!runs_.empty() && runs_.back().value == value) {
+      ++runs_.back().count;
+      return;
     }
-    std::deque<double>().swap(values_);
+    runs_.push_back({value, 1});
+    if (static_cast<int64_t>(runs_.size()) <= exact_max_samples_) return;
+    sketch_ = std::make_unique<QuantileSketch>();
+    for (const Run& r : runs_) {
+      for (int64_t k = 0; k < r.count; ++k) {
+        sketch_->Add(r.value);
+        sum_ += r.value;
+      }
+      max_ = std::max(max_, r.value);
+    }
+    std::deque<Run>().swap(runs_);
     return;
   }
   sketch_->Add(value);
@@ -266,10 +319,33 @@ void QuantileAccumulator::Add(double value) {
 }
 
 Distribution QuantileAccumulator::ToDistribution() const {
-  if (sketch_ == nullptr) return SummarizeSorted(sorted_values());
   Distribution d;
-  d.exact = false;
   d.count = count_;
+  if (count_ == 0) return d;
+  if (sketch_ == nullptr) {
+    Sort();
+    // Summed in ascending order, sample by sample, as Summarize sums the
+    // sorted values: the same mean to the bit.
+    double sum = 0;
+    int64_t seen = 0;
+    for (const Run& r : sorted_) {
+      for (; seen < r.count; ++seen) sum += r.value;
+    }
+    d.mean = sum / static_cast<double>(count_);
+    auto pct = [&](double q) {
+      const double pos = q * static_cast<double>(count_ - 1);
+      const int64_t lo = static_cast<int64_t>(std::floor(pos));
+      const int64_t hi = std::min(lo + 1, count_ - 1);
+      const double a = ValueAtRank(lo), b = ValueAtRank(hi);
+      return a + (b - a) * (pos - static_cast<double>(lo));
+    };
+    d.p50 = pct(0.50);
+    d.p90 = pct(0.90);
+    d.p99 = pct(0.99);
+    d.max = sorted_.back().value;
+    return d;
+  }
+  d.exact = false;
   d.mean = sum_ / static_cast<double>(count_);
   d.p50 = sketch_->Quantile(0.50);
   d.p90 = sketch_->Quantile(0.90);

@@ -2,7 +2,8 @@
 //
 // Percentiles interpolate linearly between the closest ranks (numpy's
 // default) over the sorted values while a distribution has at most a given
-// number of samples (output.exact_percentile_max_samples, default 8M);
+// number of stored runs of equal consecutive samples
+// (output.exact_percentile_max_samples, default 8M);
 // above, they come from a log-bucket quantile sketch (DDSketch, Masson et
 // al., VLDB 2019) whose every estimate is within kSketchRelativeError (1e-4)
 // of the exact value; the max stays exact and the mean is a running sum.
@@ -72,28 +73,41 @@ Distribution SummarizeSorted(const std::vector<double>& sorted);
 // NaNs are not expected (the simulator makes none).
 void SortValues(std::vector<double>* values);
 
-// One metric's samples: kept while there are at most `exact_max_samples`
-// (percentiles exact, as Summarize), then folded into a QuantileSketch and
-// dropped.
+// One metric's samples, stored as runs of equal consecutive values: the
+// tokens of one decode iteration see the same gap (the iteration's
+// duration), so the TBT gaps of a run's millions of tokens are about one
+// run per iteration. Kept while there are at most `exact_max_samples`
+// runs (percentiles exact, as Summarize over every sample), then folded
+// into a QuantileSketch and dropped.
 class QuantileAccumulator {
  public:
+  struct Run {
+    double value;
+    int64_t count;
+  };
+
   explicit QuantileAccumulator(int64_t exact_max_samples);
   void Add(double value);
   Distribution ToDistribution() const;
   bool exact() const { return sketch_ == nullptr; }
   int64_t count() const { return count_; }
-  // The samples (exact mode only), in the order added.
-  const std::deque<double>& values() const { return values_; }
-  // The same, sorted ascending: sorted on the first call after an Add and
-  // kept, so the summary and the report sort millions of gaps once.
-  const std::vector<double>& sorted_values() const;
+  // The runs (exact mode only), in the order added.
+  const std::deque<Run>& runs() const { return runs_; }
+  // The `rank`-th smallest sample (0-based, < count()): exact while
+  // exact(), else the sketch's estimate. The runs are sorted on the first
+  // call after an Add and kept, so the summary and the report sort once.
+  double ValueAtRank(int64_t rank) const;
   const QuantileSketch* sketch() const { return sketch_.get(); }
 
  private:
+  // The runs sorted by value, equal values merged, with each one's
+  // cumulative count (its last sample's rank + 1).
+  void Sort() const;
+
   int64_t exact_max_samples_;
   int64_t count_ = 0;
-  std::deque<double> values_;  // chunked: no doubling spike as it grows
-  mutable std::vector<double> sorted_;
+  std::deque<Run> runs_;             // chunked: no doubling spike as it grows
+  mutable std::vector<Run> sorted_;  // count: cumulative
   mutable bool sorted_valid_ = false;
   std::unique_ptr<QuantileSketch> sketch_;
   double sum_ = 0, max_ = 0;   // sketch mode

@@ -14,8 +14,6 @@ using metrics::Distribution;
 using metrics::EnergyParts;
 using metrics::MetricsCollector;
 using metrics::QuantileAccumulator;
-using metrics::QuantileSketch;
-using metrics::SortValues;
 using metrics::Summary;
 using metrics::TimelineIteration;
 using metrics::TimeSeries;
@@ -59,41 +57,19 @@ std::string Fmt(double v) {
   return absl::StrFormat("%g", v);
 }
 
-// Empirical CDF of `v` (sorted copy), thinned to at most 400 points.
-Series Cdf(const std::string& name, std::vector<double> v) {
-  Series s{name, {}, {}};
-  if (v.empty()) return s;
-  if (!std::is_sorted(v.begin(), v.end())) SortValues(&v);
-  const size_t n = v.size();
-  const size_t step = std::max<size_t>(1, n / 400);
-  for (size_t i = 0; i < n; i += step) {
-    s.x.push_back(v[i]);
-    s.y.push_back(static_cast<double>(i + 1) / static_cast<double>(n));
-  }
-  s.x.push_back(v.back());
-  s.y.push_back(1.0);
-  return s;
-}
-
-// The same from an accumulator, values times `scale`: exact samples as
-// above, or the sketch's estimate at the same ranks.
+// Empirical CDF of an accumulator's samples, values times `scale`, thinned
+// to at most 400 points: the exact samples' values at those ranks, or the
+// sketch's estimates.
 Series Cdf(const std::string& name, const QuantileAccumulator& acc, double scale) {
-  if (acc.exact()) {
-    std::vector<double> v = acc.sorted_values();
-    if (scale != 1) {
-      for (double& x : v) x *= scale;
-    }
-    return Cdf(name, std::move(v));  // sorted still when scale > 0: one pass
-  }
   Series s{name, {}, {}};
-  const QuantileSketch& sketch = *acc.sketch();
-  const int64_t n = sketch.count();
+  const int64_t n = acc.count();
+  if (n == 0) return s;
   const int64_t step = std::max<int64_t>(1, n / 400);
   for (int64_t i = 0; i < n; i += step) {
-    s.x.push_back(sketch.ValueAtRank(i) * scale);
+    s.x.push_back(acc.ValueAtRank(i) * scale);
     s.y.push_back(static_cast<double>(i + 1) / static_cast<double>(n));
   }
-  s.x.push_back(sketch.ValueAtRank(n - 1) * scale);
+  s.x.push_back(acc.ValueAtRank(n - 1) * scale);
   s.y.push_back(1.0);
   return s;
 }

@@ -160,13 +160,58 @@ TEST(QuantileAccumulatorTest, ExactUpToTheThresholdThenSketch) {
   const Distribution s = sketched.ToDistribution();
   EXPECT_FALSE(s.exact);
   EXPECT_FALSE(sketched.exact());
-  EXPECT_TRUE(sketched.values().empty());
+  EXPECT_TRUE(sketched.runs().empty());
   EXPECT_EQ(s.count, 5000);
   EXPECT_EQ(s.max, want.max);
   EXPECT_NEAR(s.mean, want.mean, 1e-12 * want.mean);
   for (auto [got, exp] : {std::pair{s.p50, want.p50}, {s.p90, want.p90}, {s.p99, want.p99}}) {
     EXPECT_LE(std::fabs(got - exp), kSketchRelativeError * exp);
   }
+}
+
+TEST(QuantileAccumulatorTest, RunsOfEqualGapsAreStoredOnceAndSummariseAsEverySample) {
+  // An iteration's tokens share one gap: samples in runs of 1 to 9 equal
+  // values, with values that come back in later runs, and both zeros.
+  // About 6,000 runs (above the radix sort's threshold of 4,096) and 400.
+  for (auto [distinct, samples] : {std::pair{8000, 30000}, std::pair{300, 2000}}) {
+    const std::vector<double> values = Samples(distinct, 7);
+    std::vector<double> all;
+    QuantileAccumulator acc(int64_t{1} << 20);
+    for (int i = 0; static_cast<int>(all.size()) < samples; ++i) {
+      double v = values[(i * 7919) % distinct];
+      if (i % 97 == 0) v = (i % 2 == 0) ? 0.0 : -0.0;
+      for (int k = 0; k <= i % 9; ++k) all.push_back(v), acc.Add(v);
+    }
+    ASSERT_TRUE(acc.exact());
+    EXPECT_EQ(acc.count(), static_cast<int64_t>(all.size()));
+    EXPECT_LT(acc.runs().size(), all.size() / 4);
+    std::vector<double> sorted = all;
+    const Distribution want = Summarize(sorted);
+    const Distribution got = acc.ToDistribution();
+    EXPECT_TRUE(got.exact);
+    EXPECT_EQ(got.count, want.count);
+    EXPECT_EQ(got.mean, want.mean);  // to the bit: the same sum, in the same order
+    EXPECT_EQ(got.p50, want.p50);
+    EXPECT_EQ(got.p90, want.p90);
+    EXPECT_EQ(got.p99, want.p99);
+    EXPECT_EQ(got.max, want.max);
+    for (size_t r = 0; r < sorted.size(); r += 37) {
+      ASSERT_EQ(acc.ValueAtRank(static_cast<int64_t>(r)), sorted[r]) << "rank " << r;
+    }
+    EXPECT_EQ(acc.ValueAtRank(static_cast<int64_t>(sorted.size()) - 1), sorted.back());
+  }
+  // The limit counts stored runs, not samples: 100 runs of 50 stay exact
+  // under a limit of 100, and the 101st run switches to the sketch.
+  QuantileAccumulator acc(100);
+  for (int r = 0; r < 100; ++r) {
+    for (int k = 0; k < 50; ++k) acc.Add(0.001 * (r + 1));
+  }
+  EXPECT_TRUE(acc.exact());
+  EXPECT_EQ(acc.ToDistribution().p50, 0.0505);  // ranks 2499 and 2500: runs 50 and 51
+  acc.Add(1.0);
+  EXPECT_FALSE(acc.exact());
+  EXPECT_EQ(acc.count(), 5001);
+  EXPECT_EQ(acc.ToDistribution().max, 1.0);
 }
 
 // -------------------------------------------------------- collector ----
