@@ -58,7 +58,7 @@
 namespace servesim::metrics {
 
 struct MetricsOptions {
-  int64_t exact_percentile_max_samples = 8'000'000;
+  int64_t exact_percentile_max_samples = 4'000'000;
   double ttft_slo_s = 0, tpot_slo_s = 0;  // SLO attainment
   int64_t kv_capacity_blocks = 0;         // KV utilisation
   int replicas = 1;

@@ -236,7 +236,12 @@ QuantileAccumulator::QuantileAccumulator(int64_t exact_max_samples)
 void QuantileAccumulator::Sort() const {
   if (sorted_valid_) return;
   std::vector<Run>& v = sorted_;
-  v.assign(runs_.begin(), runs_.end());
+  v.clear();
+  v.reserve(runs_.size());
+  while (!runs_.empty()) {  // the deque frees its blocks as they empty
+    v.push_back(runs_.front());
+    runs_.pop_front();
+  }
   const size_t n = v.size();
   if (n < 4096) {
     std::sort(v.begin(), v.end(), [](const Run& a, const Run& b) { return a.value < b.value; });
@@ -292,6 +297,13 @@ double QuantileAccumulator::ValueAtRank(int64_t rank) const {
 void QuantileAccumulator::Add(double value) {
   ++count_;
   if (sorted_valid_) {
+    // Back to unsorted runs (their order does not matter, only which values
+    // were seen how often).
+    int64_t before = 0;
+    for (const Run& r : sorted_) {
+      runs_.push_back({r.value, r.count - before});
+      before = r.count;
+    }
     sorted_valid_ = false;
     std::vector<Run>().swap(sorted_);
   }

@@ -3,7 +3,7 @@
 // Percentiles interpolate linearly between the closest ranks (numpy's
 // default) over the sorted values while a distribution has at most a given
 // number of stored runs of equal consecutive samples
-// (output.exact_percentile_max_samples, default 8M);
+// (output.exact_percentile_max_samples, default 4M);
 // above, they come from a log-bucket quantile sketch (DDSketch, Masson et
 // al., VLDB 2019) whose every estimate is within kSketchRelativeError (1e-4)
 // of the exact value; the max stays exact and the mean is a running sum.
@@ -91,8 +91,10 @@ class QuantileAccumulator {
   Distribution ToDistribution() const;
   bool exact() const { return sketch_ == nullptr; }
   int64_t count() const { return count_; }
-  // The runs (exact mode only), in the order added.
-  const std::deque<Run>& runs() const { return runs_; }
+  // The runs stored (exact mode only; 0 in sketch mode).
+  int64_t stored() const {
+    return static_cast<int64_t>(sorted_valid_ ? sorted_.size() : runs_.size());
+  }
   // The `rank`-th smallest sample (0-based, < count()): exact while
   // exact(), else the sketch's estimate. The runs are sorted on the first
   // call after an Add and kept, so the summary and the report sort once.
@@ -100,13 +102,14 @@ class QuantileAccumulator {
   const QuantileSketch* sketch() const { return sketch_.get(); }
 
  private:
-  // The runs sorted by value, equal values merged, with each one's
-  // cumulative count (its last sample's rank + 1).
+  // Moves the runs into sorted_, sorted by value, equal values merged,
+  // with each one's cumulative count (its last sample's rank + 1): one
+  // copy of them in memory, not two. An Add moves them back.
   void Sort() const;
 
   int64_t exact_max_samples_;
   int64_t count_ = 0;
-  std::deque<Run> runs_;             // chunked: no doubling spike as it grows
+  mutable std::deque<Run> runs_;     // chunked: no doubling spike as it grows
   mutable std::vector<Run> sorted_;  // count: cumulative
   mutable bool sorted_valid_ = false;
   std::unique_ptr<QuantileSketch> sketch_;

@@ -160,7 +160,7 @@ TEST(QuantileAccumulatorTest, ExactUpToTheThresholdThenSketch) {
   const Distribution s = sketched.ToDistribution();
   EXPECT_FALSE(s.exact);
   EXPECT_FALSE(sketched.exact());
-  EXPECT_TRUE(sketched.runs().empty());
+  EXPECT_EQ(sketched.stored(), 0);
   EXPECT_EQ(s.count, 5000);
   EXPECT_EQ(s.max, want.max);
   EXPECT_NEAR(s.mean, want.mean, 1e-12 * want.mean);
@@ -184,7 +184,7 @@ TEST(QuantileAccumulatorTest, RunsOfEqualGapsAreStoredOnceAndSummariseAsEverySam
     }
     ASSERT_TRUE(acc.exact());
     EXPECT_EQ(acc.count(), static_cast<int64_t>(all.size()));
-    EXPECT_LT(acc.runs().size(), all.size() / 4);
+    EXPECT_LT(acc.stored(), static_cast<int64_t>(all.size()) / 4);
     std::vector<double> sorted = all;
     const Distribution want = Summarize(sorted);
     const Distribution got = acc.ToDistribution();
@@ -199,6 +199,19 @@ TEST(QuantileAccumulatorTest, RunsOfEqualGapsAreStoredOnceAndSummariseAsEverySam
       ASSERT_EQ(acc.ValueAtRank(static_cast<int64_t>(r)), sorted[r]) << "rank " << r;
     }
     EXPECT_EQ(acc.ValueAtRank(static_cast<int64_t>(sorted.size()) - 1), sorted.back());
+    // Samples added after a summary join the ones sorted for it.
+    for (int i = 0; i < 500; ++i) {
+      const double v = values[(i * 31) % distinct] * 3;
+      all.push_back(v), acc.Add(v);
+    }
+    std::vector<double> more = all;
+    const Distribution want_more = Summarize(more);
+    const Distribution got_more = acc.ToDistribution();
+    EXPECT_EQ(got_more.count, want_more.count);
+    EXPECT_EQ(got_more.mean, want_more.mean);
+    EXPECT_EQ(got_more.p50, want_more.p50);
+    EXPECT_EQ(got_more.p99, want_more.p99);
+    EXPECT_EQ(got_more.max, want_more.max);
   }
   // The limit counts stored runs, not samples: 100 runs of 50 stay exact
   // under a limit of 100, and the 101st run switches to the sketch.
