@@ -1,5 +1,5 @@
 // Child processes for studies: SimGrid allows one engine per process, so
-// every run of a sweep, search or study is a `servesim run` child.
+// every run of a sweep, search or study is a `servesim run` in a child.
 #ifndef SERVESIM_STUDIES_PROCESSES_H_
 #define SERVESIM_STUDIES_PROCESSES_H_
 
@@ -10,14 +10,19 @@
 
 namespace servesim::studies {
 
-// Runs `binary` with each argument list, at most `parallel` at once, each
-// writing stdout+stderr to its log file. Returns per-job exit statuses
-// (0 = success; -1: could not start). `on_done(job, status)` is called as
-// each ends (in completion order).
-std::vector<int> RunProcesses(const std::string& binary,
-                              const std::vector<std::vector<std::string>>& args,
-                              const std::vector<std::string>& logs, int parallel,
-                              const std::function<void(size_t, int)>& on_done);
+// Runs each argument list as a job, at most `parallel` at once, each a
+// fork of this process that calls `run(args)` and exits with its result,
+// writing stdout+stderr to its log file: a new process per job (SimGrid
+// allows one engine per process) that starts with the libraries loaded and
+// initialised, which a new program would spend about 30 ms on. The caller
+// must hold no threads, no SimGrid engine and no gRPC state (a child
+// builds its own). Returns per-job exit statuses (0 = success; -1: could
+// not start). `on_done(job, status)` is called as each ends (in completion
+// order).
+std::vector<int> RunForked(const std::function<int(const std::vector<std::string>&)>& run,
+                           const std::vector<std::vector<std::string>>& args,
+                           const std::vector<std::string>& logs, int parallel,
+                           const std::function<void(size_t, int)>& on_done);
 
 // Cores this process may use (sched affinity).
 int AvailableCores();

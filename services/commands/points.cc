@@ -9,6 +9,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
+#include "services/commands/commands.h"
 #include "services/commands/scenario_args.h"
 #include "studies/processes.h"
 
@@ -41,8 +42,11 @@ absl::Status RunPoints(const std::vector<studies::PointSpec>& specs,
   if (args.empty()) return absl::OkStatus();
   size_t finished = 0;
   const auto t0 = std::chrono::steady_clock::now();
-  const std::vector<int> status =
-      studies::RunProcesses(SelfBinary(), args, logs, jobs, [&](size_t i, int st) {
+  const std::vector<int> status = studies::RunForked(
+      // args: "run", then its arguments (studies::RunArgs).
+      [](const std::vector<std::string>& a) { return RunCommand(Args(a.begin() + 1, a.end())); },
+      args, logs, jobs,
+      [&](size_t i, int st) {
         ++finished;
         std::cerr << absl::StrFormat(
             "[%d/%d] %s %s (%.1f s)\n", finished, args.size(), names[i],

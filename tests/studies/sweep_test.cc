@@ -1,6 +1,8 @@
 // Studies: `servesim sweep`, `merge` and `search`, through the real binary
 // (SERVESIM_BINARY) on small scenarios (each run is a fraction of a second),
 // plus the search driver on synthetic predicates.
+#include "studies/sweep.h"
+
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -8,6 +10,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -16,10 +19,9 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "gtest/gtest.h"
 #include "studies/processes.h"
 #include "studies/search.h"
-#include "studies/sweep.h"
-#include "gtest/gtest.h"
 #include "tests/test_util.h"
 
 #ifndef SERVESIM_BINARY
@@ -38,6 +40,35 @@ Result Servesim(const std::vector<std::string>& args) { return test_util::RunSer
 std::string Read(const std::string& path) { return test_util::ReadFile(path); }
 void Write(const std::string& path, const std::string& text) { test_util::WriteFile(path, text); }
 std::string FreshDir() { return test_util::FreshDir("sweep"); }
+
+TEST(RunForkedTest, EachJobIsAForkWithItsOwnLogAndExitStatus) {
+  const std::string dir = FreshDir();
+  // Written before the forks and still unflushed in a buffered stream:
+  // a child must not write it again.
+  std::ofstream parent_out(dir + "/parent.txt");
+  parent_out << "parent line\n";
+  std::vector<std::vector<std::string>> args = {{"a", "0"}, {"b", "3"}, {"c", "7"}};
+  std::vector<std::string> logs = {dir + "/a.log", dir + "/b.log", dir + "/c.log"};
+  std::vector<size_t> done;
+  int parent_counter = 5;
+  const std::vector<int> status = RunForked(
+      [&](const std::vector<std::string>& a) {
+        ++parent_counter;  // the child's copy: the parent's stays 5
+        std::cout << "job " << a[0] << " counter " << parent_counter << "\n";
+        std::cerr << "to stderr\n";
+        int rc = 0;
+        EXPECT_TRUE(absl::SimpleAtoi(a[1], &rc));
+        return rc;
+      },
+      args, logs, 2, [&](size_t i, int) { done.push_back(i); });
+  EXPECT_EQ(status, (std::vector<int>{0, 3, 7}));
+  EXPECT_EQ(done.size(), 3u);
+  EXPECT_EQ(parent_counter, 5);
+  EXPECT_EQ(Read(dir + "/a.log"), "job a counter 6\nto stderr\n");
+  EXPECT_EQ(Read(dir + "/c.log"), "job c counter 6\nto stderr\n");
+  parent_out.close();
+  EXPECT_EQ(Read(dir + "/parent.txt"), "parent line\n");
+}
 
 // LLaMA-2 7B on single-A100 replicas, 60 Poisson requests: about 30 ms a run.
 constexpr char kPoisson[] = R"(name: "sweep test"
