@@ -241,7 +241,16 @@ bool ReplicaScheduler::TryAdmit(int32_t slot, int64_t tokens_so_far) {
 void ReplicaScheduler::ReleaseResources(RequestState& r, int32_t slot) {
   if (prefix_ != nullptr) {
     // Last block first, so that a prompt's leading blocks are evicted last.
+    // The entries are fetched eight blocks ahead (their misses overlap).
+    const size_t n = r.block_keys.size();
+    for (size_t i = 0; i < std::min<size_t>(n, 8); ++i) {
+      if (r.block_keys[n - 1 - i] != 0) prefix_->Prefetch(r.block_keys[n - 1 - i]);
+    }
     for (auto it = r.block_keys.rbegin(); it != r.block_keys.rend(); ++it) {
+      if (const size_t done = static_cast<size_t>(it - r.block_keys.rbegin()); done + 8 < n) {
+        const uint64_t later = r.block_keys[n - 9 - done];
+        if (later != 0) prefix_->Prefetch(later);
+      }
       if (*it != 0) {
         prefix_->Release(*it);
       } else {

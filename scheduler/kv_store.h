@@ -52,6 +52,8 @@ class HashLru {
   }
   // The least recently used node (size() > 0).
   int32_t front() const { return head_; }
+  // The node after i, towards the most recent (-1: i is the last).
+  int32_t next(int32_t i) const { return nodes_[static_cast<size_t>(i)].next; }
   uint64_t hash(int32_t i) const { return nodes_[static_cast<size_t>(i)].hash; }
   int64_t size() const { return size_; }
   bool empty() const { return size_ == 0; }

@@ -106,7 +106,18 @@ bool PrefixCache::AllocateFresh(int64_t n) {
   if (n > pool_->free()) return false;
   // Never-cached free blocks first; then the least recently freed cached.
   const int64_t never_cached = pool_->free() - evictable_blocks();
+  // The victims' entries are fetched a few ahead of their erasure, so that
+  // their cache misses overlap.
+  constexpr int kAhead = 4;
+  int32_t ahead = lru_.empty() ? -1 : lru_.front();
+  for (int i = 0; i < kAhead && ahead >= 0; ++i, ahead = lru_.next(ahead)) {
+    entries_.prefetch(lru_.hash(ahead));
+  }
   for (int64_t k = n - never_cached; k > 0; --k) {
+    if (ahead >= 0) {
+      entries_.prefetch(lru_.hash(ahead));
+      ahead = lru_.next(ahead);
+    }
     const uint64_t victim = lru_.hash(lru_.front());
     lru_.Erase(lru_.front());
     Evict(victim);

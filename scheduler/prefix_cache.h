@@ -114,6 +114,10 @@ class PrefixCache {
   // Drops one reference of the cached block `hash`; at zero it becomes
   // evictable (freed in the pool's count), at the LRU tail.
   void Release(uint64_t hash);
+  // Asks the memory system for `hash`'s entry ahead of a Release: a
+  // request's blocks are released together, and each entry is otherwise a
+  // cache miss of its own, one after another.
+  void Prefetch(uint64_t hash) const { entries_.prefetch(hash); }
 
   // In HBM or in any tier.
   bool Contains(uint64_t hash) const;
