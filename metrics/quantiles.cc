@@ -22,6 +22,40 @@ void Check(bool ok, const char* what) {
   }
 }
 
+// An order-preserving key of a double's bits: flip every bit of negatives,
+// the sign bit of the rest.
+uint64_t OrderedBits(double d) {
+  const uint64_t u = absl::bit_cast<uint64_t>(d);
+  return (u >> 63) != 0 ? ~u : u | (uint64_t{1} << 63);
+}
+
+// Sorts `v` by key(element), ascending and stable: an LSD radix sort in
+// passes of 11 bits (counts fit in L1), a pass whose digit is the same
+// everywhere skipped; O(n) with one extra buffer.
+template <typename T, typename Key>
+void RadixSort(std::vector<T>* values, Key key) {
+  std::vector<T>& v = *values;
+  const size_t n = v.size();
+  if (n == 0) return;
+  std::vector<T> tmp(n);
+  constexpr int kBits = 11;
+  constexpr uint64_t kMask = (uint64_t{1} << kBits) - 1;
+  std::vector<size_t> count(size_t{1} << kBits);
+  for (int shift = 0; shift < 64; shift += kBits) {
+    std::fill(count.begin(), count.end(), 0);
+    for (const T& x : v) ++count[(key(x) >> shift) & kMask];
+    if (count[(key(v[0]) >> shift) & kMask] == n) continue;  // one digit: nothing moves
+    size_t at = 0;
+    for (size_t& c : count) {
+      const size_t here = c;
+      c = at;
+      at += here;
+    }
+    for (const T& x : v) tmp[count[(key(x) >> shift) & kMask]++] = x;
+    v.swap(tmp);
+  }
+}
+
 }  // namespace
 
 // ------------------------------------------------------------ sketch ----
@@ -156,53 +190,11 @@ double QuantileSketch::Quantile(double q) const {
 // ------------------------------------------------------- accumulator ----
 
 void SortValues(std::vector<double>* values) {
-  std::vector<double>& v = *values;
-  const size_t n = v.size();
-  if (n < 4096) {
-    std::sort(v.begin(), v.end());
+  if (values->size() < 4096) {
+    std::sort(values->begin(), values->end());
     return;
   }
-  // Order-preserving keys: flip every bit of negatives, the sign bit of the
-  // rest. Then stable passes of 11 bits (counts fit in L1), least
-  // significant first; a pass whose digit is the same everywhere is
-  // skipped. The keys' bits stay in `v` between passes (moved as bits,
-  // never used as numbers), so one extra buffer is all the sort needs.
-  auto bits = [](double d) { return absl::bit_cast<uint64_t>(d); };
-  auto as_double = [](uint64_t u) { return absl::bit_cast<double>(u); };
-  for (double& x : v) {
-    const uint64_t u = bits(x);
-    x = as_double((u >> 63) != 0 ? ~u : u | (uint64_t{1} << 63));
-  }
-  std::vector<uint64_t> tmp(n);
-  bool in_v = true;  // where the keys are now
-  constexpr int kBits = 11;
-  constexpr uint64_t kMask = (uint64_t{1} << kBits) - 1;
-  std::vector<size_t> count(size_t{1} << kBits);
-  auto key = [&](size_t i) { return in_v ? bits(v[i]) : tmp[i]; };
-  for (int shift = 0; shift < 64; shift += kBits) {
-    std::fill(count.begin(), count.end(), 0);
-    for (size_t i = 0; i < n; ++i) ++count[(key(i) >> shift) & kMask];
-    if (count[(key(0) >> shift) & kMask] == n) continue;  // one digit: nothing moves
-    size_t at = 0;
-    for (size_t& c : count) {
-      const size_t here = c;
-      c = at;
-      at += here;
-    }
-    if (in_v) {
-      for (double x : v) {
-        const uint64_t k = bits(x);
-        tmp[count[(k >> shift) & kMask]++] = k;
-      }
-    } else {
-      for (uint64_t k : tmp) v[count[(k >> shift) & kMask]++] = as_double(k);
-    }
-    in_v = !in_v;
-  }
-  for (size_t i = 0; i < n; ++i) {
-    const uint64_t k = in_v ? bits(v[i]) : tmp[i];
-    v[i] = as_double((k >> 63) != 0 ? k & ~(uint64_t{1} << 63) : ~k);
-  }
+  RadixSort(values, OrderedBits);
 }
 
 Distribution Summarize(std::vector<double>& v) {
@@ -246,30 +238,7 @@ void QuantileAccumulator::Sort() const {
   if (n < 4096) {
     std::sort(v.begin(), v.end(), [](const Run& a, const Run& b) { return a.value < b.value; });
   } else {
-    // SortValues' radix sort, carrying each run's count: order-preserving
-    // keys, stable passes of 11 bits, a pass whose digit is the same
-    // everywhere skipped.
-    auto key = [](double d) {
-      const uint64_t u = absl::bit_cast<uint64_t>(d);
-      return (u >> 63) != 0 ? ~u : u | (uint64_t{1} << 63);
-    };
-    std::vector<Run> tmp(n);
-    constexpr int kBits = 11;
-    constexpr uint64_t kMask = (uint64_t{1} << kBits) - 1;
-    std::vector<size_t> count(size_t{1} << kBits);
-    for (int shift = 0; shift < 64; shift += kBits) {
-      std::fill(count.begin(), count.end(), 0);
-      for (const Run& r : v) ++count[(key(r.value) >> shift) & kMask];
-      if (count[(key(v[0].value) >> shift) & kMask] == n) continue;
-      size_t at = 0;
-      for (size_t& c : count) {
-        const size_t here = c;
-        c = at;
-        at += here;
-      }
-      for (const Run& r : v) tmp[count[(key(r.value) >> shift) & kMask]++] = r;
-      v.swap(tmp);
-    }
+    RadixSort(&v, [](const Run& r) { return OrderedBits(r.value); });
   }
   // Equal values merged; counts made cumulative.
   size_t out = 0;

@@ -242,17 +242,16 @@ void ReplicaScheduler::ReleaseResources(RequestState& r, int32_t slot) {
   if (prefix_ != nullptr) {
     // Last block first, so that a prompt's leading blocks are evicted last.
     // The entries are fetched eight blocks ahead (their misses overlap).
+    constexpr size_t kAhead = 8;
     const size_t n = r.block_keys.size();
-    for (size_t i = 0; i < std::min<size_t>(n, 8); ++i) {
-      if (r.block_keys[n - 1 - i] != 0) prefix_->Prefetch(r.block_keys[n - 1 - i]);
+    auto key = [&](size_t i) { return r.block_keys[n - 1 - i]; };  // i-th released
+    for (size_t i = 0; i < std::min(n, kAhead); ++i) {
+      if (key(i) != 0) prefix_->Prefetch(key(i));
     }
-    for (auto it = r.block_keys.rbegin(); it != r.block_keys.rend(); ++it) {
-      if (const size_t done = static_cast<size_t>(it - r.block_keys.rbegin()); done + 8 < n) {
-        const uint64_t later = r.block_keys[n - 9 - done];
-        if (later != 0) prefix_->Prefetch(later);
-      }
-      if (*it != 0) {
-        prefix_->Release(*it);
+    for (size_t i = 0; i < n; ++i) {
+      if (i + kAhead < n && key(i + kAhead) != 0) prefix_->Prefetch(key(i + kAhead));
+      if (key(i) != 0) {
+        prefix_->Release(key(i));
       } else {
         kv_.Release(1);
       }
