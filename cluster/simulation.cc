@@ -342,7 +342,10 @@ class Engine {
         ReplicaPlannerConfig(*pool, device_.get(), attention_.get());
     scheduler::BatchingConfig batching = pool->batching;
     batching.kv_store = std::move(store);
+    batching.kv_store_home = replica;
     shared_store_ = batching.kv_store != nullptr;
+    // A colocated cluster's store loads cross the network (BuildPlatform).
+    store_flows_ = shared_store_ && role == Role::kColocated && !batching.kv_tier_async;
     for (int64_t i = 0; i < pool->ranks(); ++i) {
       ranks_.push_back(std::make_unique<Rank>(batching, pool->model, pc));
     }
@@ -632,6 +635,9 @@ class Engine {
       return absl::InternalError(absl::StrCat(
           "replica ", replica_, ": work queued but nothing schedulable at t=", start));
     }
+    // A colocated cluster's store loads from other replicas' nodes, as
+    // flows from the step's start; the clock is then their end.
+    const double load_extra = store_flows_ ? StoreFlows(start) : 0;
     IterationRecord it;
     it.replica = replica_;
     it.start_s = start;
@@ -656,7 +662,7 @@ class Engine {
         ASSIGN_OR_RETURN(r->cost, r->planner.Plan(*r->batch));
         tier_s = std::max(tier_s,
                           scheduler::KvTierWaitS(*r->batch, r->cost.time_s, pool_->model.num_layers,
-                                                 pool_->kv_tier_layerwise));
+                                                 pool_->kv_tier_layerwise, load_extra));
         it.batch_size += static_cast<int32_t>(r->batch->entries.size());
         it.prefill_tokens += r->batch->prefill_tokens;
         it.decode_tokens += r->batch->decode_tokens;
@@ -815,6 +821,57 @@ class Engine {
       }
     }
     sh_->metrics->AddCollectives(bytes, shared, extra);
+    return extra;
+  }
+
+  // A colocated cluster's store loads over the network (docs/kv_tiers.md,
+  // "Cluster store"): the blocks a step loads from another replica's node
+  // leave that node as one flow per home, from the step's start, out of
+  // the home's link to the store and into this replica's, sharing both
+  // with the other replicas' loads. Their time alone, all their bytes over
+  // this replica's link, is already in the step's load time (the tier
+  // link's); returns how much longer the flows took. Blocks at home take
+  // no flow.
+  double StoreFlows(double start) {
+    const double bytes_per_block = pool_->batching.kv_tiers.back().bytes_per_block;
+    flows_.clear();
+    store_flows_of_step_.clear();
+    double total = 0;
+    for (const auto& r : ranks_) {
+      if (r->batch == nullptr) continue;
+      for (const auto& [home, blocks] : r->batch->kv_store_from) {
+        if (home == replica_) continue;
+        StoreFlow f;
+        f.home = home;
+        f.bytes = static_cast<double>(blocks) * bytes_per_block;
+        // Out of the home's NIC link, into this replica's (BuildPlatform).
+        f.links = {{home, 0}, {replica_, 1}};
+        total += f.bytes;
+        store_flows_of_step_.push_back(std::move(f));
+      }
+    }
+    if (store_flows_of_step_.empty()) return 0;
+    if (sg4::Engine::get_clock() < start) sg4::this_actor::sleep_until(start);
+    for (const StoreFlow& f : store_flows_of_step_) {
+      flows_.push_back(sg4::Comm::sendto_async(sh_->kv_hosts[f.home], sh_->kv_hosts[replica_],
+                                               static_cast<uint64_t>(std::ceil(f.bytes))));
+    }
+    sg4::Comm::wait_all(flows_);
+    const double end = sg4::Engine::get_clock();
+    const double alone = total / sh_->links[replica_].bandwidth_bytes_per_s;
+    // Below SimGrid's timing precision (1 ns), or bytes rounded up to
+    // whole ones, the flows were alone.
+    double extra = end - start - alone;
+    if (extra < 1e-9) extra = 0;
+    for (const StoreFlow& f : store_flows_of_step_) {
+      for (const auto& [l, dir] : f.links) {
+        metrics::LinkLoad& link = sh_->links[l];
+        link.bytes += f.bytes;
+        link.AddFlow(dir, f.bytes, start, end, sh_->link_bin_s);
+        if (sh_->live != nullptr) sh_->live->OnLinkBytes(sh_->live_link[l] + dir, f.bytes);
+      }
+    }
+    sh_->metrics->AddStoreFlows(total, extra);
     return extra;
   }
 
@@ -1269,6 +1326,14 @@ class Engine {
   double xpu_static_w_ = 0, host_w_ = 0, device_static_w_ = 0;
   bool device_static_in_ops_ = false;
   bool shared_store_ = false;  // a cluster KV store: no fast-forward
+  bool store_flows_ = false;   // its loads as flows (StoreFlows)
+  // A step's store loads: per flow, its bytes and its route's links.
+  struct StoreFlow {
+    int home = 0;
+    double bytes = 0;
+    std::vector<std::pair<int, int>> links;  // (index in Shared::links, direction)
+  };
+  std::vector<StoreFlow> store_flows_of_step_;
   double device_busy_total_s_ = 0;
   int64_t capped_iterations_ = 0;
   int64_t expected_ = 0;                // requests sent here, summed from the end messages
@@ -1367,6 +1432,11 @@ absl::StatusOr<FilePlatform> LoadPlatformFile(const ResolvedScenario& sc,
     }
   }
   return out;
+}
+
+// Whether the pool's last KV tier is a cluster store.
+bool HasClusterStore(const ResolvedScenario& pool) {
+  return !pool.batching.kv_tiers.empty() && pool.batching.kv_tiers.back().cluster_store;
 }
 
 void BuildPlatform(const ResolvedScenario& sc, Shared* sh, const FilePlatform* file,
@@ -1593,6 +1663,34 @@ void BuildPlatform(const ResolvedScenario& sc, Shared* sh, const FilePlatform* f
                         nullptr, nullptr, route, false);
       }
     }
+  } else if (HasClusterStore(sc)) {
+    // A colocated cluster's store (Engine::StoreFlows): each replica's NICs
+    // to the store as one full-duplex link of the tier link's bandwidth per
+    // xPU each way (its latency is in the load's time already); a block
+    // goes out of its home's link and into the loading replica's.
+    const scheduler::KvTierConfig& t = sc.batching.kv_tiers.back();
+    const double bw = t.bytes_per_block / t.seconds_per_block;
+    std::vector<sg4::Link*> nics;
+    for (int64_t r = 0; r < sc.replicas; ++r) {
+      const std::string name = absl::StrCat("r", r, ".nic");
+      nics.push_back(zone->create_split_duplex_link(name, bw)->set_latency(0)->seal());
+      metrics::LinkLoad load;
+      load.name = name;
+      load.bandwidth_bytes_per_s = bw;
+      load.split_duplex = true;
+      sh->links.push_back(std::move(load));
+    }
+    for (int64_t a = 0; a < sc.replicas; ++a) {
+      for (int64_t b = 0; b < sc.replicas; ++b) {
+        if (a == b) continue;
+        zone->add_route((*engine_hosts)[a]->get_netpoint(), (*engine_hosts)[b]->get_netpoint(),
+                        nullptr, nullptr,
+                        {sg4::LinkInRoute(nics[a], sg4::LinkInRoute::Direction::UP),
+                         sg4::LinkInRoute(nics[b], sg4::LinkInRoute::Direction::DOWN)},
+                        false);
+      }
+    }
+    sh->kv_hosts = *engine_hosts;
   }
   sh->kv_flows_on.assign(sh->links.size(), 0);
   zone->seal();
@@ -1643,7 +1741,7 @@ absl::StatusOr<RunResult> RunSimulation(const ResolvedScenario& sc,
     return absl::InvalidArgumentError(
         absl::StrCat("unrecognised SimGrid argument: ", argv[1]));
   }
-  if (sc.disaggregated()) {
+  if (sc.disaggregated() || HasClusterStore(sc)) {
     // KV flows take latency + bytes / bandwidth, links shared max-min fair
     // (CM02), with no TCP window bound and no reverse-path traffic: RDMA
     // over InfiniBand or RoCE, not SimGrid's TCP-calibrated default. Flags
@@ -1706,7 +1804,7 @@ absl::StatusOr<RunResult> RunSimulation(const ResolvedScenario& sc,
     ASSIGN_OR_RETURN(file, LoadPlatformFile(sc, engine));
   }
   BuildPlatform(sc, &sh, file ? &*file : nullptr, &engine_hosts, &clients, &router);
-  if (sh.live != nullptr && sc.disaggregated()) {
+  if (sh.live != nullptr && !sh.links.empty()) {
     std::vector<std::pair<std::string, double>> live_links;
     for (const metrics::LinkLoad& l : sh.links) {
       sh.live_link.push_back(static_cast<int>(live_links.size()));
@@ -1738,8 +1836,7 @@ absl::StatusOr<RunResult> RunSimulation(const ResolvedScenario& sc,
     // A cluster KV store (the pool's last tier): one per pool and run,
     // every scheduler of the pool's replicas sharing it.
     std::shared_ptr<scheduler::BlockLru>& store = stores[&pool];
-    if (store == nullptr && !pool.batching.kv_tiers.empty() &&
-        pool.batching.kv_tiers.back().cluster_store) {
+    if (store == nullptr && HasClusterStore(pool)) {
       store = std::make_shared<scheduler::BlockLru>(pool.batching.kv_tiers.back().capacity_blocks *
                                                     pool.replicas * pool.ranks());
     }

@@ -141,6 +141,13 @@ class MetricsCollector {
     collective_flows_ += flow ? 1 : 0;
     collective_extra_s_ += extra_s;
   }
+  // A cluster store's loads over the network (cluster::Engine::StoreFlows):
+  // a step's bytes from other replicas' nodes and the time it lost.
+  void AddStoreFlows(double bytes, double extra_s) {
+    store_network_bytes_ += bytes;
+    store_contention_s_ += extra_s;
+    ++store_network_steps_;
+  }
   double collective_bytes() const { return collective_bytes_; }
   int64_t collective_flows() const { return collective_flows_; }
   double collective_extra_s() const { return collective_extra_s_; }
@@ -175,6 +182,7 @@ class MetricsCollector {
       kv_tiers_.push_back(KvTierTotals{});
       t = &kv_tiers_.back();
       t->name = config.name;
+      t->cluster_store = config.cluster_store;
     }
     t->capacity_blocks += config.capacity_blocks;
     t->hit_tokens += hit_tokens;
@@ -189,7 +197,17 @@ class MetricsCollector {
     kv_tier_energy_j_ += j;
     energy_.links += j;
   }
-  const std::vector<KvTierTotals>& kv_tiers() const { return kv_tiers_; }
+  // The tiers, a cluster store's with its network traffic.
+  std::vector<KvTierTotals> kv_tiers() const {
+    std::vector<KvTierTotals> tiers = kv_tiers_;
+    for (KvTierTotals& t : tiers) {
+      if (!t.cluster_store) continue;
+      t.network_bytes = store_network_bytes_;
+      t.contention_s = store_contention_s_;
+      t.network_steps = store_network_steps_;
+    }
+    return tiers;
+  }
   double kv_tier_energy_j() const { return kv_tier_energy_j_; }
   // A replica's prefix-cache totals, added as it ends.
   void AddPrefixCache(int64_t hit_tokens, int64_t query_tokens) {
@@ -273,6 +291,8 @@ class MetricsCollector {
   int64_t handoffs_ = 0;
   double collective_bytes_ = 0, collective_extra_s_ = 0;
   int64_t collective_flows_ = 0;
+  double store_network_bytes_ = 0, store_contention_s_ = 0;
+  int64_t store_network_steps_ = 0;
   double kv_bytes_ = 0, transfer_energy_j_ = 0;
   std::vector<KvTierTotals> kv_tiers_;
   double kv_tier_energy_j_ = 0;

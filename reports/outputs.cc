@@ -75,7 +75,7 @@ absl::Status WriteOutputs(const OutputDir& dir, const scenario::ResolvedScenario
       !st.ok()) {
     return st;
   }
-  if (sc.disaggregated() && sc.proto.output().links_csv()) {
+  if (!metrics.link_loads().empty() && sc.proto.output().links_csv()) {
     if (absl::Status st = dir.Write("links.csv", LinksCsv(metrics, s.makespan_s)); !st.ok()) {
       return st;
     }

@@ -154,7 +154,13 @@ std::string SummaryJson(const ResolvedScenario& sc, const Workload& wl,
           ", \"dropped_blocks\": ", k.dropped_blocks,
           ", \"loaded_bytes\": ", FormatFigure(k.loaded_bytes),
           ", \"stored_bytes\": ", FormatFigure(k.stored_bytes),
-          ", \"energy_j\": ", FormatFigure(k.energy_j), "}");
+          ", \"energy_j\": ", FormatFigure(k.energy_j));
+      if (k.cluster_store) {
+        absl::StrAppend(&b, ", \"network_bytes\": ", FormatFigure(k.network_bytes),
+                        ", \"network_steps\": ", k.network_steps,
+                        ", \"contention_s\": ", FormatFigure(k.contention_s));
+      }
+      absl::StrAppend(&b, "}");
     }
     kv("kv_tiers", b + "]");
   }
@@ -188,6 +194,10 @@ std::string SummaryJson(const ResolvedScenario& sc, const Workload& wl,
       kv("collective_shared_steps", absl::StrCat(s.collective_flows));
       kv("collective_contention_s", FormatFigure(s.collective_extra_s));
     }
+  }
+  if (!s.links.empty()) {
+    // The platform's links (a disaggregated cluster's fabric, a colocated
+    // cluster's NIC links to its KV store).
     std::string links = "[";
     for (size_t i = 0; i < s.links.size(); ++i) {
       absl::StrAppend(&links, i ? ", " : "", "{\"name\": ", JsonString(s.links[i].name),
@@ -338,6 +348,13 @@ std::string FormatSummaryTable(const ResolvedScenario& sc, const Workload& wl,
                           "  KV tiers   prompt tokens found in HBM %.1f%%%s; %.2f GB loaded, "
                           "%.2f GB stored\n",
                           share(s.prefix_hit_tokens - lower), parts, loaded / 1e9, stored / 1e9);
+    for (const metrics::KvTierTotals& k : s.kv_tiers) {
+      if (k.network_steps == 0) continue;
+      absl::StrAppendFormat(&t,
+                            "  KV store   %.2f GB loaded from other replicas' nodes in %d steps, "
+                            "%.2f ms lost to shared links\n",
+                            k.network_bytes / 1e9, k.network_steps, 1e3 * k.contention_s);
+    }
   }
   if (sc.disaggregated()) {
     double busiest = 0;

@@ -35,8 +35,9 @@ Batch UniformBatch(int64_t b, int64_t new_tokens, int64_t past_tokens) {
   return batch;
 }
 
-double KvTierWaitS(const Batch& b, double compute_s, int64_t layers, bool layerwise) {
-  double load = b.kv_tier_load_s;
+double KvTierWaitS(const Batch& b, double compute_s, int64_t layers, bool layerwise,
+                   double load_extra_s) {
+  double load = b.kv_tier_load_s + load_extra_s;
   if (layerwise && load > 0 && layers > 0) {
     const double l = static_cast<double>(layers);
     load = std::max(0.0,
@@ -57,7 +58,7 @@ ReplicaScheduler::ReplicaScheduler(const BatchingConfig& config)
   }
   if (config.prefix_caching) {
     prefix_ = std::make_unique<PrefixCache>(&kv_, config.kv_tiers, config.kv_tier_write_through,
-                                            config.kv_store.get());
+                                            config.kv_store.get(), config.kv_store_home);
   }
 }
 
@@ -329,6 +330,8 @@ void ReplicaScheduler::CostTierMoves() {
     }
     batch_.kv_tier_loads += moved.loads[k];
   }
+  // Asynchronous loads keep their link's time (StartLoads).
+  if (!config_.kv_tier_async) batch_.kv_store_from = std::move(moved.store_from);
   if (!config_.kv_tier_write_through && moved.stores > 0) {
     const KvTierConfig& t = prefix_->tier_config(0);
     batch_.kv_tier_store_s = t.latency_s + static_cast<double>(moved.stores) * t.seconds_per_block;

@@ -73,6 +73,7 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "scheduler/kv_cache.h"
@@ -103,7 +104,10 @@ struct BatchingConfig {
   bool kv_tier_async = false;
   // The pool's cluster store, which a last tier with cluster_store uses;
   // the engine creates one per pool and run (shared by its schedulers).
+  // The blocks this scheduler stores there live at `kv_store_home` (its
+  // replica's index), and its batches say where their loads come from.
   std::shared_ptr<BlockLru> kv_store;
+  int32_t kv_store_home = 0;
   // Head-wise placement on attention-device stacks (AttAcc); off when
   // placement_stacks == 0. Capacity is per stack, in KV positions of one
   // head across all layers.
@@ -150,6 +154,9 @@ struct Batch {
   // under write-on-evict, which precede the step), and the blocks loaded.
   double kv_tier_load_s = 0, kv_tier_store_s = 0;
   int64_t kv_tier_loads = 0;
+  // Of the loads from a cluster store (blocking or layer-wise): (home,
+  // blocks) per home replica (BatchingConfig::kv_store_home).
+  std::vector<std::pair<int32_t, int64_t>> kv_store_from;
   bool empty() const { return entries.empty(); }
   // Back to an empty batch, keeping the entries' storage.
   void Clear() {
@@ -158,6 +165,7 @@ struct Batch {
     bound = BatchBound::kNone;
     kv_tier_load_s = kv_tier_store_s = 0;
     kv_tier_loads = 0;
+    kv_store_from.clear();
   }
 };
 
@@ -170,8 +178,11 @@ Batch UniformBatch(int64_t b, int64_t new_tokens, int64_t past_tokens);
 // (docs/kv_tiers.md): stores of evicted blocks precede it; loads too, or,
 // `layerwise`, stream one layer's KV ahead of that layer: a two-stage
 // pipeline of `layers` equal stages, which ends at load/L + (L-1)/L x
-// max(load, compute) + compute/L.
-double KvTierWaitS(const Batch& b, double compute_s, int64_t layers, bool layerwise);
+// max(load, compute) + compute/L. `load_extra_s`: how much longer the
+// loads took than their links' time (a cluster store's loads sharing the
+// network; cluster::Engine::StoreFlows).
+double KvTierWaitS(const Batch& b, double compute_s, int64_t layers, bool layerwise,
+                   double load_extra_s = 0);
 
 // Per-request state the scheduler keeps; observers read it.
 struct RequestState {

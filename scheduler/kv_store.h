@@ -92,7 +92,9 @@ class BlockLru {
   // Makes `hash` the most recently used block: inserted (true), or
   // refreshed if it was there (false). A full set first lets its least
   // recently used block go, into *evicted (and *has_evicted = true).
-  bool Put(uint64_t hash, uint64_t* evicted, bool* has_evicted) {
+  // `home`: where an inserted block lives (a cluster store's: the replica
+  // whose node's DRAM holds it); a refreshed block keeps its own.
+  bool Put(uint64_t hash, uint64_t* evicted, bool* has_evicted, int32_t home = 0) {
     *has_evicted = false;
     if (auto it = where_.find(hash); it != where_.end()) {
       lru_.MoveToBack(it->second);
@@ -106,11 +108,16 @@ class BlockLru {
       lru_.Erase(victim);
       where_.erase(*evicted);
     }
-    where_.emplace(hash, lru_.PushBack(hash));
+    const int32_t node = lru_.PushBack(hash);
+    if (static_cast<size_t>(node) >= home_.size()) home_.resize(static_cast<size_t>(node) + 1);
+    home_[static_cast<size_t>(node)] = home;
+    where_.emplace(hash, node);
     return true;
   }
   // A block read: now the most recently used. `hash` must be there.
   void Touch(uint64_t hash) { lru_.MoveToBack(where_.at(hash)); }
+  // Where `hash` lives (Put's `home`). `hash` must be there.
+  int32_t home(uint64_t hash) const { return home_[static_cast<size_t>(where_.at(hash))]; }
 
   int64_t capacity_blocks() const { return capacity_; }
   int64_t blocks() const { return lru_.size(); }
@@ -119,6 +126,7 @@ class BlockLru {
   int64_t capacity_;
   HashLru lru_;
   absl::flat_hash_map<uint64_t, int32_t> where_;  // hash -> its node in lru_
+  std::vector<int32_t> home_;                     // per node of lru_
 };
 
 }  // namespace servesim::scheduler

@@ -6,8 +6,8 @@
 namespace servesim::scheduler {
 
 PrefixCache::PrefixCache(KvBlockPool* pool, std::vector<KvTierConfig> tiers, bool write_through,
-                         BlockLru* store)
-    : pool_(pool), write_through_(write_through) {
+                         BlockLru* store, int32_t home)
+    : pool_(pool), write_through_(write_through), home_(home) {
   for (KvTierConfig& c : tiers) {
     Tier t;
     t.config = std::move(c);
@@ -75,6 +75,16 @@ void PrefixCache::Acquire(absl::Span<const uint64_t> hashes, const Match& match)
     t.lru->Touch(h);  // used: most recent
     ++t.stats.loaded;
     ++moved_.loads[&t - tiers_.data()];
+    if (t.config.cluster_store) {
+      const int32_t from = t.lru->home(h);
+      auto it = std::find_if(moved_.store_from.begin(), moved_.store_from.end(),
+                             [&](const auto& e) { return e.first == from; });
+      if (it == moved_.store_from.end()) {
+        moved_.store_from.emplace_back(from, 1);
+      } else {
+        ++it->second;
+      }
+    }
   }
   AllocateFresh(match.loads);  // CanAllocate said so
   for (int64_t i = 0; i < match.blocks; ++i) {
@@ -88,7 +98,7 @@ void PrefixCache::Store(int k, uint64_t hash) {
   Tier& t = tiers_[static_cast<size_t>(k)];
   uint64_t victim = 0;
   bool evicted = false;
-  if (!t.lru->Put(hash, &victim, &evicted)) return;  // there already
+  if (!t.lru->Put(hash, &victim, &evicted, home_)) return;  // there already
   ++t.stats.stored;
   if (k == 0) ++moved_.stores;
   if (!evicted) return;

@@ -30,13 +30,15 @@
 //    holding it) and cached there again.
 //  - The last tier may be a cluster store (KvTierConfig::cluster_store):
 //    one BlockLru (scheduler/kv_store.h) that every replica of the pool
-//    shares, so a block one replica stores the others find.
+//    shares, so a block one replica stores the others find. A block lives
+//    where the replica that stored it is (`home`); loads say from where.
 #ifndef SERVESIM_SCHEDULER_PREFIX_CACHE_H_
 #define SERVESIM_SCHEDULER_PREFIX_CACHE_H_
 
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -78,9 +80,10 @@ class PrefixCache {
   // `tiers`: the lower tiers, fastest first (none: HBM only).
   // `write_through`: store a block into the first tier as it is cached;
   // else as HBM evicts it. `store`: the pool's shared cluster store, which
-  // a last tier with cluster_store uses (borrowed; required then).
+  // a last tier with cluster_store uses (borrowed; required then); `home`:
+  // this replica's index, where the blocks it stores there live.
   explicit PrefixCache(KvBlockPool* pool, std::vector<KvTierConfig> tiers = {},
-                       bool write_through = true, BlockLru* store = nullptr);
+                       bool write_through = true, BlockLru* store = nullptr, int32_t home = 0);
 
   // How many of `hashes`' leading blocks are cached (at most `max_blocks`),
   // in HBM or in a lower tier; how many of the HBM ones are evictable now
@@ -137,9 +140,12 @@ class PrefixCache {
   struct Moved {
     int64_t loads[kMaxKvTiers] = {0, 0, 0, 0};
     int64_t stores = 0;  // HBM -> first tier
+    // Of a cluster store's loads: (home, blocks) per home, in the order the
+    // homes were first loaded from.
+    std::vector<std::pair<int32_t, int64_t>> store_from;
   };
   Moved TakeMoved() {
-    Moved m = moved_;
+    Moved m = std::move(moved_);
     moved_ = Moved{};
     return m;
   }
@@ -169,6 +175,7 @@ class PrefixCache {
   int64_t evictions_ = 0;
   std::vector<Tier> tiers_;
   bool write_through_ = true;
+  int32_t home_ = 0;
   Moved moved_;
 };
 

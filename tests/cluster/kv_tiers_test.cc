@@ -1,9 +1,11 @@
 // KV tiers end to end (docs/kv_tiers.md): a prompt whose prefix HBM
 // evicted loads it from host DRAM, taking exactly the link's time; a
-// cluster store lets another replica find a prefix; runs are repeatable.
+// cluster store lets another replica find a prefix, its loads sharing the
+// links out of the node that holds it; runs are repeatable.
 #include <cstdint>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/numbers.h"
@@ -24,16 +26,17 @@ using test_util::WriteFile;
 // Llama-3.1-8B: 131,072 KV bytes per token, a 16-token block 2,097,152.
 constexpr double kBlockBytes = 2097152.0;
 
-// Runs 2100-token prompts with 4 output tokens, one a second, in the
-// given prefix groups (2048 shared tokens, 128 blocks), on Llama-3.1-8B
-// on A100s; `cluster` and `scheduler` are the rest of those messages.
-// Returns the output folder.
-std::string RunGroups(const std::string& dir, const std::string& name,
-                      const std::vector<int>& groups, const std::string& cluster,
-                      const std::string& scheduler = "") {
+// Runs 2100-token prompts with 4 output tokens, arriving at the given
+// times in the given prefix groups (2048 shared tokens, 128 blocks), on
+// Llama-3.1-8B on A100s; `cluster` and `scheduler` are the rest of those
+// messages. Returns the output folder.
+std::string RunArrivals(const std::string& dir, const std::string& name,
+                        const std::vector<std::pair<double, int>>& requests,
+                        const std::string& cluster, const std::string& scheduler = "") {
   std::string trace = "arrival_s,input_tokens,output_tokens,prefix_group,prefix_tokens\n";
-  for (size_t i = 0; i < groups.size(); ++i)
-    absl::StrAppend(&trace, i, ",2100,4,", groups[i], ",2048\n");
+  for (const auto& [arrival, group] : requests) {
+    absl::StrAppend(&trace, arrival, ",2100,4,", group, ",2048\n");
+  }
   WriteFile(dir + "/" + name + ".csv", trace);
   WriteFile(dir + "/" + name + ".pbtxt", absl::StrCat(R"(
 model { preset: "llama3.1-8b" }
@@ -48,6 +51,17 @@ seed: 5
   const auto r = RunServesim({"run", dir + "/" + name + ".pbtxt", "--out", dir + "/" + name});
   EXPECT_EQ(r.code, 0) << r.out;
   return dir + "/" + name;
+}
+
+// As RunArrivals, one request a second.
+std::string RunGroups(const std::string& dir, const std::string& name,
+                      const std::vector<int>& groups, const std::string& cluster,
+                      const std::string& scheduler = "") {
+  std::vector<std::pair<double, int>> requests;
+  for (size_t i = 0; i < groups.size(); ++i) {
+    requests.emplace_back(static_cast<double>(i), groups[i]);
+  }
+  return RunArrivals(dir, name, requests, cluster, scheduler);
 }
 
 // Per request id: TTFT, from requests.csv.
@@ -67,15 +81,26 @@ std::vector<double> Ttft(const std::string& out) {
   return ttft;
 }
 
-// A number after `"key": ` in summary.json (the first one).
-int64_t SummaryInt(const std::string& out, const std::string& key) {
+// The number after `"key": ` in summary.json (the first one), as text;
+// empty if there is none.
+std::string SummaryValue(const std::string& out, const std::string& key) {
   const std::string s = ReadFile(out + "/summary.json");
   const std::string k = "\"" + key + "\": ";
   const size_t at = s.find(k);
-  if (at == std::string::npos) return -1;
-  int64_t v = -1;
+  if (at == std::string::npos) return "";
   const size_t start = at + k.size();
-  EXPECT_TRUE(absl::SimpleAtoi(s.substr(start, s.find_first_of(",}", start) - start), &v));
+  return s.substr(start, s.find_first_of(",}", start) - start);
+}
+
+double SummaryDouble(const std::string& out, const std::string& key) {
+  double v = -1;
+  EXPECT_TRUE(absl::SimpleAtod(SummaryValue(out, key), &v)) << key;
+  return v;
+}
+
+int64_t SummaryInt(const std::string& out, const std::string& key) {
+  int64_t v = -1;
+  EXPECT_TRUE(absl::SimpleAtoi(SummaryValue(out, key), &v)) << key;
   return v;
 }
 
@@ -197,9 +222,46 @@ TEST(KvTiersEndToEndTest, AClusterStoreLetsAnotherReplicaFindAPrefix) {
   EXPECT_EQ(SummaryInt(alone, "prefix_cache_hit_tokens"), 0);
   EXPECT_EQ(SummaryInt(shared, "prefix_cache_hit_tokens"), 2048);
   EXPECT_EQ(SummaryInt(shared, "loaded_blocks"), 128);
+  // The blocks live on replica 0's node: they cross the network, alone.
+  EXPECT_EQ(SummaryDouble(shared, "network_bytes"), 128 * kBlockBytes);
+  EXPECT_EQ(SummaryInt(shared, "network_steps"), 1);
+  EXPECT_EQ(SummaryDouble(shared, "contention_s"), 0);
   EXPECT_LT(Ttft(shared)[1], Ttft(alone)[1]);
   EXPECT_EQ(ReadFile(shared + "/requests.csv"), ReadFile(again + "/requests.csv"));
   EXPECT_EQ(ReadFile(shared + "/iterations.csv"), ReadFile(again + "/iterations.csv"));
+}
+
+// Three replicas, round robin: replica 0 stores a prefix at t = 0;
+// replicas 1 and 2 load its 128 blocks from replica 0's node. One at a
+// time (t = 1 and t = 2), each load takes the tier link's time alone,
+// 128 x 2,097,152 bytes / 10 GB/s = 26.8435 ms, as its step's wait. At
+// once (both at t = 1), the two flows share replica 0's outgoing link:
+// each takes twice as long, and each step is 26.8435 ms longer.
+TEST(KvTiersEndToEndTest, LoadsFromOneNodeShareItsLink) {
+  const std::string dir = FreshDir("kv_store_share");
+  const std::string cluster =
+      "replicas: 3 kv_tiers { tier { kind: KV_TIER_CLUSTER_STORE capacity_bytes_per_xpu: 1e10 "
+      "link { bandwidth_bytes_per_s: 1e10 latency_s: 0 } } }";
+  const std::string rr = "routing: ROUTING_POLICY_ROUND_ROBIN";
+  const std::string apart = RunArrivals(dir, "apart", {{0, 0}, {1, 0}, {2, 0}}, cluster, rr);
+  const std::string together = RunArrivals(dir, "together", {{0, 0}, {1, 0}, {1, 0}}, cluster, rr);
+  const double alone_s = 128 * kBlockBytes / 1e10;
+  for (const std::string& out : {apart, together}) {
+    EXPECT_EQ(SummaryInt(out, "loaded_blocks"), 256);
+    EXPECT_EQ(SummaryDouble(out, "network_bytes"), 256 * kBlockBytes);
+    EXPECT_EQ(SummaryInt(out, "network_steps"), 2);
+  }
+  EXPECT_EQ(SummaryDouble(apart, "contention_s"), 0);
+  EXPECT_NEAR(SummaryDouble(together, "contention_s"), 2 * alone_s, 1e-6);
+  const std::vector<double> a = Ttft(apart), t = Ttft(together);
+  ASSERT_EQ(a.size(), 3u);
+  ASSERT_EQ(t.size(), 3u);
+  EXPECT_EQ(a[0], t[0]);
+  EXPECT_NEAR(t[1] - a[1], alone_s, 1e-6);
+  EXPECT_NEAR(t[2] - a[2], alone_s, 1e-6);
+  // Both loads out of replica 0's link, each into its own.
+  const std::string links = ReadFile(together + "/summary.json");
+  EXPECT_NE(links.find("{\"name\": \"r0.nic\", \"bytes\": 536870912,"), std::string::npos) << links;
 }
 
 }  // namespace

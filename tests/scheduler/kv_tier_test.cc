@@ -3,6 +3,7 @@
 // waits for, by hand.
 #include <limits>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -275,7 +276,9 @@ TEST(KvTierSchedulerTest, ReplicasShareAClusterStore) {
   store.cluster_store = true;
   c.kv_tiers = {store};
   c.kv_store = std::make_shared<BlockLru>(6);  // 2 replicas x 3
-  ReplicaScheduler r0(c), r1(c);
+  BatchingConfig c1 = c;
+  c1.kv_store_home = 1;
+  ReplicaScheduler r0(c), r1(c1);
   r0.Add(Req(0, 48, {1, 2, 3}), 0, nullptr);
   ASSERT_EQ(r0.Schedule(0).entries.size(), 1u);
   r0.Complete(1, nullptr);  // caches 1, 2, 3: into the store
@@ -287,6 +290,8 @@ TEST(KvTierSchedulerTest, ReplicasShareAClusterStore) {
   EXPECT_EQ(b.entries[0].past_tokens, 32);
   EXPECT_EQ(b.kv_tier_loads, 2);
   EXPECT_DOUBLE_EQ(b.kv_tier_load_s, 5e-4 + 2e-3);
+  // Both blocks live where replica 0 is.
+  EXPECT_EQ(b.kv_store_from, (std::vector<std::pair<int32_t, int64_t>>{{0, 2}}));
   EXPECT_EQ(r1.tier_hit_tokens(0), 32);
   r1.Complete(2, nullptr);
   EXPECT_EQ(c.kv_store->blocks(), 3);  // block 3 again: refreshed, not new
@@ -303,6 +308,9 @@ TEST(KvTierSchedulerTest, ReplicasShareAClusterStore) {
   EXPECT_EQ(r1.prefix_cache()->tier_stats(0).dropped, 1);
   EXPECT_FALSE(c.kv_store->Contains(1));
   EXPECT_TRUE(c.kv_store->Contains(2));
+  // Stored again, a block stays where it lives; new ones live at replica 1.
+  EXPECT_EQ(c.kv_store->home(3), 0);
+  EXPECT_EQ(c.kv_store->home(21), 1);
   // Replica 0 still has block 1 in its own HBM.
   EXPECT_TRUE(r0.prefix_cache()->InHbm(1));
   EXPECT_EQ(r0.CachedPrefixBlocks(Req(3, 48, {1, 2, 3})), 2);
@@ -322,6 +330,12 @@ TEST(KvTierSchedulerTest, LayerwiseLoadsHideBehindTheCompute) {
   EXPECT_DOUBLE_EQ(KvTierWaitS(b, 4, 4, true), 1 + 5);
   b.kv_tier_load_s = 0;
   EXPECT_DOUBLE_EQ(KvTierWaitS(b, 4, 4, true), 1);
+  // Loads that took 6 s longer than their links' time (a cluster store's
+  // over shared links) wait as loads of 2 + 6 would.
+  b.kv_tier_store_s = 0;
+  b.kv_tier_load_s = 2;
+  EXPECT_DOUBLE_EQ(KvTierWaitS(b, 4, 4, true, 6), 8 - 3);
+  EXPECT_DOUBLE_EQ(KvTierWaitS(b, 4, 4, false, 6), 8);
 }
 
 }  // namespace
