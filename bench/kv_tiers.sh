@@ -7,7 +7,10 @@
 # load-balancing routing, host DRAM with and without a cluster store over
 # RoCE that both replicas share. Prints one row
 # per configuration: latency, SLO attainment, where prompt tokens were
-# found, the traffic, and the simulator's speed.
+# found, the traffic, and the simulator's speed. Then the store's network
+# with 2, 4 and 8 replicas at the same load per replica: the blocks loaded
+# from other replicas' nodes, the steps that loaded them, and the time
+# those steps lost to shared links.
 #   bench/kv_tiers.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -85,3 +88,19 @@ row "+ host DRAM + NVMe (async)" "$scenario" --set cluster.kv_tiers.load=ASYNC
 echo "least-outstanding routing (no cache affinity):"
 row "+ host DRAM 250 GB" "$tmp/lo_dram.pbtxt"
 row "+ host DRAM 200 GB + store 50 GB" "$tmp/lo_store.pbtxt"
+echo "the cluster store's network, least-outstanding routing, the load per replica held:"
+printf '%8s %10s %12s %7s %10s %8s %8s\n' replicas "rate" "GB from net" steps "lost ms" TTFT50 TTFT99
+for n in 2 4 8; do
+  rate=$(python3 -c "print(0.25 * $n / 2)")
+  "${pin[@]}" "$bin" run "$tmp/lo_store.pbtxt" --quiet --out "$tmp/o" "${quiet[@]}" \
+    --set workload.trace.path="$PWD/examples/traces/synthetic_trace.jsonl" \
+    --set cluster.replicas="$n" --set workload.rate_scale="$rate"
+  python3 - "$tmp/o" "$n" "$rate" <<'PY'
+import json, sys
+d, n, rate = sys.argv[1], sys.argv[2], sys.argv[3]
+s = json.load(open(f"{d}/summary.json"))
+st = [t for t in s["kv_tiers"] if t["name"] == "cluster_store"][0]
+print(f"{n:>8} {rate:>10} {st['network_bytes'] / 1e9:>12.0f} {st['network_steps']:>7} "
+      f"{st['contention_s'] * 1e3:>10.0f} {s['ttft_s']['p50'] * 1e3:>8.0f} {s['ttft_s']['p99'] * 1e3:>8.0f}")
+PY
+done
