@@ -161,7 +161,10 @@ struct Shared {
   };
   std::vector<Collectives> collectives;  // per replica; empty: none
   // Calls f(link index, direction) for each link of the route from
-  // prefill replica a to decode replica b (BuildPlatform's routes).
+  // replica a to replica b (BuildPlatform's routes: from a prefill replica
+  // to a decode replica, and between replicas of a pool with a cluster KV
+  // store; with a platform file, prefill to decode only): out of a's NIC
+  // link, up and down the uplinks between their racks and pods, into b's.
   template <typename F>
   void ForRoute(int a, int b, F f) const {
     if (!file_routes.empty()) {
@@ -184,7 +187,7 @@ struct Shared {
       }
       f(nics + rb, 1);
     }
-    f(b, 0);
+    f(b, 1);
   }
   // The earliest time a request or a KV part not yet received can reach an
   // engine of the pool that gets requests (arrivals) or hand-offs. A
@@ -344,8 +347,10 @@ class Engine {
     batching.kv_store = std::move(store);
     batching.kv_store_home = replica;
     shared_store_ = batching.kv_store != nullptr;
-    // A colocated cluster's store loads cross the network (BuildPlatform).
-    store_flows_ = shared_store_ && role == Role::kColocated && !batching.kv_tier_async;
+    // The store's loads cross the network where BuildPlatform routes them
+    // (not over a platform file's routes).
+    store_flows_ = shared_store_ && !batching.kv_tier_async && sh->file_routes.empty() &&
+                   !sh->kv_hosts.empty();
     for (int64_t i = 0; i < pool->ranks(); ++i) {
       ranks_.push_back(std::make_unique<Rank>(batching, pool->model, pc));
     }
@@ -635,8 +640,8 @@ class Engine {
       return absl::InternalError(absl::StrCat(
           "replica ", replica_, ": work queued but nothing schedulable at t=", start));
     }
-    // A colocated cluster's store loads from other replicas' nodes, as
-    // flows from the step's start; the clock is then their end.
+    // A cluster store's loads from other replicas' nodes, as flows from
+    // the step's start; the clock is then their end.
     const double load_extra = store_flows_ ? StoreFlows(start) : 0;
     IterationRecord it;
     it.replica = replica_;
@@ -824,19 +829,21 @@ class Engine {
     return extra;
   }
 
-  // A colocated cluster's store loads over the network (docs/kv_tiers.md,
-  // "Cluster store"): the blocks a step loads from another replica's node
-  // leave that node as one flow per home, from the step's start, out of
-  // the home's link to the store and into this replica's, sharing both
-  // with the other replicas' loads. Their time alone, all their bytes over
-  // this replica's link, is already in the step's load time (the tier
-  // link's); returns how much longer the flows took. Blocks at home take
-  // no flow.
+  // A cluster store's loads over the network (docs/kv_tiers.md, "Cluster
+  // store"): the blocks a step loads from another replica's node leave
+  // that node as one flow per home, from the step's start, over the route
+  // between the replicas (out of the home's NIC link, through the fabric,
+  // into this replica's), sharing every link with what else crosses it:
+  // other loads, and in a disaggregated pool KV hand-offs and collectives.
+  // Their time alone, the smallest route latency plus all their bytes over
+  // this replica's NIC link, is already in the step's load time (the tier
+  // link's); returns how much longer the flows took. Blocks at home take no
+  // flow.
   double StoreFlows(double start) {
     const double bytes_per_block = pool_->batching.kv_tiers.back().bytes_per_block;
     flows_.clear();
     store_flows_of_step_.clear();
-    double total = 0;
+    double total = 0, latency = std::numeric_limits<double>::infinity();
     for (const auto& r : ranks_) {
       if (r->batch == nullptr) continue;
       for (const auto& [home, blocks] : r->batch->kv_store_from) {
@@ -844,8 +851,14 @@ class Engine {
         StoreFlow f;
         f.home = home;
         f.bytes = static_cast<double>(blocks) * bytes_per_block;
-        // Out of the home's NIC link, into this replica's (BuildPlatform).
-        f.links = {{home, 0}, {replica_, 1}};
+        sh_->ForRoute(home, replica_, [&](int l, int dir) {
+          f.links.emplace_back(l, dir);
+          ++sh_->kv_flows_on[l];
+        });
+        std::vector<sg4::Link*> route;
+        double route_latency = 0;
+        sh_->kv_hosts[home]->route_to(sh_->kv_hosts[replica_], route, &route_latency);
+        latency = std::min(latency, route_latency);
         total += f.bytes;
         store_flows_of_step_.push_back(std::move(f));
       }
@@ -858,13 +871,14 @@ class Engine {
     }
     sg4::Comm::wait_all(flows_);
     const double end = sg4::Engine::get_clock();
-    const double alone = total / sh_->links[replica_].bandwidth_bytes_per_s;
+    const double alone = latency + total / sh_->links[replica_].bandwidth_bytes_per_s;
     // Below SimGrid's timing precision (1 ns), or bytes rounded up to
     // whole ones, the flows were alone.
     double extra = end - start - alone;
     if (extra < 1e-9) extra = 0;
     for (const StoreFlow& f : store_flows_of_step_) {
       for (const auto& [l, dir] : f.links) {
+        --sh_->kv_flows_on[l];
         metrics::LinkLoad& link = sh_->links[l];
         link.bytes += f.bytes;
         link.AddFlow(dir, f.bytes, start, end, sh_->link_bin_s);
@@ -1531,12 +1545,13 @@ void BuildPlatform(const ResolvedScenario& sc, Shared* sh, const FilePlatform* f
       for (int64_t k = 0; k < extra; ++k) node_nic_bw.push_back(node_nic_bw.back());
       used = xpus > size ? size : used + xpus;
       const double bw = static_cast<double>(xpus) * c.internode().bandwidth_bytes_per_s();
-      nics.push_back(zone->create_link(absl::StrCat("r", r, ".nic"), bw)
+      nics.push_back(zone->create_split_duplex_link(absl::StrCat("r", r, ".nic"), bw)
                          ->set_latency(c.internode().latency_s())
                          ->seal());
       metrics::LinkLoad load;
       load.name = absl::StrCat("r", r, ".nic");
       load.bandwidth_bytes_per_s = bw;
+      load.split_duplex = true;
       sh->links.push_back(std::move(load));
     }
     // One uplink per group of `per` members (racks of nodes, pods of
@@ -1588,18 +1603,18 @@ void BuildPlatform(const ResolvedScenario& sc, Shared* sh, const FilePlatform* f
     // sh->links' index -> the SimGrid link.
     const int nics_n = static_cast<int>(sc.replicas);
     auto link_of = [&](int l, int dir) {
-      if (l < nics_n) return sg4::LinkInRoute(nics[l]);
-      sg4::Link* link =
-          l < nics_n + sh->racks ? uplinks[l - nics_n] : pod_uplinks[l - nics_n - sh->racks];
+      sg4::Link* link = l < nics_n               ? nics[l]
+                        : l < nics_n + sh->racks ? uplinks[l - nics_n]
+                                                 : pod_uplinks[l - nics_n - sh->racks];
       return sg4::LinkInRoute(
           link, dir == 0 ? sg4::LinkInRoute::Direction::UP : sg4::LinkInRoute::Direction::DOWN);
     };
     // Collectives of replicas across nodes (Engine::Collectives): a ring
-    // over the replica's nodes. Its flows leave the replica's host over its
-    // NIC link and reach a peer over a link of the NIC's latency and no
-    // bandwidth bound (out of one NIC and into another: the latency of a
-    // KV flow between two replicas of a rack; CM02 shares a link in inverse
-    // proportion to its flows' route latencies, as TCP does).
+    // over the replica's nodes. Its flows leave the replica's host out of
+    // its NIC link and come back into it (the ring's next node is the
+    // replica's too): the route latency of a KV flow between two replicas
+    // of a rack, as CM02 shares a link in inverse proportion to its flows'
+    // route latencies, as TCP does.
     sh->collectives.assign(static_cast<size_t>(sc.replicas), {});
     for (int64_t r = 0; r < sc.replicas; ++r) {
       const int64_t n = nodes_of[r];
@@ -1608,21 +1623,15 @@ void BuildPlatform(const ResolvedScenario& sc, Shared* sh, const FilePlatform* f
       Shared::Collectives& c = sh->collectives[r];
       c.nic_bw = sh->links[r].bandwidth_bytes_per_s;
       c.latency = 2 * net.latency_s();
-      auto far_nic = [&](const std::string& name) {
-        return zone->create_link(own + name, 1e30)
-            ->set_sharing_policy(sg4::Link::SharingPolicy::FATPIPE)
-            ->set_latency(net.latency_s())
-            ->seal();
-      };
       auto add_hop = [&](const std::string& name, double share,
                          std::vector<std::pair<int, int>> links) {
         Shared::CollectiveHop hop;
         hop.to = zone->create_host(own + name, 1e9);
         hop.share = share;
         hop.links = std::move(links);
+        hop.links.emplace_back(static_cast<int>(r), 1);  // into the next node's NIC
         std::vector<sg4::LinkInRoute> route;
         for (const auto& [l, dir] : hop.links) route.push_back(link_of(l, dir));
-        route.emplace_back(far_nic(name + ".nic"));
         zone->add_route((*engine_hosts)[r]->get_netpoint(), hop.to->get_netpoint(), nullptr,
                         nullptr, route, false);
         c.hops.push_back(std::move(hop));
@@ -1654,13 +1663,26 @@ void BuildPlatform(const ResolvedScenario& sc, Shared* sh, const FilePlatform* f
                 static_cast<double>(in_rack) / static_cast<double>(n), {{static_cast<int>(r), 0}});
       }
     }
-    for (int64_t p = 0; p < sc.prefill_pool->replicas; ++p) {
-      for (int64_t d = sc.prefill_pool->replicas; d < sc.replicas; ++d) {
-        std::vector<sg4::LinkInRoute> route;
-        sh->ForRoute(static_cast<int>(p), static_cast<int>(d),
-                     [&](int l, int dir) { route.push_back(link_of(l, dir)); });
-        zone->add_route((*engine_hosts)[p]->get_netpoint(), (*engine_hosts)[d]->get_netpoint(),
-                        nullptr, nullptr, route, false);
+    auto add_route = [&](int64_t a, int64_t b) {
+      std::vector<sg4::LinkInRoute> route;
+      sh->ForRoute(static_cast<int>(a), static_cast<int>(b),
+                   [&](int l, int dir) { route.push_back(link_of(l, dir)); });
+      zone->add_route((*engine_hosts)[a]->get_netpoint(), (*engine_hosts)[b]->get_netpoint(),
+                      nullptr, nullptr, route, false);
+    };
+    const int64_t prefill = sc.prefill_pool->replicas;
+    for (int64_t p = 0; p < prefill; ++p) {
+      for (int64_t d = prefill; d < sc.replicas; ++d) add_route(p, d);
+    }
+    // A pool's cluster KV store: loads between the pool's replicas
+    // (Engine::StoreFlows).
+    for (const auto& [begin, end] :
+         {std::pair<int64_t, int64_t>{0, prefill}, {prefill, sc.replicas}}) {
+      if (!HasClusterStore(PoolOf(sc, begin))) continue;
+      for (int64_t a = begin; a < end; ++a) {
+        for (int64_t b = begin; b < end; ++b) {
+          if (a != b) add_route(a, b);
+        }
       }
     }
   } else if (HasClusterStore(sc)) {
@@ -1691,6 +1713,8 @@ void BuildPlatform(const ResolvedScenario& sc, Shared* sh, const FilePlatform* f
       }
     }
     sh->kv_hosts = *engine_hosts;
+    sh->rack_of.assign(static_cast<size_t>(sc.replicas), -1);  // one switch (ForRoute)
+    sh->pod_of.assign(static_cast<size_t>(sc.replicas), -1);
   }
   sh->kv_flows_on.assign(sh->links.size(), 0);
   zone->seal();

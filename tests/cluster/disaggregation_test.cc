@@ -206,8 +206,9 @@ std::map<std::string, std::vector<double>> LinkColumns(const std::string& dir) {
 // Link utilisation over time: bins of 1 ms. Two prefill replicas send a
 // 131,072,000-byte KV each at the same moment into the one decode NIC;
 // each flow takes 26.2344 ms, so every bin wholly inside them reads
-// 2 x 131,072,000 / 26.2344 ms / 10 GB/s = 0.999238 on the decode NIC and
-// half that on each prefill NIC, and each column's bins add up to its bytes.
+// 2 x 131,072,000 / 26.2344 ms / 10 GB/s = 0.999238 into the decode NIC
+// and half that out of each prefill NIC, none the other way (the NICs are
+// full duplex), and each column's bins add up to its bytes.
 TEST(DisaggregationTest, LinksCsvHoldsEachLinksUtilisationOverTime) {
   std::string dir;
   const auto rows = RunScenario(absl::StrCat(Scenario(2, 2, "KV_TRANSFER_POLICY_AFTER_PREFILL"),
@@ -216,7 +217,7 @@ TEST(DisaggregationTest, LinksCsvHoldsEachLinksUtilisationOverTime) {
   ASSERT_EQ(rows.size(), 2u);
   const double start = Num(rows[0], "prefill_end_s"), end = Num(rows[0], "kv_ready_s");
   const auto cols = LinkColumns(dir);
-  ASSERT_EQ(cols.size(), 4u) << ReadFile(dir + "/links.csv");  // time_s, r0..r2.nic
+  ASSERT_EQ(cols.size(), 7u) << ReadFile(dir + "/links.csv");  // time_s, r0..r2.nic up, down
   const std::vector<double>& t = cols.at("time_s");
   const double rate =
       2 * kPromptKvBytes / (2 * kNicLatency + 2 * kPromptKvBytes / kNicBw) / kNicBw;  // 0.999238
@@ -226,16 +227,19 @@ TEST(DisaggregationTest, LinksCsvHoldsEachLinksUtilisationOverTime) {
     EXPECT_NEAR(t[k], 1e-3 * static_cast<double>(k), 1e-12);
     if (t[k] >= start + kCsvResolution && t[k] + 1e-3 <= end - kCsvResolution) {
       ++inside;
-      EXPECT_NEAR(cols.at("r2.nic")[k], rate, 1e-5) << k;
-      EXPECT_NEAR(cols.at("r0.nic")[k], rate / 2, 1e-5) << k;
-      EXPECT_NEAR(cols.at("r1.nic")[k], rate / 2, 1e-5) << k;
+      EXPECT_NEAR(cols.at("r2.nic.down")[k], rate, 1e-5) << k;
+      EXPECT_NEAR(cols.at("r0.nic.up")[k], rate / 2, 1e-5) << k;
+      EXPECT_NEAR(cols.at("r1.nic.up")[k], rate / 2, 1e-5) << k;
     } else if (t[k] + 1e-3 <= start - kCsvResolution || t[k] >= end + kCsvResolution) {
-      EXPECT_EQ(cols.at("r2.nic")[k], 0) << k;
+      EXPECT_EQ(cols.at("r2.nic.down")[k], 0) << k;
+    }
+    for (const char* other : {"r2.nic.up", "r0.nic.down", "r1.nic.down"}) {
+      EXPECT_EQ(cols.at(other)[k], 0) << other << " " << k;
     }
   }
   EXPECT_EQ(inside, 25);
   double sum = 0;
-  for (const double u : cols.at("r2.nic")) sum += u * kNicBw * 1e-3;
+  for (const double u : cols.at("r2.nic.down")) sum += u * kNicBw * 1e-3;
   // The last bin may be shorter than 1 ms; the transfer's bins are not.
   EXPECT_NEAR(sum, 2 * kPromptKvBytes, 2 * kPromptKvBytes * 1e-5);
   const std::string summary = ReadFile(dir + "/summary.json");
@@ -297,9 +301,11 @@ TEST(DisaggregationTest, CollectivesAcrossNodesShareTheNicWithKvLeavingIt) {
                                     {{"prefill { cluster { replicas: 1 } }", prefill}}),
                 &dir);
     EXPECT_EQ(SummaryValue(dir, "collective_nic_bytes"), "1.048576e+09");
-    // The link counts the collectives' bytes beside the KV's either way.
+    // The link counts the collectives' bytes beside the KV's either way,
+    // out of the NICs and into them (the ring's next node is the replica's
+    // too): 131,072,000 + 2 x 1,048,576,000.
     EXPECT_TRUE(absl::StrContains(ReadFile(dir + "/summary.json"),
-                                  "{\"name\": \"r0.nic\", \"bytes\": 1.179648e+09,"));
+                                  "{\"name\": \"r0.nic\", \"bytes\": 2.228224e+09,"));
     const std::vector<double> steps = StepDurations(dir, "0");
     ASSERT_EQ(steps.size(), 1u);
     runs[policy] = {SummaryValue(dir, "collective_shared_steps"),
@@ -447,7 +453,8 @@ TEST(DisaggregationTest, APlatformFileLikeTheBuiltInFabricGivesIdenticalRuns) {
   EXPECT_EQ(ReadFile(built_in + "/iterations.csv"), ReadFile(file + "/iterations.csv"));
   // The file's links, in the order the routes cross them.
   EXPECT_EQ(Lines(ReadFile(file + "/links.csv"))[0], "time_s,p0,d0,p1");
-  EXPECT_EQ(Lines(ReadFile(built_in + "/links.csv"))[0], "time_s,r0.nic,r1.nic,r2.nic");
+  EXPECT_EQ(Lines(ReadFile(built_in + "/links.csv"))[0],
+            "time_s,r0.nic.up,r0.nic.down,r1.nic.up,r1.nic.down,r2.nic.up,r2.nic.down");
 }
 
 // A short transfer that starts while a long one is under way lands when
@@ -601,6 +608,66 @@ TEST(DisaggregationTest, ANicWithoutBandwidthIsRefusedAtLoad) {
                                 "s.pbtxt:9: cluster.disaggregation.decode.cluster."
                                 "internode.bandwidth_bytes_per_s = 0"))
       << r.out;
+}
+
+// A prefill pool's cluster KV store over the fabric: three prefill
+// replicas, each alone in a rack behind a non-blocking 10 GB/s uplink;
+// replica 0 stores a 2048-token prefix (128 blocks of 2,097,152 bytes) at
+// t = 0, replicas 1 and 2 load it from replica 0's node. Alone, a load
+// takes the tier link's time (26.8435 ms at 10 GB/s, no latency). Both at
+// t = 1, the two flows share replica 0's NIC and rack uplink on the way
+// out: each takes twice its bytes' time, and each prefill 26.8435 ms more.
+TEST(DisaggregationTest, AStoresLoadsShareTheFabricOutOfTheNodeThatHoldsThem) {
+  std::map<std::string, std::vector<std::map<std::string, std::string>>> runs;
+  std::map<std::string, std::string> dirs;
+  for (const auto& [name, second] : {std::pair<std::string, int>{"apart", 2}, {"together", 1}}) {
+    const std::string dir = FreshDir("disagg_store_" + name);
+    WriteFile(dir + "/t.csv", absl::StrCat("arrival_s,input_tokens,output_tokens,prefix_group,",
+                                           "prefix_tokens\n0,2100,4,0,2048\n1,2100,4,0,2048\n",
+                                           second, ",2100,4,0,2048\n"));
+    WriteFile(dir + "/s.pbtxt", R"(
+model { preset: "llama3.1-8b" }
+cluster {
+  xpu { preset: "a100-80gb" }
+  internode { bandwidth_bytes_per_s: 1e10 latency_s: 1e-5 }
+  disaggregation {
+    prefill { cluster { replicas: 3 kv_tiers { tier { kind: KV_TIER_CLUSTER_STORE
+      capacity_bytes_per_xpu: 1e10 link { bandwidth_bytes_per_s: 1e10 latency_s: 0 } } } } }
+    decode { cluster { replicas: 1 } }
+    kv_transfer: KV_TRANSFER_POLICY_AFTER_PREFILL
+    fabric { nodes_per_rack: 1 }
+  }
+}
+workload { trace { path: "t.csv" } }
+scheduler { batching: BATCHING_POLICY_VLLM_V1 routing: ROUTING_POLICY_ROUND_ROBIN }
+)");
+    const auto r = RunServesim({"run", dir + "/s.pbtxt", "--out", dir + "/out"});
+    ASSERT_EQ(r.code, 0) << r.out;
+    dirs[name] = dir + "/out";
+    runs[name] = Requests(dir + "/out");
+    ASSERT_EQ(runs[name].size(), 3u);
+    EXPECT_EQ(SummaryValue(dirs[name], "loaded_blocks"), "256");
+    EXPECT_EQ(SummaryValue(dirs[name], "network_bytes"), "536870912");
+    EXPECT_EQ(SummaryValue(dirs[name], "network_steps"), "2");
+  }
+  const double alone_s = 128 * 2097152.0 / kNicBw;  // 26.8435 ms
+  EXPECT_EQ(SummaryValue(dirs["apart"], "contention_s"), "0");
+  double contention = 0;
+  ASSERT_TRUE(absl::SimpleAtod(SummaryValue(dirs["together"], "contention_s"), &contention));
+  EXPECT_NEAR(contention, 2 * alone_s, 1e-6);
+  for (size_t i : {1, 2}) {
+    auto prefill_s = [&](const std::string& run) {
+      return Num(runs[run][i], "prefill_end_s") - Num(runs[run][i], "arrival_s");
+    };
+    EXPECT_NEAR(prefill_s("together") - prefill_s("apart"), alone_s, kCsvResolution) << i;
+  }
+  // Both loads leave replica 0's NIC and rack, each enters its own, beside
+  // each request's 275,251,200 bytes of KV on its way to the decode pool.
+  const std::string summary = ReadFile(dirs["together"] + "/summary.json");
+  EXPECT_TRUE(absl::StrContains(summary, "{\"name\": \"rack0.uplink\", \"bytes\": 812122112,"))
+      << summary;
+  EXPECT_TRUE(absl::StrContains(summary, "{\"name\": \"rack1.uplink\", \"bytes\": 543686656,"))
+      << summary;
 }
 
 TEST(DisaggregationTest, APoolThatCannotHoldTheModelNamesItsField) {
