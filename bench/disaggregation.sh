@@ -5,7 +5,9 @@
 #     3 + 1) and disaggregated with AttAcc beside the decode replicas, on the
 #     Azure conversation trace at RATES (default "2 4") times its rate and on
 #     the Mooncake synthetic trace at a quarter of its rate, under
-#     TTFT <= 2 s and TPOT <= 50 ms;
+#     TTFT <= 2 s and TPOT <= 50 ms; on Mooncake also KV-cache-centric:
+#     host-DRAM tiers and a cluster store with prefix-aware routing,
+#     colocated and in the prefill pool of a 3 + 1 split;
 #  2. the speed table: N_NODES (default "16 32 64") DGX H100 nodes, half
 #     prefill and half decode (TP4 replicas), over the Azure conversation
 #     hour at N/2 times its rate (the trace sped up N/2 times and replayed
@@ -75,6 +77,22 @@ if [ "$what" = all ] || [ "$what" = study ]; then
         --set cluster.disaggregation.decode.cluster.attacc.preset=attacc_bank
       row pda "$tag: P/D $1 + $2 x (TP4 + AttAcc)"
     done
+    if [ "$load" = mooncake ]; then
+      # KV-cache-centric (Mooncake): each GPU's host keeps 200 GB of KV in
+      # DRAM and gives 50 GB to a store its pool shares over the NICs, and
+      # requests go to the replica caching most of their prompt.
+      tiers='kv_tiers { tier { kind: KV_TIER_HOST_DRAM capacity_bytes_per_xpu: 200e9 link { preset: "pcie5" } } tier { kind: KV_TIER_CLUSTER_STORE capacity_bytes_per_xpu: 50e9 link { preset: "infiniband-ndr" } } }'
+      sed -e "s|replicas: 4|replicas: 4\n  $tiers|" \
+        -e 's/BATCHING_POLICY_VLLM_V1 }/BATCHING_POLICY_VLLM_V1 routing: ROUTING_POLICY_PREFIX_AFFINITY }/' \
+        "$tmp/colocated.pbtxt" > "$tmp/colocated_store.pbtxt"
+      run cols "$tmp/colocated_store.pbtxt" "${wl[@]}" "${slo[@]}"
+      row cols "$tag: colocated 4 x TP4, DRAM + store"
+      sed -e "s|prefill { cluster { replicas: 2 } }|prefill { cluster { replicas: 3 $tiers } scheduler { routing: ROUTING_POLICY_PREFIX_AFFINITY } }|" \
+        -e 's|decode { cluster { replicas: 2 } }|decode { cluster { replicas: 1 } }|' \
+        "$scenario" > "$tmp/pd_store.pbtxt"
+      run pds "$tmp/pd_store.pbtxt" "${wl[@]}" "${slo[@]}"
+      row pds "$tag: P/D 3 + 1, prefill DRAM + store"
+    fi
   done
 fi
 

@@ -203,7 +203,8 @@ struct Shared {
     }
     return t;
   }
-  absl::Status error;  // first internal error; stops the run
+  int64_t engines_done = 0;                     // engines whose Run ended with all their work
+  absl::Status error;                           // first internal error; stops the run
   const std::atomic<int>* interrupt = nullptr;  // RunOptions::interrupt
 
   bool Interrupted() const {
@@ -457,6 +458,7 @@ class Engine {
     }
     sh_->metrics->AddPrefixCache(hit, query);
     sh_->metrics->MarkDone(replica_);
+    ++sh_->engines_done;
     if (role_ == Role::kPrefill) sh_->prefill_busy_until[replica_] = -1;
     // The end of this prefill replica's hand-offs, to every decode replica.
     for (size_t d = 0; d < handed_.size(); ++d) {
@@ -864,6 +866,9 @@ class Engine {
       }
     }
     if (store_flows_of_step_.empty()) return 0;
+    // A prefill replica is busy from the step's start: a decode replica
+    // must not run ahead of the hand-offs it may make when the step ends.
+    if (role_ == Role::kPrefill) sh_->prefill_busy_until[replica_] = start;
     if (sg4::Engine::get_clock() < start) sg4::this_actor::sleep_until(start);
     for (const StoreFlow& f : store_flows_of_step_) {
       flows_.push_back(sg4::Comm::sendto_async(sh_->kv_hosts[f.home], sh_->kv_hosts[replica_],
@@ -1150,15 +1155,17 @@ class Engine {
     if (asleep_) wake_->release();
   }
   // The receiver's loop: until every prefill replica's stream has ended
-  // and each request it announced has landed. It waits on the next message
-  // and on every KV flow announced and not yet ended at once, so that a
-  // short flow lands when it ends even behind a long one sent earlier.
+  // and each request it announced has landed, every part of it. It waits
+  // on the next message and on every KV flow announced and not yet ended
+  // at once, so that a short flow lands when it ends even behind a long
+  // one sent earlier (a request's last layer can land before the layers
+  // streamed during a short prefill step).
   void Receiver() {
     sg4::Mailbox* box = sh_->engine_boxes[replica_];
     Message* next = nullptr;
     std::vector<sg4::CommPtr> waits = {box->get_async<Message>(&next)};
     std::vector<Message*> flying;  // waits[i + 1]'s message
-    while (landed_ends_ < ends_needed_ || landed_finals_ < landed_expected_) {
+    while (landed_ends_ < ends_needed_ || landed_finals_ < landed_expected_ || !flying.empty()) {
       const auto i = static_cast<size_t>(sg4::Comm::wait_any(waits));
       if (i == 0) {
         Message* m = next;
@@ -1917,6 +1924,16 @@ absl::StatusOr<RunResult> RunSimulation(const ResolvedScenario& sc,
   result.metrics->SetArrivalFloor(
       [&sh] { return sh.prefill_replicas > 0 ? sh.HandoffFloor() : sh.ArrivalFloor(); });
   engine.run();
+  // Replicas left waiting when SimGrid ran out of events: a deadlock,
+  // which is servesim's bug; the run stops with what finished, not as a
+  // success.
+  if (sh.engines_done < sc.replicas && sh.error.ok()) {
+    sh.error = absl::InternalError(absl::StrCat(
+        "the simulation stopped at t=", sg4::Engine::get_clock(), " s with ",
+        sc.replicas - sh.engines_done,
+        " replica(s) waiting for events that never come (a deadlock in servesim; please report "
+        "the scenario); the outputs hold what finished"));
+  }
   result.metrics->SetArrivalFloor(nullptr);
   for (const auto& e : engines) e->ChargeStatic(result.metrics->last_event_s());
   result.metrics->SetLinkLoads(std::move(sh.links), sh.link_bin_s);

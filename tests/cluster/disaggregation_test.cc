@@ -670,6 +670,41 @@ scheduler { batching: BATCHING_POLICY_VLLM_V1 routing: ROUTING_POLICY_ROUND_ROBI
       << summary;
 }
 
+// A prompt whose 2048-token prefix the prefill replica still caches
+// computes 52 tokens in a short step, but streams its whole KV layer by
+// layer from the step's start: 275,038,208 bytes at 10 GB/s, 27.5 ms, far
+// longer than the step. The last layer's part, sent as the step ends,
+// lands first; the request still waits for the rest, and the run ends
+// with every request done.
+TEST(DisaggregationTest, StreamedLayersThatLandAfterTheLastOneStillComplete) {
+  const std::string dir = FreshDir("disagg_stream");
+  WriteFile(dir + "/t.csv",
+            "arrival_s,input_tokens,output_tokens,prefix_group,prefix_tokens\n"
+            "0,2100,4,0,2048\n1,2100,4,0,2048\n");
+  WriteFile(dir + "/s.pbtxt", R"(
+model { preset: "llama3.1-8b" }
+cluster {
+  xpu { preset: "a100-80gb" }
+  internode { bandwidth_bytes_per_s: 1e10 latency_s: 1e-5 }
+  disaggregation {
+    prefill { cluster { replicas: 1 } }
+    decode { cluster { replicas: 1 } }
+    kv_transfer: KV_TRANSFER_POLICY_LAYERWISE
+  }
+}
+workload { trace { path: "t.csv" } }
+scheduler { batching: BATCHING_POLICY_VLLM_V1 }
+)");
+  const auto r = RunServesim({"run", dir + "/s.pbtxt", "--out", dir + "/out"});
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto rows = Requests(dir + "/out");
+  ASSERT_EQ(rows.size(), 2u);
+  for (const auto& row : rows) EXPECT_EQ(row.at("status"), "done") << row.at("id");
+  const double streamed_s = 2 * kNicLatency + (2100 * 131072.0 - 52 * 131072.0 / 32) / kNicBw;
+  EXPECT_GT(Num(rows[1], "kv_ready_s") - Num(rows[1], "arrival_s"), streamed_s);
+  EXPECT_LT(Num(rows[1], "prefill_end_s"), Num(rows[1], "arrival_s") + streamed_s);
+}
+
 TEST(DisaggregationTest, APoolThatCannotHoldTheModelNamesItsField) {
   const std::string text =
       absl::StrReplaceAll(Scenario(1, 1, "KV_TRANSFER_POLICY_LAYERWISE"),
