@@ -476,6 +476,7 @@ class Engine {
     int decode = -1;
     int32_t parts_sent = 0;
     double tail_bytes = 0;
+    int64_t sent_tokens = -1;  // of the prompt, the tokens whose KV moves (TransferTokens)
   };
   struct Arriving {
     int32_t received = 0, expected = 0;
@@ -1057,6 +1058,21 @@ class Engine {
     return h.decode;
   }
 
+  // The prompt tokens whose KV moves to request `h`'s decode replica,
+  // decided with its first part: those the decode replica does not hold
+  // in its prefix cache then (as vLLM's P/D connectors pull only the
+  // tokens the decode instance has not computed locally:
+  // get_num_new_matched_tokens), at least the last one.
+  int64_t TransferTokens(Handoff& h) {
+    if (h.sent_tokens < 0) {
+      const int d = DecodeReplica(h);
+      const int64_t block = PoolOf(*sh_->sc, d).batching.kv_block_tokens;
+      const int64_t cached = sh_->cached_blocks(d, h.spec) * block;
+      h.sent_tokens = h.spec.input_tokens - std::min(cached, h.spec.input_tokens - 1);
+    }
+    return h.sent_tokens;
+  }
+
   // Sends `bytes` of request `h`'s KV to its decode replica as a SimGrid
   // flow from this replica's host; `parts` as Message::kv_parts.
   void SendKv(Handoff& h, double bytes, int32_t parts) {
@@ -1100,9 +1116,9 @@ class Engine {
       auto it = specs_.find(e.request_id);
       if (it == specs_.end()) continue;
       Handoff& h = it->second;
-      const double total = KvBytes(h.spec.input_tokens);
-      h.tail_bytes = KvBytes(e.new_tokens) / layers;
-      SendKv(h, total - h.tail_bytes, 0);
+      const int64_t sent = TransferTokens(h);
+      h.tail_bytes = KvBytes(std::min(e.new_tokens, sent)) / layers;
+      SendKv(h, KvBytes(sent) - h.tail_bytes, 0);
     }
   }  // Every rank's batch's layer-wise KV (StreamLayers above).
   void StreamLayers() {
@@ -1115,9 +1131,9 @@ class Engine {
   void HandOff(int64_t id, double t) {
     auto it = specs_.find(id);
     Handoff& h = it->second;
-    const double bytes =
-        sh_->sc->kv_layerwise && h.parts_sent > 0 ? h.tail_bytes : KvBytes(h.spec.input_tokens);
-    sh_->metrics->OnHandoff(id, replica_, t, KvBytes(h.spec.input_tokens));
+    const double sent = KvBytes(TransferTokens(h));
+    const double bytes = sh_->sc->kv_layerwise && h.parts_sent > 0 ? h.tail_bytes : sent;
+    sh_->metrics->OnHandoff(id, replica_, t, sent);
     SendKv(h, bytes, h.parts_sent + 1);
     ++handed_[static_cast<size_t>(h.decode - sh_->prefill_replicas)];
     specs_.erase(it);

@@ -129,7 +129,7 @@ std::string SummaryJson(const ResolvedScenario& sc, const Workload& wl,
     }
     kv("batch_bound_iterations", b + "}");
   }
-  if (sc.batching.prefix_caching) {
+  if (sc.prefix_block_tokens() > 0) {
     kv("prefix_cache_hit_tokens", absl::StrCat(s.prefix_hit_tokens));
     kv("prefix_cache_query_tokens", absl::StrCat(s.prefix_query_tokens));
     kv("prefix_cache_hit_rate",

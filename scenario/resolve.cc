@@ -342,6 +342,19 @@ absl::StatusOr<ResolvedScenario> ResolveDisaggregated(const LoadedScenario& sc) 
     }
     pools[prefill ? 0 : 1] = std::make_shared<ResolvedScenario>(std::move(*r));
   }
+  // Prompts are hashed once, at one block size, for both pools' caches.
+  if (pools[0]->batching.prefix_caching && pools[1]->batching.prefix_caching &&
+      pools[0]->batching.kv_block_tokens != pools[1]->batching.kv_block_tokens) {
+    LoadedScenario decode = sc;
+    decode.pool_path = "cluster.disaggregation.decode";
+    return absl::InvalidArgumentError(
+        absl::StrCat(decode.Where("scheduler.kv_block_tokens"),
+                     ": cluster.disaggregation.decode.scheduler.kv_block_tokens = ",
+                     pools[1]->batching.kv_block_tokens,
+                     ": both pools cache prefixes, so their blocks must be "
+                     "the prefill pool's size, ",
+                     pools[0]->batching.kv_block_tokens));
+  }
   ResolvedScenario out = *pools[1];
   out.proto = sc.proto;
   out.replicas = pools[0]->replicas + pools[1]->replicas;

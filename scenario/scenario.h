@@ -167,6 +167,15 @@ struct ResolvedScenario {
   // and `replicas` (both pools': prefill replicas first).
   std::shared_ptr<const ResolvedScenario> prefill_pool, decode_pool;
   bool disaggregated() const { return decode_pool != nullptr; }
+  // The block size prompts are hashed at for prefix caching: the first
+  // pool's (prefill first) that caches, 0 when none does. (A disaggregated
+  // scenario's own `batching` is its decode pool's.)
+  int64_t prefix_block_tokens() const {
+    for (const ResolvedScenario* p : {prefill_pool.get(), decode_pool.get(), this}) {
+      if (p != nullptr && p->batching.prefix_caching) return p->batching.kv_block_tokens;
+    }
+    return 0;
+  }
   bool kv_layerwise = true;       // disaggregation.kv_transfer
   double kv_bytes_per_token = 0;  // one copy of a token's KV, all layers
   // fabric.platform_file as a path from the working folder (empty: the

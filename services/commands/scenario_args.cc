@@ -155,10 +155,8 @@ absl::StatusOr<workload::Workload> ScanWorkloadOf(const Scenario& s) {
 }
 
 absl::StatusOr<std::unique_ptr<workload::RequestStream>> OpenWorkloadOf(const Scenario& s) {
-  auto stream =
-      workload::OpenWorkload(s.resolved.proto.workload(), s.resolved.base_dir, "", s.resolved.seed,
-                             s.resolved.batching.prefix_caching ? s.resolved.batching.kv_block_tokens
-                                                                : 0);
+  auto stream = workload::OpenWorkload(s.resolved.proto.workload(), s.resolved.base_dir, "",
+                                       s.resolved.seed, s.resolved.prefix_block_tokens());
   if (!stream.ok()) return scenario::AnnotateFieldError(s.loaded, stream.status());
   return stream;
 }

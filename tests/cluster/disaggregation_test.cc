@@ -633,7 +633,7 @@ cluster {
   disaggregation {
     prefill { cluster { replicas: 3 kv_tiers { tier { kind: KV_TIER_CLUSTER_STORE
       capacity_bytes_per_xpu: 1e10 link { bandwidth_bytes_per_s: 1e10 latency_s: 0 } } } } }
-    decode { cluster { replicas: 1 } }
+    decode { cluster { replicas: 1 } scheduler { prefix_caching: false } }
     kv_transfer: KV_TRANSFER_POLICY_AFTER_PREFILL
     fabric { nodes_per_rack: 1 }
   }
@@ -673,9 +673,10 @@ scheduler { batching: BATCHING_POLICY_VLLM_V1 routing: ROUTING_POLICY_ROUND_ROBI
 // A prompt whose 2048-token prefix the prefill replica still caches
 // computes 52 tokens in a short step, but streams its whole KV layer by
 // layer from the step's start: 275,038,208 bytes at 10 GB/s, 27.5 ms, far
-// longer than the step. The last layer's part, sent as the step ends,
-// lands first; the request still waits for the rest, and the run ends
-// with every request done.
+// longer than the step (the decode replica caches nothing, so all of it
+// moves). The last layer's part, sent as the step ends, lands first; the
+// request still waits for the rest, and the run ends with every request
+// done.
 TEST(DisaggregationTest, StreamedLayersThatLandAfterTheLastOneStillComplete) {
   const std::string dir = FreshDir("disagg_stream");
   WriteFile(dir + "/t.csv",
@@ -688,7 +689,7 @@ cluster {
   internode { bandwidth_bytes_per_s: 1e10 latency_s: 1e-5 }
   disaggregation {
     prefill { cluster { replicas: 1 } }
-    decode { cluster { replicas: 1 } }
+    decode { cluster { replicas: 1 } scheduler { prefix_caching: false } }
     kv_transfer: KV_TRANSFER_POLICY_LAYERWISE
   }
 }
@@ -703,6 +704,43 @@ scheduler { batching: BATCHING_POLICY_VLLM_V1 }
   const double streamed_s = 2 * kNicLatency + (2100 * 131072.0 - 52 * 131072.0 / 32) / kNicBw;
   EXPECT_GT(Num(rows[1], "kv_ready_s") - Num(rows[1], "arrival_s"), streamed_s);
   EXPECT_LT(Num(rows[1], "prefill_end_s"), Num(rows[1], "arrival_s") + streamed_s);
+}
+
+// The decode replica's own prefix cache: the second of two prompts that
+// share a 2048-token prefix finds it cached where the first decoded, so
+// only the other 52 tokens' KV moves (as vLLM's P/D connectors pull only
+// what the decode instance has not computed): 52 x 131,072 bytes in
+// 2 x 10 us + 0.6816 ms, after the first prompt's whole 2100 tokens.
+TEST(DisaggregationTest, ADecodeReplicaReceivesOnlyTheKvItDoesNotCache) {
+  const std::string dir = FreshDir("disagg_decode_cache");
+  WriteFile(dir + "/t.csv",
+            "arrival_s,input_tokens,output_tokens,prefix_group,prefix_tokens\n"
+            "0,2100,4,0,2048\n1,2100,4,0,2048\n");
+  WriteFile(dir + "/s.pbtxt", R"(
+model { preset: "llama3.1-8b" }
+cluster {
+  xpu { preset: "a100-80gb" }
+  internode { bandwidth_bytes_per_s: 1e10 latency_s: 1e-5 }
+  disaggregation {
+    prefill { cluster { replicas: 1 } }
+    decode { cluster { replicas: 1 } }
+    kv_transfer: KV_TRANSFER_POLICY_AFTER_PREFILL
+  }
+}
+workload { trace { path: "t.csv" } }
+scheduler { batching: BATCHING_POLICY_VLLM_V1 }
+)");
+  const auto r = RunServesim({"run", dir + "/s.pbtxt", "--out", dir + "/out"});
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto rows = Requests(dir + "/out");
+  ASSERT_EQ(rows.size(), 2u);
+  constexpr double kTokenKv = 131072.0;
+  EXPECT_NEAR(Num(rows[0], "kv_ready_s") - Num(rows[0], "prefill_end_s"),
+              2 * kNicLatency + 2100 * kTokenKv / kNicBw, kCsvResolution);
+  EXPECT_NEAR(Num(rows[1], "kv_ready_s") - Num(rows[1], "prefill_end_s"),
+              2 * kNicLatency + 52 * kTokenKv / kNicBw, kCsvResolution);
+  EXPECT_EQ(SummaryValue(dir + "/out", "kv_transfer_bytes"), "282066944");  // (2100 + 52) tokens
+  for (const auto& row : rows) EXPECT_EQ(row.at("status"), "done");
 }
 
 TEST(DisaggregationTest, APoolThatCannotHoldTheModelNamesItsField) {
@@ -730,6 +768,23 @@ TEST(DisaggregationTest, PoolsDoNotNest) {
   EXPECT_NE(r.code, 0);
   EXPECT_TRUE(absl::StrContains(
       r.out, "cluster.disaggregation.decode.cluster.disaggregation is set: pools do not nest"))
+      << r.out;
+}
+
+// Prompts are hashed once for both pools' prefix caches: their blocks
+// must be one size.
+TEST(DisaggregationTest, PoolsThatBothCachePrefixesShareABlockSize) {
+  const std::string text = absl::StrReplaceAll(
+      Scenario(1, 1, "KV_TRANSFER_POLICY_LAYERWISE"),
+      {{"decode { cluster { replicas: 1 } }",
+        "decode { cluster { replicas: 1 } scheduler { kv_block_tokens: 32 } }"}});
+  const auto r = Validate(text);
+  EXPECT_NE(r.code, 0);
+  EXPECT_TRUE(
+      absl::StrContains(r.out,
+                        "s.pbtxt:9: cluster.disaggregation.decode.scheduler.kv_block_tokens = 32: "
+                        "both pools cache prefixes, so their blocks must be the prefill "
+                        "pool's size, 16"))
       << r.out;
 }
 
