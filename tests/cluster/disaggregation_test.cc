@@ -670,7 +670,37 @@ scheduler { batching: BATCHING_POLICY_VLLM_V1 routing: ROUTING_POLICY_ROUND_ROBI
       << summary;
 }
 
-// A prompt whose 2048-token prefix the prefill replica still caches
+// Two 2100-token prompts sharing a 2048-token prefix, at t = 0 and 1, on
+// one prefill and one decode replica with `decode` as the decode pool and
+// `policy` as the transfer policy; the output folder.
+std::string RunSharedPrefixPair(const std::string& tag, const std::string& decode,
+                                const std::string& policy) {
+  const std::string dir = FreshDir(tag);
+  WriteFile(dir + "/t.csv",
+            "arrival_s,input_tokens,output_tokens,prefix_group,prefix_tokens\n"
+            "0,2100,4,0,2048\n1,2100,4,0,2048\n");
+  WriteFile(dir + "/s.pbtxt", absl::StrCat(R"(
+model { preset: "llama3.1-8b" }
+cluster {
+  xpu { preset: "a100-80gb" }
+  internode { bandwidth_bytes_per_s: 1e10 latency_s: 1e-5 }
+  disaggregation {
+    prefill { cluster { replicas: 1 } }
+    decode { )",
+                                           decode, R"( }
+    kv_transfer: )",
+                                           policy, R"(
+  }
+}
+workload { trace { path: "t.csv" } }
+scheduler { batching: BATCHING_POLICY_VLLM_V1 }
+)"));
+  const auto r = RunServesim({"run", dir + "/s.pbtxt", "--out", dir + "/out"});
+  EXPECT_EQ(r.code, 0) << r.out;
+  return dir + "/out";
+}
+
+// The second prompt, its prefix still cached on the prefill replica,
 // computes 52 tokens in a short step, but streams its whole KV layer by
 // layer from the step's start: 275,038,208 bytes at 10 GB/s, 27.5 ms, far
 // longer than the step (the decode replica caches nothing, so all of it
@@ -678,27 +708,10 @@ scheduler { batching: BATCHING_POLICY_VLLM_V1 routing: ROUTING_POLICY_ROUND_ROBI
 // request still waits for the rest, and the run ends with every request
 // done.
 TEST(DisaggregationTest, StreamedLayersThatLandAfterTheLastOneStillComplete) {
-  const std::string dir = FreshDir("disagg_stream");
-  WriteFile(dir + "/t.csv",
-            "arrival_s,input_tokens,output_tokens,prefix_group,prefix_tokens\n"
-            "0,2100,4,0,2048\n1,2100,4,0,2048\n");
-  WriteFile(dir + "/s.pbtxt", R"(
-model { preset: "llama3.1-8b" }
-cluster {
-  xpu { preset: "a100-80gb" }
-  internode { bandwidth_bytes_per_s: 1e10 latency_s: 1e-5 }
-  disaggregation {
-    prefill { cluster { replicas: 1 } }
-    decode { cluster { replicas: 1 } scheduler { prefix_caching: false } }
-    kv_transfer: KV_TRANSFER_POLICY_LAYERWISE
-  }
-}
-workload { trace { path: "t.csv" } }
-scheduler { batching: BATCHING_POLICY_VLLM_V1 }
-)");
-  const auto r = RunServesim({"run", dir + "/s.pbtxt", "--out", dir + "/out"});
-  ASSERT_EQ(r.code, 0) << r.out;
-  const auto rows = Requests(dir + "/out");
+  const std::string out = RunSharedPrefixPair(
+      "disagg_stream", "cluster { replicas: 1 } scheduler { prefix_caching: false }",
+      "KV_TRANSFER_POLICY_LAYERWISE");
+  const auto rows = Requests(out);
   ASSERT_EQ(rows.size(), 2u);
   for (const auto& row : rows) EXPECT_EQ(row.at("status"), "done") << row.at("id");
   const double streamed_s = 2 * kNicLatency + (2100 * 131072.0 - 52 * 131072.0 / 32) / kNicBw;
@@ -706,40 +719,22 @@ scheduler { batching: BATCHING_POLICY_VLLM_V1 }
   EXPECT_LT(Num(rows[1], "prefill_end_s"), Num(rows[1], "arrival_s") + streamed_s);
 }
 
-// The decode replica's own prefix cache: the second of two prompts that
-// share a 2048-token prefix finds it cached where the first decoded, so
-// only the other 52 tokens' KV moves (as vLLM's P/D connectors pull only
-// what the decode instance has not computed): 52 x 131,072 bytes in
-// 2 x 10 us + 0.6816 ms, after the first prompt's whole 2100 tokens.
+// The decode replica's own prefix cache: the second prompt finds the
+// prefix cached where the first decoded, so only the other 52 tokens' KV
+// moves (as vLLM's P/D connectors pull only what the decode instance has
+// not computed): 52 x 131,072 bytes in 2 x 10 us + 0.6816 ms, after the
+// first prompt's whole 2100 tokens.
 TEST(DisaggregationTest, ADecodeReplicaReceivesOnlyTheKvItDoesNotCache) {
-  const std::string dir = FreshDir("disagg_decode_cache");
-  WriteFile(dir + "/t.csv",
-            "arrival_s,input_tokens,output_tokens,prefix_group,prefix_tokens\n"
-            "0,2100,4,0,2048\n1,2100,4,0,2048\n");
-  WriteFile(dir + "/s.pbtxt", R"(
-model { preset: "llama3.1-8b" }
-cluster {
-  xpu { preset: "a100-80gb" }
-  internode { bandwidth_bytes_per_s: 1e10 latency_s: 1e-5 }
-  disaggregation {
-    prefill { cluster { replicas: 1 } }
-    decode { cluster { replicas: 1 } }
-    kv_transfer: KV_TRANSFER_POLICY_AFTER_PREFILL
-  }
-}
-workload { trace { path: "t.csv" } }
-scheduler { batching: BATCHING_POLICY_VLLM_V1 }
-)");
-  const auto r = RunServesim({"run", dir + "/s.pbtxt", "--out", dir + "/out"});
-  ASSERT_EQ(r.code, 0) << r.out;
-  const auto rows = Requests(dir + "/out");
+  const std::string out = RunSharedPrefixPair("disagg_decode_cache", "cluster { replicas: 1 }",
+                                              "KV_TRANSFER_POLICY_AFTER_PREFILL");
+  const auto rows = Requests(out);
   ASSERT_EQ(rows.size(), 2u);
   constexpr double kTokenKv = 131072.0;
   EXPECT_NEAR(Num(rows[0], "kv_ready_s") - Num(rows[0], "prefill_end_s"),
               2 * kNicLatency + 2100 * kTokenKv / kNicBw, kCsvResolution);
   EXPECT_NEAR(Num(rows[1], "kv_ready_s") - Num(rows[1], "prefill_end_s"),
               2 * kNicLatency + 52 * kTokenKv / kNicBw, kCsvResolution);
-  EXPECT_EQ(SummaryValue(dir + "/out", "kv_transfer_bytes"), "282066944");  // (2100 + 52) tokens
+  EXPECT_EQ(SummaryValue(out, "kv_transfer_bytes"), "282066944");  // (2100 + 52) tokens
   for (const auto& row : rows) EXPECT_EQ(row.at("status"), "done");
 }
 
