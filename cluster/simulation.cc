@@ -456,7 +456,10 @@ class Engine {
         }
       }
     }
-    sh_->metrics->AddPrefixCache(hit, query);
+    sh_->metrics->AddPrefixCache(hit, query,
+                                 role_ == Role::kPrefill  ? 0
+                                 : role_ == Role::kDecode ? 1
+                                                          : -1);
     sh_->metrics->MarkDone(replica_);
     ++sh_->engines_done;
     if (role_ == Role::kPrefill) sh_->prefill_busy_until[replica_] = -1;

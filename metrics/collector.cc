@@ -333,6 +333,10 @@ Summary ComputeSummary(const MetricsCollector& metrics) {
   if (s.iterations > 0) s.batch_size_mean = it.batch_sum / static_cast<double>(s.iterations);
   s.prefix_hit_tokens = metrics.prefix_hit_tokens();
   s.prefix_query_tokens = metrics.prefix_query_tokens();
+  for (int p = 0; p < 2; ++p) {
+    s.pool_prefix_hit_tokens[p] = metrics.pool_prefix_hit_tokens(p);
+    s.pool_prefix_query_tokens[p] = metrics.pool_prefix_query_tokens(p);
+  }
   s.kv_tiers = metrics.kv_tiers();
   s.device_busy_s = metrics.energy().device_busy_s;
   s.device_dram_bytes = metrics.energy().device_dram_bytes;

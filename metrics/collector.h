@@ -209,13 +209,20 @@ class MetricsCollector {
     return tiers;
   }
   double kv_tier_energy_j() const { return kv_tier_energy_j_; }
-  // A replica's prefix-cache totals, added as it ends.
-  void AddPrefixCache(int64_t hit_tokens, int64_t query_tokens) {
+  // A replica's prefix-cache totals, added as it ends; `pool` 0 for a
+  // prefill replica, 1 for a decode replica, -1 when colocated.
+  void AddPrefixCache(int64_t hit_tokens, int64_t query_tokens, int pool = -1) {
     prefix_hit_tokens_ += hit_tokens;
     prefix_query_tokens_ += query_tokens;
+    if (pool >= 0) {
+      pool_prefix_hit_tokens_[pool] += hit_tokens;
+      pool_prefix_query_tokens_[pool] += query_tokens;
+    }
   }
   int64_t prefix_hit_tokens() const { return prefix_hit_tokens_; }
   int64_t prefix_query_tokens() const { return prefix_query_tokens_; }
+  int64_t pool_prefix_hit_tokens(int pool) const { return pool_prefix_hit_tokens_[pool]; }
+  int64_t pool_prefix_query_tokens(int pool) const { return pool_prefix_query_tokens_[pool]; }
   const std::vector<TimelineIteration>& timeline() const { return timeline_; }
   const std::vector<TimelineTransfer>& timeline_transfers() const { return transfers_; }
   void NoteEvent(double t_s) {
@@ -288,6 +295,7 @@ class MetricsCollector {
   std::vector<std::unique_ptr<ReplicaObserver>> observers_;
   double last_event_s_ = 0;
   int64_t prefix_hit_tokens_ = 0, prefix_query_tokens_ = 0;
+  int64_t pool_prefix_hit_tokens_[2] = {0, 0}, pool_prefix_query_tokens_[2] = {0, 0};
   int64_t handoffs_ = 0;
   double collective_bytes_ = 0, collective_extra_s_ = 0;
   int64_t collective_flows_ = 0;
@@ -338,6 +346,8 @@ struct Summary {
   // Prefix caching: prompt tokens admissions found cached, and prompt
   // tokens admitted (hit rate = hit / query); both 0 without caching.
   int64_t prefix_hit_tokens = 0, prefix_query_tokens = 0;
+  // The same per pool of a disaggregated cluster (prefill, decode).
+  int64_t pool_prefix_hit_tokens[2] = {0, 0}, pool_prefix_query_tokens[2] = {0, 0};
   // Lower KV tiers, in the scenario's order (empty without).
   std::vector<KvTierTotals> kv_tiers;
   // Disaggregation (handoffs > 0): requests handed from the prefill pool

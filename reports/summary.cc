@@ -166,7 +166,7 @@ std::string SummaryJson(const ResolvedScenario& sc, const Workload& wl,
   }
   if (sc.disaggregated()) {
     // The pools, the hand-offs and TTFT's parts (docs/disaggregation.md).
-    auto pool = [&](const ResolvedScenario& ps) {
+    auto pool = [&](const ResolvedScenario& ps, int index) {
       std::string o = absl::StrCat("{\"replicas\": ", ps.replicas,
                                    ", \"xpu\": ", JsonString(ps.proto.cluster().xpu().preset()),
                                    ", \"tensor_parallel\": ", ps.tensor_parallel);
@@ -177,11 +177,21 @@ std::string SummaryJson(const ResolvedScenario& sc, const Workload& wl,
       if (ps.has_attention_device) {
         absl::StrAppend(&o, ", \"attention_device\": ", JsonString(ps.attention_label));
       }
-      return absl::StrCat(o, ", \"kv_capacity_tokens_per_replica\": ", ps.kv.tokens * ps.ranks(),
-                          "}");
+      absl::StrAppend(&o, ", \"kv_capacity_tokens_per_replica\": ", ps.kv.tokens * ps.ranks());
+      if (ps.batching.prefix_caching) {
+        // The pool's own: a decode replica's hits are prompt tokens whose
+        // KV did not move.
+        const int64_t hit = s.pool_prefix_hit_tokens[index];
+        const int64_t query = s.pool_prefix_query_tokens[index];
+        absl::StrAppend(
+            &o, ", \"prefix_cache_hit_tokens\": ", hit, ", \"prefix_cache_query_tokens\": ", query,
+            ", \"prefix_cache_hit_rate\": ",
+            FormatFigure(query > 0 ? static_cast<double>(hit) / static_cast<double>(query) : 0.0));
+      }
+      return o + "}";
     };
-    kv("prefill_pool", pool(*sc.prefill_pool));
-    kv("decode_pool", pool(*sc.decode_pool));
+    kv("prefill_pool", pool(*sc.prefill_pool, 0));
+    kv("decode_pool", pool(*sc.decode_pool, 1));
     kv("kv_transfer_policy", JsonString(sc.kv_layerwise ? "layerwise" : "after_prefill"));
     kv("handoffs", absl::StrCat(s.handoffs));
     kv("kv_transfer_bytes", FormatFigure(s.kv_bytes));

@@ -736,6 +736,17 @@ TEST(DisaggregationTest, ADecodeReplicaReceivesOnlyTheKvItDoesNotCache) {
               2 * kNicLatency + 52 * kTokenKv / kNicBw, kCsvResolution);
   EXPECT_EQ(SummaryValue(out, "kv_transfer_bytes"), "282066944");  // (2100 + 52) tokens
   for (const auto& row : rows) EXPECT_EQ(row.at("status"), "done");
+  // Each pool found the 2048 tokens once in 2 x 2100 admitted; the decode
+  // pool's hits are the tokens whose KV stayed put.
+  const std::string summary = ReadFile(out + "/summary.json");
+  for (const char* name : {"\"prefill_pool\": {", "\"decode_pool\": {"}) {
+    const size_t at = summary.find(name);
+    ASSERT_NE(at, std::string::npos) << name;
+    const std::string pool = summary.substr(at, summary.find('}', at) - at);
+    EXPECT_TRUE(absl::StrContains(
+        pool, "\"prefix_cache_hit_tokens\": 2048, \"prefix_cache_query_tokens\": 4200,"))
+        << pool;
+  }
 }
 
 TEST(DisaggregationTest, APoolThatCannotHoldTheModelNamesItsField) {
