@@ -396,6 +396,11 @@ class Engine {
         } else {
           if (role_ == Role::kPrefill) sh_->prefill_busy_until[replica_] = -1;
           Receive(box->get<Message>());
+          // Busy from taking the message (Shared::HandoffFloor), also while
+          // a step waits in SimGrid before it ends (a store's loads).
+          if (role_ == Role::kPrefill) {
+            sh_->prefill_busy_until[replica_] = sg4::Engine::get_clock();
+          }
         }
         continue;
       }
@@ -870,9 +875,6 @@ class Engine {
       }
     }
     if (store_flows_of_step_.empty()) return 0;
-    // A prefill replica is busy from the step's start: a decode replica
-    // must not run ahead of the hand-offs it may make when the step ends.
-    if (role_ == Role::kPrefill) sh_->prefill_busy_until[replica_] = start;
     if (sg4::Engine::get_clock() < start) sg4::this_actor::sleep_until(start);
     for (const StoreFlow& f : store_flows_of_step_) {
       flows_.push_back(sg4::Comm::sendto_async(sh_->kv_hosts[f.home], sh_->kv_hosts[replica_],
