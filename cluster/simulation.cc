@@ -451,10 +451,12 @@ class Engine {
       }
     }
     int64_t hit = 0, query = 0;
+    bool tiered = false;
     for (const auto& r : ranks_) {
       hit += r->scheduler.prefix_hit_tokens();
       query += r->scheduler.prefix_query_tokens();
       if (const scheduler::PrefixCache* pc = r->scheduler.prefix_cache()) {
+        tiered = tiered || pc->num_tiers() > 0;
         for (int k = 0; k < pc->num_tiers(); ++k) {
           sh_->metrics->AddKvTier(pc->tier_config(k), pc->tier_stats(k),
                                   r->scheduler.tier_hit_tokens(k));
@@ -464,7 +466,8 @@ class Engine {
     sh_->metrics->AddPrefixCache(hit, query,
                                  role_ == Role::kPrefill  ? 0
                                  : role_ == Role::kDecode ? 1
-                                                          : -1);
+                                                          : -1,
+                                 tiered);
     sh_->metrics->MarkDone(replica_);
     ++sh_->engines_done;
     if (role_ == Role::kPrefill) sh_->prefill_busy_until[replica_] = -1;

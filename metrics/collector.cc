@@ -333,6 +333,8 @@ Summary ComputeSummary(const MetricsCollector& metrics) {
   if (s.iterations > 0) s.batch_size_mean = it.batch_sum / static_cast<double>(s.iterations);
   s.prefix_hit_tokens = metrics.prefix_hit_tokens();
   s.prefix_query_tokens = metrics.prefix_query_tokens();
+  s.tiered_hit_tokens = metrics.tiered_hit_tokens();
+  s.tiered_query_tokens = metrics.tiered_query_tokens();
   for (int p = 0; p < 2; ++p) {
     s.pool_prefix_hit_tokens[p] = metrics.pool_prefix_hit_tokens(p);
     s.pool_prefix_query_tokens[p] = metrics.pool_prefix_query_tokens(p);

@@ -210,10 +210,17 @@ class MetricsCollector {
   }
   double kv_tier_energy_j() const { return kv_tier_energy_j_; }
   // A replica's prefix-cache totals, added as it ends; `pool` 0 for a
-  // prefill replica, 1 for a decode replica, -1 when colocated.
-  void AddPrefixCache(int64_t hit_tokens, int64_t query_tokens, int pool = -1) {
+  // prefill replica, 1 for a decode replica, -1 when colocated; `tiered`
+  // when its cache has lower tiers (their hit rates count only the prompts
+  // such replicas admitted: a disaggregated cluster may tier one pool).
+  void AddPrefixCache(int64_t hit_tokens, int64_t query_tokens, int pool = -1,
+                      bool tiered = false) {
     prefix_hit_tokens_ += hit_tokens;
     prefix_query_tokens_ += query_tokens;
+    if (tiered) {
+      tiered_hit_tokens_ += hit_tokens;
+      tiered_query_tokens_ += query_tokens;
+    }
     if (pool >= 0) {
       pool_prefix_hit_tokens_[pool] += hit_tokens;
       pool_prefix_query_tokens_[pool] += query_tokens;
@@ -221,6 +228,8 @@ class MetricsCollector {
   }
   int64_t prefix_hit_tokens() const { return prefix_hit_tokens_; }
   int64_t prefix_query_tokens() const { return prefix_query_tokens_; }
+  int64_t tiered_hit_tokens() const { return tiered_hit_tokens_; }
+  int64_t tiered_query_tokens() const { return tiered_query_tokens_; }
   int64_t pool_prefix_hit_tokens(int pool) const { return pool_prefix_hit_tokens_[pool]; }
   int64_t pool_prefix_query_tokens(int pool) const { return pool_prefix_query_tokens_[pool]; }
   const std::vector<TimelineIteration>& timeline() const { return timeline_; }
@@ -295,6 +304,7 @@ class MetricsCollector {
   std::vector<std::unique_ptr<ReplicaObserver>> observers_;
   double last_event_s_ = 0;
   int64_t prefix_hit_tokens_ = 0, prefix_query_tokens_ = 0;
+  int64_t tiered_hit_tokens_ = 0, tiered_query_tokens_ = 0;
   int64_t pool_prefix_hit_tokens_[2] = {0, 0}, pool_prefix_query_tokens_[2] = {0, 0};
   int64_t handoffs_ = 0;
   double collective_bytes_ = 0, collective_extra_s_ = 0;
@@ -348,8 +358,11 @@ struct Summary {
   int64_t prefix_hit_tokens = 0, prefix_query_tokens = 0;
   // The same per pool of a disaggregated cluster (prefill, decode).
   int64_t pool_prefix_hit_tokens[2] = {0, 0}, pool_prefix_query_tokens[2] = {0, 0};
-  // Lower KV tiers, in the scenario's order (empty without).
+  // Lower KV tiers, in the scenario's order (empty without), and the
+  // prefix-cache totals of the replicas that have them (their hit rates'
+  // denominator; the whole cluster's unless one pool alone is tiered).
   std::vector<KvTierTotals> kv_tiers;
+  int64_t tiered_hit_tokens = 0, tiered_query_tokens = 0;
   // Disaggregation (handoffs > 0): requests handed from the prefill pool
   // to the decode pool, the KV bytes moved, TTFT's parts over completed
   // requests (MetricsCollector::ttft_prefill() and after), the transfer's

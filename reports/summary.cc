@@ -147,8 +147,8 @@ std::string SummaryJson(const ResolvedScenario& sc, const Workload& wl,
           &b, i ? ", " : "", "{\"name\": ", JsonString(k.name),
           ", \"capacity_blocks\": ", k.capacity_blocks, ", \"hit_tokens\": ", k.hit_tokens,
           ", \"hit_rate\": ",
-          FormatFigure(s.prefix_query_tokens > 0 ? static_cast<double>(k.hit_tokens) /
-                                                       static_cast<double>(s.prefix_query_tokens)
+          FormatFigure(s.tiered_query_tokens > 0 ? static_cast<double>(k.hit_tokens) /
+                                                       static_cast<double>(s.tiered_query_tokens)
                                                  : 0.0),
           ", \"loaded_blocks\": ", k.loaded_blocks, ", \"stored_blocks\": ", k.stored_blocks,
           ", \"dropped_blocks\": ", k.dropped_blocks,
@@ -342,8 +342,8 @@ std::string FormatSummaryTable(const ResolvedScenario& sc, const Workload& wl,
     std::string parts;
     for (const metrics::KvTierTotals& k : s.kv_tiers) lower += k.hit_tokens;
     auto share = [&](int64_t tokens) {
-      return s.prefix_query_tokens > 0
-                 ? 100.0 * static_cast<double>(tokens) / static_cast<double>(s.prefix_query_tokens)
+      return s.tiered_query_tokens > 0
+                 ? 100.0 * static_cast<double>(tokens) / static_cast<double>(s.tiered_query_tokens)
                  : 0.0;
     };
     for (const metrics::KvTierTotals& k : s.kv_tiers) {
@@ -357,7 +357,7 @@ std::string FormatSummaryTable(const ResolvedScenario& sc, const Workload& wl,
     absl::StrAppendFormat(&t,
                           "  KV tiers   prompt tokens found in HBM %.1f%%%s; %.2f GB loaded, "
                           "%.2f GB stored\n",
-                          share(s.prefix_hit_tokens - lower), parts, loaded / 1e9, stored / 1e9);
+                          share(s.tiered_hit_tokens - lower), parts, loaded / 1e9, stored / 1e9);
     for (const metrics::KvTierTotals& k : s.kv_tiers) {
       if (k.network_steps == 0) continue;
       absl::StrAppendFormat(&t,

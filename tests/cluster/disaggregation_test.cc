@@ -610,22 +610,16 @@ TEST(DisaggregationTest, ANicWithoutBandwidthIsRefusedAtLoad) {
       << r.out;
 }
 
-// A prefill pool's cluster KV store over the fabric: three prefill
-// replicas, each alone in a rack behind a non-blocking 10 GB/s uplink;
-// replica 0 stores a 2048-token prefix (128 blocks of 2,097,152 bytes) at
-// t = 0, replicas 1 and 2 load it from replica 0's node. Alone, a load
-// takes the tier link's time (26.8435 ms at 10 GB/s, no latency). Both at
-// t = 1, the two flows share replica 0's NIC and rack uplink on the way
-// out: each takes twice its bytes' time, and each prefill 26.8435 ms more.
-TEST(DisaggregationTest, AStoresLoadsShareTheFabricOutOfTheNodeThatHoldsThem) {
-  std::map<std::string, std::vector<std::map<std::string, std::string>>> runs;
-  std::map<std::string, std::string> dirs;
-  for (const auto& [name, second] : {std::pair<std::string, int>{"apart", 2}, {"together", 1}}) {
-    const std::string dir = FreshDir("disagg_store_" + name);
-    WriteFile(dir + "/t.csv", absl::StrCat("arrival_s,input_tokens,output_tokens,prefix_group,",
-                                           "prefix_tokens\n0,2100,4,0,2048\n1,2100,4,0,2048\n",
-                                           second, ",2100,4,0,2048\n"));
-    WriteFile(dir + "/s.pbtxt", R"(
+// Three 2100-token prompts sharing a 2048-token prefix, at t = 0, 1 and
+// `third`, on three prefill replicas with a cluster KV store, each alone
+// in a rack behind a non-blocking 10 GB/s uplink, and one decode replica
+// (`decode_caches`: with its own prefix cache); the output folder.
+std::string RunStoreTrio(const std::string& tag, int third, bool decode_caches) {
+  const std::string dir = FreshDir(tag);
+  WriteFile(dir + "/t.csv", absl::StrCat("arrival_s,input_tokens,output_tokens,prefix_group,",
+                                         "prefix_tokens\n0,2100,4,0,2048\n1,2100,4,0,2048\n", third,
+                                         ",2100,4,0,2048\n"));
+  WriteFile(dir + "/s.pbtxt", absl::StrCat(R"(
 model { preset: "llama3.1-8b" }
 cluster {
   xpu { preset: "a100-80gb" }
@@ -633,18 +627,32 @@ cluster {
   disaggregation {
     prefill { cluster { replicas: 3 kv_tiers { tier { kind: KV_TIER_CLUSTER_STORE
       capacity_bytes_per_xpu: 1e10 link { bandwidth_bytes_per_s: 1e10 latency_s: 0 } } } } }
-    decode { cluster { replicas: 1 } scheduler { prefix_caching: false } }
+    decode { cluster { replicas: 1 } scheduler { prefix_caching: )",
+                                           decode_caches ? "true" : "false", R"( } }
     kv_transfer: KV_TRANSFER_POLICY_AFTER_PREFILL
     fabric { nodes_per_rack: 1 }
   }
 }
 workload { trace { path: "t.csv" } }
 scheduler { batching: BATCHING_POLICY_VLLM_V1 routing: ROUTING_POLICY_ROUND_ROBIN }
-)");
-    const auto r = RunServesim({"run", dir + "/s.pbtxt", "--out", dir + "/out"});
-    ASSERT_EQ(r.code, 0) << r.out;
-    dirs[name] = dir + "/out";
-    runs[name] = Requests(dir + "/out");
+)"));
+  const auto r = RunServesim({"run", dir + "/s.pbtxt", "--out", dir + "/out"});
+  EXPECT_EQ(r.code, 0) << r.out;
+  return dir + "/out";
+}
+
+// A prefill pool's cluster KV store over the fabric: replica 0 stores the
+// 2048-token prefix (128 blocks of 2,097,152 bytes) at t = 0, replicas 1
+// and 2 load it from replica 0's node. Alone, a load takes the tier link's
+// time (26.8435 ms at 10 GB/s, no latency). Both at t = 1, the two flows
+// share replica 0's NIC and rack uplink on the way out: each takes twice
+// its bytes' time, and each prefill 26.8435 ms more.
+TEST(DisaggregationTest, AStoresLoadsShareTheFabricOutOfTheNodeThatHoldsThem) {
+  std::map<std::string, std::vector<std::map<std::string, std::string>>> runs;
+  std::map<std::string, std::string> dirs;
+  for (const auto& [name, third] : {std::pair<std::string, int>{"apart", 2}, {"together", 1}}) {
+    dirs[name] = RunStoreTrio("disagg_store_" + name, third, /*decode_caches=*/false);
+    runs[name] = Requests(dirs[name]);
     ASSERT_EQ(runs[name].size(), 3u);
     EXPECT_EQ(SummaryValue(dirs[name], "loaded_blocks"), "256");
     EXPECT_EQ(SummaryValue(dirs[name], "network_bytes"), "536870912");
@@ -668,6 +676,22 @@ scheduler { batching: BATCHING_POLICY_VLLM_V1 routing: ROUTING_POLICY_ROUND_ROBI
       << summary;
   EXPECT_TRUE(absl::StrContains(summary, "{\"name\": \"rack1.uplink\", \"bytes\": 543686656,"))
       << summary;
+}
+
+// A tier's hit rate is over the prompts of the replicas that have it: the
+// store supplied 2 x 2048 of the prefill pool's 3 x 2100 prompt tokens
+// (0.65015873), whether or not the untiered decode pool also caches (its
+// 2 x 2048 hits of 3 x 2100 count in the run's prefix-cache totals only).
+TEST(DisaggregationTest, ATiersHitRateCountsOnlyTheTieredPoolsPrompts) {
+  for (const bool decode_caches : {false, true}) {
+    const std::string out =
+        RunStoreTrio(absl::StrCat("disagg_tier_rate_", decode_caches), 2, decode_caches);
+    const std::string summary = ReadFile(out + "/summary.json");
+    EXPECT_TRUE(absl::StrContains(summary, "\"hit_tokens\": 4096, \"hit_rate\": 0.65015873,"))
+        << summary;
+    EXPECT_EQ(SummaryValue(out, "prefix_cache_query_tokens"), decode_caches ? "12600" : "6300");
+    EXPECT_EQ(SummaryValue(out, "prefix_cache_hit_tokens"), decode_caches ? "8192" : "4096");
+  }
 }
 
 // Two 2100-token prompts sharing a 2048-token prefix, at t = 0 and 1, on
