@@ -26,8 +26,9 @@ request rate per GPU at which 90% of the requests meet both, with 100
 requests per GPU in a run as in the paper's artifact (here 10 runs pooled
 per rate). vLLM (of 2023: prefill-first batching, no chunked prefill) runs
 on one GPU, beside vLLM v1's chunked prefill; DistServe places a TP2 prefill
-and a TP1 decode instance on 3 GPUs, and every other placement of 3 GPUs
-is printed too, as DistServe's placement search would weigh them.
+and a TP1 decode instance on 3 GPUs of one node (KV over NVLink), and every
+other placement of 3 GPUs is printed too, as DistServe's placement search
+would weigh them.
 
 docs/disaggregation.md sets a run's figures beside the papers'.
 """
@@ -76,9 +77,10 @@ def write_trace(path, reqs):
             f.write(f"{t:.6f},{i},{o}\n")
 
 
-def scenario(model, batching, trace, prefill, decode=None):
+def scenario(model, batching, trace, prefill, decode=None, share_nodes=False):
     """A servesim scenario. A pool is (node preset, replicas, TP); without
-    a decode pool the prefill one is a colocated cluster."""
+    a decode pool the prefill one is a colocated cluster. `share_nodes`: the
+    decode pool starts on the prefill pool's last node (KV over NVLink)."""
     def pool(p):
         node, replicas, tp = p
         return f'replicas: {replicas} tensor_parallel: {tp} node {{ preset: "{node}" }}'
@@ -89,7 +91,8 @@ def scenario(model, batching, trace, prefill, decode=None):
         text += ("cluster {\n  disaggregation {\n"
                  f"    prefill {{ cluster {{ {pool(prefill)} }} }}\n"
                  f"    decode {{ cluster {{ {pool(decode)} }} }}\n"
-                 "    kv_transfer: KV_TRANSFER_POLICY_LAYERWISE\n  }\n}\n")
+                 "    kv_transfer: KV_TRANSFER_POLICY_LAYERWISE\n"
+                 f"    share_nodes: {'true' if share_nodes else 'false'}\n  }}\n}}\n")
     return text + (f'workload {{ trace {{ path: "{trace}" }} }}\n'
                    f"scheduler {{ batching: {batching} }}\n"
                    "output { iterations_csv: false timeline: false report_html: false "
@@ -300,7 +303,7 @@ def distserve(args, binary, work):
         return distserve_missed([
             simulate(binary, work, f"{tag}_{per_gpu_rate:.4f}_{seed}",
                      poisson(pairs, per_gpu_rate * n, seed, count=args.requests_per_gpu * n),
-                     "opt-13b", batching, prefill, decode)
+                     "opt-13b", batching, prefill, decode, decode is not None)
             for seed in range(args.seed, args.seed + args.seeds)])
 
     with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:

@@ -122,10 +122,19 @@ struct Shared {
   std::unique_ptr<scheduler::Router> decode_router;
   // The platform's links with the traffic they carried (summary.json,
   // links.csv): one NIC link per replica (index = replica), then the
-  // racks' uplinks, then the pods'.
+  // racks' uplinks, then the pods', then (share_nodes) one NVLink link per
+  // replica from `nvlink_base`.
   std::vector<metrics::LinkLoad> links;
   std::vector<int> rack_of, pod_of;  // per replica; -1 without racks or pods
   int racks = 0;
+  // With cluster.disaggregation.share_nodes: each replica's (first) node,
+  // and where its NVLink link is in `links` (-1: no NVLink routes).
+  std::vector<int64_t> node_of;
+  int nvlink_base = -1;
+  // Whether replicas a and b exchange their flows over their node's NVLink.
+  bool SameNode(int a, int b) const {
+    return nvlink_base >= 0 && node_of[static_cast<size_t>(a)] == node_of[static_cast<size_t>(b)];
+  }
   double link_bin_s = 1.0;
   // A platform file's (fabric.platform_file): each replica's host there,
   // and per prefill replica p and decode replica d the indices in `links`
@@ -173,6 +182,11 @@ struct Shared {
                                static_cast<size_t>(b - prefill_replicas)]) {
         f(l, 0);
       }
+      return;
+    }
+    if (SameNode(a, b)) {
+      f(nvlink_base + a, 0);
+      f(nvlink_base + b, 1);
       return;
     }
     f(a, 0);
@@ -1091,11 +1105,14 @@ class Engine {
       sh_->links[l].bytes += bytes;
       ++sh_->kv_flows_on[l];
     });
-    // Out of one NIC and into another.
+    // Out of one NIC and into another (or over the node's NVLink).
+    const auto& to = PoolOf(*sh_->sc, d).proto.cluster();
     sh_->metrics->AddTransferEnergy(
         bytes * 1e-12 *
-        (pool_->proto.cluster().internode().energy_pj_per_byte() +
-         PoolOf(*sh_->sc, d).proto.cluster().internode().energy_pj_per_byte()));
+        (sh_->SameNode(replica_, d) ? pool_->proto.cluster().interconnect().energy_pj_per_byte() +
+                                          to.interconnect().energy_pj_per_byte()
+                                    : pool_->proto.cluster().internode().energy_pj_per_byte() +
+                                          to.internode().energy_pj_per_byte()));
     auto* msg = sh_->messages.New(h.spec, false, 0, parts);
     msg->prefill_end_s = sg4::Engine::get_clock();
     msg->bytes = bytes;
@@ -1563,7 +1580,8 @@ void BuildPlatform(const ResolvedScenario& sc, Shared* sh, const FilePlatform* f
       const auto& c = pool.proto.cluster();
       const int64_t xpus = pool.tensor_parallel * pool.ranks();
       const int64_t size = c.xpus_per_node() > 0 ? c.xpus_per_node() : xpus;
-      const bool pool_start = r == 0 || r == sc.prefill_pool->replicas;
+      const bool share = sc.proto.cluster().disaggregation().share_nodes();
+      const bool pool_start = r == 0 || (r == sc.prefill_pool->replicas && !share);
       if (pool_start || used + std::min(xpus, size) > per_node) {
         node_nic_bw.push_back(static_cast<double>(size) * c.internode().bandwidth_bytes_per_s());
         used = 0;
@@ -1631,12 +1649,35 @@ void BuildPlatform(const ResolvedScenario& sc, Shared* sh, const FilePlatform* f
       sh->rack_of.push_back(rack);
       sh->pod_of.push_back(pod_uplinks.empty() ? -1 : rack / fabric.racks_per_pod());
     }
+    // Replicas sharing nodes reach each other over NVLink: each replica's
+    // xPUs' links to the node's switch, summed per direction.
+    std::vector<sg4::Link*> nvlinks;
+    if (sc.proto.cluster().disaggregation().share_nodes()) {
+      sh->node_of = node_of;
+      sh->nvlink_base = static_cast<int>(sh->links.size());
+      for (int64_t r = 0; r < sc.replicas; ++r) {
+        const ResolvedScenario& pool = PoolOf(sc, r);
+        const auto& link = pool.proto.cluster().interconnect();
+        const double bw =
+            static_cast<double>(pool.tensor_parallel * pool.ranks()) * link.bandwidth_bytes_per_s();
+        const std::string name = absl::StrCat("r", r, ".nvlink");
+        nvlinks.push_back(
+            zone->create_split_duplex_link(name, bw)->set_latency(link.latency_s())->seal());
+        metrics::LinkLoad load;
+        load.name = name;
+        load.bandwidth_bytes_per_s = bw;
+        load.split_duplex = true;
+        sh->links.push_back(std::move(load));
+      }
+    }
     // sh->links' index -> the SimGrid link.
     const int nics_n = static_cast<int>(sc.replicas);
+    const int pods_end = nics_n + sh->racks + static_cast<int>(pod_uplinks.size());
     auto link_of = [&](int l, int dir) {
       sg4::Link* link = l < nics_n               ? nics[l]
                         : l < nics_n + sh->racks ? uplinks[l - nics_n]
-                                                 : pod_uplinks[l - nics_n - sh->racks];
+                        : l < pods_end           ? pod_uplinks[l - nics_n - sh->racks]
+                                                 : nvlinks[l - pods_end];
       return sg4::LinkInRoute(
           link, dir == 0 ? sg4::LinkInRoute::Direction::UP : sg4::LinkInRoute::Direction::DOWN);
     };

@@ -368,6 +368,31 @@ absl::StatusOr<ResolvedScenario> ResolveDisaggregated(const LoadedScenario& sc) 
   out.kv_layerwise = d.kv_transfer() != servesim::v1::KV_TRANSFER_POLICY_AFTER_PREFILL;
   out.kv_bytes_per_token = static_cast<double>(out.model.KvBytesPerToken());
   RETURN_IF_ERROR(ResolvePlatformFile(sc, &out));
+  if (d.share_nodes()) {
+    // One node holds xPUs of both pools: they must be the same machine.
+    const auto& pc = out.prefill_pool->proto.cluster();
+    const auto& dc = out.decode_pool->proto.cluster();
+    auto node_size = [](const ResolvedScenario& p) {
+      const auto& c = p.proto.cluster();
+      return c.xpus_per_node() > 0 ? c.xpus_per_node()
+                                   : p.tensor_parallel * p.ranks();  // one node per replica
+    };
+    std::string why;
+    if (!d.fabric().platform_file().empty()) {
+      why = "a platform file places the replicas by fabric.replica_hosts";
+    } else if (pc.xpu().preset() != dc.xpu().preset()) {
+      why = absl::StrCat("the pools' xPUs differ (", pc.xpu().preset(), " and ", dc.xpu().preset(),
+                         "), so they cannot share a node");
+    } else if (node_size(*out.prefill_pool) != node_size(*out.decode_pool)) {
+      why = absl::StrCat("the pools' nodes differ in size (", node_size(*out.prefill_pool), " and ",
+                         node_size(*out.decode_pool), " xPUs: set cluster.xpus_per_node alike)");
+    }
+    if (!why.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(sc.Where("cluster.disaggregation.share_nodes"),
+                       ": cluster.disaggregation.share_nodes = true: ", why));
+    }
+  }
   return out;
 }
 

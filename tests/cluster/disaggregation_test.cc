@@ -106,6 +106,34 @@ TEST(DisaggregationTest, KvTransferOverOnePathIsTheLinkMath) {
   EXPECT_EQ(rows[0].at("status"), "done");
 }
 
+// share_nodes: the decode replica joins the prefill replicas on their
+// 8-xPU node, so the KV crosses NVLink (nvlink3: 300 GB/s per A100 each
+// way, 3 us a link) instead of the 10 GB/s NICs, which carry nothing. One
+// transfer: two latencies and 131,072,000 bytes at 300 GB/s. Two at once
+// share the decode replica's NVLink link: each takes twice the bytes' time.
+TEST(DisaggregationTest, PoolsSharingANodeMoveTheKvOverNvlink) {
+  constexpr double kNvlinkBw = 300e9, kNvlinkLatency = 3e-6;
+  for (int prefill : {1, 2}) {
+    std::string out;
+    const auto rows = RunScenario(Scenario(prefill, prefill, "KV_TRANSFER_POLICY_AFTER_PREFILL",
+                                           "xpus_per_node: 8", "share_nodes: true"),
+                                  &out);
+    ASSERT_EQ(rows.size(), static_cast<size_t>(prefill));
+    const double expected = 2 * kNvlinkLatency + prefill * kPromptKvBytes / kNvlinkBw;
+    for (const auto& row : rows) {
+      EXPECT_NEAR(Num(row, "kv_ready_s") - Num(row, "prefill_end_s"), expected, kCsvResolution)
+          << prefill;
+      EXPECT_EQ(row.at("status"), "done");
+    }
+    const std::string summary = ReadFile(out + "/summary.json");
+    EXPECT_TRUE(absl::StrContains(summary, "{\"name\": \"r0.nic\", \"bytes\": 0,")) << summary;
+    EXPECT_TRUE(
+        absl::StrContains(summary, absl::StrCat("{\"name\": \"r", prefill, ".nvlink\", \"bytes\": ",
+                                                prefill == 1 ? "131072000," : "262144000,")))
+        << summary;
+  }
+}
+
 TEST(DisaggregationTest, TwoTransfersSharingTheDecodeNicEachTakeTwiceAsLong) {
   // Two prefill replicas finish identical prompts at the same time and
   // send to the one decode replica: its NIC is shared fairly.
@@ -607,6 +635,20 @@ TEST(DisaggregationTest, ANicWithoutBandwidthIsRefusedAtLoad) {
   EXPECT_TRUE(absl::StrContains(r.out,
                                 "s.pbtxt:9: cluster.disaggregation.decode.cluster."
                                 "internode.bandwidth_bytes_per_s = 0"))
+      << r.out;
+}
+
+// Pools of different machines cannot share a node.
+TEST(DisaggregationTest, PoolsOfDifferentXpusCannotShareANode) {
+  const std::string text = absl::StrReplaceAll(
+      Scenario(1, 1, "KV_TRANSFER_POLICY_LAYERWISE", "", "share_nodes: true"),
+      {{"decode { cluster { replicas: 1 } }",
+        "decode { cluster { replicas: 1 xpu { preset: \"h100-sxm-80gb\" } } }"}});
+  const auto r = Validate(text);
+  EXPECT_NE(r.code, 0);
+  EXPECT_TRUE(absl::StrContains(r.out,
+                                "s.pbtxt:11: cluster.disaggregation.share_nodes = true: the "
+                                "pools' xPUs differ (a100-80gb and h100-sxm-80gb)"))
       << r.out;
 }
 
