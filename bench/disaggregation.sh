@@ -8,12 +8,16 @@
 #     TTFT <= 2 s and TPOT <= 50 ms; on Mooncake also KV-cache-centric:
 #     host-DRAM tiers and a cluster store with prefix-aware routing,
 #     colocated and in the prefill pool of a 3 + 1 split;
-#  2. the speed table: N_NODES (default "16 32 64") DGX H100 nodes, half
+#  2. the plots (docs/img/disaggregation_*.svg): goodput against the arrival
+#     rate for the study's configurations, the Azure conversation trace at
+#     x1 to x6 its rate and the Mooncake trace at x0.125 to x0.5, under the
+#     same SLOs; each plot's table beside it (.csv);
+#  3. the speed table: N_NODES (default "16 32 64") DGX H100 nodes, half
 #     prefill and half decode (TP4 replicas), over the Azure conversation
 #     hour at N/2 times its rate (the trace sped up N/2 times and replayed
 #     N/2 times: an hour), pinned to one core; cost per request and per step
 #     should stay flat as nodes and requests grow.
-# Usage: bench/disaggregation.sh [study|speed]    (after scripts/setup.sh)
+# Usage: bench/disaggregation.sh [study|plot|speed]    (after scripts/setup.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bin=${SERVESIM_BIN:-build/services/servesim}
@@ -93,6 +97,62 @@ if [ "$what" = all ] || [ "$what" = study ]; then
       run pds "$tmp/pd_store.pbtxt" "${wl[@]}" "${slo[@]}"
       row pds "$tag: P/D 3 + 1, prefill DRAM + store"
     fi
+  done
+fi
+
+if [ "$what" = all ] || [ "$what" = plot ]; then
+  # Each configuration's arguments, then the scenario file, by label.
+  sed -e '/disaggregation {/,/^  }/d' -e 's/tensor_parallel: 4/tensor_parallel: 4\n  replicas: 4/' \
+    "$scenario" > "$tmp/colocated.pbtxt"
+  tiers='kv_tiers { tier { kind: KV_TIER_HOST_DRAM capacity_bytes_per_xpu: 200e9 link { preset: "pcie5" } } tier { kind: KV_TIER_CLUSTER_STORE capacity_bytes_per_xpu: 50e9 link { preset: "infiniband-ndr" } } }'
+  sed -e "s|replicas: 4|replicas: 4\n  $tiers|" \
+    -e 's/BATCHING_POLICY_VLLM_V1 }/BATCHING_POLICY_VLLM_V1 routing: ROUTING_POLICY_PREFIX_AFFINITY }/' \
+    "$tmp/colocated.pbtxt" > "$tmp/colocated_store.pbtxt"
+  sed -e "s|prefill { cluster { replicas: 2 } }|prefill { cluster { replicas: 3 $tiers } scheduler { routing: ROUTING_POLICY_PREFIX_AFFINITY } }|" \
+    -e 's|decode { cluster { replicas: 2 } }|decode { cluster { replicas: 1 } }|' \
+    "$scenario" > "$tmp/pd_store.pbtxt"
+  pools_of() {
+    echo --set cluster.disaggregation.prefill.cluster.replicas=$1 \
+      --set cluster.disaggregation.decode.cluster.replicas=$2
+  }
+  declare -A cfg=(
+    ["colocated 4xTP4"]="$tmp/colocated.pbtxt"
+    ["P/D 2+2"]="$scenario $(pools_of 2 2)"
+    ["P/D 3+1"]="$scenario $(pools_of 3 1)"
+    ["P/D 3+1 AttAcc"]="$scenario $(pools_of 3 1) --set cluster.disaggregation.decode.cluster.attacc.preset=attacc_bank"
+    ["colocated tiers"]="$tmp/colocated_store.pbtxt"
+    ["P/D 3+1 tiers"]="$tmp/pd_store.pbtxt"
+  )
+  for trace in azure mooncake; do
+    if [ $trace = azure ]; then
+      path=$traces/AzureLLMInferenceTrace_conv.csv rates="1 2 3 4 5 6"
+      labels=("colocated 4xTP4" "P/D 2+2" "P/D 3+1" "P/D 3+1 AttAcc")
+      title="Azure conversation, 16 H100: goodput (TTFT <= 2 s, TPOT <= 50 ms)"
+    else
+      path=$traces/synthetic_trace.jsonl rates="0.125 0.25 0.375 0.5"
+      # tiers: host DRAM + the cluster store, prefix-aware routing (the
+      # prefill pool's, split).
+      labels=("colocated 4xTP4" "P/D 3+1" "colocated tiers" "P/D 3+1 tiers")
+      title="Mooncake trace, 16 H100: goodput (TTFT <= 2 s, TPOT <= 50 ms)"
+    fi
+    csv=docs/img/disaggregation_$trace.csv
+    echo "configuration,rate_scale,goodput_requests_per_s,slo_attainment,ttft_p99_s,tpot_p99_s" > "$csv"
+    for label in "${labels[@]}"; do
+      for rate in $rates; do
+        # shellcheck disable=SC2086  # the configuration's words
+        run p ${cfg[$label]} --set workload.trace.path="$path" --set workload.rate_scale="$rate" \
+          --set slo.ttft_s=2 --set slo.tpot_s=0.05
+        python3 - "$tmp/p" "$label" "$rate" >> "$csv" <<'PY'
+import json, sys
+d, label, rate = sys.argv[1:]
+s = json.load(open(f"{d}/summary.json"))
+print(f"{label},{rate},{s['goodput_requests_per_s']:.4f},{s['slo_attainment']:.4f},"
+      f"{s['ttft_s']['p99']:.4f},{s['tpot_s']['p99']:.4f}")
+PY
+      done
+    done
+    "$bin" plot "$csv" --x rate_scale --y goodput_requests_per_s --group configuration \
+      --title "$title" --out "docs/img/disaggregation_$trace.svg"
   done
 fi
 
