@@ -820,6 +820,17 @@ absl::StatusOr<ResolvedScenario> Resolve(const LoadedScenario& sc) {
     ck.Fail("cluster.attention_pool", "set",
             "at most one of cluster.attacc and cluster.attention_pool");
   }
+  if (c.overlap_rule() == servesim::v1::OVERLAP_RULE_ATTACC_SIMULATOR) {
+    if (!c.has_attacc() && !c.has_attention_pool()) {
+      ck.Fail("cluster.overlap_rule", "ATTACC_SIMULATOR",
+              "the AttAcc simulator's overlap rule needs cluster.attacc or "
+              "cluster.attention_pool (an attention device)");
+    } else if (c.overlap() == servesim::v1::OVERLAP_POLICY_BATCH_LEVEL) {
+      ck.Fail("cluster.overlap_rule", "ATTACC_SIMULATOR",
+              "the AttAcc simulator times serial and head-level overlap only; use "
+              "LIST_SCHEDULE with BATCH_LEVEL");
+    }
+  }
   RETURN_IF_ERROR(ck.status());
 
   ResolvedScenario out;
@@ -968,6 +979,9 @@ absl::StatusOr<ResolvedScenario> Resolve(const LoadedScenario& sc) {
                      ? scheduler::OverlapPolicy::kBatchLevel
                      : scheduler::OverlapPolicy::kSerial;
     pc.head_groups = c.head_groups();
+    pc.overlap_rule = c.overlap_rule() == servesim::v1::OVERLAP_RULE_ATTACC_SIMULATOR
+                          ? scheduler::OverlapRule::kAttAccSimulator
+                          : scheduler::OverlapRule::kListSchedule;
     pc.link_bytes_per_s = c.attacc().link().bandwidth_bytes_per_s();
     pc.link_latency_s = c.attacc().link().latency_s();
     pc.link_energy_pj_per_byte = c.attacc().link().energy_pj_per_byte();
@@ -1042,6 +1056,9 @@ absl::StatusOr<ResolvedScenario> Resolve(const LoadedScenario& sc) {
                      ? scheduler::OverlapPolicy::kBatchLevel
                      : scheduler::OverlapPolicy::kSerial;
     pc.head_groups = c.head_groups();
+    pc.overlap_rule = c.overlap_rule() == servesim::v1::OVERLAP_RULE_ATTACC_SIMULATOR
+                          ? scheduler::OverlapRule::kAttAccSimulator
+                          : scheduler::OverlapRule::kListSchedule;
     pc.link_bytes_per_s = pool.link().bandwidth_bytes_per_s();
     pc.link_latency_s = pool.link().latency_s();
     pc.link_energy_pj_per_byte = pool.link().energy_pj_per_byte();

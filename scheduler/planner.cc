@@ -706,7 +706,10 @@ IterationPlanner::DeviceShape IterationPlanner::ShapeWithDevice(const Batch& bat
   }
   const bool head_level =
       sh.policy == OverlapPolicy::kHeadLevel || sh.policy == OverlapPolicy::kHeadLevelFf;
-  sh.groups = head_level ? static_cast<int>(std::clamp<int64_t>(config_.head_groups, 1, H)) : 1;
+  // The AttAcc simulator's rule times the attention of all heads at once.
+  sh.groups = head_level && config_.overlap_rule == OverlapRule::kListSchedule
+                  ? static_cast<int>(std::clamp<int64_t>(config_.head_groups, 1, H))
+                  : 1;
   sh.f = sh.policy == OverlapPolicy::kHeadLevelFf ? FfDeviceFraction(sh.t) : 0.0;
   sh.half = (sh.b_dec + 1) / 2;  // batch-level halves A and B
   s->st_a.clear();
@@ -965,9 +968,23 @@ absl::StatusOr<IterationCost> IterationPlanner::PlanWithDevice(const Batch& batc
     double att_total = 0;
     for (const Cost& c : att) att_total += c.time_s;
 
+    const bool authors = config_.overlap_rule == OverlapRule::kAttAccSimulator;
+    // The AttAcc simulator's rule (OverlapRule): one head's share of a
+    // pipelined kernel stays exposed.
+    const double m = 1.0 / static_cast<double>(std::max<int64_t>(1, heads_));
+    const double send_t = b_dec > 0 ? LinkTime(send) : 0.0;
+    const double recv_t = b_dec > 0 ? LinkTime(recv) : 0.0;
     if (!head_level) {
-      const double attn_path =
-          b_dec > 0 ? LinkTime(send) + att_total + LinkTime(recv) : 0.0;
+      // Serially, the authors still hide the transfers behind the
+      // attention but for one head's share.
+      double send_s = send_t, recv_s = recv_t;
+      if (authors && b_dec > 0 && send_t + recv_t > 0) {
+        const double x2g = send_t + recv_t;
+        const double exposed = att_total > x2g ? m * x2g : x2g - (1 - m) * att_total;
+        send_s = exposed * send_t / x2g;
+        recv_s = exposed - send_s;
+      }
+      const double attn_path = b_dec > 0 ? send_s + att_total + recv_s : 0.0;
       const double post = x.proj.time_s + x.allreduce.time_s + x.residual.time_s;
       layer_time = x.norm.time_s + x.qkv.time_s + x.xattn.time_s + attn_path + post +
                    ff_block + std::max(0.0, kv_copy_time - (post + ff_block));
@@ -975,10 +992,48 @@ absl::StatusOr<IterationCost> IterationPlanner::PlanWithDevice(const Batch& batc
                  x.ff.time_s + x.allreduce.time_s + x.residual.time_s;
       if (spans_ != nullptr) {
         for (int32_t l = 0; l < model_.num_layers; ++l) {
-          EmitSerialLayer(l, l * layer_time, x, b_dec > 0 ? LinkTime(send) : 0, att_total,
-                          b_dec > 0 ? LinkTime(recv) : 0, kv_copy_time, ff_link, dev_ff.time_s);
+          EmitSerialLayer(l, l * layer_time, x, send_s, att_total, recv_s, kv_copy_time, ff_link,
+                          dev_ff.time_s);
         }
       }
+    } else if (authors) {
+      // Head-level pipelining as the authors time it (OverlapRule): QKV and
+      // projection (FC) against the device's attention (A) and the link (X).
+      const double qkv = x.qkv.time_s, proj = x.proj.time_s, fc = qkv + proj;
+      const double a = att_total, x2g = send_t + recv_t;
+      double core;  // QKV to the projection's end
+      if (a > fc) {
+        core = m * fc + (a > x2g ? m * x2g : x2g - (1 - m) * a) + a;
+      } else if (fc > x2g) {
+        core = fc + m * a + m * x2g;
+      } else {
+        core = m * fc + x2g + m * a;
+      }
+      const double post = x.allreduce.time_s + x.residual.time_s;
+      const double pre = x.norm.time_s + x.xattn.time_s;
+      layer_time = pre + core + post + ff_block + std::max(0.0, kv_copy_time - (post + ff_block));
+      if (spans_ != nullptr) {
+        // A schedule with that length: QKV first, the projection last, and
+        // the attention (with the transfers, as far as they fit) between
+        // the first head's QKV and the last head's projection.
+        for (int32_t l = 0; l < model_.num_layers; ++l) {
+          const double at = l * layer_time;
+          Emit(Track::kXpu, "norm", l, -1, at, at + x.norm.time_s);
+          const double c0 = at + pre;
+          Emit(Track::kXpu, "attention (prefill)", l, -1, at + x.norm.time_s, c0);
+          Emit(Track::kXpu, "qkv", l, -1, c0, c0 + qkv);
+          Emit(Track::kXpu, "projection", l, -1, c0 + core - proj, c0 + core);
+          const double ws = c0 + m * qkv;
+          const double slack = std::max(0.0, core - m * fc - a);
+          const double so = std::min(send_t, slack / 2), sr = std::min(recv_t, slack / 2);
+          Emit(Track::kLinkOut, "send q/k/v", l, -1, ws, ws + so);
+          Emit(Track::kDevice, "attention", l, -1, ws + so, ws + so + a);
+          Emit(Track::kLinkBack, "recv outputs", l, -1, ws + so + a, ws + so + a + sr);
+          EmitPostAndFf(l, c0 + core, x, kv_copy_time, ff_link, dev_ff.time_s);
+        }
+      }
+      xpu_busy = x.norm.time_s + x.qkv.time_s + x.xattn.time_s + x.proj.time_s + post +
+                 x.ff_norm.time_s + x.ff.time_s + x.allreduce.time_s + x.residual.time_s;
     } else {
       // List schedule over head groups (§6.1): the QKV kernel's output tiles
       // complete one head group at a time (the GEMM is tiled anyway, so a

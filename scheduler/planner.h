@@ -61,12 +61,28 @@ namespace servesim::scheduler {
 
 enum class OverlapPolicy { kSerial, kHeadLevel, kHeadLevelFf, kBatchLevel };
 const char* OverlapPolicyName(OverlapPolicy p);
+// How an overlapped iteration is timed (cluster.overlap_rule).
+//  - kListSchedule: the xPU, the link each way and the device each run
+//    their work in order, as the planner lays it out (servesim's model).
+//  - kAttAccSimulator: the AttAcc authors' simulator's rule
+//    (scale-snu/attacc_simulator, src/system.py `_pipeline`). With m = 1 /
+//    (query heads per xPU), FC = QKV + projection, A = the device's
+//    attention and X = the link time both ways:
+//      serial:      X' = A > X ? m X : X - (1 - m) A;  layer = FC + X' + A
+//      head level:  A > FC:           layer = m FC + X' + A
+//                   FC >= A, FC > X:  layer = FC + m A + m X
+//                   FC >= A, FC <= X: layer = m FC + X + m A
+//    (the hidden time leaves QKV and projection 3:1 in the second case).
+//    Their softmax, a layer of its own, is dropped by the rule; servesim's
+//    devices include it in A. Not for kBatchLevel, which they do not model.
+enum class OverlapRule { kListSchedule, kAttAccSimulator };
 
 struct PlannerConfig {
   int64_t tensor_parallel = 1;
   const devices::Device* xpu = nullptr;        // borrowed
   const devices::Device* attention = nullptr;  // borrowed; null: xPUs only
   OverlapPolicy overlap = OverlapPolicy::kSerial;
+  OverlapRule overlap_rule = OverlapRule::kListSchedule;
   int head_groups = 8;
   // xPU <-> attention device link, per xPU of the group (the group uses t).
   double link_bytes_per_s = 0;

@@ -78,7 +78,7 @@ int64_t StackRowsForPaperCapacity(const std::string& model) {
 }
 
 std::string ScenarioText(const std::string& model, const System& sys, int64_t max_batch,
-                         const std::string& workload, const std::string& extra,
+                         const std::string& workload, const std::string& extra, bool authors,
                          int64_t ff_batch = 0) {
   std::string t = absl::StrCat("name: \"attacc study: ", model, " / ", sys.name, " / ", sys.policy,
                                "\"\n", "model { preset: \"", model,
@@ -90,6 +90,7 @@ std::string ScenarioText(const std::string& model, const System& sys, int64_t ma
   if (sys.attacc) {
     absl::StrAppend(&t, "  attacc { preset: \"attacc_bank\" stacks: 40 rows_per_bank: ",
                     StackRowsForPaperCapacity(model), " }\n  overlap: ", sys.overlap, "\n");
+    if (authors) absl::StrAppend(&t, "  overlap_rule: OVERLAP_RULE_ATTACC_SIMULATOR\n");
     if (ff_batch > 0) {
       absl::StrAppend(&t, "  ff_min_batch: ", ff_batch, " ff_max_batch: ", ff_batch, "\n");
     }
@@ -164,6 +165,7 @@ absl::StatusOr<std::vector<StudyPoint>> RunAttAccStudy(const StudyOptions& optio
   const std::string saturated =
       "workload { saturated { num_requests: 1 input_tokens: 1 output_tokens: 1 } }\n";
   std::vector<StudyPoint> points;
+  const bool authors = options.authors_rules;
   for (const std::string& model : options.models) {
     for (const System& sys : kSystems) {
       for (const auto& [lin, lout] : options.lengths) {
@@ -172,12 +174,15 @@ absl::StatusOr<std::vector<StudyPoint>> RunAttAccStudy(const StudyOptions& optio
         // and maximum, §6.2), which costs the device some KV capacity:
         // iterate until the batch and the partitions agree.
         ASSIGN_OR_RETURN(ResolvedScenario probe,
-                         ResolveText(ScenarioText(model, sys, 65536, saturated, "")));
-        int64_t cap = CapacityBatch(probe, lin + lout);
-        for (int round = 0; round < 8 && std::string(sys.policy) == "hl_pipe_ff" && cap > 0;
+                         ResolveText(ScenarioText(model, sys, 65536, saturated, "", authors)));
+        const int64_t servesim_cap = CapacityBatch(probe, lin + lout);
+        const int64_t authors_cap = AuthorsCapacityBatch(model, sys.name, lin, lout);
+        int64_t cap = authors ? authors_cap : servesim_cap;
+        for (int round = 0;
+             round < 8 && !authors && std::string(sys.policy) == "hl_pipe_ff" && cap > 0;
              ++round) {
           ASSIGN_OR_RETURN(ResolvedScenario with_ff,
-                           ResolveText(ScenarioText(model, sys, cap, saturated, "", cap)));
+                           ResolveText(ScenarioText(model, sys, cap, saturated, "", authors, cap)));
           const int64_t next = CapacityBatch(with_ff, lin + lout);
           if (next == cap) break;
           cap = next;
@@ -187,7 +192,7 @@ absl::StatusOr<std::vector<StudyPoint>> RunAttAccStudy(const StudyOptions& optio
               model, " on ", sys.name, ": no request of ", lin + lout, " tokens fits"));
         }
         ASSIGN_OR_RETURN(ResolvedScenario sc,
-                         ResolveText(ScenarioText(model, sys, cap, saturated, "",
+                         ResolveText(ScenarioText(model, sys, cap, saturated, "", authors,
                                                   std::string(sys.policy) == "hl_pipe_ff"
                                                       ? cap
                                                       : 0)));
@@ -204,9 +209,9 @@ absl::StatusOr<std::vector<StudyPoint>> RunAttAccStudy(const StudyOptions& optio
           auto it = ff_planners.find(b);
           if (it == ff_planners.end()) {
             ASSIGN_OR_RETURN(ResolvedScenario sb,
-                             ResolveText(ScenarioText(model, sys, b, saturated, "", b)));
+                             ResolveText(ScenarioText(model, sys, b, saturated, "", authors, b)));
             std::unique_ptr<StudyPlanner> pb;
-            if (CapacityBatch(sb, tokens) >= b) {
+            if (authors || CapacityBatch(sb, tokens) >= b) {
               ASSIGN_OR_RETURN(pb, StudyPlanner::Of(sb));
             }
             it = ff_planners.emplace(b, std::move(pb)).first;
@@ -219,7 +224,7 @@ absl::StatusOr<std::vector<StudyPoint>> RunAttAccStudy(const StudyOptions& optio
         std::unique_ptr<StudyPlanner> no_ff;
         if (ff) {
           ASSIGN_OR_RETURN(ResolvedScenario hl,
-                           ResolveText(ScenarioText(model, kSystems[3], cap, saturated, "")));
+                           ResolveText(ScenarioText(model, kSystems[3], cap, saturated, "", authors)));
           ASSIGN_OR_RETURN(no_ff, StudyPlanner::Of(hl));
         }
         const int64_t l_avg = lin + lout / 2;
@@ -231,8 +236,8 @@ absl::StatusOr<std::vector<StudyPoint>> RunAttAccStudy(const StudyOptions& optio
           p.lin = lin;
           p.lout = lout;
           p.slo_ms = slo_ms;
-          p.capacity_batch = cap;
-          p.capacity_batch_authors = AuthorsCapacityBatch(model, sys.name, lin, lout);
+          p.capacity_batch = authors ? servesim_cap : cap;
+          p.capacity_batch_authors = authors_cap;
           p.max_batch = cap;
           p.batch_bound = "capacity";
           if (slo_ms > 0) {
@@ -353,7 +358,7 @@ absl::StatusOr<std::vector<StudyTraceRun>> RunAttAccTraceStudy(
       const std::string out = absl::StrCat(work_dir, "/", name);
       {
         std::ofstream f(scenario);
-        f << ScenarioText(model, sys, 256, workload, slo);
+        f << ScenarioText(model, sys, 256, workload, slo, options.authors_rules);
         if (!f) return absl::UnavailableError(absl::StrCat(scenario, ": cannot write"));
       }
       const std::string cmd = absl::StrCat("'", servesim_binary, "' run '", scenario,

@@ -39,9 +39,10 @@ struct StudyPoint {
   std::string model, system, policy;
   int64_t lin = 0, lout = 0;
   double slo_ms = 0;  // 0: none
+  // The largest batch memory holds, as servesim's memory plan counts it
+  // and as the AttAcc authors' simulator does (AuthorsCapacityBatch); the
+  // study runs the second under StudyOptions::authors_rules, else the first.
   int64_t capacity_batch = 0;
-  // The same batch as the AttAcc authors' simulator counts it
-  // (AuthorsCapacityBatch); the study runs capacity_batch.
   int64_t capacity_batch_authors = 0;
   int64_t max_batch = 0;
   std::string batch_bound;  // capacity | slo
@@ -63,6 +64,15 @@ struct StudyOptions {
   std::vector<std::pair<int64_t, int64_t>> lengths = {{2048, 128}, {2048, 512}, {2048, 2048}};
   std::vector<double> slos_ms = {0, 30, 50, 70};
   double trace_window_s = 600;  // trace mode: the first 10 minutes
+  // Whose rules decide what servesim's model leaves open (docs/devices/
+  // attacc.md, "The §7 study"). true (default, `--rules authors`): the
+  // AttAcc authors' simulator's, as the paper was evaluated: capacity-bound
+  // batches as they count them (AuthorsCapacityBatch; FF partitions take no
+  // capacity) and head-level pipelining timed by their `_pipeline` rule
+  // (cluster.overlap_rule: ATTACC_SIMULATOR). false (`--rules servesim`):
+  // servesim's own, the batch its memory plan and the stacks hold and the
+  // planner's list schedule, which serving runs use.
+  bool authors_rules = true;
 };
 
 // Every saturated point of the study.

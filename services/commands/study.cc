@@ -23,9 +23,16 @@ int StudyCommand(const Args& args) {
   flags.String("--out", &out_flag, "--out needs a folder");
   flags.String("--trace", &trace_flag, "--trace needs a file");
   flags.Switch("--no-trace", [&no_trace] { no_trace = true; });
+  std::string rules = "authors";
+  flags.String("--rules", &rules, "--rules needs authors or servesim");
   if (auto exit = ParseFlags(flags, args)) return *exit;
   if (study != "attacc") return UsageError("study takes one study name: attacc");
+  if (rules != "authors" && rules != "servesim") {
+    return UsageError("--rules takes authors (the AttAcc simulator's batch count and pipelining "
+                      "rule, the default) or servesim (its own)");
+  }
   studies::StudyOptions options;
+  options.authors_rules = rules == "authors";
   auto points = studies::RunAttAccStudy(options);
   if (!points.ok()) return Fail(points.status());
   std::cout << "AttAcc study, saturated (decode stages; speedups over DGX_Base / DGX_Large "

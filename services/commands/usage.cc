@@ -16,10 +16,14 @@ Usage:
   servesim presets [models|xpus|links|nodes|attacc|topick|spatten|cta|lad]
                                           list presets with their parameters
   servesim study attacc [--out DIR] [--trace FILE | --no-trace]
+                        [--rules authors|servesim]
                                           the AttAcc paper's evaluation (§7):
                                           DGX_Base, DGX_Large, DGX+AttAccs x
                                           policies x models x lengths x SLOs,
-                                          saturated, then the Azure trace
+                                          saturated, then the Azure trace;
+                                          batches and pipelining as the
+                                          authors' simulator counts them
+                                          (default) or as servesim does
   servesim sweep SCENARIO --vary field=v1,v2,... [--vary ...] [--set ...]
                  [-j N] [--out DIR] [--emit-jobs FILE]
                                           run the cross product of the --vary

@@ -463,6 +463,30 @@ TEST(ScenarioResolveTest, AttentionPoolBadInputNamesTheField) {
   EXPECT_THAT(bad.status().message(), HasSubstr("cluster.attention_pool.topick.topick.preset"));
 }
 
+TEST(ScenarioResolveTest, OverlapRuleNeedsADeviceAndAPolicyTheAuthorsTime) {
+  auto run = [](const char* cluster) {
+    return ParseAndResolve(absl::StrCat("model { preset: \"gpt3-175b\" }\n",
+                                        "cluster { xpu { preset: \"a100-hbm3\" } "
+                                        "tensor_parallel: 8 ",
+                                        cluster, " }\n"));
+  };
+  auto none = run("overlap_rule: OVERLAP_RULE_ATTACC_SIMULATOR");
+  ASSERT_FALSE(none.ok());
+  EXPECT_THAT(none.status().message(), HasSubstr("cluster.overlap_rule"));
+  EXPECT_THAT(none.status().message(), HasSubstr("needs cluster.attacc or"));
+  auto batch = run("attacc { } overlap: OVERLAP_POLICY_BATCH_LEVEL "
+                   "overlap_rule: OVERLAP_RULE_ATTACC_SIMULATOR");
+  ASSERT_FALSE(batch.ok());
+  EXPECT_THAT(batch.status().message(), HasSubstr("serial and head-level overlap only"));
+  auto head = run("attacc { } overlap: OVERLAP_POLICY_HEAD_LEVEL "
+                  "overlap_rule: OVERLAP_RULE_ATTACC_SIMULATOR");
+  ASSERT_TRUE(head.ok()) << head.status();
+  EXPECT_EQ(head->planner.overlap_rule, scheduler::OverlapRule::kAttAccSimulator);
+  auto plain = run("attacc { } overlap: OVERLAP_POLICY_HEAD_LEVEL");
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ(plain->planner.overlap_rule, scheduler::OverlapRule::kListSchedule);
+}
+
 TEST(ScenarioResolveTest, OnDieModelBadInputNamesTheFieldAndRange) {
   auto run = [](const char* on_die) {
     return ParseAndResolve(absl::StrCat("model { preset: \"gpt2-medium\" }\n",

@@ -249,14 +249,28 @@ TEST_F(HeteroPlannerTest, SpansReplayTheScheduleOfEveryPolicy) {
   // under head-level pipelining the device attending group j while the xPU
   // computes a later group's QKV tile.
   const Batch batch = Decode(64, 2048);
-  for (OverlapPolicy policy : {OverlapPolicy::kSerial, OverlapPolicy::kHeadLevel,
-                               OverlapPolicy::kHeadLevelFf, OverlapPolicy::kBatchLevel}) {
-    IterationPlanner planner(Gpt3(), Config(gpu_.get(), &fake_, policy));
+  struct Variant {
+    OverlapPolicy policy;
+    OverlapRule rule;
+  };
+  for (const Variant& v :
+       {Variant{OverlapPolicy::kSerial, OverlapRule::kListSchedule},
+        Variant{OverlapPolicy::kHeadLevel, OverlapRule::kListSchedule},
+        Variant{OverlapPolicy::kHeadLevelFf, OverlapRule::kListSchedule},
+        Variant{OverlapPolicy::kBatchLevel, OverlapRule::kListSchedule},
+        Variant{OverlapPolicy::kSerial, OverlapRule::kAttAccSimulator},
+        Variant{OverlapPolicy::kHeadLevel, OverlapRule::kAttAccSimulator},
+        Variant{OverlapPolicy::kHeadLevelFf, OverlapRule::kAttAccSimulator}}) {
+    const OverlapPolicy policy = v.policy;
+    PlannerConfig config = Config(gpu_.get(), &fake_, policy);
+    config.overlap_rule = v.rule;
+    IterationPlanner planner(Gpt3(), config);
     auto plain = planner.Plan(batch);
     std::vector<Span> spans;
     auto traced = planner.Plan(batch, &spans);
     ASSERT_TRUE(plain.ok() && traced.ok());
-    const char* name = OverlapPolicyName(policy);
+    const std::string name = std::string(OverlapPolicyName(policy)) +
+                             (v.rule == OverlapRule::kAttAccSimulator ? " (authors)" : "");
     EXPECT_EQ(plain->time_s, traced->time_s) << name;
     ASSERT_FALSE(spans.empty()) << name;
     std::map<Track, std::vector<std::pair<double, double>>> by_track;
@@ -276,7 +290,7 @@ TEST_F(HeteroPlannerTest, SpansReplayTheScheduleOfEveryPolicy) {
     EXPECT_NEAR(end, traced->time_s, 1e-12 * traced->time_s) << name;
     EXPECT_NEAR(xpu, traced->xpu_busy_s, 1e-9 * traced->xpu_busy_s) << name;
     EXPECT_NEAR(device, traced->device_busy_s, 1e-9 * traced->device_busy_s) << name;
-    if (policy == OverlapPolicy::kHeadLevel) {
+    if (policy == OverlapPolicy::kHeadLevel && v.rule == OverlapRule::kListSchedule) {
       // Layer 0: group 0's attention overlaps the QKV tile of group 1+.
       double att0_start = -1, att0_end = -1, last_qkv_start = -1;
       for (const Span& sp : spans) {
@@ -305,6 +319,66 @@ TEST_F(HeteroPlannerTest, SpansReplayTheScheduleOfEveryPolicy) {
   }
   EXPECT_NEAR(sum, cost->time_s, 1e-9 * cost->time_s);
   EXPECT_NEAR(spans.back().end_s, cost->time_s, 1e-9 * cost->time_s);
+}
+
+// cluster.overlap_rule ATTACC_SIMULATOR: the authors' `_pipeline` rule
+// (scheduler/planner.h, OverlapRule), in each of its cases, by hand. GPT-3
+// on 8 xPUs holds 12 query heads per xPU, so m = 1/12; the fake device's
+// attention of all 96 heads takes b x (past + 1) x 96 ns / 40; the link
+// moves b x (96 + 2 x 96) x 128 x 2 bytes out and b x 96 x 128 x 2 back,
+// each at 8 x its bandwidth plus 3 us. The planner's other pieces (QKV,
+// projection) come from the serial plan's stages; a layer's time minus
+// what the rule changes is the same in every plan.
+TEST_F(HeteroPlannerTest, AttAccSimulatorRuleByHand) {
+  const double layers = 96, m = 1.0 / 12;
+  struct Case {
+    int64_t past;
+    double link_bytes_per_s;
+    int branch;  // 1: A > FC, 2: FC >= A and FC > X, 3: FC >= A and FC <= X
+  };
+  for (const Case& k : {Case{1000, 300e9, 2}, Case{4000, 300e9, 1}, Case{1000, 1e8, 3},
+                        Case{4000, 1e8, 1}}) {
+    SCOPED_TRACE(::testing::Message() << "past " << k.past << " link " << k.link_bytes_per_s);
+    const int64_t b = 16;
+    auto plan = [&](OverlapPolicy policy, OverlapRule rule) {
+      PlannerConfig c = Config(gpu_.get(), &fake_, policy);
+      c.link_bytes_per_s = k.link_bytes_per_s;
+      c.overlap_rule = rule;
+      IterationPlanner planner(Gpt3(), c);
+      return *planner.Plan(Decode(b, k.past));
+    };
+    const IterationCost serial = plan(OverlapPolicy::kSerial, OverlapRule::kListSchedule);
+    const double qkv = serial.stages[static_cast<int>(devices::Stage::kQkv)].time_s / layers;
+    const double proj =
+        serial.stages[static_cast<int>(devices::Stage::kProjection)].time_s / layers;
+    const double a = b * double(k.past + 1) * 96 * 1e-9 / 40;
+    const double link = k.link_bytes_per_s * 8;
+    const double x = 3e-6 + b * 288.0 * 128 * 2 / link + 3e-6 + b * 96.0 * 128 * 2 / link;
+    const double fc = qkv + proj;
+    ASSERT_EQ(k.branch, a > fc ? 1 : fc > x ? 2 : 3);
+    // Serially the transfers hide behind the attention but for m of them
+    // (or the attention behind them).
+    const IterationCost serial_rule = plan(OverlapPolicy::kSerial, OverlapRule::kAttAccSimulator);
+    const double exposed = a > x ? m * x : x - (1 - m) * a;
+    EXPECT_NEAR(serial.time_s - serial_rule.time_s, layers * (x - exposed),
+                1e-9 * serial.time_s);
+    // Head level: QKV to the projection's end.
+    double core = 0;
+    if (k.branch == 1) core = m * fc + exposed + a;
+    if (k.branch == 2) core = fc + m * a + m * x;
+    if (k.branch == 3) core = m * fc + x + m * a;
+    const IterationCost head = plan(OverlapPolicy::kHeadLevel, OverlapRule::kAttAccSimulator);
+    EXPECT_NEAR(serial.time_s - head.time_s, layers * (fc + x + a - core), 1e-9 * serial.time_s);
+    // The same work on every resource, and one attention op of every head.
+    EXPECT_NEAR(head.xpu_busy_s, serial.xpu_busy_s, 1e-12);
+    EXPECT_NEAR(head.device_busy_s, serial.device_busy_s, 1e-12);
+  }
+  fake_.attention_calls.clear();
+  PlannerConfig c = Config(gpu_.get(), &fake_, OverlapPolicy::kHeadLevel);
+  c.overlap_rule = OverlapRule::kAttAccSimulator;
+  IterationPlanner planner(Gpt3(), c);
+  ASSERT_TRUE(planner.Plan(Decode(16, 1000)).ok());
+  EXPECT_EQ(fake_.attention_calls.size(), 1u);
 }
 
 TEST_F(HeteroPlannerTest, StagesCoverEveryResourcesWork) {
