@@ -677,6 +677,7 @@ class Engine {
     it.bound = lead->batch->bound;
     it.batch_cap = batch_cap_;
     double time_s = 0, xpu_busy_s = 0, device_busy_s = 0;
+    double busy_sum_s = 0, collective_sum_s = 0;  // over ranks: the collectives' share
     double tier_s = 0;      // waiting for KV tiers (the slowest rank's)
     double pipe_bytes = 0;  // hidden states between pipeline stages
     cost_ = scheduler::IterationCost{};
@@ -714,6 +715,8 @@ class Engine {
       it.waiting += r->scheduler.num_waiting();
       time_s = std::max(time_s, r->cost.time_s);
       xpu_busy_s = std::max(xpu_busy_s, r->cost.xpu_busy_s);
+      busy_sum_s += r->cost.xpu_busy_s;
+      collective_sum_s += r->cost.xpu_collective_s;
       device_busy_s = std::max(device_busy_s, r->cost.device_busy_s);
       if (!lockstep && !pipeline) {
         cost_ = r->cost;
@@ -739,6 +742,9 @@ class Engine {
       cost_.total.time_s = time_s;
       cost_.xpu_busy_s = xpu_busy_s;
       cost_.device_busy_s = device_busy_s;
+      // The busiest rank's or stage's busy time, with the ranks' share of
+      // collectives in it.
+      cost_.xpu_collective_s = busy_sum_s > 0 ? xpu_busy_s * collective_sum_s / busy_sum_s : 0;
     }
     if (pool_->xpu_power_cap_w > 0) ApplyPowerCap(&cost_);
     const scheduler::IterationCost* cost = &cost_;
@@ -759,9 +765,11 @@ class Engine {
     }
     device_busy_total_s_ += cost->device_busy_s;
     it.duration_s = duration;
-    // The xPUs' active power over their busy time (cluster.xpu.active_power_w).
-    const double active_j = pool_->xpu_active_power_w *
-                            static_cast<double>(pool_->xpus_per_replica()) * cost->xpu_busy_s;
+    // The xPUs' active power over their busy time but collectives
+    // (cluster.xpu.active_power_w), and the board's power limit.
+    double active_j = pool_->xpu_active_power_w * static_cast<double>(pool_->xpus_per_replica()) *
+                      std::max(0.0, cost->xpu_busy_s - cost->xpu_collective_s);
+    if (pool_->xpu_tdp_w > 0) LimitToTdp(&cost_, &active_j);
     it.energy_j = cost->total.energy_pj() * 1e-12 + active_j;
     it.xpu_busy_s = cost->xpu_busy_s;
     it.device_busy_s = cost->device_busy_s;
@@ -926,14 +934,37 @@ class Engine {
     const double n = static_cast<double>(pool_->xpus_per_replica());
     const double e_j = (c->total.energy_pj() - c->device_total.energy_pj()) * 1e-12;
     if (!(c->xpu_busy_s > 0) || !(e_j > 0)) return;
+    // Active power is not drawn during collectives, which the clocks do
+    // not lengthen: idle + active (t - c) / t + E / (n t) = cap.
     const double need_s =
-        e_j / (n * (pool_->xpu_power_cap_w - pool_->xpu_idle_power_w - pool_->xpu_active_power_w));
+        (e_j / n - pool_->xpu_active_power_w * c->xpu_collective_s) /
+        (pool_->xpu_power_cap_w - pool_->xpu_idle_power_w - pool_->xpu_active_power_w);
     if (!(need_s > c->xpu_busy_s)) return;
     const double stretch = need_s - c->xpu_busy_s;
     c->xpu_busy_s = need_s;
     c->time_s += stretch;
     c->total.time_s += stretch;
     ++capped_iterations_;
+  }
+
+  // The board's power limit (cluster.xpu.tdp_w, docs/energy.md): over
+  // their busy time the xPUs draw at most their TDP. The kernels' times
+  // were measured at that limit (GEMMs run power-limited), so the time
+  // stays and the energy above it is not drawn: it comes off the ops'
+  // compute energy (the clocks and voltage drop), then off the active
+  // power.
+  void LimitToTdp(scheduler::IterationCost* c, double* active_j) {
+    const double n = static_cast<double>(pool_->xpus_per_replica());
+    const double limit_j = (pool_->xpu_tdp_w - pool_->xpu_idle_power_w) * n * c->xpu_busy_s;
+    const double xpu_j = (c->total.energy_pj() - c->device_total.energy_pj()) * 1e-12 + *active_j;
+    if (!(xpu_j > limit_j)) return;
+    double excess_pj = (xpu_j - limit_j) * 1e12;
+    const double xpu_compute_pj = c->total.compute_energy_pj - c->device_total.compute_energy_pj;
+    const double cut_pj = std::min(excess_pj, std::max(0.0, xpu_compute_pj));
+    c->total.compute_energy_pj -= cut_pj;
+    excess_pj -= cut_pj;
+    *active_j = std::max(0.0, *active_j - excess_pj * 1e-12);
+    ++tdp_limited_iterations_;
   }
 
  public:
@@ -943,7 +974,7 @@ class Engine {
     const double device_s =
         device_static_in_ops_ ? std::max(0.0, span_s - device_busy_total_s_) : span_s;
     sh_->metrics->AddStaticEnergy(xpu_static_w_ * span_s, device_static_w_ * device_s,
-                                  host_w_ * span_s, capped_iterations_);
+                                  host_w_ * span_s, capped_iterations_, tdp_limited_iterations_);
   }
 
  private:
@@ -1398,6 +1429,7 @@ class Engine {
   std::vector<StoreFlow> store_flows_of_step_;
   double device_busy_total_s_ = 0;
   int64_t capped_iterations_ = 0;
+  int64_t tdp_limited_iterations_ = 0;  // at the board's power limit (LimitToTdp)
   int64_t expected_ = 0;                // requests sent here, summed from the end messages
   int64_t ends_ = 0, ends_needed_ = 1;  // end messages received, expected
   int64_t finished_ = 0;   // finished or rejected

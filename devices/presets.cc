@@ -285,9 +285,26 @@ constexpr absl::string_view kModelPresets[][2] = {
 //    O'Connor et al., "Fine-Grained DRAM", MICRO'17: cell ACT/PRE 0.11, cell
 //    RD/WR 0.44, column decoder to bank-group mux 1.01, BG mux to global IO
 //    1.23, TSV 0.5, silicon-interposer IO 0.3 pJ/bit.
-//  - 0.32 pJ per fp16 multiply-accumulate = 0.16 pJ/FLOP.
+//  - 0.32 pJ per fp16 multiply-accumulate = 0.16 pJ/FLOP: the multiplier's
+//    alone, the default where no busy-power figures are known.
 //  - int8 at 0.08 pJ/OP is an assumption (half the fp16 energy, as the
 //    multiplier area roughly quarters and operand movement halves).
+// [BUSY] Busy power (docs/energy.md, "Busy GPU power"): active_power_w, the
+// draw above idle while kernels run (not collectives), and a board-level
+// flop_energy_pj (everything that grows with tensor-core work, not the
+// multiplier alone), limited to tdp_w.
+//  - h100-sxm-80gb: 282 W and 1.22 pJ/FLOP, fitted to ML.ENERGY's
+//    Llama-3.1-8B curve on one H100 SXM (Leaderboard v3.0, vLLM 0.11.1,
+//    batch 16-512: 513-691 W; ml-energy/blog, "LLM Inference Energy: A
+//    Longitudinal Analysis", 2026), DRAM kept at 28.72 pJ/B. The 70B (4
+//    GPUs) and 405B FP8 (8 GPUs) curves of the same post test it.
+//  - h200-sxm-141gb: the H100's (the same die). ASSUMPTION.
+//  - a100-*, l40s: the H100's shares carried over by datasheet figures.
+//    ASSUMPTION: active = 0.4876 x (TDP - idle) (282 / 578.3), pJ/FLOP =
+//    1.22 x (TDP / peak fp16) / (700 W / 989.4 TFLOPS): A100 156 W and
+//    2.2 pJ, L40S 121 W and 1.66 pJ.
+//  - int8/fp8 ops at half the FLOP figure, as above.
+//  - GPUs whose idle power is unknown keep 0 W and 0.16 pJ (not counted).
 // [GEMM-MEASURED] Presets of GPUs whose GEMMs have been measured carry a
 // roofline { op_class: "gemm" } entry instead of the caps above for GEMMs:
 // the mean of `servesim calibrate`'s GEMM fits to that GPU's bundles
@@ -312,18 +329,22 @@ constexpr absl::string_view kXpuPresets[][2] = {
     {"a100-40gb",  // [A100]
      R"pb(peak_flops_fp16: 312e12 peak_flops_int8: 624e12 peak_flops_fp8: 0
           memory_bytes: 42949672960 memory_bw_bytes_per_s: 1555e9 tdp_w: 400 idle_power_w: 80 profile_name: "A100"
+          active_power_w: 156 flop_energy_pj: 2.2 int8_op_energy_pj: 1.1
           interconnect: "nvlink3")pb"},
     {"a100-80gb",  // [A100]
      R"pb(peak_flops_fp16: 312e12 peak_flops_int8: 624e12 peak_flops_fp8: 0
           memory_bytes: 85899345920 memory_bw_bytes_per_s: 2039e9 tdp_w: 400 idle_power_w: 80 profile_name: "A100"
+          active_power_w: 156 flop_energy_pj: 2.2 int8_op_energy_pj: 1.1
           interconnect: "nvlink3")pb"},
     {"a100-hbm3",  // [ATTACC]
      R"pb(peak_flops_fp16: 312e12 peak_flops_int8: 624e12 peak_flops_fp8: 0
           memory_bytes: 85899345920 memory_bw_bytes_per_s: 3.35e12 tdp_w: 400 idle_power_w: 80
+          active_power_w: 156 flop_energy_pj: 2.2 int8_op_energy_pj: 1.1
           interconnect: "nvlink3")pb"},
     {"h100-sxm-80gb",  // [H100], GEMM caps [GEMM-MEASURED]
      R"pb(peak_flops_fp16: 989.4e12 peak_flops_int8: 1979e12 peak_flops_fp8: 1979e12
           memory_bytes: 85899345920 memory_bw_bytes_per_s: 3.35e12 tdp_w: 700 idle_power_w: 121.7 profile_name: "H100"
+          active_power_w: 282 flop_energy_pj: 1.22 int8_op_energy_pj: 0.61
           roofline { op_class: "gemm" compute_utilization: 0.741 memory_utilization: 0.821 kernel_overhead_s: 3.67e-6 }
           interconnect: "nvlink4")pb"},
     {"h100-pcie-80gb",  // [H100P]
@@ -333,6 +354,7 @@ constexpr absl::string_view kXpuPresets[][2] = {
     {"h200-sxm-141gb",  // [H200]
      R"pb(peak_flops_fp16: 989.4e12 peak_flops_int8: 1979e12 peak_flops_fp8: 1979e12
           memory_bytes: 151397597184 memory_bw_bytes_per_s: 4.8e12 tdp_w: 700 idle_power_w: 121.7 profile_name: "H200"
+          active_power_w: 282 flop_energy_pj: 1.22 int8_op_energy_pj: 0.61
           interconnect: "nvlink4")pb"},
     {"b200-180gb",  // [B200]
      R"pb(peak_flops_fp16: 2.25e15 peak_flops_int8: 4.5e15 peak_flops_fp8: 4.5e15
@@ -341,6 +363,7 @@ constexpr absl::string_view kXpuPresets[][2] = {
     {"l40s",  // [L40S]
      R"pb(peak_flops_fp16: 362.05e12 peak_flops_int8: 733e12 peak_flops_fp8: 733e12
           memory_bytes: 51539607552 memory_bw_bytes_per_s: 864e9 tdp_w: 350 idle_power_w: 102.1 profile_name: "L40S"
+          active_power_w: 121 flop_energy_pj: 1.66 int8_op_energy_pj: 0.83
           interconnect: "pcie4")pb"},
     {"rtx-4090",  // [ADA], GEMM caps [GEMM-MEASURED]
      R"pb(peak_flops_fp16: 165.2e12 peak_flops_int8: 660.6e12 peak_flops_fp8: 330.3e12

@@ -330,6 +330,7 @@ Summary ComputeSummary(const MetricsCollector& metrics) {
   s.energy_parts = metrics.energy();
   s.power_peak_replica_w = it.power_peak_w;
   s.power_capped_iterations = metrics.power_capped_iterations();
+  s.tdp_limited_iterations = metrics.tdp_limited_iterations();
   if (s.iterations > 0) s.batch_size_mean = it.batch_sum / static_cast<double>(s.iterations);
   s.prefix_hit_tokens = metrics.prefix_hit_tokens();
   s.prefix_query_tokens = metrics.prefix_query_tokens();

@@ -125,13 +125,16 @@ class MetricsCollector {
   // A replica's static energy over the run, J (its xPUs' idle power, its
   // attention device's static power, its host share), and the iterations
   // the xPU power cap slowed; added once per replica as the run ends.
-  void AddStaticEnergy(double xpu_j, double device_j, double host_j, int64_t capped) {
+  void AddStaticEnergy(double xpu_j, double device_j, double host_j, int64_t capped,
+                       int64_t tdp_limited) {
     energy_.xpu_idle += xpu_j;
     energy_.device_static += device_j;
     energy_.host += host_j;
     power_capped_ += capped;
+    tdp_limited_ += tdp_limited;
   }
   int64_t power_capped_iterations() const { return power_capped_; }
+  int64_t tdp_limited_iterations() const { return tdp_limited_; }
   int64_t handoffs() const { return handoffs_; }
   // Collectives on the fabric (cluster::Engine::Collectives): a step's
   // bytes out of its nodes' NICs, whether they went as a flow (shared the
@@ -315,6 +318,7 @@ class MetricsCollector {
   std::vector<KvTierTotals> kv_tiers_;
   double kv_tier_energy_j_ = 0;
   int64_t power_capped_ = 0;
+  int64_t tdp_limited_ = 0;
   std::vector<LinkLoad> links_;
   double link_bin_s_ = 1.0;
   QuantileAccumulator ttft_prefill_, ttft_transfer_, ttft_decode_;
@@ -346,6 +350,9 @@ struct Summary {
   double energy_per_request_j = 0, energy_per_good_request_j = 0;
   double power_mean_w = 0, power_peak_replica_w = 0;
   int64_t power_capped_iterations = 0;
+  // Iterations whose xPUs drew their TDP (the board's power limit): the
+  // energy above it was not drawn.
+  int64_t tdp_limited_iterations = 0;
   // Iterations by what limited admission (BatchBound order).
   int64_t bound_iterations[5] = {0, 0, 0, 0, 0};
   // The attention device, when there is one: its busy time and memory

@@ -247,6 +247,9 @@ std::string SummaryJson(const ResolvedScenario& sc, const Workload& wl,
                                                         sc.decode_pool->xpu_power_cap_w > 0))) {
     kv("power_capped_iterations", absl::StrCat(s.power_capped_iterations));
   }
+  if (s.tdp_limited_iterations > 0) {
+    kv("tdp_limited_iterations", absl::StrCat(s.tdp_limited_iterations));
+  }
   if (sc.has_attention_device) {
     if (sc.attention_device.has_topick() || sc.attention_device.has_spatten() ||
         sc.attention_device.has_cta() || sc.attention_device.has_lad()) {
@@ -399,9 +402,13 @@ std::string FormatSummaryTable(const ResolvedScenario& sc, const Workload& wl,
       s.energy_j / 1e3, s.energy_j > 0 ? 100 * s.energy_static_j / s.energy_j : 0.0,
       s.energy_per_token_j, s.energy_per_request_j, s.power_mean_w / 1e3,
       s.power_peak_replica_w / 1e3,
-      s.power_capped_iterations > 0
-          ? absl::StrCat("; ", s.power_capped_iterations, " iterations slowed by the power cap")
-          : "");
+      absl::StrCat(
+          s.power_capped_iterations > 0
+              ? absl::StrCat("; ", s.power_capped_iterations, " iterations slowed by the power cap")
+              : "",
+          s.tdp_limited_iterations > 0
+              ? absl::StrCat("; ", s.tdp_limited_iterations, " at the xPUs' power limit")
+              : ""));
   absl::StrAppendFormat(&t, "  time       %.1f s simulated in %.2f s wall (%.0fx real time)\n",
                         info.simulated_s, info.wall_s,
                         info.wall_s > 0 ? info.simulated_s / info.wall_s : 0.0);

@@ -1146,6 +1146,7 @@ absl::StatusOr<ResolvedScenario> Resolve(const LoadedScenario& sc) {
     const auto& pw = p.cluster().power();
     out.xpu_idle_power_w = p.cluster().xpu().idle_power_w();
     out.xpu_active_power_w = p.cluster().xpu().active_power_w();
+    out.xpu_tdp_w = p.cluster().xpu().tdp_w();
     const int64_t per_node = p.cluster().xpus_per_node();
     out.host_power_w =
         pw.host_w_per_node() *

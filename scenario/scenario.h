@@ -123,7 +123,8 @@ struct ResolvedScenario {
   // per-xPU cap (0: none), and the attention device's static power when
   // the scenario sets it (< 0: the device model's own).
   double xpu_idle_power_w = 0, host_power_w = 0, xpu_power_cap_w = 0;
-  double xpu_active_power_w = 0;  // each xPU's, over its busy time
+  double xpu_active_power_w = 0;  // each xPU's, over its busy time but collectives
+  double xpu_tdp_w = 0;           // each xPU's power limit (0: unknown, not applied)
   double attention_static_w = -1;
   int64_t xpus_per_replica() const { return tensor_parallel * ranks(); }
   double ttft_slo_s = 0;

@@ -375,6 +375,8 @@ void IterationPlanner::AddUp(absl::Span<const Op> ops, absl::Span<const devices:
   out->total = total;
   out->time_s = out->total.time_s;
   out->xpu_busy_s = out->time_s;
+  out->xpu_collective_s = out->stages[static_cast<int>(Stage::kAllReduce)].time_s +
+                          out->stages[static_cast<int>(Stage::kMoeDispatch)].time_s;
   // Energy and traffic of the whole group; time is one xPU's.
   out->total = out->total.Scaled(static_cast<double>(tp_));
   out->total.time_s = out->time_s;
@@ -1219,6 +1221,8 @@ absl::StatusOr<IterationCost> IterationPlanner::PlanWithDevice(const Batch& batc
 
   out.time_s = (batch_level_time >= 0 ? batch_level_time : layer_time * layers) + tail_time;
   out.xpu_busy_s = xpu_busy * layers + tail_time;
+  out.xpu_collective_s = out.stages[static_cast<int>(Stage::kAllReduce)].time_s +
+                         out.stages[static_cast<int>(Stage::kMoeDispatch)].time_s;
   out.device_busy_s = dev_busy * layers;
   out.link_busy_s = link_busy * layers;
   Cost total = xpu_energy.Scaled(layers * tp);

@@ -114,8 +114,11 @@ struct IterationCost {
   // kAttention and (with an attention device) the xPUs' whole FF block under
   // kFf1 and the device's FF share under kFf2.
   devices::StageCosts stages;
-  // Busy time of each resource over the iteration (all layers).
+  // Busy time of each resource over the iteration (all layers), and the
+  // part of the xPUs' that is collectives (all-reduces, MoE dispatch),
+  // during which their SMs mostly wait on the links (docs/energy.md).
   double xpu_busy_s = 0, device_busy_s = 0, link_busy_s = 0;
+  double xpu_collective_s = 0;
   double ff_device_fraction = 0;  // share of FF run on the device
   double device_link_bytes = 0;   // over the xPU <-> device link, whole iteration
 };

@@ -14,7 +14,10 @@
 # Environment: SERVESIM (default build/services/servesim), OUT (default
 # out/offload_modern), and the lists MODELS and SLOS_MS. Results:
 # OUT/offload.csv and OUT/offload.svg (throughput against the TBT limit, a
-# line per system and model).
+# line per system and model). Energy per token twice: with servesim's busy
+# GPU power (the presets', docs/energy.md), and as the paper counts it (the
+# multiplier's 0.32 pJ per MAC, no busy power: energy_paper_*), the ops
+# alone and with the static power.
 set -eu
 cd "$(dirname "$0")/.."
 SERVESIM=${SERVESIM:-build/services/servesim}
@@ -24,7 +27,7 @@ SLOS_MS=${SLOS_MS:-"30 50 70"}
 
 mkdir -p "$OUT"
 csv="$OUT/offload.csv"
-echo "system,model,tbt_slo_ms,throughput_tokens_per_s,energy_per_token_j,batch_size_mean,tbt_p99_ms" > "$csv"
+echo "system,model,tbt_slo_ms,throughput_tokens_per_s,energy_per_token_j,batch_size_mean,tbt_p99_ms,energy_paper_ops_j,energy_paper_j" > "$csv"
 for system in dgx_base attacc; do
   case $system in
     dgx_base) scenario=examples/attacc/gpt3_175b_dgx_base_saturated.pbtxt ;;
@@ -34,18 +37,28 @@ for system in dgx_base attacc; do
     for slo in $SLOS_MS; do
       dir="$OUT/${system}_${model}_tbt${slo}ms"
       tbt=$(awk "BEGIN { print $slo / 1000 }")
-      "$SERVESIM" run "$scenario" --quiet --out "$dir" \
-        --set "model.preset=$model" --set model.max_context_tokens=4096 \
-        --set "slo.tbt_s=$tbt" --set "slo.tpot_s=$tbt" \
-        --set output.timeline=false --set output.report_html=false \
-        --set output.requests_csv=false --set output.iterations_csv=false
+      for energy in servesim paper; do
+        extra=""
+        [ "$energy" = paper ] && extra="--set cluster.xpu.flop_energy_pj=0.16 \
+          --set cluster.xpu.int8_op_energy_pj=0.08 --set cluster.xpu.active_power_w=0"
+        # shellcheck disable=SC2086
+        "$SERVESIM" run "$scenario" --quiet --out "$dir/$energy" \
+          --set "model.preset=$model" --set model.max_context_tokens=4096 \
+          --set "slo.tbt_s=$tbt" --set "slo.tpot_s=$tbt" $extra \
+          --set output.timeline=false --set output.report_html=false \
+          --set output.requests_csv=false --set output.iterations_csv=false
+      done
       # summary.json is one field per line: pick the figures by name.
       awk -v p="$system,$model,$slo" '
-        /"throughput_tokens_per_s":/ { gsub(/[",]/, "", $2); tput = $2 }
-        /"energy_per_token_j":/ { gsub(/[",]/, "", $2); e = $2 }
-        /"batch_size_mean":/ { gsub(/[",]/, "", $2); b = $2 }
-        /^  "tbt_s":/ { if (match($0, /"p99": [0-9.e+-]+/)) tbt = substr($0, RSTART + 7, RLENGTH - 7) * 1000 }
-        END { print p "," tput "," e "," b "," tbt }' "$dir/summary.json" >> "$csv"
+        FNR == NR && /"throughput_tokens_per_s":/ { gsub(/[",]/, "", $2); tput = $2 }
+        FNR == NR && /"energy_per_token_j":/ { gsub(/[",]/, "", $2); e = $2 }
+        FNR == NR && /"batch_size_mean":/ { gsub(/[",]/, "", $2); b = $2 }
+        FNR == NR && /^  "tbt_s":/ { if (match($0, /"p99": [0-9.e+-]+/)) tbt = substr($0, RSTART + 7, RLENGTH - 7) * 1000 }
+        FNR != NR && /"output_tokens":/ { gsub(/[",]/, "", $2); n = $2 }
+        FNR != NR && /"energy_dynamic_j":/ { gsub(/[",]/, "", $2); ops = $2 }
+        FNR != NR && /"energy_per_token_j":/ { gsub(/[",]/, "", $2); paper = $2 }
+        END { print p "," tput "," e "," b "," tbt "," ops / n "," paper }' \
+        "$dir/servesim/summary.json" "$dir/paper/summary.json" >> "$csv"
     done
   done
 done

@@ -49,10 +49,12 @@ constexpr System kSystems[] = {
 // traffic and SM occupancy (src/devices.py; src/config.py ENERGY_TABLE['GPU']
 // and the A100's geometry: L2 0.3 and L1 0.16 pJ/bit, 0.0675 pJ per
 // register access, 108 SMs with 192 KiB of L1 each), no launch overhead on
-// GEMMs and attention (their norm and activation fits keep fixed terms), and
-// 0.32 pJ per MAC at int8 as at fp16.
+// GEMMs and attention (their norm and activation fits keep fixed terms),
+// 0.32 pJ per MAC (their ALU figure) at int8 as at fp16, and no busy power
+// beyond the ops (the preset's active power and board-level FLOP energy,
+// docs/energy.md, are not theirs).
 constexpr const char* kAuthorsGpu =
-    " int8_op_energy_pj: 0.16"
+    " flop_energy_pj: 0.16 int8_op_energy_pj: 0.16 active_power_w: 0"
     " roofline { op_class: \"gemm\" compute_utilization: 0.8 memory_utilization: 0.85 "
     "kernel_overhead_s: 0 }"
     " roofline { op_class: \"attention\" compute_utilization: 0.8 memory_utilization: 0.85 "

@@ -237,7 +237,8 @@ TEST_F(GpuRooflineTest, GemvIsMemoryBound) {
   EXPECT_DOUBLE_EQ(c.flops, 2.0 * 4096 * 4096);
   EXPECT_DOUBLE_EQ(c.time_s, bytes / kBw + kOverhead);
   EXPECT_DOUBLE_EQ(c.dram_energy_pj, bytes * 28.72);
-  EXPECT_DOUBLE_EQ(c.compute_energy_pj, 2.0 * 4096 * 4096 * 0.16);
+  // The A100 preset's board-level 2.2 pJ per FLOP (devices/presets.cc, [BUSY]).
+  EXPECT_DOUBLE_EQ(c.compute_energy_pj, 2.0 * 4096 * 4096 * 2.2);
 }
 
 TEST_F(GpuRooflineTest, LargeGemmIsComputeBound) {

@@ -267,7 +267,7 @@ TEST(ScenarioOverrideTest, UnknownFieldListsTheMessagesFields) {
       std::string(st.message()),
       "--set cluster.nosuch: ClusterSpec has no field \"nosuch\"; its "
       "fields: replicas, xpu, tensor_parallel, interconnect, frontend, "
-      "memory_utilization, attacc, overlap, head_groups, ff_min_batch, ff_max_batch, "
+      "memory_utilization, attacc, overlap, head_groups, overlap_rule, ff_min_batch, ff_max_batch, "
       "attention_pool, xpu_endpoints, attention_endpoints, profile, data_parallel, "
       "expert_parallel, xpus_per_node, internode, pipeline_parallel, node, disaggregation, power, "
       "kv_tiers");
