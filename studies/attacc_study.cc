@@ -225,8 +225,8 @@ absl::StatusOr<std::vector<StudyPoint>> RunAttAccStudy(const StudyOptions& optio
         // their energy is taken): the same batch planned without it.
         std::unique_ptr<StudyPlanner> no_ff;
         if (ff) {
-          ASSIGN_OR_RETURN(ResolvedScenario hl,
-                           ResolveText(ScenarioText(model, kSystems[3], cap, saturated, "", authors)));
+          ASSIGN_OR_RETURN(ResolvedScenario hl, ResolveText(ScenarioText(model, kSystems[3], cap,
+                                                                         saturated, "", authors)));
           ASSIGN_OR_RETURN(no_ff, StudyPlanner::Of(hl));
         }
         const int64_t l_avg = lin + lout / 2;

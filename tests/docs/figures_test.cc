@@ -110,8 +110,9 @@ TEST(DocFiguresTest, OffloadOnModernModelsAt50ms) {
     const std::vector<std::string> sets = {absl::StrCat("model.preset=", row.model),
                                            "model.max_context_tokens=4096"};
     std::vector<std::string> paper = sets;
-    paper.insert(paper.end(), {"cluster.xpu.flop_energy_pj=0.16",
-                               "cluster.xpu.int8_op_energy_pj=0.08", "cluster.xpu.active_power_w=0"});
+    paper.insert(paper.end(),
+                 {"cluster.xpu.flop_energy_pj=0.16", "cluster.xpu.int8_op_energy_pj=0.08",
+                  "cluster.xpu.active_power_w=0"});
     const Figures base = RunExample("attacc/gpt3_175b_dgx_base_saturated.pbtxt", sets);
     const Figures att = RunExample("attacc/gpt3_175b_dgx_attacc_saturated.pbtxt", sets);
     EXPECT_FIGURE(base["throughput_tokens_per_s"], row.base_tput, 0.005) << row.model;
@@ -121,8 +122,10 @@ TEST(DocFiguresTest, OffloadOnModernModelsAt50ms) {
     const Figures pbase = RunExample("attacc/gpt3_175b_dgx_base_saturated.pbtxt", paper);
     const Figures patt = RunExample("attacc/gpt3_175b_dgx_attacc_saturated.pbtxt", paper);
     EXPECT_EQ(pbase["throughput_tokens_per_s"], base["throughput_tokens_per_s"]) << row.model;
-    EXPECT_FIGURE(pbase["energy_dynamic_j"] / pbase["output_tokens"], row.base_j, 0.01) << row.model;
-    EXPECT_FIGURE(patt["energy_dynamic_j"] / patt["output_tokens"], row.attacc_j, 0.01) << row.model;
+    EXPECT_FIGURE(pbase["energy_dynamic_j"] / pbase["output_tokens"], row.base_j, 0.01)
+        << row.model;
+    EXPECT_FIGURE(patt["energy_dynamic_j"] / patt["output_tokens"], row.attacc_j, 0.01)
+        << row.model;
     EXPECT_FIGURE(pbase["energy_per_token_j"], row.base_total_j, 0.01) << row.model;
     EXPECT_FIGURE(patt["energy_per_token_j"], row.attacc_total_j, 0.01) << row.model;
   }
