@@ -945,6 +945,10 @@ absl::StatusOr<ResolvedScenario> Resolve(const LoadedScenario& sc) {
   }
   kin.block_tokens = s.kv_block_tokens();
   out.planner.tensor_parallel = tp;
+  // Only with an attention device (checked above); the list schedule otherwise.
+  out.planner.overlap_rule = c.overlap_rule() == servesim::v1::OVERLAP_RULE_ATTACC_SIMULATOR
+                                 ? scheduler::OverlapRule::kAttAccSimulator
+                                 : scheduler::OverlapRule::kListSchedule;
   if (c.has_attacc()) {
     // DGX+AttAccs (§4, §7.1): the xPUs hold the weights, the device pool the
     // KV cache (and the FF slices of §6.2 co-processing).
@@ -979,9 +983,6 @@ absl::StatusOr<ResolvedScenario> Resolve(const LoadedScenario& sc) {
                      ? scheduler::OverlapPolicy::kBatchLevel
                      : scheduler::OverlapPolicy::kSerial;
     pc.head_groups = c.head_groups();
-    pc.overlap_rule = c.overlap_rule() == servesim::v1::OVERLAP_RULE_ATTACC_SIMULATOR
-                          ? scheduler::OverlapRule::kAttAccSimulator
-                          : scheduler::OverlapRule::kListSchedule;
     pc.link_bytes_per_s = c.attacc().link().bandwidth_bytes_per_s();
     pc.link_latency_s = c.attacc().link().latency_s();
     pc.link_energy_pj_per_byte = c.attacc().link().energy_pj_per_byte();
@@ -1056,9 +1057,6 @@ absl::StatusOr<ResolvedScenario> Resolve(const LoadedScenario& sc) {
                      ? scheduler::OverlapPolicy::kBatchLevel
                      : scheduler::OverlapPolicy::kSerial;
     pc.head_groups = c.head_groups();
-    pc.overlap_rule = c.overlap_rule() == servesim::v1::OVERLAP_RULE_ATTACC_SIMULATOR
-                          ? scheduler::OverlapRule::kAttAccSimulator
-                          : scheduler::OverlapRule::kListSchedule;
     pc.link_bytes_per_s = pool.link().bandwidth_bytes_per_s();
     pc.link_latency_s = pool.link().latency_s();
     pc.link_energy_pj_per_byte = pool.link().energy_pj_per_byte();

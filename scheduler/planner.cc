@@ -976,13 +976,17 @@ absl::StatusOr<IterationCost> IterationPlanner::PlanWithDevice(const Batch& batc
     const double m = 1.0 / static_cast<double>(std::max<int64_t>(1, heads_));
     const double send_t = b_dec > 0 ? LinkTime(send) : 0.0;
     const double recv_t = b_dec > 0 ? LinkTime(recv) : 0.0;
+    // The transfers (x2g) the rule leaves exposed beside an attention of a.
+    auto exposed_x2g = [m](double x2g, double a) {
+      return a > x2g ? m * x2g : x2g - (1 - m) * a;
+    };
     if (!head_level) {
       // Serially, the authors still hide the transfers behind the
       // attention but for one head's share.
       double send_s = send_t, recv_s = recv_t;
       if (authors && b_dec > 0 && send_t + recv_t > 0) {
         const double x2g = send_t + recv_t;
-        const double exposed = att_total > x2g ? m * x2g : x2g - (1 - m) * att_total;
+        const double exposed = exposed_x2g(x2g, att_total);
         send_s = exposed * send_t / x2g;
         recv_s = exposed - send_s;
       }
@@ -1005,7 +1009,7 @@ absl::StatusOr<IterationCost> IterationPlanner::PlanWithDevice(const Batch& batc
       const double a = att_total, x2g = send_t + recv_t;
       double core;  // QKV to the projection's end
       if (a > fc) {
-        core = m * fc + (a > x2g ? m * x2g : x2g - (1 - m) * a) + a;
+        core = m * fc + exposed_x2g(x2g, a) + a;
       } else if (fc > x2g) {
         core = fc + m * a + m * x2g;
       } else {
