@@ -145,15 +145,16 @@ void RemoteDevice::PrepareContext(grpc::ClientContext* ctx, double deadline_s) c
   if (!options_.token.empty()) ctx->AddMetadata("authorization", "Bearer " + options_.token);
 }
 
-absl::Status RemoteDevice::BindLocked(Endpoint* ep) const {
+absl::Status RemoteDevice::BindLocked(Endpoint* ep, grpc::ClientContext* ctx) const {
   // Called without mu_ held (the RPC may take long); the result is stored
   // under it.
   v1::DescribeRequest req;
   *req.mutable_spec() = spec_;
   v1::DescribeResponse resp;
-  grpc::ClientContext ctx;
-  PrepareContext(&ctx, options_.bind_deadline_s);
-  grpc::Status st = ep->stub->Describe(&ctx, req, &resp);
+  grpc::ClientContext own;
+  if (ctx == nullptr) ctx = &own;
+  PrepareContext(ctx, options_.bind_deadline_s);
+  grpc::Status st = ep->stub->Describe(ctx, req, &resp);
   if (!st.ok()) return FromGrpcStatus(st);
   auto desc = DecodeDescription(resp);
   std::lock_guard<std::mutex> lock(mu_);
@@ -164,9 +165,30 @@ absl::Status RemoteDevice::BindLocked(Endpoint* ep) const {
   return absl::OkStatus();
 }
 
+void RemoteDevice::BindAllOnce() const {
+  std::call_once(bind_all_, [this] {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& e : endpoints_) {
+      Endpoint* ep = e.get();
+      if (ep->bound) continue;
+      ep->binding = true;
+      grpc::ClientContext* ctx = &bind_contexts_.emplace_back();
+      binders_.emplace_back([this, ep, ctx] {
+        // A failure is left to the call that needs the endpoint: it binds
+        // again, with its retries.
+        (void)BindLocked(ep, ctx);
+        std::lock_guard<std::mutex> done(mu_);
+        ep->binding = false;
+        bound_.notify_all();
+      });
+    }
+  });
+}
+
 absl::Status RemoteDevice::Call(const char* method, const Rpc& rpc, int preferred,
                                 int* used) const {
   const int n = static_cast<int>(endpoints_.size());
+  if (n > 1) BindAllOnce();
   const auto now = std::chrono::steady_clock::now();
   const auto give_up = now + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                                  std::chrono::duration<double>(options_.retry_s));
@@ -224,7 +246,8 @@ absl::Status RemoteDevice::Call(const char* method, const Rpc& rpc, int preferre
       std::string key;
       bool bound;
       {
-        std::lock_guard<std::mutex> lock(mu_);
+        std::unique_lock<std::mutex> lock(mu_);
+        bound_.wait(lock, [ep] { return !ep->binding; });
         bound = ep->bound;
         key = ep->device_key;
       }
@@ -626,8 +649,10 @@ RemoteDevice::~RemoteDevice() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (Prefetch* p : prefetches_) p->ctx.TryCancel();  // nobody waits for their answers
+    for (grpc::ClientContext& ctx : bind_contexts_) ctx.TryCancel();
   }
   WaitForPrefetches();
+  for (std::thread& t : binders_) t.join();
 }
 
 void RemoteDevice::WaitForPrefetches() const {
@@ -876,7 +901,7 @@ absl::Status RemoteDevice::Estimate(absl::Span<const Op> ops, absl::Span<Cost> c
     // Every op hit: the expected ops waiting go now, asynchronously.
     if (missed.empty() && prefetch == nullptr) prefetch = SendExpectedLocked();
     epoch = memo_epoch_;
-    if (!missed.empty() && expecting_ && inflight_ > 0) {
+    if (!missed.empty() && (expecting_ || prepared_) && inflight_ > 0) {
       // The answer in flight probably holds these ops: wait for it.
       ++stats_.expect_waits;
       std::unique_lock<std::mutex> wait(mu_, std::adopt_lock);
@@ -1036,14 +1061,19 @@ int RemoteDevice::ExpectSteps() const {
 }
 
 void RemoteDevice::Expect(absl::Span<const Op> ops, absl::Span<const int32_t> steps) const {
+  if (ops.empty() || ExpectSteps() <= 0) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  expecting_ = true;
+  AddPendingLocked(ops, steps);
+}
+
+void RemoteDevice::AddPendingLocked(absl::Span<const Op> ops,
+                                    absl::Span<const int32_t> steps) const {
   // Bounds on what waits: beyond them hints are dropped (the next call
   // that misses asks anyway).
   constexpr size_t kMaxPendingOps = 8192;
   constexpr int64_t kMaxPendingSequences = int64_t{1} << 18;
-  if (ops.empty() || ExpectSteps() <= 0) return;
   thread_local std::vector<MemoKey> keys;
-  std::lock_guard<std::mutex> lock(mu_);
-  expecting_ = true;
   if (pending_.ops.empty()) pending_.epoch = memo_epoch_;
   if (pending_.epoch != memo_epoch_) {  // emptied since: start the list again
     pending_ = OwnedOps{};
@@ -1071,6 +1101,27 @@ void RemoteDevice::Expect(absl::Span<const Op> ops, absl::Span<const int32_t> st
   }
   CopyOwned(fresh, &pending_.ops, &pending_.seqs, &pending_.stacks);
   pending_.sequences = sequences;
+}
+
+void RemoteDevice::Prepare(absl::Span<const Op> ops) const {
+  if (ops.empty()) return;
+  std::shared_ptr<Prefetch> p;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    // Only where asking ahead is safe (an agent answers expected ops for
+    // those devices only), and never for steps spread over endpoints.
+    if (lookahead_ok_ != 1 || spread_ == 1 || (spread_ < 0 && endpoints_.size() > 1)) return;
+    const size_t before = pending_.ops.size();
+    AddPendingLocked(ops, {});
+    if (pending_.ops.size() == before) return;  // all answered, waiting or in flight
+    const size_t asked = pending_.ops.size();
+    p = SendExpectedLocked();
+    if (p == nullptr) return;  // not bound yet: the Estimate asks itself
+    prepared_ = true;
+    ++stats_.prepare_rpcs;
+    stats_.prepared_ops += static_cast<int64_t>(asked - before);
+  }
+  StartPrefetch(p);
 }
 
 absl::StatusOr<devices::AttentionResult> RemoteDevice::Execute(

@@ -5,7 +5,10 @@
 // PARAMETERS AND BEHAVIOUR
 //  - spec: the device wanted; it is bound on each agent with Describe (the
 //    agent creates it once and returns its key). An agent that forgot the
-//    key (restarted) answers NOT_FOUND and the client binds again.
+//    key (restarted) answers NOT_FOUND and the client binds again. With
+//    several endpoints, the first call binds them all at once (creating a
+//    FULL-fidelity device calibrates it: seconds), not each when first
+//    used.
 //  - endpoints: agents serving the same device kind. Calls go round-robin
 //    over the endpoints that are up. A call that ends UNAVAILABLE or
 //    DEADLINE_EXCEEDED is retried on the same endpoint with exponential
@@ -55,6 +58,13 @@
 //    knows who leaves when. Only devices whose description says
 //    lookahead_ok take hints (ExpectSteps() is 0 otherwise), so
 //    FULL-fidelity devices are never asked ahead.
+//  - Prepared ops (devices::Device::Prepare): the planner says which ops
+//    it will ask next before it asks another device; the ops the memo
+//    lacks (with the expected ops waiting) go at once, asynchronously, and
+//    the Estimate that follows waits for that answer. So the attention
+//    device's round trip overlaps the xPU device's when both are on agents.
+//    Only for devices that take hints (lookahead_ok), and not for one whose
+//    steps are spread (its Measure calls already run concurrently).
 //  - Measured steps spread over the endpoints: a device whose description
 //    says measures_steps (FULL fidelity of topick, spatten, cta, lad: a
 //    kernel per (request, L) decode step, the expensive part of Estimate)
@@ -94,6 +104,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -132,6 +143,9 @@ struct RemoteStats {
   int64_t expected_ops = 0;
   int64_t expected_hits = 0;
   int64_t expect_waits = 0;
+  // Asynchronous calls Prepare started, and the ops they asked.
+  int64_t prepare_rpcs = 0;
+  int64_t prepared_ops = 0;
 };
 
 class RemoteSession;
@@ -158,6 +172,8 @@ class RemoteDevice : public devices::Device {
   int ExpectSteps() const override;
   void Expect(absl::Span<const devices::Op> ops, absl::Span<const int32_t> steps) const override;
   static constexpr int kExpectSteps = 32;
+  bool Remote() const override { return true; }
+  void Prepare(absl::Span<const devices::Op> ops) const override;
 
   // Describe, with its status (connectivity checks, tests).
   absl::StatusOr<devices::DeviceDescription> DescribeOrError() const;
@@ -180,6 +196,7 @@ class RemoteDevice : public devices::Device {
     // Guarded by mu_.
     std::string device_key;
     bool bound = false;
+    bool binding = false;  // a first bind (BindAllOnce) is in flight
     std::chrono::steady_clock::time_point down_until{};
   };
   using Rpc = std::function<grpc::Status(servesim::v1::DeviceAgent::Stub* stub,
@@ -192,7 +209,13 @@ class RemoteDevice : public devices::Device {
   // answered.
   absl::Status Call(const char* method, const Rpc& rpc, int preferred = -1,
                     int* used = nullptr) const;
-  absl::Status BindLocked(Endpoint* ep) const;
+  absl::Status BindLocked(Endpoint* ep, grpc::ClientContext* ctx = nullptr) const;
+  // The first time a device with several endpoints calls: binds every
+  // endpoint at once, each on its own thread, and returns without waiting
+  // (a call to an endpoint still binding waits for that bind). Binding may
+  // create and calibrate the device on the agent; one endpoint after the
+  // other, the last would start seconds after the first.
+  void BindAllOnce() const;
   // Whether Estimate spreads measured steps over the endpoints (binds the
   // home endpoint to find out, once).
   absl::StatusOr<bool> Spread() const;
@@ -277,6 +300,10 @@ class RemoteDevice : public devices::Device {
   // Prepares an asynchronous call with the expected ops waiting (null if
   // the endpoint is not bound and up). mu_ held.
   std::shared_ptr<Prefetch> SendExpectedLocked() const;
+  // Adds the ops of `ops` that are neither in the memo nor waiting or in
+  // flight to the expected ops waiting (`steps`: as Expect's); stops at the
+  // bounds on what waits. mu_ held.
+  void AddPendingLocked(absl::Span<const devices::Op> ops, absl::Span<const int32_t> steps) const;
   // Memoises the first `answered` of `expected` with their steps, costs
   // from resp.costs(at) (by blocks, as agent.proto says), and forgets them
   // all as pending. mu_ held.
@@ -305,6 +332,10 @@ class RemoteDevice : public devices::Device {
   void TrimLocked() const;
 
   mutable std::mutex mu_;  // endpoint state, memo, stats, last description
+  mutable std::once_flag bind_all_;
+  mutable std::vector<std::thread> binders_;               // BindAllOnce's; joined at destruction
+  mutable std::deque<grpc::ClientContext> bind_contexts_;  // theirs, to cancel
+  mutable std::condition_variable bound_;                  // a BindAllOnce bind ended
   mutable size_t next_ = 0;
   mutable absl::flat_hash_map<MemoKey, MemoEntry> memo_;
   mutable absl::flat_hash_map<std::string, uint32_t> lists_;  // content -> id
@@ -330,6 +361,7 @@ class RemoteDevice : public devices::Device {
   // flight.
   mutable int lookahead_ok_ = -1;
   mutable bool expecting_ = false;
+  mutable bool prepared_ = false;  // Prepare was called: a miss waits for answers in flight
   mutable OwnedOps pending_;
   mutable absl::flat_hash_set<MemoKey> pending_keys_;
 };

@@ -49,6 +49,14 @@
 //    the same results with or without them; a wrong hint costs only the
 //    work of answering it. Thread-safe like Estimate; the spans need not
 //    outlive the call.
+//  - Remote() and Prepare(ops): Remote() says the device answers from far
+//    away, so Estimate may block on a round trip (false elsewhere).
+//    Prepare(ops) says Estimate(ops) follows soon from the same caller: a
+//    remote device starts asking now, without waiting, so that the call the
+//    caller makes to another device in between overlaps it (the planner
+//    prepares the attention device's ops before it asks the xPU device when
+//    both are remote). The later Estimate waits for that answer. Prepare
+//    never changes an answer; it is a no-op elsewhere.
 #ifndef SERVESIM_DEVICES_DEVICE_H_
 #define SERVESIM_DEVICES_DEVICE_H_
 
@@ -154,6 +162,8 @@ class Device {
       absl::Span<const StepKey> steps, int part, int parts) const;
   virtual int ExpectSteps() const { return 0; }
   virtual void Expect(absl::Span<const Op> /*ops*/, absl::Span<const int32_t> /*steps*/) const {}
+  virtual bool Remote() const { return false; }
+  virtual void Prepare(absl::Span<const Op> /*ops*/) const {}
 };
 
 }  // namespace servesim::devices

@@ -894,18 +894,6 @@ absl::StatusOr<IterationCost> IterationPlanner::PlanWithDevice(const Batch& batc
                                             x.past_tokens == y.past_tokens &&
                                             x.request_id == y.request_id;
                                    });
-  if (!xpu_same) {
-    xpu_valid_ = false;
-    xpu_ops.clear();
-    XpuOpsWithDevice(sh, batch, s, &xpu_ops);
-    xpu_costs.assign(xpu_ops.size(), Cost{});
-    RETURN_IF_ERROR(device_->Estimate(xpu_ops, absl::MakeSpan(xpu_costs)));
-    xpu_key_ = xpu_key;
-    xpu_pre_ = pre_seqs;
-    xpu_valid_ = true;
-  }
-  const size_t tail_at = xpu_ops.size() - kTailOps;
-
   // The device ops depend on the policy, head groups, token count, FF
   // split and the sequence and stack lists (by address and length: the
   // lists themselves are this planner's scratch, refilled each iteration):
@@ -935,6 +923,20 @@ absl::StatusOr<IterationCost> IterationPlanner::PlanWithDevice(const Batch& batc
     dev_key_ = dev_key;
     dev_ops_valid_ = true;
   }
+  if (!xpu_same) {
+    xpu_valid_ = false;
+    xpu_ops.clear();
+    XpuOpsWithDevice(sh, batch, s, &xpu_ops);
+    xpu_costs.assign(xpu_ops.size(), Cost{});
+    // Both devices on agents: the device's round trip starts first and
+    // overlaps the xPU's (joined in the same order below).
+    if (!dev_ops.empty() && device_->Remote() && dev->Remote()) dev->Prepare(dev_ops);
+    RETURN_IF_ERROR(device_->Estimate(xpu_ops, absl::MakeSpan(xpu_costs)));
+    xpu_key_ = xpu_key;
+    xpu_pre_ = pre_seqs;
+    xpu_valid_ = true;
+  }
+  const size_t tail_at = xpu_ops.size() - kTailOps;
   const int att_at = att_at_, att_b_at = att_b_at_, ff_at = ff_at_;
   std::vector<Cost>& dev_costs = dev_costs_;
   dev_costs.assign(dev_ops.size(), Cost{});

@@ -561,8 +561,12 @@ absl::StatusOr<std::unique_ptr<Device>> CtaDevice::Create(const servesim::v1::De
     dev->profile_.lengths = {1.0};
     dev->profile_.rows = {{row[0], row[1], 0.0}};
     dev->profile_.Tabulate();
+    dev->profile_ready_ = true;
   } else {
-    RETURN_IF_ERROR(dev->Calibrate());
+    if (fidelity != servesim::v1::PRUNE_FIDELITY_FULL) {
+      RETURN_IF_ERROR(dev->Calibrate());
+      dev->profile_ready_ = true;
+    }
     dev->level_split_known_ = true;
   }
   return std::unique_ptr<Device>(std::move(dev));
@@ -578,7 +582,15 @@ CtaDevice::CtaDevice(const servesim::v1::CtaDeviceSpec& spec) : spec_(spec) {
   hashes_ = MakeCtaHashes(spec_.cta(), d_model_, seed);
 }
 
-absl::Status CtaDevice::Calibrate() {
+void CtaDevice::EnsureProfile() const {
+  if (profile_ready_.load(std::memory_order_acquire)) return;
+  std::call_once(profile_once_, [this] {
+    (void)Calibrate();  // cannot fail: the spec was checked at creation
+    profile_ready_.store(true, std::memory_order_release);
+  });
+}
+
+absl::Status CtaDevice::Calibrate() const {
   const auto start = std::chrono::steady_clock::now();
   const int instances = CalibrationInstances(spec_.calibration());
   const auto& m = spec_.model();
@@ -613,6 +625,7 @@ absl::StatusOr<CtaFractions> CtaDevice::Fractions(int64_t request_id, int64_t n)
   if (spec_.fidelity() == servesim::v1::PRUNE_FIDELITY_FULL && request_id >= 0) {
     return FullFractions(request_id, n);
   }
+  EnsureProfile();
   std::vector<double> scratch;
   const double* row = profile_.Row(n, &scratch);
   return CtaFractions{row[0], row[1], row[2]};
@@ -826,7 +839,7 @@ DeviceDescription CtaDevice::Describe() const {
       {"kv2_hashes", static_cast<double>(t.kv2_hashes())},
       {"kv2_width", t.kv2_width()},
       {"d_model", static_cast<double>(d_model_)},
-      {"calibration_s", calibration_s_},
+      {"calibration_s", profile_ready_.load(std::memory_order_acquire) ? calibration_s_ : 0.0},
   };
   // Cluster fractions at n = 1024 (ANALYTIC, CALIBRATED) or the mean over
   // the decode steps run so far (FULL, summed in key order).
@@ -839,7 +852,8 @@ DeviceDescription CtaDevice::Describe() const {
       have = full = true;
     }
   }
-  if (!have && !profile_.rows.empty()) {
+  // FULL before any step: the profile's, if a prefill chunk needed it.
+  if (!have && profile_ready_.load(std::memory_order_acquire) && !profile_.rows.empty()) {
     const auto row = profile_.Eval(1024);
     f = {row[0], row[1], row[2]};
     have = true;
@@ -905,6 +919,7 @@ absl::Status CtaDevice::Estimate(absl::Span<const Op> ops, absl::Span<Cost> cost
       } else {
         // The profile's query fraction at the chunk length (hypothetical
         // prefill: no FULL state), the KV fraction at the context.
+        EnsureProfile();
         std::vector<double> scratch;
         k0 = profile_.Row(s.new_tokens, &scratch)[0] * static_cast<double>(s.new_tokens);
         kkv = profile_.Row(l, &scratch)[1] * static_cast<double>(l);

@@ -129,13 +129,18 @@
 //    if asked again, so results never depend on the cap (tested). At
 //    GPT-2 medium in Release on one core (bench/cta_bench.cc): 0.65 s for
 //    a request's first step at L = 1,024 (24 x 1,024 tokens generated and
-//    hashed), then about 3 ms per step; CALIBRATED start-up 0.6 s.
+//    hashed), then about 3 ms per step; CALIBRATED start-up 0.6 s. FULL
+//    keeps a CALIBRATED profile too, for prefill chunks (no FULL state) and
+//    for the description before any step is measured; it is built when
+//    first needed, so a decode-only FULL run (or an agent that only
+//    measures) never builds it.
 // IN A POOL every unit hashes the new token and reads the CT tables (they
 // are per layer, shared by all heads); Kbar/Vbar are split with the heads.
 #ifndef SERVESIM_DEVICES_CTA_CTA_DEVICE_H_
 #define SERVESIM_DEVICES_CTA_CTA_DEVICE_H_
 
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -302,14 +307,23 @@ class CtaDevice : public Device {
   double BytesPerCycle() const;
   int64_t d_model() const { return d_model_; }
   const servesim::v1::CtaSpec& spec() const { return spec_.cta(); }
-  const KeepProfile& profile() const { return profile_; }
+  // The keep profile (FULL fidelity calibrates it when first needed).
+  const KeepProfile& profile() const {
+    EnsureProfile();
+    return profile_;
+  }
   double calibration_s() const { return calibration_s_; }
   const CtaTokenGenerator& tokens() const { return *tokens_; }
   const CtaHashes& hashes() const { return hashes_; }
 
  private:
   explicit CtaDevice(const servesim::v1::CtaDeviceSpec& spec);
-  absl::Status Calibrate();
+  absl::Status Calibrate() const;
+  // FULL fidelity measures every decode step, so its profile (used only
+  // for prefill chunks and for the description before any step) is
+  // calibrated on first use, not at creation: a run that never needs it,
+  // or an agent that only measures, does not pay for it. Thread-safe.
+  void EnsureProfile() const;
   absl::StatusOr<CtaFractions> FullFractions(int64_t request_id, int64_t n) const;
   // FULL: the clusters {level 1, level 2} summed over layers
   // [layer_begin, layer_end) of the request's first n tokens.
@@ -319,9 +333,12 @@ class CtaDevice : public Device {
 
   servesim::v1::CtaDeviceSpec spec_;
   int64_t d_model_ = 1024;
-  KeepProfile profile_;
+  // Written once: at creation, or by EnsureProfile under profile_once_.
+  mutable KeepProfile profile_;
+  mutable std::once_flag profile_once_;
+  mutable std::atomic<bool> profile_ready_{false};
   bool level_split_known_ = false;  // k2 measured (not ANALYTIC)
-  double calibration_s_ = 0;
+  mutable double calibration_s_ = 0;
   std::unique_ptr<CtaTokenGenerator> tokens_;
   CtaHashes hashes_;  // on d_model-wide tokens
   // FULL: per request, per layer, the tokens' level-1 keys (kv1 per token)

@@ -312,6 +312,94 @@ TEST(AgentServiceTest, ExpectedOpsAreAnsweredAheadAndRideAlong) {
   }
 }
 
+// Prepare sends the ops the memo lacks at once, asynchronously; the
+// Estimate that follows takes them from that answer (no round trip of its
+// own) with the in-process device's costs. Ops answered or in flight are
+// not sent again, and a device that must not be asked ahead (FULL
+// fidelity) prepares nothing.
+TEST(AgentServiceTest, PreparedOpsAreAskedAtOnceAndAnswerTheNextEstimate) {
+  const v1::DeviceSpec spec = AttAccSpec();
+  auto agent = StartLocal(spec);
+  ASSERT_NE(agent, nullptr);
+  auto remote = RemoteDevice::Create(spec, {agent->address()}, FastClient(), "test device");
+  ASSERT_TRUE(remote.ok()) << remote.status();
+  auto local = devices::CreateDevice(spec);
+  ASSERT_TRUE(local.ok());
+  EXPECT_TRUE((*remote)->Remote());
+  EXPECT_FALSE((*local)->Remote());
+  SampleOps s(/*gemm_and_elementwise=*/false);
+  auto estimate = [&](const std::vector<Op>& ops) {
+    std::vector<Cost> want(ops.size()), got(ops.size());
+    ASSERT_TRUE((*local)->Estimate(ops, absl::MakeSpan(want)).ok());
+    ASSERT_TRUE((*remote)->Estimate(ops, absl::MakeSpan(got)).ok());
+    for (size_t i = 0; i < want.size(); ++i) ExpectSameBits(want[i], got[i]);
+  };
+  // Unbound, it cannot be sent: the Estimate asks (and binds) itself.
+  (*remote)->Prepare(s.ops);
+  EXPECT_EQ((*remote)->Stats().prepare_rpcs, 0);
+  estimate(s.ops);
+  EXPECT_EQ((*remote)->Stats().estimate_rpcs, 1);
+  EXPECT_EQ((*remote)->ExpectSteps(), RemoteDevice::kExpectSteps);  // learns lookahead_ok
+  // Bound: the next step's ops go now; the Estimate waits for them.
+  std::vector<AttentionSeq> later = s.seqs;
+  for (AttentionSeq& q : later) q.past_tokens += 100;
+  std::vector<Op> next = s.ops;
+  for (Op& op : next) {
+    if (op.kind == OpKind::kAttention) op.seqs = later;
+  }
+  (*remote)->Prepare(next);
+  RemoteStats st = (*remote)->Stats();
+  EXPECT_EQ(st.prepare_rpcs, 1);
+  EXPECT_EQ(st.prepared_ops, 2);  // the head groups' attention ops; the GEMM hits
+  EXPECT_EQ(st.estimate_rpcs, 2);
+  estimate(next);
+  st = (*remote)->Stats();
+  EXPECT_EQ(st.estimate_rpcs, 2);  // the prepared call only
+  EXPECT_EQ(st.prefetch_failures, 0);
+  // Answered already: nothing sent.
+  (*remote)->Prepare(next);
+  EXPECT_EQ((*remote)->Stats().prepare_rpcs, 1);
+  // FULL fidelity: nothing prepared, the Estimate asks as before.
+  const v1::DeviceSpec full = SmallTopick(v1::PRUNE_FIDELITY_FULL);
+  auto topick = StartLocal(full);
+  ASSERT_NE(topick, nullptr);
+  auto full_remote = RemoteDevice::Create(full, {topick->address()}, FastClient(), "test device");
+  ASSERT_TRUE(full_remote.ok());
+  std::vector<AttentionSeq> seqs{{1, 100, 7}};
+  const std::vector<Op> one = {SmallTopickOp(seqs)};
+  std::vector<Cost> c(1);
+  ASSERT_TRUE((*full_remote)->Estimate(one, absl::MakeSpan(c)).ok());
+  EXPECT_EQ((*full_remote)->ExpectSteps(), 0);
+  seqs[0].past_tokens = 101;
+  const std::vector<Op> two = {SmallTopickOp(seqs)};
+  (*full_remote)->Prepare(two);
+  EXPECT_EQ((*full_remote)->Stats().prepare_rpcs, 0);
+  ASSERT_TRUE((*full_remote)->Estimate(two, absl::MakeSpan(c)).ok());
+  EXPECT_EQ((*full_remote)->Stats().estimate_rpcs, 2);
+}
+
+// A device with several endpoints binds them all at its first call, at
+// once: binding may build and calibrate the device on each agent, which
+// would otherwise start on the second only when it is first asked.
+TEST(AgentServiceTest, EveryEndpointIsBoundAtTheFirstCall) {
+  const v1::DeviceSpec spec = GpuSpec();
+  auto a = StartLocal(spec);
+  auto b = StartLocal(spec);
+  ASSERT_TRUE(a != nullptr && b != nullptr);
+  {
+    auto remote =
+        RemoteDevice::Create(spec, {a->address(), b->address()}, FastClient(), "test device");
+    ASSERT_TRUE(remote.ok());
+    SampleOps s;
+    std::vector<Cost> c(s.ops.size());
+    ASSERT_TRUE((*remote)->Estimate(s.ops, absl::MakeSpan(c)).ok());
+  }  // the destructor joins the binds
+  // The call went to the first (bound, described, asked); the second was
+  // bound though it was never asked.
+  EXPECT_GE(a->service->calls(), 2);
+  EXPECT_EQ(b->service->calls(), 1);
+}
+
 // The agent answers expected ops after the asked ones and stops at the first
 // it cannot cost, without failing the call; devices that must not be asked
 // ahead answer none, and their clients take no hints.

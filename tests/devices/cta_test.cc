@@ -6,11 +6,12 @@
 // Figures (cta_0 preset): a 64 x 64 systolic array at 1 GHz, 256 B per
 // cycle (8 x 32 GB/s), 60 cycles of DRAM latency, 16-bit operands, 8
 // hashes per level, d_model 1024 for GPT-2 medium (16 heads x 64).
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <tuple>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "common/rng.h"
@@ -534,6 +535,56 @@ TEST(CtaTest, FidelityModes) {
   // ANALYTIC is constant in n.
   auto an = Make(Spec("cta_1"));
   EXPECT_DOUBLE_EQ((*an->Fractions(3, 100))[1], (*an->Fractions(3, 3000))[1]);
+}
+
+// FULL builds its CALIBRATED profile only when a prefill chunk needs it:
+// decode steps and the description before them do not, and the profile
+// then built is the one a CALIBRATED device builds at creation.
+TEST(CtaTest, FullBuildsItsProfileOnlyWhenAPrefillNeedsIt) {
+  auto small = [](servesim::v1::PruneFidelity f) {
+    auto spec = Spec("cta_0.5", f);
+    auto* m = spec.mutable_cta()->mutable_model();
+    m->set_layers(2);
+    m->set_heads(2);
+    m->set_d_head(32);
+    spec.mutable_cta()->mutable_calibration()->add_lengths(64);
+    spec.mutable_cta()->mutable_calibration()->add_lengths(256);
+    return spec;
+  };
+  auto full = Make(small(PRUNE_FIDELITY_FULL));
+  auto cal = Make(small(PRUNE_FIDELITY_CALIBRATED));
+  ASSERT_TRUE(full != nullptr && cal != nullptr);
+  auto has = [](const DeviceDescription& d, const std::string& k) {
+    return std::any_of(d.parameters.begin(), d.parameters.end(),
+                       [&](const auto& p) { return p.first == k; });
+  };
+  EXPECT_FALSE(has(full->Describe(), "kv_fraction"));
+  EXPECT_TRUE(has(cal->Describe(), "kv_fraction"));
+  EXPECT_GT(cal->calibration_s(), 0);
+  auto op_of = [](std::vector<AttentionSeq>* seqs) {
+    Op op;
+    op.kind = OpKind::kAttention;
+    op.heads = 2;
+    op.kv_heads = 2;
+    op.d_head = 32;
+    op.seqs = *seqs;
+    return op;
+  };
+  std::vector<AttentionSeq> decode = {{1, 99, 7}};
+  const Op step = op_of(&decode);
+  std::vector<Cost> c(1);
+  ASSERT_TRUE(full->Estimate({&step, 1}, absl::MakeSpan(c)).ok());
+  EXPECT_EQ(full->calibration_s(), 0);                // a decode step needs no profile
+  EXPECT_TRUE(has(full->Describe(), "kv_fraction"));  // the step's mean
+  std::vector<AttentionSeq> prefill = {{40, 0, 8}};
+  const Op chunk = op_of(&prefill);
+  Cost want;
+  ASSERT_TRUE(cal->Estimate({&chunk, 1}, absl::MakeSpan(&want, 1)).ok());
+  ASSERT_TRUE(full->Estimate({&chunk, 1}, absl::MakeSpan(c)).ok());
+  EXPECT_GT(full->calibration_s(), 0);
+  EXPECT_EQ(c[0].cycles, want.cycles);
+  EXPECT_EQ(c[0].compute_energy_pj, want.compute_energy_pj);
+  EXPECT_EQ(full->profile().rows, cal->profile().rows);
 }
 
 TEST(CtaTest, BadSpecsAndRegistry) {

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "devices/model.h"
 #include "devices/presets.h"
@@ -614,6 +615,89 @@ TEST_F(HeteroPlannerTest, ExpectTellsTheOpsPlanAsks) {
     ASSERT_FALSE(att.asked.empty()) << name;
     for (const std::string& k : att.asked) EXPECT_TRUE(att.told.count(k)) << name << ": " << k;
     for (const std::string& k : xpu.asked) EXPECT_TRUE(xpu.told.count(k)) << name << ": " << k;
+  }
+}
+
+// A device that answers with another, says it is remote, and logs what it
+// is told to prepare and asked, in order, in a log it shares with another.
+class RemoteLoggingDevice : public devices::Device {
+ public:
+  RemoteLoggingDevice(const devices::Device* inner, std::string name, std::vector<std::string>* log,
+                      bool remote = true)
+      : inner_(inner), name_(std::move(name)), log_(log), remote_(remote) {}
+  devices::DeviceDescription Describe() const override { return inner_->Describe(); }
+  absl::Status Estimate(absl::Span<const Op> ops, absl::Span<Cost> costs) const override {
+    log_->push_back(absl::StrCat(name_, " estimate ", Keys(ops)));
+    return inner_->Estimate(ops, costs);
+  }
+  absl::StatusOr<devices::AttentionResult> Execute(
+      const devices::AttentionCall& call) const override {
+    return inner_->Execute(call);
+  }
+  bool Remote() const override { return remote_; }
+  void Prepare(absl::Span<const Op> ops) const override {
+    log_->push_back(absl::StrCat(name_, " prepare ", Keys(ops)));
+  }
+
+ private:
+  static std::string Keys(absl::Span<const Op> ops) {
+    std::string k;
+    for (const Op& op : ops) k += HintedDevice::Key(op);
+    return k;
+  }
+  const devices::Device* inner_;
+  std::string name_;
+  std::vector<std::string>* log_;
+  bool remote_;
+};
+
+// Both devices on agents: whenever the xPU device is asked, the attention
+// device was told the ops it is asked next just before, so its round trip
+// overlaps the xPU's; with an in-process xPU nothing is prepared. Costs
+// are the same either way.
+TEST_F(HeteroPlannerTest, TheDeviceIsPreparedBeforeARemoteXpuIsAsked) {
+  Batch prefill;
+  prefill.entries.push_back(BatchEntry{3, 300, 0, true, true, {}, 3});
+  prefill.entries.push_back(BatchEntry{0, 1, 700, false, true, {}, 0});
+  prefill.prefill_tokens = 300;
+  prefill.decode_tokens = 1;
+  prefill.emitting = 2;
+  const std::vector<Batch> batches = {Decode(8, 2048), Decode(8, 2049), prefill, Decode(9, 2050)};
+  for (OverlapPolicy policy : {OverlapPolicy::kSerial, OverlapPolicy::kHeadLevelFf}) {
+    const char* name = OverlapPolicyName(policy);
+    for (bool xpu_remote : {true, false}) {
+      std::vector<std::string> log;
+      RemoteLoggingDevice xpu(gpu_.get(), "xpu", &log, xpu_remote), att(&fake_, "att", &log);
+      IterationPlanner planner(Gpt3(), Config(&xpu, &att, policy));
+      IterationPlanner plain(Gpt3(), Config(gpu_.get(), &fake_, policy));
+      int xpu_asked = 0;
+      for (const Batch& b : batches) {
+        const size_t from = log.size();
+        auto got = planner.Plan(b);
+        auto want = plain.Plan(b);
+        ASSERT_TRUE(got.ok() && want.ok()) << name;
+        EXPECT_EQ(got->time_s, want->time_s) << name;
+        EXPECT_EQ(got->total.energy_pj(), want->total.energy_pj()) << name;
+        const std::vector<std::string> it(log.begin() + from, log.end());
+        const bool asked = std::any_of(it.begin(), it.end(), [](const std::string& e) {
+          return absl::StartsWith(e, "xpu estimate");
+        });
+        xpu_asked += asked ? 1 : 0;
+        if (!xpu_remote || !asked) {
+          for (const std::string& e : it) EXPECT_FALSE(absl::StrContains(e, "prepare")) << name;
+          continue;
+        }
+        // att prepare X, xpu estimate, att estimate X.
+        ASSERT_EQ(it.size(), 3u) << name;
+        EXPECT_TRUE(absl::StartsWith(it[0], "att prepare ")) << name;
+        EXPECT_TRUE(absl::StartsWith(it[1], "xpu estimate ")) << name;
+        EXPECT_EQ(it[2].substr(std::string("att estimate ").size()),
+                  it[0].substr(std::string("att prepare ").size()))
+            << name;
+      }
+      // The two decodes of 8 ask the xPU once: 3 of the 4 iterations ask it.
+      EXPECT_EQ(xpu_asked, 3) << name;
+    }
   }
 }
 
