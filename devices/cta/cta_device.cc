@@ -101,20 +101,33 @@ int64_t CtaLsh::Key(double p, int i) const {
 
 std::vector<int32_t> CtaClusterKeys(const std::vector<int64_t>& keys, int64_t n, int m,
                                     int64_t* k) {
-  std::vector<int32_t> ct(static_cast<size_t>(n));
+  std::vector<int32_t> ct;
+  CtaClusterKeysInto(keys.data(), n, m, k, &ct);
+  return ct;
+}
+
+void CtaClusterKeysInto(const int64_t* keys, int64_t n, int m, int64_t* k,
+                        std::vector<int32_t>* ct) {
+  ct->resize(static_cast<size_t>(n));
   absl::flat_hash_map<KeyView, int32_t> index;
   index.reserve(static_cast<size_t>(n));
   for (int64_t j = 0; j < n; ++j) {
     auto [it, inserted] =
-        index.try_emplace(KeyView{keys.data() + j * m, m}, static_cast<int32_t>(index.size()));
-    ct[j] = it->second;
+        index.try_emplace(KeyView{keys + j * m, m}, static_cast<int32_t>(index.size()));
+    (*ct)[j] = it->second;
   }
   *k = static_cast<int64_t>(index.size());
-  return ct;
 }
 
 std::vector<int64_t> CtaLevel2Keys(const CtaLsh& lsh2, const std::vector<double>& p2,
                                    const std::vector<int32_t>& ct1, int64_t k1, int64_t n) {
+  std::vector<int64_t> keys;
+  CtaLevel2KeysInto(lsh2, p2.data(), ct1, k1, n, &keys);
+  return keys;
+}
+
+void CtaLevel2KeysInto(const CtaLsh& lsh2, const double* p2, const std::vector<int32_t>& ct1,
+                       int64_t k1, int64_t n, std::vector<int64_t>* keys) {
   const int m = lsh2.hashes;
   std::vector<double> mean(static_cast<size_t>(k1 * m), 0.0);
   std::vector<int64_t> count(static_cast<size_t>(k1), 0);
@@ -125,13 +138,12 @@ std::vector<int64_t> CtaLevel2Keys(const CtaLsh& lsh2, const std::vector<double>
   for (int64_t c = 0; c < k1; ++c) {
     for (int i = 0; i < m; ++i) mean[c * m + i] /= static_cast<double>(count[c]);
   }
-  std::vector<int64_t> keys(static_cast<size_t>(n * m));
+  keys->resize(static_cast<size_t>(n * m));
   for (int64_t j = 0; j < n; ++j) {
     for (int i = 0; i < m; ++i) {
-      keys[j * m + i] = lsh2.Key(p2[j * m + i] - mean[ct1[j] * m + i], i);
+      (*keys)[j * m + i] = lsh2.Key(p2[j * m + i] - mean[ct1[j] * m + i], i);
     }
   }
-  return keys;
 }
 
 namespace {
@@ -696,15 +708,17 @@ absl::StatusOr<std::array<double, 2>> CtaDevice::FullCounts(int64_t request_id, 
         fl.tokens = n;
       }
     }
+    // Scratch kept between steps: a step's lists are L long, and fresh ones
+    // of over 128 KiB would each be a new mapping to fault in.
+    thread_local std::vector<int32_t> ct1, ct2;
+    thread_local std::vector<int64_t> keys2;
     for (int l = layer_begin; l < layer_end; ++l) {
       const FullLayer& fl = req->layers[l];
-      // The first n tokens' keys and projections.
-      const std::vector<int64_t> keys1(fl.keys1.begin(), fl.keys1.begin() + n * m1);
-      const std::vector<double> p2(fl.p2.begin(), fl.p2.begin() + n * m2);
+      // The first n tokens' keys and projections (a layer may hold more).
       int64_t k1 = 0, k2 = 0;
-      const auto ct1 = CtaClusterKeys(keys1, n, m1, &k1);
-      const auto keys2 = CtaLevel2Keys(hashes_.kv2, p2, ct1, k1, n);
-      CtaClusterKeys(keys2, n, m2, &k2);
+      CtaClusterKeysInto(fl.keys1.data(), n, m1, &k1, &ct1);
+      CtaLevel2KeysInto(hashes_.kv2, fl.p2.data(), ct1, k1, n, &keys2);
+      CtaClusterKeysInto(keys2.data(), n, m2, &k2, &ct2);
       k1_sum += static_cast<double>(k1);
       k2_sum += static_cast<double>(k2);
     }

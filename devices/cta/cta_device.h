@@ -177,11 +177,17 @@ struct CtaLsh {
 // cluster of each row, numbered in order of first appearance, and k.
 std::vector<int32_t> CtaClusterKeys(const std::vector<int64_t>& keys, int64_t n, int m,
                                     int64_t* k);
+// The same into *ct (keys: at least n x m), reusing its storage.
+void CtaClusterKeysInto(const int64_t* keys, int64_t n, int m, int64_t* k,
+                        std::vector<int32_t>* ct);
 // Level-2 keys of n tokens from their level-2 projections p2 (n x m2) and
 // level-1 clusters: floor((p2_j - mean_{i in c(j)} p2_i + b) / w), the mean
 // summed in row order.
 std::vector<int64_t> CtaLevel2Keys(const CtaLsh& lsh2, const std::vector<double>& p2,
                                    const std::vector<int32_t>& ct1, int64_t k1, int64_t n);
+// The same into *keys (p2: at least n x m2), reusing its storage.
+void CtaLevel2KeysInto(const CtaLsh& lsh2, const double* p2, const std::vector<int32_t>& ct1,
+                       int64_t k1, int64_t n, std::vector<int64_t>* keys);
 
 // A compressed token matrix.
 struct CtaCompression {
