@@ -6,9 +6,9 @@
 //  - spec: the device wanted; it is bound on each agent with Describe (the
 //    agent creates it once and returns its key). An agent that forgot the
 //    key (restarted) answers NOT_FOUND and the client binds again. With
-//    several endpoints, the first call binds them all at once (creating a
-//    FULL-fidelity device calibrates it: seconds), not each when first
-//    used.
+//    several endpoints, the first call binds them all at once, not each
+//    when first used (creating a device may calibrate it, which can take
+//    seconds on each agent).
 //  - endpoints: agents serving the same device kind. Calls go round-robin
 //    over the endpoints that are up. A call that ends UNAVAILABLE or
 //    DEADLINE_EXCEEDED is retried on the same endpoint with exponential
