@@ -655,6 +655,14 @@ RemoteDevice::~RemoteDevice() {
   for (std::thread& t : binders_) t.join();
 }
 
+void RemoteDevice::WaitForBinds() const {
+  std::unique_lock<std::mutex> lock(mu_);
+  bound_.wait(lock, [this] {
+    return std::none_of(endpoints_.begin(), endpoints_.end(),
+                        [](const std::unique_ptr<Endpoint>& e) { return e->binding; });
+  });
+}
+
 void RemoteDevice::WaitForPrefetches() const {
   std::unique_lock<std::mutex> lock(mu_);
   idle_.wait(lock, [this] { return inflight_ == 0; });

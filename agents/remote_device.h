@@ -185,6 +185,9 @@ class RemoteDevice : public devices::Device {
   RemoteStats Stats() const;
   // Returns once no prediction extension is in flight (tests, shutdown).
   void WaitForPrefetches() const;
+  // Returns once the binds of the first call (BindAllOnce) have ended
+  // (tests; the destructor cancels those still in flight).
+  void WaitForBinds() const;
   const std::string& label() const { return label_; }
 
  private:

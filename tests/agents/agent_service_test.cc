@@ -67,6 +67,7 @@ using devices::AttentionSeq;
 using devices::Cost;
 using devices::Op;
 using devices::OpKind;
+using test::AgentAndClient;
 using test::AttAccSpec;
 using test::Bits;
 using test::ExpectSameBits;
@@ -78,6 +79,7 @@ using test::MakeCerts;
 using test::Ramp;
 using test::SampleOps;
 using test::StartLocal;
+using test::StartWithClient;
 using test_util::ReadFile;
 using test_util::WriteFile;
 
@@ -88,36 +90,34 @@ TEST(AgentServiceTest, RemoteEstimatesAreBitIdenticalAndMemoised) {
     // The agent's own device is another preset: the client binds its spec.
     v1::DeviceSpec own = spec;
     if (own.has_gpu()) *own.mutable_gpu()->mutable_xpu() = *devices::XpuPreset("h100-sxm-80gb");
-    auto agent = StartLocal(own);
-    ASSERT_NE(agent, nullptr);
-    auto remote = RemoteDevice::Create(spec, {agent->address()}, FastClient(), "test device");
-    ASSERT_TRUE(remote.ok()) << remote.status();
-    auto local = devices::CreateDevice(spec);
-    ASSERT_TRUE(local.ok());
+    AgentAndClient t = StartWithClient(spec, &own);
+    ASSERT_TRUE(t.ok());
+    const RemoteDevice* remote = t.remote.get();
+    const devices::Device* local = t.local.get();
     SampleOps s(/*gemm_and_elementwise=*/spec.has_gpu());
     std::vector<Cost> want(s.ops.size()), got(s.ops.size());
-    ASSERT_TRUE((*local)->Estimate(s.ops, absl::MakeSpan(want)).ok());
-    ASSERT_TRUE((*remote)->Estimate(s.ops, absl::MakeSpan(got)).ok());
+    ASSERT_TRUE(local->Estimate(s.ops, absl::MakeSpan(want)).ok());
+    ASSERT_TRUE(remote->Estimate(s.ops, absl::MakeSpan(got)).ok());
     for (size_t i = 0; i < want.size(); ++i) ExpectSameBits(want[i], got[i]);
     // Again: every op from the memo, no call.
     std::fill(got.begin(), got.end(), Cost{});
-    ASSERT_TRUE((*remote)->Estimate(s.ops, absl::MakeSpan(got)).ok());
+    ASSERT_TRUE(remote->Estimate(s.ops, absl::MakeSpan(got)).ok());
     for (size_t i = 0; i < want.size(); ++i) ExpectSameBits(want[i], got[i]);
-    RemoteStats st = (*remote)->Stats();
+    RemoteStats st = remote->Stats();
     EXPECT_EQ(st.estimate_calls, 2);
     EXPECT_EQ(st.estimate_rpcs, 1);
     EXPECT_EQ(st.ops_memo_misses, static_cast<int64_t>(s.ops.size()));
     EXPECT_EQ(st.ops_memo_hits, static_cast<int64_t>(s.ops.size()));
     // One sequence longer: only the attention ops miss.
     s.seqs[1].past_tokens += 1;
-    ASSERT_TRUE((*local)->Estimate(s.ops, absl::MakeSpan(want)).ok());
-    ASSERT_TRUE((*remote)->Estimate(s.ops, absl::MakeSpan(got)).ok());
+    ASSERT_TRUE(local->Estimate(s.ops, absl::MakeSpan(want)).ok());
+    ASSERT_TRUE(remote->Estimate(s.ops, absl::MakeSpan(got)).ok());
     for (size_t i = 0; i < want.size(); ++i) ExpectSameBits(want[i], got[i]);
-    st = (*remote)->Stats();
+    st = remote->Stats();
     EXPECT_EQ(st.ops_memo_misses, static_cast<int64_t>(s.ops.size()) + 2);
     // Describe is the bound device's.
-    const devices::DeviceDescription d = (*remote)->Describe();
-    const devices::DeviceDescription l = (*local)->Describe();
+    const devices::DeviceDescription d = remote->Describe();
+    const devices::DeviceDescription l = local->Describe();
     EXPECT_EQ(d.parameters, l.parameters);
     EXPECT_EQ(d.kind, l.kind);
   }
@@ -131,24 +131,23 @@ TEST(AgentServiceTest, RemoteEstimatesAreBitIdenticalAndMemoised) {
 // so the counts do not depend on timing.)
 TEST(AgentServiceTest, LookaheadAnswersUnchangedBatchesAhead) {
   for (const v1::DeviceSpec& spec : {GpuSpec(), AttAccSpec()}) {
-    auto agent = StartLocal(spec);
-    ASSERT_NE(agent, nullptr);
-    auto remote = RemoteDevice::Create(spec, {agent->address()}, FastClient(), "test device");
-    ASSERT_TRUE(remote.ok()) << remote.status();
-    auto local = devices::CreateDevice(spec);
-    ASSERT_TRUE(local.ok());
+    AgentAndClient t = StartWithClient(spec);
+    ASSERT_TRUE(t.ok());
+    const LocalAgent* agent = t.agent.get();
+    const RemoteDevice* remote = t.remote.get();
+    const devices::Device* local = t.local.get();
     SampleOps s(/*gemm_and_elementwise=*/spec.has_gpu());
     std::vector<Cost> want(s.ops.size()), got(s.ops.size());
     auto step = [&] {
-      ASSERT_TRUE((*local)->Estimate(s.ops, absl::MakeSpan(want)).ok());
-      ASSERT_TRUE((*remote)->Estimate(s.ops, absl::MakeSpan(got)).ok());
-      (*remote)->WaitForPrefetches();
+      ASSERT_TRUE(local->Estimate(s.ops, absl::MakeSpan(want)).ok());
+      ASSERT_TRUE(remote->Estimate(s.ops, absl::MakeSpan(got)).ok());
+      remote->WaitForPrefetches();
       for (size_t i = 0; i < want.size(); ++i) ExpectSameBits(want[i], got[i]);
       for (AttentionSeq& q : s.seqs) q.past_tokens += 1;
     };
     // Calls 3 and 19 (steps 2 and 18) extend the horizon to 24 and 40.
     for (int i = 0; i < 30; ++i) step();
-    RemoteStats st = (*remote)->Stats();
+    RemoteStats st = remote->Stats();
     EXPECT_EQ(st.estimate_calls, 30);
     EXPECT_EQ(st.estimate_rpcs, 3);
     EXPECT_EQ(st.prefetch_rpcs, 2);
@@ -161,7 +160,7 @@ TEST(AgentServiceTest, LookaheadAnswersUnchangedBatchesAhead) {
       if (op.kind == OpKind::kAttention) op.seqs = s.seqs;
     }
     for (int i = 0; i < 10; ++i) step();
-    st = (*remote)->Stats();
+    st = remote->Stats();
     EXPECT_EQ(st.estimate_rpcs - st.prefetch_rpcs, 2);
     EXPECT_EQ(st.prefetch_rpcs, 3);
     EXPECT_EQ(st.predicted_ops, 2 * (40 + 24));
@@ -233,13 +232,11 @@ TEST(AgentServiceTest, LookaheadOnlyWhereAnsweringAheadChangesNothing) {
 // so the counts do not depend on timing.)
 TEST(AgentServiceTest, ExpectedOpsAreAnsweredAheadAndRideAlong) {
   for (const v1::DeviceSpec& spec : {GpuSpec(), AttAccSpec()}) {
-    auto agent = StartLocal(spec);
-    ASSERT_NE(agent, nullptr);
-    auto remote = RemoteDevice::Create(spec, {agent->address()}, FastClient(), "test device");
-    ASSERT_TRUE(remote.ok()) << remote.status();
-    auto local = devices::CreateDevice(spec);
-    ASSERT_TRUE(local.ok());
-    EXPECT_EQ((*remote)->ExpectSteps(), RemoteDevice::kExpectSteps);
+    AgentAndClient t = StartWithClient(spec);
+    ASSERT_TRUE(t.ok());
+    const RemoteDevice* remote = t.remote.get();
+    const devices::Device* local = t.local.get();
+    EXPECT_EQ(remote->ExpectSteps(), RemoteDevice::kExpectSteps);
     // Step j of a batch whose third sequence leaves after step 2.
     SampleOps s(/*gemm_and_elementwise=*/spec.has_gpu());
     std::deque<std::vector<AttentionSeq>> lists;
@@ -255,9 +252,9 @@ TEST(AgentServiceTest, ExpectedOpsAreAnsweredAheadAndRideAlong) {
     };
     auto check = [&](const std::vector<Op>& ops) {
       std::vector<Cost> want(ops.size()), got(ops.size());
-      ASSERT_TRUE((*local)->Estimate(ops, absl::MakeSpan(want)).ok());
-      ASSERT_TRUE((*remote)->Estimate(ops, absl::MakeSpan(got)).ok());
-      (*remote)->WaitForPrefetches();
+      ASSERT_TRUE(local->Estimate(ops, absl::MakeSpan(want)).ok());
+      ASSERT_TRUE(remote->Estimate(ops, absl::MakeSpan(got)).ok());
+      remote->WaitForPrefetches();
       for (size_t i = 0; i < want.size(); ++i) ExpectSameBits(want[i], got[i]);
     };
     // Steps 1..4 expected before step 0 is asked: they ride along with it.
@@ -266,14 +263,14 @@ TEST(AgentServiceTest, ExpectedOpsAreAnsweredAheadAndRideAlong) {
       const std::vector<Op> ops = step_ops(j);
       ahead.insert(ahead.end(), ops.begin(), ops.end());
     }
-    (*remote)->Expect(ahead, {});
+    remote->Expect(ahead, {});
     check(step_ops(0));
-    RemoteStats st = (*remote)->Stats();
+    RemoteStats st = remote->Stats();
     EXPECT_EQ(st.estimate_rpcs, 1);
     // The other ops repeat step 0's and were asked with it.
     EXPECT_EQ(st.expected_ops, 2 * 4);
     for (int j = 1; j <= 4; ++j) check(step_ops(j));
-    st = (*remote)->Stats();
+    st = remote->Stats();
     EXPECT_EQ(st.estimate_rpcs, 1);
     EXPECT_EQ(st.predicted_ops, 0);  // no lookahead of its own
     EXPECT_EQ(st.ops_memo_misses, static_cast<int64_t>(s.ops.size()));
@@ -281,30 +278,30 @@ TEST(AgentServiceTest, ExpectedOpsAreAnsweredAheadAndRideAlong) {
     std::vector<Op> more = step_ops(5);
     const std::vector<Op> six = step_ops(6);
     more.insert(more.end(), six.begin(), six.end());
-    (*remote)->Expect(more, {});
+    remote->Expect(more, {});
     check(step_ops(4));
     check(step_ops(5));
     check(step_ops(6));
-    st = (*remote)->Stats();
+    st = remote->Stats();
     EXPECT_EQ(st.estimate_rpcs, 2);
     EXPECT_EQ(st.prefetch_rpcs, 1);
     EXPECT_EQ(st.expected_ops, 2 * 6);
     EXPECT_EQ(st.prefetch_failures, 0);
     // A hint already answered is not sent again.
-    (*remote)->Expect(more, {});
+    remote->Expect(more, {});
     check(step_ops(6));
-    EXPECT_EQ((*remote)->Stats().estimate_rpcs, 2);
+    EXPECT_EQ(remote->Stats().estimate_rpcs, 2);
     // A step past the hints asks the agent.
     check(step_ops(7));
-    EXPECT_EQ((*remote)->Stats().estimate_rpcs, 3);
+    EXPECT_EQ(remote->Stats().estimate_rpcs, 3);
     // Step 8 told with its next 5 steps: one op each, the steps derived.
     const std::vector<Op> eight = step_ops(8);
     std::vector<int32_t> steps;
     for (const Op& op : eight) steps.push_back(op.kind == OpKind::kAttention ? 5 : 0);
-    (*remote)->Expect(eight, steps);
+    remote->Expect(eight, steps);
     check(step_ops(7));  // every op hits: the hint goes now
     for (int j = 8; j <= 13; ++j) check(step_ops(j));
-    st = (*remote)->Stats();
+    st = remote->Stats();
     EXPECT_EQ(st.estimate_rpcs, 4);
     EXPECT_EQ(st.prefetch_rpcs, 2);
     EXPECT_EQ(st.expected_ops, 2 * 6 + 2 * 6);
@@ -319,27 +316,25 @@ TEST(AgentServiceTest, ExpectedOpsAreAnsweredAheadAndRideAlong) {
 // fidelity) prepares nothing.
 TEST(AgentServiceTest, PreparedOpsAreAskedAtOnceAndAnswerTheNextEstimate) {
   const v1::DeviceSpec spec = AttAccSpec();
-  auto agent = StartLocal(spec);
-  ASSERT_NE(agent, nullptr);
-  auto remote = RemoteDevice::Create(spec, {agent->address()}, FastClient(), "test device");
-  ASSERT_TRUE(remote.ok()) << remote.status();
-  auto local = devices::CreateDevice(spec);
-  ASSERT_TRUE(local.ok());
-  EXPECT_TRUE((*remote)->Remote());
-  EXPECT_FALSE((*local)->Remote());
+  AgentAndClient t = StartWithClient(spec);
+  ASSERT_TRUE(t.ok());
+  const RemoteDevice* remote = t.remote.get();
+  const devices::Device* local = t.local.get();
+  EXPECT_TRUE(remote->Remote());
+  EXPECT_FALSE(local->Remote());
   SampleOps s(/*gemm_and_elementwise=*/false);
   auto estimate = [&](const std::vector<Op>& ops) {
     std::vector<Cost> want(ops.size()), got(ops.size());
-    ASSERT_TRUE((*local)->Estimate(ops, absl::MakeSpan(want)).ok());
-    ASSERT_TRUE((*remote)->Estimate(ops, absl::MakeSpan(got)).ok());
+    ASSERT_TRUE(local->Estimate(ops, absl::MakeSpan(want)).ok());
+    ASSERT_TRUE(remote->Estimate(ops, absl::MakeSpan(got)).ok());
     for (size_t i = 0; i < want.size(); ++i) ExpectSameBits(want[i], got[i]);
   };
   // Unbound, it cannot be sent: the Estimate asks (and binds) itself.
-  (*remote)->Prepare(s.ops);
-  EXPECT_EQ((*remote)->Stats().prepare_rpcs, 0);
+  remote->Prepare(s.ops);
+  EXPECT_EQ(remote->Stats().prepare_rpcs, 0);
   estimate(s.ops);
-  EXPECT_EQ((*remote)->Stats().estimate_rpcs, 1);
-  EXPECT_EQ((*remote)->ExpectSteps(), RemoteDevice::kExpectSteps);  // learns lookahead_ok
+  EXPECT_EQ(remote->Stats().estimate_rpcs, 1);
+  EXPECT_EQ(remote->ExpectSteps(), RemoteDevice::kExpectSteps);  // learns lookahead_ok
   // Bound: the next step's ops go now; the Estimate waits for them.
   std::vector<AttentionSeq> later = s.seqs;
   for (AttentionSeq& q : later) q.past_tokens += 100;
@@ -347,18 +342,18 @@ TEST(AgentServiceTest, PreparedOpsAreAskedAtOnceAndAnswerTheNextEstimate) {
   for (Op& op : next) {
     if (op.kind == OpKind::kAttention) op.seqs = later;
   }
-  (*remote)->Prepare(next);
-  RemoteStats st = (*remote)->Stats();
+  remote->Prepare(next);
+  RemoteStats st = remote->Stats();
   EXPECT_EQ(st.prepare_rpcs, 1);
   EXPECT_EQ(st.prepared_ops, 2);  // the head groups' attention ops; the GEMM hits
   EXPECT_EQ(st.estimate_rpcs, 2);
   estimate(next);
-  st = (*remote)->Stats();
+  st = remote->Stats();
   EXPECT_EQ(st.estimate_rpcs, 2);  // the prepared call only
   EXPECT_EQ(st.prefetch_failures, 0);
   // Answered already: nothing sent.
-  (*remote)->Prepare(next);
-  EXPECT_EQ((*remote)->Stats().prepare_rpcs, 1);
+  remote->Prepare(next);
+  EXPECT_EQ(remote->Stats().prepare_rpcs, 1);
   // FULL fidelity: nothing prepared, the Estimate asks as before.
   const v1::DeviceSpec full = SmallTopick(v1::PRUNE_FIDELITY_FULL);
   auto topick = StartLocal(full);
@@ -393,7 +388,8 @@ TEST(AgentServiceTest, EveryEndpointIsBoundAtTheFirstCall) {
     SampleOps s;
     std::vector<Cost> c(s.ops.size());
     ASSERT_TRUE((*remote)->Estimate(s.ops, absl::MakeSpan(c)).ok());
-  }  // the destructor joins the binds
+    (*remote)->WaitForBinds();  // the destructor would cancel one still in flight
+  }
   // The call went to the first (bound, described, asked); the second was
   // bound though it was never asked.
   EXPECT_GE(a->service->calls(), 2);

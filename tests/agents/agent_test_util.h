@@ -16,8 +16,10 @@
 #include "agents/agent_server.h"
 #include "agents/agent_service.h"
 #include "agents/client_options.h"
+#include "agents/remote_device.h"
 #include "devices/device.h"
 #include "devices/presets.h"
+#include "devices/registry.h"
 #include "devices/tensor.h"
 #include "gtest/gtest.h"
 #include "tests/test_util.h"
@@ -134,6 +136,29 @@ inline ClientOptions FastClient() {
   o.backoff_initial_s = 0.01;
   o.retry_s = 0.2;
   return o;
+}
+
+// An agent in this process serving `own` (default: `spec`), a client bound
+// to `spec` on it, and the same device in process, to compare against.
+struct AgentAndClient {
+  std::unique_ptr<LocalAgent> agent;
+  std::unique_ptr<RemoteDevice> remote;
+  std::unique_ptr<devices::Device> local;
+  bool ok() const { return agent != nullptr && remote != nullptr && local != nullptr; }
+};
+
+inline AgentAndClient StartWithClient(const v1::DeviceSpec& spec,
+                                      const v1::DeviceSpec* own = nullptr) {
+  AgentAndClient t;
+  t.agent = StartLocal(own != nullptr ? *own : spec);
+  if (t.agent == nullptr) return t;
+  auto remote = RemoteDevice::Create(spec, {t.agent->address()}, FastClient(), "test device");
+  EXPECT_TRUE(remote.ok()) << remote.status();
+  if (remote.ok()) t.remote = std::move(*remote);
+  auto local = devices::CreateDevice(spec);
+  EXPECT_TRUE(local.ok()) << local.status();
+  if (local.ok()) t.local = std::move(*local);
+  return t;
 }
 
 inline devices::Tensor Ramp(devices::ElementType type, std::vector<int64_t> shape, float scale) {
