@@ -564,6 +564,84 @@ uint32_t RemoteDevice::InternLocked(const std::string& content) const {
   return it->second;
 }
 
+uint32_t RemoteDevice::ShapeIdLocked(const Op& op) const {
+  ShapeKey sk;
+  sk.kind = static_cast<uint8_t>(op.kind);
+  sk.stage = static_cast<uint8_t>(op.stage);
+  // clang-format off
+  sk.ints = {op.m,         op.n,          op.k,        op.heads,    op.kv_heads,
+             op.d_head,    op.head_begin, op.head_end, op.elements, op.tokens,
+             op.sequences, op.kv_latent,  op.d_rope,   op.d_value,  op.experts_total,
+             op.top_k,     op.expert_matrices, op.window};
+  // clang-format on
+  sk.bits = {absl::bit_cast<uint64_t>(op.bytes_per_element),
+             absl::bit_cast<uint64_t>(op.flops_per_element), absl::bit_cast<uint64_t>(op.bytes),
+             absl::bit_cast<uint64_t>(op.routed), absl::bit_cast<uint64_t>(op.experts_touched)};
+  sk.participants = op.participants;
+  auto [shape, added] = shapes_.try_emplace(sk, static_cast<uint32_t>(shapes_.size() + 1));
+  if (added) memo_bytes_ += sizeof(ShapeKey) + 16;
+  return shape->second;
+}
+
+void RemoteDevice::RunKeysLocked(absl::Span<const Op> ops, bool add, std::vector<MemoKey>* keys,
+                                 std::vector<int64_t>* offsets) const {
+  thread_local std::string bytes;
+  // Ops of a call share lists (head groups): each list is looked up once.
+  thread_local std::vector<std::tuple<const void*, size_t, uint32_t>> seen;
+  seen.clear();
+  auto id_of = [&](const void* data, size_t n, auto&& fill) -> uint32_t {
+    if (n == 0) return 0;
+    for (const auto& [p, size, id] : seen) {
+      if (p == data && size == n) return id;
+    }
+    fill();
+    uint32_t id = 0;
+    if (add) {
+      id = InternLocked(bytes);
+    } else if (auto it = lists_.find(bytes); it != lists_.end()) {
+      id = it->second;
+    }
+    seen.emplace_back(data, n, id);
+    return id;
+  };
+  keys->assign(ops.size(), MemoKey{});
+  offsets->assign(ops.size(), 0);
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const Op& op = ops[i];
+    if (!Predictable(op)) continue;
+    const int64_t base = op.seqs.front().past_tokens;
+    const uint32_t seqs = id_of(op.seqs.data(), op.seqs.size(), [&] {
+      // 'r': relative lists, apart from the exact ones ('s').
+      bytes.assign(1, 'r');
+      for (const devices::AttentionSeq& q : op.seqs) {
+        AppendRaw(&bytes, q.past_tokens - base);
+        AppendRaw(&bytes, q.request_id);
+      }
+    });
+    const uint32_t stacks = id_of(op.kv_head_stack.data(), op.kv_head_stack.size(),
+                                  [&] { StackListBytes(op.kv_head_stack, &bytes); });
+    if (seqs == 0 || (!op.kv_head_stack.empty() && stacks == 0)) continue;  // not interned
+    MemoKey& k = (*keys)[i];
+    k.shape = ShapeIdLocked(op);
+    k.seq_list = seqs;
+    k.stack_list = stacks;
+    (*offsets)[i] = base;
+  }
+}
+
+const devices::Cost* RemoteDevice::FindRunLocked(const MemoKey& key, int64_t offset) const {
+  if (key.shape == 0) return nullptr;
+  auto it = runs_.find(key);
+  if (it == runs_.end()) return nullptr;
+  // The newest first: the run the simulation is in.
+  for (auto r = it->second.rbegin(); r != it->second.rend(); ++r) {
+    if (offset >= r->base && offset <= r->base + r->steps) {
+      return &run_costs_[r->first + static_cast<size_t>(offset - r->base)];
+    }
+  }
+  return nullptr;
+}
+
 void RemoteDevice::KeysLocked(absl::Span<const Op> ops, std::vector<MemoKey>* keys,
                               bool seqs_only) const {
   thread_local std::string bytes;
@@ -588,22 +666,7 @@ void RemoteDevice::KeysLocked(absl::Span<const Op> ops, std::vector<MemoKey>* ke
       k.seq_list = id_of(op.seqs.data(), op.seqs.size(), [&] { SeqListBytes(op.seqs, &bytes); });
       continue;
     }
-    ShapeKey sk;
-    sk.kind = static_cast<uint8_t>(op.kind);
-    sk.stage = static_cast<uint8_t>(op.stage);
-    // clang-format off
-    sk.ints = {op.m,         op.n,          op.k,        op.heads,    op.kv_heads,
-               op.d_head,    op.head_begin, op.head_end, op.elements, op.tokens,
-               op.sequences, op.kv_latent,  op.d_rope,   op.d_value,  op.experts_total,
-               op.top_k,     op.expert_matrices, op.window};
-    // clang-format on
-    sk.bits = {absl::bit_cast<uint64_t>(op.bytes_per_element),
-               absl::bit_cast<uint64_t>(op.flops_per_element), absl::bit_cast<uint64_t>(op.bytes),
-               absl::bit_cast<uint64_t>(op.routed), absl::bit_cast<uint64_t>(op.experts_touched)};
-    sk.participants = op.participants;
-    auto [shape, added] = shapes_.try_emplace(sk, static_cast<uint32_t>(shapes_.size() + 1));
-    if (added) memo_bytes_ += sizeof(ShapeKey) + 16;
-    k.shape = shape->second;
+    k.shape = ShapeIdLocked(op);
     // A list's length is part of its content, so lists of different lengths
     // at one address are told apart by the content, not the address.
     k.seq_list = id_of(op.seqs.data(), op.seqs.size(), [&] { SeqListBytes(op.seqs, &bytes); });
@@ -620,6 +683,8 @@ void RemoteDevice::TrimLocked() const {
   // Emptied in place: the tables keep their capacity, so refilling them
   // does not grow and fault their pages in again.
   memo_.erase(memo_.begin(), memo_.end());
+  runs_.erase(runs_.begin(), runs_.end());
+  run_costs_.clear();
   lists_.erase(lists_.begin(), lists_.end());
   shapes_.erase(shapes_.begin(), shapes_.end());
   windows_.clear();  // prefetches in flight keep theirs; their answers are dropped
@@ -800,9 +865,8 @@ std::shared_ptr<RemoteDevice::Prefetch> RemoteDevice::SendExpectedLocked() const
 
 void RemoteDevice::InsertExpectedLocked(const OwnedOps& expected, int answered,
                                         const v1::EstimateResponse& resp, int at) const {
-  thread_local std::vector<MemoKey> fresh, step_keys;
-  thread_local std::vector<Op> step;
-  thread_local std::deque<std::vector<devices::AttentionSeq>> shifted;
+  thread_local std::vector<MemoKey> fresh, run_keys;
+  thread_local std::vector<int64_t> offsets;
   const std::vector<MemoKey>* keys = &expected.keys;
   if (expected.epoch != memo_epoch_) {  // the memo was emptied: list ids are void
     KeysLocked(expected.ops, &fresh);
@@ -814,19 +878,36 @@ void RemoteDevice::InsertExpectedLocked(const OwnedOps& expected, int answered,
   const size_t n = static_cast<size_t>(answered);
   ForEachExpectedBlock(
       n, steps.first(std::min(steps.size(), n)), [&](size_t b, size_t e, int32_t k) {
+        // The block's costs at step 0, then, for j = 1..k, those of its
+        // predictable ops at step j (agent.proto's order).
+        const int block = at;
+        const size_t size = e - b;
+        size_t predictable = 0;
+        if (k > 0) {
+          RunKeysLocked(ops.subspan(b, size), /*add=*/true, &run_keys, &offsets);
+          for (size_t i = b; i < e; ++i) predictable += Predictable(ops[i]) ? 1 : 0;
+        }
+        size_t rank = 0;
         for (size_t i = b; i < e; ++i) {
-          memo_.emplace((*keys)[i], MemoEntry{DecodeCost(resp.costs(at++)), -1, 0});
-        }
-        stats_.expected_ops += static_cast<int64_t>(e - b);
-        for (int32_t j = 1; j <= k; ++j) {
-          LookaheadStep(ops.subspan(b, e - b), j, &step, &shifted);
-          if (step.empty()) break;
-          KeysLocked(step, &step_keys);
-          for (size_t i = 0; i < step.size(); ++i) {
-            memo_.emplace(step_keys[i], MemoEntry{DecodeCost(resp.costs(at++)), -1, 0});
+          const int now = block + static_cast<int>(i - b);
+          if (k == 0 || !Predictable(ops[i])) {
+            memo_.emplace((*keys)[i], MemoEntry{DecodeCost(resp.costs(now)), -1, 0});
+            continue;
           }
-          stats_.expected_ops += static_cast<int64_t>(step.size());
+          const size_t r = rank++;
+          const MemoKey& key = run_keys[i - b];
+          if (key.shape == 0) continue;
+          Run run{offsets[i - b], k, static_cast<uint32_t>(run_costs_.size())};
+          run_costs_.push_back(DecodeCost(resp.costs(now)));
+          for (int32_t j = 1; j <= k; ++j) {
+            run_costs_.push_back(DecodeCost(resp.costs(
+                block + static_cast<int>(size + (j - 1) * predictable + r))));
+          }
+          runs_[key].push_back(run);
+          memo_bytes_ += (static_cast<size_t>(k) + 1) * sizeof(Cost) + sizeof(Run) + 48;
         }
+        at = block + static_cast<int>(size + static_cast<size_t>(k) * predictable);
+        stats_.expected_ops += static_cast<int64_t>(size + static_cast<size_t>(k) * predictable);
       });
 }
 
@@ -880,12 +961,42 @@ absl::Status RemoteDevice::Estimate(absl::Span<const Op> ops, absl::Span<Cost> c
   uint64_t epoch = 0;
   bool rekey = false;
   std::shared_ptr<Prefetch> prefetch;
+  thread_local std::vector<MemoKey> run_keys;
+  thread_local std::vector<int64_t> offsets;
+  thread_local std::vector<Op> exact;
+  thread_local std::vector<size_t> exact_at;
+  thread_local std::vector<MemoKey> exact_keys;
   {
     std::lock_guard<std::mutex> lock(mu_);
     ++stats_.estimate_calls;
-    KeysLocked(ops, &keys);
+    // Ops a run holds are answered from it; only the others are keyed
+    // exactly (their lists interned).
+    thread_local std::vector<char> from_run;
+    from_run.assign(ops.size(), 0);
+    if (!runs_.empty()) {
+      RunKeysLocked(ops, /*add=*/false, &run_keys, &offsets);
+      for (size_t i = 0; i < ops.size(); ++i) {
+        if (const Cost* c = FindRunLocked(run_keys[i], offsets[i]); c != nullptr) {
+          costs[i] = *c;
+          from_run[i] = 1;
+          ++stats_.ops_memo_hits;
+          ++stats_.expected_hits;
+        }
+      }
+    }
+    exact.clear();
+    exact_at.clear();
+    for (size_t i = 0; i < ops.size(); ++i) {
+      if (from_run[i]) continue;
+      exact.push_back(ops[i]);
+      exact_at.push_back(i);
+    }
+    KeysLocked(exact, &exact_keys);
+    keys.resize(ops.size());
+    for (size_t j = 0; j < exact.size(); ++j) keys[exact_at[j]] = exact_keys[j];
     bool extended = false;
     for (size_t i = 0; i < ops.size(); ++i) {
+      if (from_run[i]) continue;
       auto it = memo_.find(keys[i]);
       if (it != memo_.end()) {
         costs[i] = it->second.cost;
@@ -916,12 +1027,17 @@ absl::Status RemoteDevice::Estimate(absl::Span<const Op> ops, absl::Span<Cost> c
       idle_.wait(wait, [this] { return inflight_ == 0; });
       wait.release();
       KeysLocked(missed_ops, &keys);
+      RunKeysLocked(missed_ops, /*add=*/false, &run_keys, &offsets);
       size_t kept = 0;
       for (size_t j = 0; j < missed.size(); ++j) {
         auto it = memo_.find(keys[j]);
         if (it != memo_.end()) {
           costs[missed[j]] = it->second.cost;
           ++stats_.ops_memo_hits;
+        } else if (const Cost* c = FindRunLocked(run_keys[j], offsets[j]); c != nullptr) {
+          costs[missed[j]] = *c;
+          ++stats_.ops_memo_hits;
+          ++stats_.expected_hits;
         } else {
           missed[kept] = missed[j];
           missed_ops[kept++] = missed_ops[j];
@@ -1090,6 +1206,9 @@ void RemoteDevice::AddPendingLocked(absl::Span<const Op> ops,
   // Lists the ops share are interned once (KeysLocked) and copied once
   // (CopyOwned), and only for the ops kept.
   KeysLocked(ops, &keys);
+  thread_local std::vector<MemoKey> run_keys;
+  thread_local std::vector<int64_t> offsets;
+  if (!runs_.empty()) RunKeysLocked(ops, /*add=*/false, &run_keys, &offsets);
   thread_local std::vector<Op> fresh;
   fresh.clear();
   int64_t sequences = pending_.sequences;
@@ -1101,7 +1220,11 @@ void RemoteDevice::AddPendingLocked(absl::Span<const Op> ops,
         sequences + weight > kMaxPendingSequences) {
       break;
     }
-    if (memo_.contains(keys[i]) || !pending_keys_.insert(keys[i]).second) continue;
+    if (memo_.contains(keys[i]) ||
+        (!runs_.empty() && FindRunLocked(run_keys[i], offsets[i]) != nullptr) ||
+        !pending_keys_.insert(keys[i]).second) {
+      continue;
+    }
     fresh.push_back(ops[i]);
     pending_.keys.push_back(keys[i]);
     pending_.steps.push_back(k);

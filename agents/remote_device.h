@@ -54,7 +54,11 @@
 //    lookahead's), or, when every op of a call hits, they go at once
 //    asynchronously. A call that misses while such a call is in flight
 //    waits for its answer first (the next iteration's ops are usually in
-//    it). Once told, the client stops its own lookahead: the projection
+//    it). An expected op's further steps are kept as one run (its costs
+//    from its first sequence's length on, keyed by its sequence list
+//    relative to that first sequence), not as an entry per step: a step is
+//    found by the op's relative list and its first sequence's length, so
+//    neither the answer nor the lookup interns a list per step. Once told, the client stops its own lookahead: the projection
 //    knows who leaves when. Only devices whose description says
 //    lookahead_ok take hints (ExpectSteps() is 0 otherwise), so
 //    FULL-fidelity devices are never asked ahead.
@@ -330,6 +334,16 @@ class RemoteDevice : public devices::Device {
   // held.
   void KeysLocked(absl::Span<const devices::Op> ops, std::vector<MemoKey>* keys,
                   bool seqs_only = false) const;
+  // The interned id of an op's shape (every input but its lists). mu_ held.
+  uint32_t ShapeIdLocked(const devices::Op& op) const;
+  // Run keys of the predictable ops of `ops` (others: shape 0) and each
+  // one's offset (its first sequence's past_tokens). `add`: intern lists
+  // not seen yet; else an op whose list is unknown gets shape 0 (no run
+  // holds it). mu_ held.
+  void RunKeysLocked(absl::Span<const devices::Op> ops, bool add, std::vector<MemoKey>* keys,
+                     std::vector<int64_t>* offsets) const;
+  // The cost a run holds for `key` at `offset`, or null. mu_ held.
+  const devices::Cost* FindRunLocked(const MemoKey& key, int64_t offset) const;
   // Empties the memo and the lists if they hold more than memo_bytes. mu_
   // held.
   void TrimLocked() const;
@@ -341,6 +355,21 @@ class RemoteDevice : public devices::Device {
   mutable std::condition_variable bound_;                  // a BindAllOnce bind ended
   mutable size_t next_ = 0;
   mutable absl::flat_hash_map<MemoKey, MemoEntry> memo_;
+  // Expected ops' runs of steps. A predictable op (devices::Op attention,
+  // every sequence decoding) and its next decode steps differ only in
+  // their sequences' past_tokens, all + j at step j; so a run is keyed by
+  // the op's shape, its stack list and its sequence list relative to the
+  // first sequence (request ids, new tokens, past_tokens less the
+  // first's), and holds the costs from `base` (the first sequence's
+  // past_tokens at step 0) to base + steps. One entry and one interned
+  // list per expected op, not one per step.
+  struct Run {
+    int64_t base = 0;
+    int32_t steps = 0;
+    uint32_t first = 0;  // its costs: run_costs_[first .. first + steps]
+  };
+  mutable absl::flat_hash_map<MemoKey, std::vector<Run>> runs_;
+  mutable std::vector<devices::Cost> run_costs_;
   mutable absl::flat_hash_map<std::string, uint32_t> lists_;  // content -> id
   mutable absl::flat_hash_map<ShapeKey, uint32_t> shapes_;    // shape -> id
   mutable size_t memo_bytes_ = 0;       // lists' content plus entries

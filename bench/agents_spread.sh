@@ -72,11 +72,22 @@ start_agents() {  # N: fresh agents on the first N addresses
     sleep 0.05
   done
 }
+agent_cpu() {  # the running agents' CPU seconds (user + system), comma-separated
+  local out=() tick
+  tick=$(getconf CLK_TCK)
+  for p in "${pids[@]}"; do
+    # utime and stime are fields 14 and 15 of /proc/PID/stat (the name, field 2, has no spaces).
+    out+=("$(awk -v t="$tick" '{printf "%.2f", ($14 + $15) / t}' "/proc/$p/stat")")
+  done
+  (IFS=,; echo "${out[*]}")
+}
 start_agents 1
 "${sim[@]}" "$bin" run "$scenario" --quiet --out "$tmp/one" --agent "$kind=${addr[0]}" "${extra[@]}"
+agent_cpu > "$tmp/one_cpu"
 start_agents 2
 "${sim[@]}" "$bin" run "$scenario" --quiet --out "$tmp/two" --agent "$kind=${addr[0]},${addr[1]}" \
   "${extra[@]}"
+agent_cpu > "$tmp/two_cpu"
 for f in summary.json requests.csv iterations.csv; do
   cmp -s "$tmp/one/$f" "$tmp/two/$f" || { echo "$f differs between one and two agents" >&2; exit 1; }
 done
@@ -90,6 +101,8 @@ print(f"device={kind} hosts={'network namespaces' if netns else 'loopback'}")
 print(f"one_agent_wall_s={w1:.2f}")
 print(f"two_agents_wall_s={w2:.2f}")
 print(f"speedup={w1 / w2:.2f}")
+cpu = lambda m: open(f"{d}/{m}_cpu").read().strip()
+print(f"  agent_cpu_s: one=[{cpu('one')}] two=[{cpu('two')}]")
 print(f"  measured_steps={a['measured_steps']} measure_rpcs={a['measure_rpcs']} "
       f"estimate_rpcs={a['estimate_rpcs']}")
 print("outputs byte-identical: yes")

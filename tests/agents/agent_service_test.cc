@@ -309,6 +309,64 @@ TEST(AgentServiceTest, ExpectedOpsAreAnsweredAheadAndRideAlong) {
   }
 }
 
+// An expected op's further steps are kept as one run (its sequence list
+// relative to its first sequence, and the first's length): each of its
+// steps is answered with no round trip, and nothing else is: not a step
+// past it, not the same lengths for another request, not a batch whose
+// sequences did not all move together.
+TEST(AgentServiceTest, ARunAnswersItsStepsAndOnlyThem) {
+  AgentAndClient t = StartWithClient(AttAccSpec());
+  ASSERT_TRUE(t.ok());
+  const RemoteDevice* remote = t.remote.get();
+  SampleOps s(/*gemm_and_elementwise=*/false);
+  std::deque<std::vector<AttentionSeq>> lists;
+  auto shifted = [&](const std::vector<AttentionSeq>& seqs) {
+    std::vector<Op> ops = s.ops;
+    for (Op& op : ops) {
+      if (op.kind == OpKind::kAttention) op.seqs = lists.emplace_back(seqs);
+    }
+    return ops;
+  };
+  auto step_ops = [&](int j) {
+    std::vector<AttentionSeq> seqs = s.seqs;
+    for (AttentionSeq& q : seqs) q.past_tokens += j;
+    return shifted(seqs);
+  };
+  auto check = [&](const std::vector<Op>& ops) {
+    std::vector<Cost> want(ops.size()), got(ops.size());
+    ASSERT_TRUE(t.local->Estimate(ops, absl::MakeSpan(want)).ok());
+    ASSERT_TRUE(remote->Estimate(ops, absl::MakeSpan(got)).ok());
+    remote->WaitForPrefetches();
+    for (size_t i = 0; i < want.size(); ++i) ExpectSameBits(want[i], got[i]);
+  };
+  // Step 1 expected with its next 6 steps; step 0 asks and carries them.
+  const std::vector<Op> one = step_ops(1);
+  std::vector<int32_t> steps;
+  for (const Op& op : one) steps.push_back(op.kind == OpKind::kAttention ? 6 : 0);
+  remote->Expect(one, steps);
+  check(step_ops(0));
+  EXPECT_EQ(remote->Stats().estimate_rpcs, 1);
+  for (int j = 1; j <= 7; ++j) check(step_ops(j));
+  RemoteStats st = remote->Stats();
+  EXPECT_EQ(st.estimate_rpcs, 1);
+  // Step 1's attention ops and their next 6 steps (its GEMM is step 0's,
+  // asked anyway).
+  EXPECT_EQ(st.expected_ops, 2 + 2 * 6);
+  EXPECT_EQ(st.expected_hits, 2 * 7);
+  check(step_ops(8));  // past the run
+  EXPECT_EQ(remote->Stats().estimate_rpcs, 2);
+  std::vector<AttentionSeq> other = s.seqs;  // step 3's lengths, another request
+  for (AttentionSeq& q : other) q.past_tokens += 3;
+  other[1].request_id = 9;
+  check(shifted(other));
+  EXPECT_EQ(remote->Stats().estimate_rpcs, 3);
+  std::vector<AttentionSeq> apart = s.seqs;  // step 3, but the first sequence at step 4
+  for (AttentionSeq& q : apart) q.past_tokens += 3;
+  apart[0].past_tokens += 1;
+  check(shifted(apart));
+  EXPECT_EQ(remote->Stats().estimate_rpcs, 4);
+}
+
 // Prepare sends the ops the memo lacks at once, asynchronously; the
 // Estimate that follows takes them from that answer (no round trip of its
 // own) with the in-process device's costs. Ops answered or in flight are
