@@ -58,6 +58,23 @@ void SeqListBytes(absl::Span<const devices::AttentionSeq> seqs, std::string* out
   }
 }
 
+// The lists one call has seen: (address, length, id). The ops of a call
+// share lists (head groups), so each is filled in and looked up once.
+using SeenLists = std::vector<std::tuple<const void*, size_t, uint32_t>>;
+// The id of the list at (data, n): 0 if empty, else the one `seen` holds,
+// else `lookup()` after `fill()` (which writes its content).
+template <typename Fill, typename Lookup>
+uint32_t CallListId(SeenLists* seen, const void* data, size_t n, Fill&& fill, Lookup&& lookup) {
+  if (n == 0) return 0;
+  for (const auto& [p, size, id] : *seen) {
+    if (p == data && size == n) return id;
+  }
+  fill();
+  const uint32_t id = lookup();
+  seen->emplace_back(data, n, id);
+  return id;
+}
+
 void StackListBytes(absl::Span<const int32_t> stacks, std::string* out) {
   out->assign(1, 'k');
   out->append(reinterpret_cast<const char*>(stacks.data()), stacks.size() * sizeof(int32_t));
@@ -586,23 +603,14 @@ uint32_t RemoteDevice::ShapeIdLocked(const Op& op) const {
 void RemoteDevice::RunKeysLocked(absl::Span<const Op> ops, bool add, std::vector<MemoKey>* keys,
                                  std::vector<int64_t>* offsets) const {
   thread_local std::string bytes;
-  // Ops of a call share lists (head groups): each list is looked up once.
-  thread_local std::vector<std::tuple<const void*, size_t, uint32_t>> seen;
+  thread_local SeenLists seen;
   seen.clear();
-  auto id_of = [&](const void* data, size_t n, auto&& fill) -> uint32_t {
-    if (n == 0) return 0;
-    for (const auto& [p, size, id] : seen) {
-      if (p == data && size == n) return id;
-    }
-    fill();
-    uint32_t id = 0;
-    if (add) {
-      id = InternLocked(bytes);
-    } else if (auto it = lists_.find(bytes); it != lists_.end()) {
-      id = it->second;
-    }
-    seen.emplace_back(data, n, id);
-    return id;
+  auto id_of = [&](const void* data, size_t n, auto&& fill) {
+    return CallListId(&seen, data, n, fill, [&]() -> uint32_t {
+      if (add) return InternLocked(bytes);
+      auto it = lists_.find(bytes);
+      return it == lists_.end() ? 0 : it->second;
+    });
   };
   keys->assign(ops.size(), MemoKey{});
   offsets->assign(ops.size(), 0);
@@ -645,18 +653,10 @@ const devices::Cost* RemoteDevice::FindRunLocked(const MemoKey& key, int64_t off
 void RemoteDevice::KeysLocked(absl::Span<const Op> ops, std::vector<MemoKey>* keys,
                               bool seqs_only) const {
   thread_local std::string bytes;
-  // Ops of a call share lists (head groups): intern each list once.
-  thread_local std::vector<std::tuple<const void*, size_t, uint32_t>> seen;
+  thread_local SeenLists seen;
   seen.clear();
-  auto id_of = [&](const void* data, size_t n, auto&& fill) -> uint32_t {
-    if (n == 0) return 0;
-    for (const auto& [p, size, id] : seen) {
-      if (p == data && size == n) return id;
-    }
-    fill();
-    const uint32_t id = InternLocked(bytes);
-    seen.emplace_back(data, n, id);
-    return id;
+  auto id_of = [&](const void* data, size_t n, auto&& fill) {
+    return CallListId(&seen, data, n, fill, [&] { return InternLocked(bytes); });
   };
   if (!seqs_only) keys->resize(ops.size());
   for (size_t i = 0; i < ops.size(); ++i) {
@@ -973,27 +973,33 @@ absl::Status RemoteDevice::Estimate(absl::Span<const Op> ops, absl::Span<Cost> c
     // exactly (their lists interned).
     thread_local std::vector<char> from_run;
     from_run.assign(ops.size(), 0);
+    size_t run_hits = 0;
     if (!runs_.empty()) {
       RunKeysLocked(ops, /*add=*/false, &run_keys, &offsets);
       for (size_t i = 0; i < ops.size(); ++i) {
         if (const Cost* c = FindRunLocked(run_keys[i], offsets[i]); c != nullptr) {
           costs[i] = *c;
           from_run[i] = 1;
+          ++run_hits;
           ++stats_.ops_memo_hits;
           ++stats_.expected_hits;
         }
       }
     }
-    exact.clear();
-    exact_at.clear();
-    for (size_t i = 0; i < ops.size(); ++i) {
-      if (from_run[i]) continue;
-      exact.push_back(ops[i]);
-      exact_at.push_back(i);
+    if (run_hits == 0) {
+      KeysLocked(ops, &keys);
+    } else if (run_hits < ops.size()) {
+      exact.clear();
+      exact_at.clear();
+      for (size_t i = 0; i < ops.size(); ++i) {
+        if (from_run[i]) continue;
+        exact.push_back(ops[i]);
+        exact_at.push_back(i);
+      }
+      KeysLocked(exact, &exact_keys);
+      keys.resize(ops.size());
+      for (size_t j = 0; j < exact.size(); ++j) keys[exact_at[j]] = exact_keys[j];
     }
-    KeysLocked(exact, &exact_keys);
-    keys.resize(ops.size());
-    for (size_t j = 0; j < exact.size(); ++j) keys[exact_at[j]] = exact_keys[j];
     bool extended = false;
     for (size_t i = 0; i < ops.size(); ++i) {
       if (from_run[i]) continue;
