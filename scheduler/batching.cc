@@ -145,7 +145,14 @@ bool ReplicaScheduler::Grow(int32_t slot, int64_t tokens) {
 void ReplicaScheduler::RegisterFull(int32_t slot, int64_t tokens) {
   RequestState& r = table_[slot];
   const int64_t full = std::min<int64_t>(tokens / config_.kv_block_tokens, r.blocks);
+  // A prefill chunk fills many blocks at once: their entries are fetched a
+  // few blocks ahead, so that the cache misses overlap.
+  constexpr int64_t kAhead = 4;
+  for (int64_t b = r.hashed_blocks; b < std::min(full, r.hashed_blocks + kAhead); ++b) {
+    prefix_->Prefetch(BlockKey(slot, b));
+  }
   for (int64_t b = r.hashed_blocks; b < full; ++b) {
+    if (b + kAhead < full) prefix_->Prefetch(BlockKey(slot, b + kAhead));
     uint64_t& k = r.block_keys[static_cast<size_t>(b)];
     if (k != 0) continue;
     const uint64_t key = BlockKey(slot, b);
@@ -239,22 +246,27 @@ bool ReplicaScheduler::TryAdmit(int32_t slot, int64_t tokens_so_far) {
   return true;
 }
 
-void ReplicaScheduler::ReleaseResources(RequestState& r, int32_t slot) {
+void ReplicaScheduler::ReleaseResources(RequestState& r, int32_t slot, bool finished) {
   if (prefix_ != nullptr) {
     // Last block first, so that a prompt's leading blocks are evicted last.
     // The entries are fetched eight blocks ahead (their misses overlap).
     constexpr size_t kAhead = 8;
     const size_t n = r.block_keys.size();
     auto key = [&](size_t i) { return r.block_keys[n - 1 - i]; };  // i-th released
+    // Blocks from here on hold the request's own content (BlockKey).
+    const size_t hashed =
+        r.spec.block_hashes == nullptr ? 0 : std::min(n, r.spec.block_hashes->size());
     for (size_t i = 0; i < std::min(n, kAhead); ++i) {
       if (key(i) != 0) prefix_->Prefetch(key(i));
     }
     for (size_t i = 0; i < n; ++i) {
       if (i + kAhead < n && key(i + kAhead) != 0) prefix_->Prefetch(key(i + kAhead));
-      if (key(i) != 0) {
-        prefix_->Release(key(i));
-      } else {
+      if (key(i) == 0) {
         kv_.Release(1);
+      } else if (finished && n - 1 - i >= hashed) {
+        prefix_->ReleaseUnreachable(key(i));
+      } else {
+        prefix_->Release(key(i));
       }
     }
     r.block_keys.clear();
@@ -268,7 +280,7 @@ void ReplicaScheduler::ReleaseResources(RequestState& r, int32_t slot) {
 
 void ReplicaScheduler::Preempt(int32_t slot) {
   RequestState& r = table_[slot];
-  ReleaseResources(r, slot);
+  ReleaseResources(r, slot, /*finished=*/false);
   r.running = false;
   r.prefilled = 0;
   r.context_tokens = 0;
@@ -654,6 +666,18 @@ void ReplicaScheduler::Project(int steps, std::vector<Batch>* out) const {
 }
 
 void ReplicaScheduler::Complete(double now_s, RequestObserver* observer) {
+  if (prefix_ != nullptr) {
+    // The decode steps that fill a block register it below: their entries
+    // are fetched first, all together, so that the cache misses overlap.
+    for (const BatchEntry& e : batch_.entries) {
+      if (e.prefill) continue;
+      const RequestState& r = table_[e.slot];
+      const int64_t tokens = r.context_tokens + 1;
+      if (tokens % config_.kv_block_tokens == 0 && tokens / config_.kv_block_tokens <= r.blocks) {
+        prefix_->Prefetch(BlockKey(e.slot, tokens / config_.kv_block_tokens - 1));
+      }
+    }
+  }
   bool any_finished = false;
   for (const BatchEntry& e : batch_.entries) {
     RequestState& r = table_[e.slot];
@@ -673,7 +697,7 @@ void ReplicaScheduler::Complete(double now_s, RequestObserver* observer) {
     if (r.generated >= r.spec.output_tokens) {
       r.finish_s = now_s;
       r.running = false;
-      ReleaseResources(r, e.slot);
+      ReleaseResources(r, e.slot, /*finished=*/true);
       any_finished = true;
       if (observer != nullptr) observer->OnFinish(r, now_s);
     }

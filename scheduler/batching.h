@@ -292,7 +292,10 @@ class ReplicaScheduler {
   // Admits the head of the queue if every limit allows; else records the
   // limit that stopped it in batch_.bound and returns false.
   bool TryAdmit(int32_t slot, int64_t tokens_so_far);
-  void ReleaseResources(RequestState& r, int32_t slot);
+  // Frees `slot`'s blocks. `finished`: the request is done, so the blocks
+  // of its own content (past what the trace hashes) can never be hit again
+  // (PrefixCache::ReleaseUnreachable); a preempted request may find them.
+  void ReleaseResources(RequestState& r, int32_t slot, bool finished);
   absl::Span<const int32_t> Stacks(int32_t slot) const;
   void Preempt(int32_t slot);
   // Ensures `slot` has a block for one more token, preempting from the back

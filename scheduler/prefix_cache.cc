@@ -60,7 +60,7 @@ void PrefixCache::Acquire(absl::Span<const uint64_t> hashes, const Match& match)
     if (it == entries_.end()) continue;
     Entry& e = it->second;
     if (e.refs == 0) {
-      lru_.Erase(e.lru);
+      --evictable_;           // its slot in the ring turns stale
       pool_->TryAllocate(1);  // back in use (it was free in the pool's count)
     }
     ++e.refs;
@@ -106,31 +106,35 @@ void PrefixCache::Store(int k, uint64_t hash) {
   if (k + 1 < num_tiers()) Store(k + 1, victim);
 }
 
-void PrefixCache::Evict(uint64_t hash) {
-  entries_.erase(hash);
-  ++evictions_;
-  if (!write_through_ && !tiers_.empty()) Store(0, hash);
-}
-
 bool PrefixCache::AllocateFresh(int64_t n) {
   if (n > pool_->free()) return false;
   // Never-cached free blocks first; then the least recently freed cached.
   const int64_t never_cached = pool_->free() - evictable_blocks();
-  // The victims' entries are fetched a few ahead of their erasure, so that
-  // their cache misses overlap.
-  constexpr int kAhead = 4;
-  int32_t ahead = lru_.empty() ? -1 : lru_.front();
-  for (int i = 0; i < kAhead && ahead >= 0; ++i, ahead = lru_.next(ahead)) {
-    entries_.prefetch(lru_.hash(ahead));
-  }
-  for (int64_t k = n - never_cached; k > 0; --k) {
-    if (ahead >= 0) {
-      entries_.prefetch(lru_.hash(ahead));
-      ahead = lru_.next(ahead);
+  int64_t victims = n - never_cached;
+  if (victims > 0) {
+    // The slots are read in order, and the entries they name fetched a few
+    // slots ahead, so that the entries' cache misses overlap.
+    constexpr uint32_t kAhead = 8;
+    const uint32_t mask = static_cast<uint32_t>(ring_.size()) - 1;
+    uint32_t ahead = head_;
+    auto fetch = [&](uint32_t seq) {
+      if (!unreachable_[seq & mask]) entries_.prefetch(ring_[seq & mask]);
+    };
+    for (uint32_t i = 0; i < kAhead && ahead != tail_; ++i) fetch(ahead++);
+    while (victims > 0) {  // evictable_ >= victims: a live slot lies ahead
+      if (ahead != tail_) fetch(ahead++);
+      const uint32_t seq = head_++;
+      const uint64_t hash = ring_[seq & mask];
+      if (!unreachable_[seq & mask]) {
+        auto it = entries_.find(hash);
+        if (it == entries_.end() || !Live(seq, it->second)) continue;  // stale
+        entries_.erase(it);
+      }
+      --evictable_;
+      --victims;
+      ++evictions_;
+      if (!write_through_ && !tiers_.empty()) Store(0, hash);
     }
-    const uint64_t victim = lru_.hash(lru_.front());
-    lru_.Erase(lru_.front());
-    Evict(victim);
   }
   pool_->TryAllocate(n);
   return true;
@@ -147,8 +151,59 @@ bool PrefixCache::Register(uint64_t hash) {
 void PrefixCache::Release(uint64_t hash) {
   Entry& e = entries_.at(hash);
   if (--e.refs > 0) return;
-  e.lru = lru_.PushBack(hash);
+  PushFreed(hash, e);
   pool_->Release(1);
+}
+
+void PrefixCache::ReleaseUnreachable(uint64_t hash) {
+  auto it = entries_.find(hash);
+  if (--it->second.refs > 0) return;
+  entries_.erase(it);
+  PushSlot(hash, /*unreachable=*/true);
+  pool_->Release(1);
+}
+
+void PrefixCache::PushFreed(uint64_t hash, Entry& e) { e.freed = PushSlot(hash, false); }
+
+uint32_t PrefixCache::PushSlot(uint64_t hash, bool unreachable) {
+  if (tail_ - head_ == ring_.size()) GrowRing();
+  const uint32_t seq = tail_++;
+  ring_[seq & (ring_.size() - 1)] = hash;
+  unreachable_[seq & (ring_.size() - 1)] = unreachable ? 1 : 0;
+  ++evictable_;
+  return seq;
+}
+
+void PrefixCache::GrowRing() {
+  const uint32_t span = tail_ - head_;
+  if (span > 0 && static_cast<int64_t>(span) - evictable_ >= evictable_) {
+    // Keep the live slots in order, renumbered from head_ (in place: a
+    // slot only moves towards the head).
+    const uint32_t mask = static_cast<uint32_t>(ring_.size()) - 1;
+    uint32_t w = head_;
+    for (uint32_t r = head_; r != tail_; ++r) {
+      const uint64_t hash = ring_[r & mask];
+      const uint8_t unreachable = unreachable_[r & mask];
+      if (!unreachable) {
+        auto it = entries_.find(hash);
+        if (it == entries_.end() || !Live(r, it->second)) continue;
+        it->second.freed = w;
+      }
+      unreachable_[w & mask] = unreachable;
+      ring_[w++ & mask] = hash;
+    }
+    tail_ = w;
+    if (tail_ - head_ < ring_.size()) return;
+  }
+  std::vector<uint64_t> grown(std::max<size_t>(1024, 2 * ring_.size()));
+  std::vector<uint8_t> grown_marks(grown.size());
+  const size_t old_mask = ring_.size() - 1, new_mask = grown.size() - 1;
+  for (uint32_t seq = head_; seq != tail_; ++seq) {
+    grown[seq & new_mask] = ring_[seq & old_mask];
+    grown_marks[seq & new_mask] = unreachable_[seq & old_mask];
+  }
+  ring_ = std::move(grown);
+  unreachable_ = std::move(grown_marks);
 }
 
 }  // namespace servesim::scheduler

@@ -14,7 +14,14 @@
 //    prompt with the same prefix takes it back (a hit) instead of computing
 //    it again.
 //  - Allocating fresh blocks takes never-cached free blocks first, then
-//    evicts from the LRU head (the blocks freed longest ago).
+//    evicts from the LRU head (the blocks freed longest ago). The LRU is a
+//    ring of hashes in the order they were freed, not a linked list:
+//    eviction reads it front to back, so walking it is no chain of cache
+//    misses, and the victims' entries can be fetched ahead. A block taken
+//    back (a hit) leaves its slot behind, stale; stale slots are skipped,
+//    and compacted away once they outnumber the live ones. A block that
+//    nothing can hit any more (ReleaseUnreachable) keeps its slot, marked,
+//    and leaves the hash map at once.
 //  - The pool (KvBlockPool) counts the blocks in use: private blocks plus
 //    cached blocks with references. Evictable blocks are free in the pool's
 //    count; the cache keeps how many of them there are.
@@ -117,6 +124,13 @@ class PrefixCache {
   // Drops one reference of the cached block `hash`; at zero it becomes
   // evictable (freed in the pool's count), at the LRU tail.
   void Release(uint64_t hash);
+  // Release for a block no request can ask for again (a finished request's
+  // own content, which only it could find): it keeps its place in the
+  // eviction order, counting as free capacity until it is evicted in its
+  // turn, as Release leaves it, but its entry goes now. Nothing looks it up
+  // again, so no later step pays for it, and the hash map keeps to the
+  // blocks that can still be hit. `hash` must have one reference.
+  void ReleaseUnreachable(uint64_t hash);
   // Asks the memory system for `hash`'s entry ahead of a Release: a
   // request's blocks are released together, and each entry is otherwise a
   // cache miss of its own, one after another.
@@ -126,7 +140,7 @@ class PrefixCache {
   bool Contains(uint64_t hash) const;
   bool InHbm(uint64_t hash) const { return entries_.contains(hash); }
   int64_t cached_blocks() const { return static_cast<int64_t>(entries_.size()); }
-  int64_t evictable_blocks() const { return lru_.size(); }
+  int64_t evictable_blocks() const { return evictable_; }
   int64_t evictions() const { return evictions_; }
 
   int num_tiers() const { return static_cast<int>(tiers_.size()); }
@@ -153,7 +167,7 @@ class PrefixCache {
  private:
   struct Entry {
     int32_t refs = 0;
-    int32_t lru = -1;  // its node in lru_ when refs == 0
+    uint32_t freed = 0;  // with refs == 0: its slot's sequence number in ring_
   };
   struct Tier {
     KvTierConfig config;
@@ -166,12 +180,28 @@ class PrefixCache {
   // Stores `hash` into tier k (from HBM when k == 0, else from tier k-1),
   // making room by moving tier k's least recently used block down.
   void Store(int k, uint64_t hash);
-  // HBM evicts `hash` (its block is reused).
-  void Evict(uint64_t hash);
+  // Appends `hash` (entry `e`, now without references) as the most recently
+  // freed.
+  void PushFreed(uint64_t hash, Entry& e);
+  // Appends a slot; returns its sequence number.
+  uint32_t PushSlot(uint64_t hash, bool unreachable);
+  // Whether ring slot `seq` holds its hash's current free position.
+  bool Live(uint32_t seq, const Entry& e) const { return e.refs == 0 && e.freed == seq; }
+  // Makes room for one more slot: drops the stale slots when they are at
+  // least as many as the live ones (renumbering the live), else doubles.
+  // Unreachable slots are live.
+  void GrowRing();
 
   KvBlockPool* pool_;
   absl::flat_hash_map<uint64_t, Entry> entries_;
-  HashLru lru_;  // evictable hashes, least recently freed first
+  // Evictable hashes, least recently freed first: slot seq of the ring is
+  // ring_[seq & (ring_.size() - 1)], for seq from head_ to tail_ (uint32
+  // arithmetic; the ring's size is a power of two). evictable_ of them are
+  // live; unreachable_ marks the slots of ReleaseUnreachable's blocks.
+  std::vector<uint64_t> ring_;
+  std::vector<uint8_t> unreachable_;
+  uint32_t head_ = 0, tail_ = 0;
+  int64_t evictable_ = 0;
   int64_t evictions_ = 0;
   std::vector<Tier> tiers_;
   bool write_through_ = true;

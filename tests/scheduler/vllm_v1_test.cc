@@ -1,10 +1,16 @@
 // The vLLM v1 engine's scheduling step and automatic prefix caching,
 // computed by hand.
+#include <algorithm>
+#include <cstdint>
+#include <list>
 #include <memory>
+#include <random>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "gtest/gtest.h"
 #include "scheduler/batching.h"
+#include "scheduler/kv_store.h"
 #include "scheduler/prefix_cache.h"
 #include "workload/prefix.h"
 
@@ -251,6 +257,127 @@ TEST(PrefixCachingTest, FreedBlocksAreEvictedLeastRecentlyFreedFirst) {
   EXPECT_FALSE(cache.AllocateFresh(2));  // 103 is the only evictable block
   EXPECT_TRUE(cache.AllocateFresh(1));
   EXPECT_EQ(cache.evictions(), 2);
+}
+
+// The free order against a linked-list LRU written the obvious way, over
+// random hits, releases (some of them of blocks nothing can hit again:
+// ReleaseUnreachable), new blocks and evictions. A few blocks are taken
+// back and freed again and again while older freed blocks wait, so the
+// ring fills with stale slots and is compacted, and it grows past its
+// first size (with this seed it compacts once and doubles twice); the
+// victims, the counts and what stays cached must match. With a tier that
+// HBM writes on eviction, every victim, unreachable or not, is stored.
+void CheckFreeOrder(bool write_on_evict) {
+  constexpr int64_t kBlocks = 3000;
+  KvBlockPool pool(kBlocks);
+  KvTierConfig tier;
+  tier.name = "host_dram";
+  tier.capacity_blocks = 1 << 20;  // keeps every victim
+  PrefixCache cache = write_on_evict ? PrefixCache(&pool, {tier}, /*write_through=*/false)
+                                     : PrefixCache(&pool);
+  struct Freed {
+    uint64_t hash;
+    bool unreachable;
+  };
+  struct Ref {
+    absl::flat_hash_map<uint64_t, int> refs;  // blocks in the hash map
+    std::list<Freed> lru;                     // evictable, least recently freed first
+    int64_t used = 0, evictions = 0;
+  } ref;
+  std::mt19937_64 rng(11);
+  struct Held {
+    uint64_t hash;
+    bool own;  // a request's own content: released as unreachable
+  };
+  std::vector<Held> held;  // one reference each
+  uint64_t next_hash = 1;
+  auto release = [&](size_t i) {
+    const Held h = held[i];
+    held[i] = held.back();
+    held.pop_back();
+    if (h.own) {
+      cache.ReleaseUnreachable(h.hash);
+      ref.refs.erase(h.hash);
+    } else {
+      cache.Release(h.hash);
+      if (--ref.refs[h.hash] > 0) return;
+    }
+    ref.lru.push_back({h.hash, h.own});
+    --ref.used;
+  };
+  for (int step = 0; step < 200000; ++step) {
+    const uint64_t r = rng() % 100;
+    if (r < 40 && !held.empty()) {
+      release(rng() % held.size());
+    } else if (r < 75) {
+      // A hit on a block freed among the last few (so hits leave stale slots
+      // near the ring's tail while its head waits).
+      if (ref.lru.empty()) continue;
+      const size_t back = std::min<size_t>(ref.lru.size() - 1, rng() % 8);
+      const auto at = std::prev(ref.lru.end(), static_cast<std::ptrdiff_t>(back) + 1);
+      const uint64_t one[] = {at->hash};
+      const PrefixCache::Match m = cache.Lookup(one, 1);
+      if (at->unreachable) {
+        ASSERT_EQ(m.blocks, 0);  // not in the hash map, and not yet evicted to a tier
+        continue;
+      }
+      ASSERT_EQ(m.blocks, 1);
+      ASSERT_EQ(m.evictable, 1);
+      if (!cache.CanAllocate(m, 0)) continue;
+      cache.Acquire(one, m);
+      ref.lru.erase(at);
+      ++ref.refs[one[0]];
+      ++ref.used;
+      held.push_back({one[0], false});
+    } else {
+      const int64_t n = 1 + static_cast<int64_t>(rng() % 3);
+      const int64_t free = kBlocks - ref.used;
+      const bool ok = cache.AllocateFresh(n);
+      ASSERT_EQ(ok, n <= free);
+      if (!ok) continue;
+      const int64_t never_cached = free - static_cast<int64_t>(ref.lru.size());
+      for (int64_t k = n - never_cached; k > 0; --k) {
+        ASSERT_FALSE(cache.InHbm(ref.lru.front().hash)) << "step " << step;  // the victim
+        ref.refs.erase(ref.lru.front().hash);
+        ref.lru.pop_front();
+        ++ref.evictions;
+      }
+      ref.used += n;
+      for (int64_t k = 0; k < n; ++k) {
+        const uint64_t h = next_hash++;
+        ASSERT_TRUE(cache.Register(h));
+        ref.refs[h] = 1;
+        held.push_back({h, rng() % 4 == 0});
+      }
+    }
+    ASSERT_EQ(pool.used(), ref.used) << "step " << step;
+    ASSERT_EQ(cache.evictable_blocks(), static_cast<int64_t>(ref.lru.size())) << "step " << step;
+    ASSERT_EQ(cache.evictions(), ref.evictions) << "step " << step;
+    ASSERT_EQ(cache.cached_blocks(), static_cast<int64_t>(ref.refs.size())) << "step " << step;
+    if (write_on_evict) {
+      ASSERT_EQ(cache.tier_stats(0).stored, ref.evictions) << "step " << step;
+    }
+  }
+  EXPECT_GT(ref.evictions, 30000);
+  for (const auto& [h, n] : ref.refs) ASSERT_TRUE(cache.InHbm(h));
+  // Free everything: the blocks leave in the reference's order.
+  while (!held.empty()) release(held.size() - 1);
+  const std::list<Freed> last = ref.lru;
+  ASSERT_TRUE(cache.AllocateFresh(kBlocks));
+  EXPECT_EQ(cache.evictions(), ref.evictions + static_cast<int64_t>(last.size()));
+  EXPECT_EQ(cache.cached_blocks(), 0);
+  if (write_on_evict) {
+    // Every victim went to the tier: the last of them are its most recent.
+    for (const Freed& f : last) EXPECT_TRUE(cache.Contains(f.hash));
+  }
+}
+
+TEST(PrefixCachingTest, TheFreeOrderMatchesAListLruThroughCompactionsAndGrowth) {
+  CheckFreeOrder(/*write_on_evict=*/false);
+}
+
+TEST(PrefixCachingTest, TheFreeOrderMatchesAListLruWithATierWrittenOnEviction) {
+  CheckFreeOrder(/*write_on_evict=*/true);
 }
 
 // Per-block hashes of a hand-made group prefix: two prompts of one group
