@@ -114,10 +114,12 @@ struct Shared {
   int64_t in_flight = 0;
   // Disaggregation: the first `prefill_replicas` engines are the prefill
   // pool's, the rest the decode pool's (0: colocated). KV parts sent and
-  // not yet received; per prefill engine, the end of the step it sleeps
-  // through (-1 while it waits for work): it hands nothing off before.
+  // not yet received, in all and per engine they go to; per prefill
+  // engine, the end of the step it sleeps through (-1 while it waits for
+  // work): it hands nothing off before.
   int64_t prefill_replicas = 0;
   int64_t kv_in_flight = 0;
+  std::vector<int64_t> kv_in_flight_to;
   std::vector<double> prefill_busy_until;
   std::unique_ptr<scheduler::Router> decode_router;
   // The platform's links with the traffic they carried (summary.json,
@@ -211,6 +213,20 @@ struct Shared {
   double ArrivalFloor() const { return in_flight > 0 ? sg4::Engine::get_clock() : next_arrival_s; }
   double HandoffFloor() const {
     if (kv_in_flight > 0) return sg4::Engine::get_clock();
+    return PrefillFloor();
+  }
+  // HandoffFloor for decode engine d alone, what it may run ahead of: a
+  // part on its way to another engine changes nothing d holds or anyone
+  // reads of d (the decode router reads d's load, and a part's sender d's
+  // prefix cache, only as a prefill engine starts a step, which
+  // PrefillFloor bounds).
+  double HandoffFloor(int d) const {
+    if (kv_in_flight_to[static_cast<size_t>(d)] > 0) return sg4::Engine::get_clock();
+    return PrefillFloor();
+  }
+  // The earliest a prefill engine may start a step: a request reaching it,
+  // or the end of the step one sleeps through.
+  double PrefillFloor() const {
     double t = ArrivalFloor();
     for (double busy : prefill_busy_until) {
       if (busy >= 0) t = std::min(t, busy);
@@ -447,7 +463,8 @@ class Engine {
           break;
         }
         const double end = t + *duration;
-        const double floor = role_ == Role::kDecode ? sh_->HandoffFloor() : sh_->ArrivalFloor();
+        const double floor =
+            role_ == Role::kDecode ? sh_->HandoffFloor(replica_) : sh_->ArrivalFloor();
         if (!FastForward() || !(end < floor)) {
           if (role_ == Role::kPrefill) sh_->prefill_busy_until[replica_] = end;
           sg4::this_actor::sleep_until(end);
@@ -1028,6 +1045,7 @@ class Engine {
       ++ends_;
     } else if (msg->kv_parts >= 0) {
       --sh_->kv_in_flight;
+      --sh_->kv_in_flight_to[static_cast<size_t>(replica_)];
       ReceiveKv(*msg, now);
     } else {
       --sh_->in_flight;
@@ -1132,6 +1150,7 @@ class Engine {
     const int d = DecodeReplica(h);
     ++h.parts_sent;
     ++sh_->kv_in_flight;
+    ++sh_->kv_in_flight_to[static_cast<size_t>(d)];
     sh_->ForRoute(replica_, d, [&](int l, int) {
       sh_->links[l].bytes += bytes;
       ++sh_->kv_flows_on[l];
@@ -1918,6 +1937,7 @@ absl::StatusOr<RunResult> RunSimulation(const ResolvedScenario& sc,
   if (sc.disaggregated()) {
     sh.prefill_replicas = sc.prefill_pool->replicas;
     sh.prefill_busy_until.assign(static_cast<size_t>(sh.prefill_replicas), -1.0);
+    sh.kv_in_flight_to.assign(static_cast<size_t>(sc.replicas), 0);
     sh.decode_router = std::make_unique<scheduler::Router>(sc.decode_pool->routing);
   }
 

@@ -543,6 +543,47 @@ TEST(DisaggregationTest, SameScenarioAndSeedGiveIdenticalOutputs) {
   }
 }
 
+// Engines that run ahead between SimGrid events (decode engines up to the
+// next KV part on its way to them or the next prefill step that may route
+// a request) give the same run as a SimGrid event per step, which --pace
+// forces (here so fast that it never waits). 800 Azure conversations at 8x
+// their rate over 3 + 3 replicas: parts to one decode replica are in
+// flight while the others run ahead.
+TEST(DisaggregationTest, RunningAheadGivesTheRunOfAnEventPerStep) {
+  const std::string text = absl::StrCat(R"(
+model { preset: "llama3.1-8b" }
+cluster {
+  xpu { preset: "a100-80gb" }
+  internode { bandwidth_bytes_per_s: 1e10 latency_s: 1e-5 }
+  disaggregation {
+    prefill { cluster { replicas: 3 } }
+    decode { cluster { replicas: 3 } }
+    kv_transfer: KV_TRANSFER_POLICY_LAYERWISE
+  }
+}
+workload {
+  trace { path: ")",
+                                        SERVESIM_SOURCE_DIR,
+                                        R"(/examples/traces/AzureLLMInferenceTrace_conv.csv" }
+  max_requests: 800
+  rate_scale: 8
+}
+scheduler { batching: BATCHING_POLICY_VLLM_V1 }
+seed: 5
+)");
+  const std::string dir = FreshDir("disagg_ahead");
+  WriteFile(dir + "/s.pbtxt", text);
+  const auto ahead = RunServesim({"run", dir + "/s.pbtxt", "--out", dir + "/ahead"});
+  ASSERT_EQ(ahead.code, 0) << ahead.out;
+  const auto stepped =
+      RunServesim({"run", dir + "/s.pbtxt", "--out", dir + "/stepped", "--pace", "1e12"});
+  ASSERT_EQ(stepped.code, 0) << stepped.out;
+  ASSERT_EQ(Requests(dir + "/ahead").size(), 800u);
+  for (const char* f : {"/requests.csv", "/iterations.csv", "/summary.json"}) {
+    EXPECT_EQ(ReadFile(dir + "/ahead" + f), ReadFile(dir + "/stepped" + f)) << f;
+  }
+}
+
 // Cache-aware routing: 30 prompts in 3 prefix groups (2048 shared tokens
 // each) over 2 colocated replicas, one a second. Round robin sends every
 // group to both replicas (6 first misses); prefix affinity keeps each group

@@ -273,8 +273,8 @@ void CheckFreeOrder(bool write_on_evict) {
   KvTierConfig tier;
   tier.name = "host_dram";
   tier.capacity_blocks = 1 << 20;  // keeps every victim
-  PrefixCache cache = write_on_evict ? PrefixCache(&pool, {tier}, /*write_through=*/false)
-                                     : PrefixCache(&pool);
+  PrefixCache cache =
+      write_on_evict ? PrefixCache(&pool, {tier}, /*write_through=*/false) : PrefixCache(&pool);
   struct Freed {
     uint64_t hash;
     bool unreachable;
