@@ -336,8 +336,11 @@ absl::Status RemoteDevice::Call(const char* method, const Rpc& rpc, int preferre
 std::string RemoteDevice::ConnectHint(const grpc::Status& st) const {
   const std::string m = absl::AsciiStrToLower(st.error_message());
   const bool tls = !options_.tls_ca_file.empty();
-  if (absl::StrContains(m, "ssl") || absl::StrContains(m, "handshake") ||
-      absl::StrContains(m, "certificate") || absl::StrContains(m, "tls")) {
+  // A TCP connect still pending when its attempt ends (no thread took its
+  // refusal yet, or nothing answered) is no TLS matter.
+  const bool connecting = absl::StrContains(m, "tcp handshaker shutdown");
+  if (!connecting && (absl::StrContains(m, "ssl") || absl::StrContains(m, "handshake") ||
+                      absl::StrContains(m, "certificate") || absl::StrContains(m, "tls"))) {
     return tls ? ". The TLS handshake failed: the agent may serve plaintext (drop "
                  "--agent-tls-ca), require a client certificate (--agent-tls-cert and "
                  "--agent-tls-key), or present a certificate that does not chain to "
@@ -353,7 +356,8 @@ std::string RemoteDevice::ConnectHint(const grpc::Status& st) const {
                : ". The agent closed the connection at once: it probably serves TLS (give "
                  "--agent-tls-ca), or it is over its --max-connections";
   }
-  if (absl::StrContains(m, "connection refused") || absl::StrContains(m, "failed to connect")) {
+  if (connecting || absl::StrContains(m, "connection refused") ||
+      absl::StrContains(m, "failed to connect")) {
     return ". Nothing accepts connections there: is the agent running, and on that HOST:PORT?";
   }
   return "";
@@ -708,6 +712,9 @@ struct RemoteDevice::Prefetch {
   grpc::ClientContext ctx;
   v1::EstimateRequest req;
   v1::EstimateResponse resp;
+  std::unique_ptr<grpc::ClientAsyncResponseReader<v1::EstimateResponse>> reader;
+  grpc::Status status;
+  std::shared_ptr<Prefetch> self;  // held while in flight (cq_'s tag is `this`)
 };
 
 RemoteDevice::~RemoteDevice() {
@@ -717,6 +724,11 @@ RemoteDevice::~RemoteDevice() {
     for (grpc::ClientContext& ctx : bind_contexts_) ctx.TryCancel();
   }
   WaitForPrefetches();
+  cq_.Shutdown();
+  void* tag = nullptr;
+  bool ok = false;
+  while (cq_.Next(&tag, &ok)) {
+  }
   for (std::thread& t : binders_) t.join();
 }
 
@@ -728,9 +740,35 @@ void RemoteDevice::WaitForBinds() const {
   });
 }
 
-void RemoteDevice::WaitForPrefetches() const {
-  std::unique_lock<std::mutex> lock(mu_);
-  idle_.wait(lock, [this] { return inflight_ == 0; });
+void RemoteDevice::WaitForPrefetches() const { PollAnswers(/*until_idle=*/true); }
+
+void RemoteDevice::PollAnswers(bool until_idle) const {
+  while (true) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (inflight_ == 0) return;
+    }
+    // A bounded wait: another thread may take the last answer.
+    const auto deadline = until_idle
+                              ? std::chrono::system_clock::now() + std::chrono::milliseconds(50)
+                              : std::chrono::system_clock::time_point{};
+    void* tag = nullptr;
+    bool ok = false;
+    switch (cq_.AsyncNext(&tag, &ok, deadline)) {
+      case grpc::CompletionQueue::GOT_EVENT: {
+        auto* p = static_cast<Prefetch*>(tag);
+        const std::shared_ptr<Prefetch> keep = std::move(p->self);
+        OnExtended(keep, ok ? keep->status
+                            : grpc::Status(grpc::StatusCode::CANCELLED, "call not completed"));
+        break;
+      }
+      case grpc::CompletionQueue::TIMEOUT:
+        if (!until_idle) return;
+        break;
+      case grpc::CompletionQueue::SHUTDOWN:
+        return;
+    }
+  }
 }
 
 namespace {
@@ -841,8 +879,11 @@ std::shared_ptr<RemoteDevice::Prefetch> RemoteDevice::ExtendLocked(
 }
 
 void RemoteDevice::StartPrefetch(const std::shared_ptr<Prefetch>& p) const {
-  p->stub->async()->Estimate(&p->ctx, &p->req, &p->resp,
-                             [this, p](grpc::Status st) { OnExtended(p, st); });
+  // Answers already in take no wait; taking them keeps few in flight.
+  PollAnswers(/*until_idle=*/false);
+  p->self = p;
+  p->reader = p->stub->AsyncEstimate(&p->ctx, p->req, &cq_);
+  p->reader->Finish(&p->resp, &p->status, p.get());
 }
 
 std::shared_ptr<RemoteDevice::Prefetch> RemoteDevice::SendExpectedLocked() const {
@@ -927,7 +968,6 @@ void RemoteDevice::OnExtended(const std::shared_ptr<Prefetch>& p, const grpc::St
     TrimLocked();
     prefetches_.erase(p.get());
     --inflight_;
-    idle_.notify_all();
     return;
   }
   p->window->extending = false;
@@ -944,7 +984,6 @@ void RemoteDevice::OnExtended(const std::shared_ptr<Prefetch>& p, const grpc::St
   }
   prefetches_.erase(p.get());
   --inflight_;
-  idle_.notify_all();
 }
 
 absl::Status RemoteDevice::Estimate(absl::Span<const Op> ops, absl::Span<Cost> costs) const {
@@ -1029,9 +1068,10 @@ absl::Status RemoteDevice::Estimate(absl::Span<const Op> ops, absl::Span<Cost> c
     if (!missed.empty() && (expecting_ || prepared_) && inflight_ > 0) {
       // The answer in flight probably holds these ops: wait for it.
       ++stats_.expect_waits;
-      std::unique_lock<std::mutex> wait(mu_, std::adopt_lock);
-      idle_.wait(wait, [this] { return inflight_ == 0; });
-      wait.release();
+      mu_.unlock();  // re-taken below; `lock` releases it at the scope's end
+      if (prefetch != nullptr) StartPrefetch(std::exchange(prefetch, nullptr));
+      PollAnswers(/*until_idle=*/true);
+      mu_.lock();
       KeysLocked(missed_ops, &keys);
       RunKeysLocked(missed_ops, /*add=*/false, &run_keys, &offsets);
       size_t kept = 0;

@@ -118,6 +118,7 @@
 #include "devices/device.h"
 #include "grpcpp/channel.h"
 #include "grpcpp/client_context.h"
+#include "grpcpp/completion_queue.h"
 #include "servesim/v1/agent.grpc.pb.h"
 #include "servesim/v1/hardware.pb.h"
 
@@ -320,8 +321,13 @@ class RemoteDevice : public devices::Device {
   // endpoint is not bound and up); StartPrefetch, without mu_, sends it.
   // mu_ held.
   std::shared_ptr<Prefetch> ExtendLocked(uint64_t id, const std::shared_ptr<Window>& window) const;
+  // Sends `p` on cq_ (mu_ not held); its answer is taken by PollAnswers.
   void StartPrefetch(const std::shared_ptr<Prefetch>& p) const;
   void OnExtended(const std::shared_ptr<Prefetch>& p, const grpc::Status& st) const;
+  // Takes the answers cq_ holds and memoises them (OnExtended), on the
+  // calling thread; with `until_idle`, waits until none is in flight.
+  // mu_ not held.
+  void PollAnswers(bool until_idle) const;
   // Memo entries for steps [from, from + steps) of `window`, costs from
   // resp.costs(at). mu_ held.
   void InsertStepsLocked(uint64_t id, const Window& window, int from, int steps,
@@ -379,7 +385,10 @@ class RemoteDevice : public devices::Device {
   mutable int last_endpoint_ = 0;  // that answered an Estimate; prefetches go there
   mutable int inflight_ = 0;       // prefetches not yet answered
   mutable absl::flat_hash_set<Prefetch*> prefetches_;  // those, to cancel
-  mutable std::condition_variable idle_;
+  // Their answers land here, and the threads that need them (Estimate,
+  // WaitForPrefetches) take them: no thread of gRPC's wakes for an answer
+  // and hands it over (docs/agents.md#cost).
+  mutable grpc::CompletionQueue cq_;
   mutable RemoteStats stats_;
   mutable devices::DeviceDescription last_description_;
   // Spread measurement. spread_: -1 unknown, 0 no, 1 yes.
