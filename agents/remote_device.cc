@@ -1062,8 +1062,9 @@ absl::Status RemoteDevice::Estimate(absl::Span<const Op> ops, absl::Span<Cost> c
         missed_ops.push_back(ops[i]);  // spans still shared: one list on the wire
       }
     }
-    // Every op hit: the expected ops waiting go now, asynchronously.
-    if (missed.empty() && prefetch == nullptr) prefetch = SendExpectedLocked();
+    // Every op hit: the expected ops waiting go now, asynchronously, if
+    // some are due.
+    if (missed.empty() && prefetch == nullptr && pending_.due) prefetch = SendExpectedLocked();
     epoch = memo_epoch_;
     if (!missed.empty() && (expecting_ || prepared_) && inflight_ > 0) {
       // The answer in flight probably holds these ops: wait for it.
@@ -1234,7 +1235,16 @@ void RemoteDevice::Expect(absl::Span<const Op> ops, absl::Span<const int32_t> st
   if (ops.empty() || ExpectSteps() <= 0) return;
   std::lock_guard<std::mutex> lock(mu_);
   expecting_ = true;
+  const size_t before = pending_.ops.size();
   AddPendingLocked(ops, steps);
+  if (pending_.ops.size() > before) pending_.due = true;
+}
+
+void RemoteDevice::ExpectLater(absl::Span<const Op> ops) const {
+  if (ops.empty() || ExpectSteps() <= 0) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  expecting_ = true;
+  AddPendingLocked(ops, {});
 }
 
 void RemoteDevice::AddPendingLocked(absl::Span<const Op> ops,

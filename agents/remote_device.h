@@ -61,7 +61,10 @@
 //    neither the answer nor the lookup interns a list per step. Once told, the client stops its own lookahead: the projection
 //    knows who leaves when. Only devices whose description says
 //    lookahead_ok take hints (ExpectSteps() is 0 otherwise), so
-//    FULL-fidelity devices are never asked ahead.
+//    FULL-fidelity devices are never asked ahead. Ops told by ExpectLater
+//    (an arriving request's prefill) wait in the same list but are not due:
+//    a call whose ops all hit sends the list only if Expect added to it,
+//    so they ride along with a call made anyway and never make one.
 //  - Prepared ops (devices::Device::Prepare): the planner says which ops
 //    it will ask next before it asks another device; the ops the memo
 //    lacks (with the expected ops waiting) go at once, asynchronously, and
@@ -179,6 +182,9 @@ class RemoteDevice : public devices::Device {
   static constexpr int kExpectSteps = 32;
   bool Remote() const override { return true; }
   void Prepare(absl::Span<const devices::Op> ops) const override;
+  // Adds the ops to the expected ops waiting without making them due: an
+  // Estimate whose ops all hit sends what waits only if Expect added some.
+  void ExpectLater(absl::Span<const devices::Op> ops) const override;
 
   // Describe, with its status (connectivity checks, tests).
   absl::StatusOr<devices::DeviceDescription> DescribeOrError() const;
@@ -301,6 +307,7 @@ class RemoteDevice : public devices::Device {
     std::vector<int32_t> steps;  // per op: decode steps after it also expected
     std::vector<MemoKey> keys;   // the ops' keys, at memo epoch `epoch`
     uint64_t epoch = 0;
+    bool due = false;  // holds Expect's ops (ExpectLater's alone wait for a call)
   };
   // Addresses `p` to `ep` and counts it in flight (StartPrefetch sends
   // it). mu_ held.

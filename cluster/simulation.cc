@@ -112,6 +112,10 @@ struct Shared {
   // received by an engine.
   double next_arrival_s = std::numeric_limits<double>::infinity();
   int64_t in_flight = 0;
+  // Tells remote devices, as a request leaves the clients' queue for its
+  // arrival, the ops of its prefill step (Engine::HintArrival); null: no
+  // device takes hints.
+  std::function<void(const scheduler::RequestSpec&)> hint_arrival;
   // Disaggregation: the first `prefill_replicas` engines are the prefill
   // pool's, the rest the decode pool's (0: colocated). KV parts sent and
   // not yet received, in all and per engine they go to; per prefill
@@ -278,6 +282,7 @@ void Source(Shared* sh) {
       return;
     }
     sh->next_arrival_s = r.arrival_s;
+    if (sh->hint_arrival) sh->hint_arrival(r);
     sg4::this_actor::sleep_until(r.arrival_s);
     if (sh->Interrupted()) {
       sh->Stop(Interruption());
@@ -1215,6 +1220,36 @@ class Engine {
   }
 
  public:
+  // Whether HintArrival may guess a request's prefill step: a colocated
+  // replica of one rank and stage whose prompts prefill whole and alone
+  // (PREFILL_FIRST with the cache holding none of them), planning for
+  // devices that take hints.
+  bool HintsArrivals() {
+    return role_ == Role::kColocated && ranks_.size() == 1 && pool_->pipeline_parallel <= 1 &&
+           pool_->batching.policy == scheduler::BatchingPolicy::kPrefillFirst &&
+           !pool_->batching.prefix_caching && ranks_[0]->planner.ExpectSteps() > 0;
+  }
+  // A request is on its way: tells the devices the ops of the step that
+  // prefills it alone, the step PREFILL_FIRST runs when it finds it alone
+  // in the queue (most arrivals on a trace's rate). A remote device sends
+  // them with its next round trip (the projection of an earlier arrival's
+  // batches, usually), and the step, an arrival later, finds their costs
+  // in the memo instead of making one more. A wrong guess (other prompts
+  // waiting too) costs an agent's work and changes nothing.
+  void HintArrival(const scheduler::RequestSpec& spec) {
+    if (spec.input_tokens < 1 ||
+        spec.input_tokens + spec.output_tokens > pool_->batching.max_context_tokens) {
+      return;
+    }
+    scheduler::Batch& b = hint_batch_;
+    b.Clear();
+    b.entries.push_back(scheduler::BatchEntry{0, spec.input_tokens, 0, true, true, {}, spec.id,
+                                              spec.input_tokens + spec.output_tokens});
+    b.prefill_tokens = spec.input_tokens;
+    b.emitting = 1;
+    ranks_[0]->planner.ExpectLater(b);
+  }
+
   // The most of `spec`'s leading blocks one of this replica's ranks holds
   // cached.
   int64_t CachedPrefixBlocks(const scheduler::RequestSpec& spec) const {
@@ -1437,7 +1472,8 @@ class Engine {
   // and the iterations the xPU cap slowed.
   double xpu_static_w_ = 0, host_w_ = 0, device_static_w_ = 0;
   bool device_static_in_ops_ = false;
-  bool shared_store_ = false;  // a cluster KV store: no fast-forward
+  scheduler::Batch hint_batch_;  // HintArrival's
+  bool shared_store_ = false;    // a cluster KV store: no fast-forward
   bool store_flows_ = false;   // its loads as flows (StoreFlows)
   // A step's store loads: per flow, its bytes and its route's links.
   struct StoreFlow {
@@ -1993,6 +2029,12 @@ absl::StatusOr<RunResult> RunSimulation(const ResolvedScenario& sc,
     sh.engine_boxes.push_back(sg4::Mailbox::by_name(absl::StrCat("engine", r)));
   }
   sh.router_box = sg4::Mailbox::by_name("router");
+  // The replicas share their pool's remote devices, so one engine's hints
+  // serve them all.
+  if (!engines.empty() && engines[0]->HintsArrivals()) {
+    Engine* first = engines[0].get();
+    sh.hint_arrival = [first](const scheduler::RequestSpec& r) { first->HintArrival(r); };
+  }
 
   // Permanent receivers: hand-offs complete without waiting for the
   // receiver to call get(), so a busy engine finds them queued.

@@ -49,6 +49,10 @@
 //    the same results with or without them; a wrong hint costs only the
 //    work of answering it. Thread-safe like Estimate; the spans need not
 //    outlive the call.
+//  - ExpectLater(ops): ops a later call may send to Estimate, in no hurry
+//    (the prefill step of a request on its way, scheduler::IterationPlanner::
+//    ExpectLater). A remote device sends them along with its next round
+//    trip, never on one of their own. A hint, like Expect's.
 //  - Remote() and Prepare(ops): Remote() says the device answers from far
 //    away, so Estimate may block on a round trip (false elsewhere).
 //    Prepare(ops) says Estimate(ops) follows soon from the same caller: a
@@ -162,6 +166,7 @@ class Device {
       absl::Span<const StepKey> steps, int part, int parts) const;
   virtual int ExpectSteps() const { return 0; }
   virtual void Expect(absl::Span<const Op> /*ops*/, absl::Span<const int32_t> /*steps*/) const {}
+  virtual void ExpectLater(absl::Span<const Op> /*ops*/) const {}
   virtual bool Remote() const { return false; }
   virtual void Prepare(absl::Span<const Op> /*ops*/) const {}
 };

@@ -59,6 +59,14 @@ void PooledDevice::Expect(absl::Span<const Op> ops, absl::Span<const int32_t> st
   unit_->Expect(parts, part_steps);
 }
 
+void PooledDevice::ExpectLater(absl::Span<const Op> ops) const {
+  if (unit_->ExpectSteps() <= 0) return;
+  std::vector<Op> parts;
+  std::vector<int> owner;
+  Split(ops, &parts, &owner);
+  unit_->ExpectLater(parts);
+}
+
 void PooledDevice::Prepare(absl::Span<const Op> ops) const {
   if (!unit_->Remote()) return;
   std::vector<Op> parts;

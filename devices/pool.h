@@ -39,6 +39,7 @@ class PooledDevice : public Device {
   int ExpectSteps() const override { return unit_->ExpectSteps(); }
   // The ops' shares, as Estimate would ask the unit model.
   void Expect(absl::Span<const Op> ops, absl::Span<const int32_t> steps) const override;
+  void ExpectLater(absl::Span<const Op> ops) const override;
   bool Remote() const override { return unit_->Remote(); }
   // The ops' shares, as Estimate will ask the unit model.
   void Prepare(absl::Span<const Op> ops) const override;

@@ -842,6 +842,23 @@ void IterationPlanner::Expect(absl::Span<const Batch> batches) {
   if (!xpu.empty()) device_->Expect(xpu, {});
 }
 
+void IterationPlanner::ExpectLater(const Batch& batch) {
+  if (batch.empty() || ExpectSteps() <= 0) return;
+  DeviceScratch s;
+  const DeviceShape sh = ShapeWithDevice(batch, &s);
+  std::vector<Op> ops;
+  if (config_.attention->ExpectSteps() > 0) {
+    int att_at = -1, att_b_at = -1, ff_at = -1;
+    DeviceOpsOf(sh, s, &ops, &att_at, &att_b_at, &ff_at);
+    if (!ops.empty()) config_.attention->ExpectLater(ops);
+  }
+  if (device_ != nullptr && device_->ExpectSteps() > 0) {
+    ops.clear();
+    XpuOpsWithDevice(sh, batch, s, &ops);
+    device_->ExpectLater(ops);
+  }
+}
+
 absl::StatusOr<IterationCost> IterationPlanner::PlanWithDevice(const Batch& batch) {
   using devices::Cost;
   const devices::Device* dev = config_.attention;

@@ -187,6 +187,10 @@ class IterationPlanner {
   // Neither changes any cost.
   int ExpectSteps();
   void Expect(absl::Span<const Batch> batches);
+  // The same for one batch a later step may run (an arriving request's
+  // prefill), which remote devices send with their next round trip
+  // (devices::Device::ExpectLater).
+  void ExpectLater(const Batch& batch);
 
   const std::vector<devices::Op>& last_ops() const { return ops_; }
   const PlannerConfig& config() const { return config_; }

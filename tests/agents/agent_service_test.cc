@@ -309,6 +309,57 @@ TEST(AgentServiceTest, ExpectedOpsAreAnsweredAheadAndRideAlong) {
   }
 }
 
+// Ops expected later (Device::ExpectLater: an arriving request's prefill)
+// never make a round trip of their own: a call whose ops all hit sends
+// nothing for them, and they go with the next call that goes anyway (one
+// that misses, or Expect's hints made due); then they are answered from the
+// memo, bit for bit the in-process costs.
+TEST(AgentServiceTest, OpsExpectedLaterRideAlongAndMakeNoCallOfTheirOwn) {
+  for (const v1::DeviceSpec& spec : {GpuSpec(), AttAccSpec()}) {
+    AgentAndClient t = StartWithClient(spec);
+    ASSERT_TRUE(t.ok());
+    const RemoteDevice* remote = t.remote.get();
+    const devices::Device* local = t.local.get();
+    SampleOps s(/*gemm_and_elementwise=*/spec.has_gpu());
+    std::deque<std::vector<AttentionSeq>> lists;
+    auto step_ops = [&](int j) {
+      std::vector<AttentionSeq>& seqs = lists.emplace_back(s.seqs);
+      for (AttentionSeq& q : seqs) q.past_tokens += j;
+      std::vector<Op> ops = s.ops;
+      for (Op& op : ops) {
+        if (op.kind == OpKind::kAttention) op.seqs = seqs;
+      }
+      return ops;
+    };
+    auto check = [&](const std::vector<Op>& ops) {
+      std::vector<Cost> want(ops.size()), got(ops.size());
+      ASSERT_TRUE(local->Estimate(ops, absl::MakeSpan(want)).ok());
+      ASSERT_TRUE(remote->Estimate(ops, absl::MakeSpan(got)).ok());
+      remote->WaitForPrefetches();
+      for (size_t i = 0; i < want.size(); ++i) ExpectSameBits(want[i], got[i]);
+    };
+    // Told before the first call, which misses: they go with it.
+    remote->ExpectLater(step_ops(3));
+    check(step_ops(0));
+    check(step_ops(3));
+    EXPECT_EQ(remote->Stats().estimate_rpcs, 1);
+    // Told while every op hits: nothing goes until a hint is due.
+    remote->ExpectLater(step_ops(5));
+    check(step_ops(3));
+    EXPECT_EQ(remote->Stats().estimate_rpcs, 1);
+    remote->Expect(step_ops(1), {});
+    check(step_ops(3));  // every op hits: the due hint goes, step 5 with it
+    check(step_ops(1));
+    check(step_ops(5));
+    const RemoteStats st = remote->Stats();
+    EXPECT_EQ(st.estimate_rpcs, 2);
+    EXPECT_EQ(st.prefetch_rpcs, 1);
+    EXPECT_EQ(st.predicted_ops, 0);  // told: no lookahead of its own
+    EXPECT_EQ(st.ops_memo_misses, static_cast<int64_t>(s.ops.size()));  // step 0's
+    EXPECT_EQ(st.prefetch_failures, 0);
+  }
+}
+
 // An expected op's further steps are kept as one run (its sequence list
 // relative to its first sequence, and the first's length): each of its
 // steps is answered with no round trip, and nothing else is: not a step

@@ -560,9 +560,12 @@ class HintedDevice : public devices::Device {
       if (n > 0) ++with_steps;
     }
   }
+  void ExpectLater(absl::Span<const Op> ops) const override {
+    for (const Op& op : ops) told_later.insert(Key(op));
+  }
   mutable int with_steps = 0;
   mutable std::vector<std::string> asked;
-  mutable std::set<std::string> told;
+  mutable std::set<std::string> told, told_later;
 
  private:
   const devices::Device* inner_;
@@ -615,6 +618,43 @@ TEST_F(HeteroPlannerTest, ExpectTellsTheOpsPlanAsks) {
     ASSERT_FALSE(att.asked.empty()) << name;
     for (const std::string& k : att.asked) EXPECT_TRUE(att.told.count(k)) << name << ": " << k;
     for (const std::string& k : xpu.asked) EXPECT_TRUE(xpu.told.count(k)) << name << ": " << k;
+  }
+}
+
+// ExpectLater tells the devices the ops Plan asks for a prompt prefilling
+// alone (the step an arriving request's hint guesses: the hint knows no
+// KV-head stacks, which a prefill's ops do not use), under every overlap
+// policy.
+TEST_F(HeteroPlannerTest, ExpectLaterTellsTheOpsOfAPromptPrefillingAlone) {
+  const int64_t kv = Gpt3().num_kv_heads;
+  std::vector<int32_t> stacks;
+  for (int64_t h = 0; h < kv; ++h) stacks.push_back(static_cast<int32_t>((h * 3) % 40));
+  for (OverlapPolicy policy : {OverlapPolicy::kSerial, OverlapPolicy::kHeadLevel,
+                               OverlapPolicy::kHeadLevelFf, OverlapPolicy::kBatchLevel}) {
+    const char* name = OverlapPolicyName(policy);
+    HintedDevice xpu(gpu_.get()), att(&fake_);
+    IterationPlanner hinted(Gpt3(), Config(&xpu, &att, policy));
+    Batch hint;
+    hint.entries.push_back(BatchEntry{0, 377, 0, true, true, {}, 42, 377 + 120});
+    hint.prefill_tokens = 377;
+    hint.emitting = 1;
+    hinted.ExpectLater(hint);
+    EXPECT_TRUE(att.told.empty() && xpu.told.empty()) << name;  // not Expect's
+    ASSERT_FALSE(xpu.told_later.empty()) << name;
+    Batch step = hint;
+    step.entries[0].slot = 5;
+    step.entries[0].kv_stacks = stacks;
+    ASSERT_TRUE(hinted.Plan(step).ok()) << name;
+    ASSERT_FALSE(xpu.asked.empty()) << name;
+    for (const std::string& k : att.asked) EXPECT_TRUE(att.told_later.count(k)) << name << ": " << k;
+    for (const std::string& k : xpu.asked) EXPECT_TRUE(xpu.told_later.count(k)) << name << ": " << k;
+    // Another prompt's step is another set of ops.
+    xpu.asked.clear();
+    step.entries[0].new_tokens = step.prefill_tokens = 378;
+    ASSERT_TRUE(hinted.Plan(step).ok()) << name;
+    EXPECT_FALSE(std::all_of(xpu.asked.begin(), xpu.asked.end(),
+                             [&](const std::string& k) { return xpu.told_later.count(k) > 0; }))
+        << name;
   }
 }
 
