@@ -801,7 +801,9 @@ int IterationPlanner::ExpectSteps() {
   return expect_steps_;
 }
 
-void IterationPlanner::Expect(absl::Span<const Batch> batches) {
+void IterationPlanner::Expect(absl::Span<const Batch> batches) { Tell(batches, /*later=*/false); }
+
+void IterationPlanner::Tell(absl::Span<const Batch> batches, bool later) {
   if (batches.empty() || ExpectSteps() <= 0) return;
   const bool to_dev = config_.attention->ExpectSteps() > 0;
   const bool to_xpu = device_ != nullptr && device_->ExpectSteps() > 0;
@@ -838,25 +840,17 @@ void IterationPlanner::Expect(absl::Span<const Batch> batches) {
       dev_steps.push_back(dev[i].kind == OpKind::kAttention ? further : 0);
     }
   }
+  if (later) {  // one batch: no further steps
+    if (!dev.empty()) config_.attention->ExpectLater(dev);
+    if (!xpu.empty()) device_->ExpectLater(xpu);
+    return;
+  }
   if (!dev.empty()) config_.attention->Expect(dev, dev_steps);
   if (!xpu.empty()) device_->Expect(xpu, {});
 }
 
 void IterationPlanner::ExpectLater(const Batch& batch) {
-  if (batch.empty() || ExpectSteps() <= 0) return;
-  DeviceScratch s;
-  const DeviceShape sh = ShapeWithDevice(batch, &s);
-  std::vector<Op> ops;
-  if (config_.attention->ExpectSteps() > 0) {
-    int att_at = -1, att_b_at = -1, ff_at = -1;
-    DeviceOpsOf(sh, s, &ops, &att_at, &att_b_at, &ff_at);
-    if (!ops.empty()) config_.attention->ExpectLater(ops);
-  }
-  if (device_ != nullptr && device_->ExpectSteps() > 0) {
-    ops.clear();
-    XpuOpsWithDevice(sh, batch, s, &ops);
-    device_->ExpectLater(ops);
-  }
+  Tell(absl::MakeConstSpan(&batch, 1), /*later=*/true);
 }
 
 absl::StatusOr<IterationCost> IterationPlanner::PlanWithDevice(const Batch& batch) {

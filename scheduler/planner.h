@@ -196,6 +196,8 @@ class IterationPlanner {
   const PlannerConfig& config() const { return config_; }
 
  private:
+  // Expect's lowering; `later`: ExpectLater's (one batch).
+  void Tell(absl::Span<const Batch> batches, bool later);
   void BuildLayerOps(const Batch& batch);
   // MLA models: the batch's decode rows (one new token) and its prefill
   // chunks' context rows (past + new), which MLA's up-projections run over;

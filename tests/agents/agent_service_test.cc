@@ -225,6 +225,37 @@ TEST(AgentServiceTest, LookaheadOnlyWhereAnsweringAheadChangesNothing) {
   }
 }
 
+// Decode step j of SampleOps' batch (every past_tokens + j; the last
+// sequence leaves after step `leaves_after`, -1: never), and a check of a
+// remote device's costs for a step against the in-process device's, bit for
+// bit (waiting for each asynchronous call, so counts do not depend on
+// timing).
+struct DecodeSteps {
+  DecodeSteps(bool gemm_and_elementwise, int leaves_after)
+      : s(gemm_and_elementwise), leaves_after(leaves_after) {}
+  std::vector<Op> Ops(int j) {
+    std::vector<AttentionSeq>& seqs = lists.emplace_back(s.seqs);
+    if (leaves_after >= 0 && j > leaves_after) seqs.pop_back();
+    for (AttentionSeq& q : seqs) q.past_tokens += j;
+    std::vector<Op> ops = s.ops;
+    for (Op& op : ops) {
+      if (op.kind == OpKind::kAttention) op.seqs = seqs;
+    }
+    return ops;
+  }
+  static void Check(const devices::Device* local, const RemoteDevice* remote,
+                    const std::vector<Op>& ops) {
+    std::vector<Cost> want(ops.size()), got(ops.size());
+    ASSERT_TRUE(local->Estimate(ops, absl::MakeSpan(want)).ok());
+    ASSERT_TRUE(remote->Estimate(ops, absl::MakeSpan(got)).ok());
+    remote->WaitForPrefetches();
+    for (size_t i = 0; i < want.size(); ++i) ExpectSameBits(want[i], got[i]);
+  }
+  SampleOps s;
+  int leaves_after;
+  std::deque<std::vector<AttentionSeq>> lists;  // the ops' sequence lists
+};
+
 // Expected ops (Device::Expect) ride along with the next call that misses,
 // or go at once when every op of a call hits; the steps they cover then
 // make no round trip, and every cost is the in-process one, bit for bit.
@@ -238,25 +269,10 @@ TEST(AgentServiceTest, ExpectedOpsAreAnsweredAheadAndRideAlong) {
     const devices::Device* local = t.local.get();
     EXPECT_EQ(remote->ExpectSteps(), RemoteDevice::kExpectSteps);
     // Step j of a batch whose third sequence leaves after step 2.
-    SampleOps s(/*gemm_and_elementwise=*/spec.has_gpu());
-    std::deque<std::vector<AttentionSeq>> lists;
-    auto step_ops = [&](int j) {
-      std::vector<AttentionSeq>& seqs = lists.emplace_back(s.seqs);
-      if (j > 2) seqs.pop_back();
-      for (AttentionSeq& q : seqs) q.past_tokens += j;
-      std::vector<Op> ops = s.ops;
-      for (Op& op : ops) {
-        if (op.kind == OpKind::kAttention) op.seqs = seqs;
-      }
-      return ops;
-    };
-    auto check = [&](const std::vector<Op>& ops) {
-      std::vector<Cost> want(ops.size()), got(ops.size());
-      ASSERT_TRUE(local->Estimate(ops, absl::MakeSpan(want)).ok());
-      ASSERT_TRUE(remote->Estimate(ops, absl::MakeSpan(got)).ok());
-      remote->WaitForPrefetches();
-      for (size_t i = 0; i < want.size(); ++i) ExpectSameBits(want[i], got[i]);
-    };
+    DecodeSteps batch(/*gemm_and_elementwise=*/spec.has_gpu(), /*leaves_after=*/2);
+    const SampleOps& s = batch.s;
+    auto step_ops = [&](int j) { return batch.Ops(j); };
+    auto check = [&](const std::vector<Op>& ops) { DecodeSteps::Check(local, remote, ops); };
     // Steps 1..4 expected before step 0 is asked: they ride along with it.
     std::vector<Op> ahead;
     for (int j = 1; j <= 4; ++j) {
@@ -320,24 +336,10 @@ TEST(AgentServiceTest, OpsExpectedLaterRideAlongAndMakeNoCallOfTheirOwn) {
     ASSERT_TRUE(t.ok());
     const RemoteDevice* remote = t.remote.get();
     const devices::Device* local = t.local.get();
-    SampleOps s(/*gemm_and_elementwise=*/spec.has_gpu());
-    std::deque<std::vector<AttentionSeq>> lists;
-    auto step_ops = [&](int j) {
-      std::vector<AttentionSeq>& seqs = lists.emplace_back(s.seqs);
-      for (AttentionSeq& q : seqs) q.past_tokens += j;
-      std::vector<Op> ops = s.ops;
-      for (Op& op : ops) {
-        if (op.kind == OpKind::kAttention) op.seqs = seqs;
-      }
-      return ops;
-    };
-    auto check = [&](const std::vector<Op>& ops) {
-      std::vector<Cost> want(ops.size()), got(ops.size());
-      ASSERT_TRUE(local->Estimate(ops, absl::MakeSpan(want)).ok());
-      ASSERT_TRUE(remote->Estimate(ops, absl::MakeSpan(got)).ok());
-      remote->WaitForPrefetches();
-      for (size_t i = 0; i < want.size(); ++i) ExpectSameBits(want[i], got[i]);
-    };
+    DecodeSteps batch(/*gemm_and_elementwise=*/spec.has_gpu(), /*leaves_after=*/-1);
+    const SampleOps& s = batch.s;
+    auto step_ops = [&](int j) { return batch.Ops(j); };
+    auto check = [&](const std::vector<Op>& ops) { DecodeSteps::Check(local, remote, ops); };
     // Told before the first call, which misses: they go with it.
     remote->ExpectLater(step_ops(3));
     check(step_ops(0));
