@@ -465,8 +465,7 @@ grpc::Status AgentService::Estimate(grpc::ServerContext* ctx, const v1::Estimate
     });
   }
   resp->set_expected_answered(expected_answered);
-  resp->mutable_costs()->Reserve(static_cast<int>(costs.size()));
-  for (const devices::Cost& c : costs) EncodeCost(c, resp->add_costs());
+  EncodeCosts(costs, resp->mutable_cost_table());
   return grpc::Status::OK;
 }
 

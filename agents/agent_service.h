@@ -61,7 +61,10 @@
 
 namespace servesim::agents {
 
-inline constexpr char kAgentProtocolVersion[] = "servesim.v1.DeviceAgent/1";
+// The protocol agent.proto describes, last in DescribeResponse.model_version
+// ("servesim 0.1.0; servesim.v1.DeviceAgent/2"); a client binds only to an
+// agent that speaks its own. 2: costs travel as a CostTable.
+inline constexpr char kAgentProtocolVersion[] = "servesim.v1.DeviceAgent/2";
 
 struct AgentServiceOptions {
   servesim::v1::DeviceSpec spec;

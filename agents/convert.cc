@@ -1,7 +1,10 @@
 #include "agents/convert.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
+#include <cstring>
+#include <iterator>
 #include <limits>
 #include <tuple>
 #include <utility>
@@ -363,42 +366,97 @@ void LookaheadStep(absl::Span<const devices::Op> ops, int64_t j, std::vector<dev
   }
 }
 
-void EncodeCost(const devices::Cost& c, v1::Cost* o) {
-  o->set_time_s(c.time_s);
-  o->set_flops(c.flops);
-  o->set_dram_bytes(c.dram_bytes);
-  o->set_link_bytes(c.link_bytes);
-  o->set_internode_bytes(c.internode_bytes);
-  o->set_compute_energy_pj(c.compute_energy_pj);
-  o->set_dram_energy_pj(c.dram_energy_pj);
-  o->set_link_energy_pj(c.link_energy_pj);
-  o->set_bg_bus_bytes(c.bg_bus_bytes);
-  o->set_tsv_bytes(c.tsv_bytes);
-  o->set_external_bytes(c.external_bytes);
-  o->set_cycles(c.cycles);
-  o->set_score_s(c.score_s);
-  o->set_softmax_s(c.softmax_s);
-  o->set_context_s(c.context_s);
+namespace {
+
+// Cost's fields by their field number in agent.proto's Cost (bit f - 1 of
+// a CostTable entry is field f).
+constexpr double devices::Cost::*kCostFields[] = {
+    &devices::Cost::time_s,
+    &devices::Cost::flops,
+    &devices::Cost::dram_bytes,
+    &devices::Cost::link_bytes,
+    &devices::Cost::compute_energy_pj,
+    &devices::Cost::dram_energy_pj,
+    &devices::Cost::link_energy_pj,
+    &devices::Cost::bg_bus_bytes,
+    &devices::Cost::tsv_bytes,
+    &devices::Cost::external_bytes,
+    &devices::Cost::cycles,
+    &devices::Cost::score_s,
+    &devices::Cost::softmax_s,
+    &devices::Cost::context_s,
+    &devices::Cost::internode_bytes,
+};
+constexpr int kCostFieldCount = static_cast<int>(std::size(kCostFields));
+static_assert(sizeof(devices::Cost) == kCostFieldCount * sizeof(double),
+              "every field of devices::Cost travels in a CostTable");
+constexpr uint32_t kNewCost = 0x8000;  // a CostTable entry that is not a repeat
+constexpr uint32_t kFieldMask = (uint32_t{1} << kCostFieldCount) - 1;
+
+bool SameBits(const devices::Cost& a, const devices::Cost& b) {
+  return std::memcmp(&a, &b, sizeof(devices::Cost)) == 0;
 }
 
-devices::Cost DecodeCost(const v1::Cost& o) {
-  devices::Cost c;
-  c.time_s = o.time_s();
-  c.flops = o.flops();
-  c.dram_bytes = o.dram_bytes();
-  c.link_bytes = o.link_bytes();
-  c.internode_bytes = o.internode_bytes();
-  c.compute_energy_pj = o.compute_energy_pj();
-  c.dram_energy_pj = o.dram_energy_pj();
-  c.link_energy_pj = o.link_energy_pj();
-  c.bg_bus_bytes = o.bg_bus_bytes();
-  c.tsv_bytes = o.tsv_bytes();
-  c.external_bytes = o.external_bytes();
-  c.cycles = o.cycles();
-  c.score_s = o.score_s();
-  c.softmax_s = o.softmax_s();
-  c.context_s = o.context_s();
-  return c;
+}  // namespace
+
+void EncodeCosts(absl::Span<const devices::Cost> costs, v1::CostTable* o) {
+  o->mutable_fields()->Reserve(static_cast<int>(costs.size()));
+  for (size_t i = 0; i < costs.size(); ++i) {
+    const devices::Cost& c = costs[i];
+    if (i > 0 && SameBits(c, costs[i - 1])) {
+      o->add_fields(0);
+      continue;
+    }
+    uint32_t mask = 0;
+    for (int f = 0; f < kCostFieldCount; ++f) {
+      const double v = c.*kCostFields[f];
+      if (std::bit_cast<uint64_t>(v) == 0) continue;
+      mask |= uint32_t{1} << f;
+      o->add_values(v);
+    }
+    o->add_fields(kNewCost | mask);
+  }
+}
+
+absl::Status DecodeCosts(const v1::CostTable& t, std::vector<devices::Cost>* out) {
+  const size_t base = out->size();
+  auto fail = [&](absl::Status st) {
+    out->resize(base);
+    return st;
+  };
+  out->reserve(base + static_cast<size_t>(t.fields_size()));
+  int at = 0;
+  for (int i = 0; i < t.fields_size(); ++i) {
+    const uint32_t entry = t.fields(i);
+    if (entry == 0) {
+      if (i == 0) {
+        return fail(absl::InvalidArgumentError(
+            "cost_table.fields[0] is 0, a repeat of the cost before, but there is none"));
+      }
+      out->push_back(out->back());
+      continue;
+    }
+    if ((entry & ~(kNewCost | kFieldMask)) != 0 || (entry & kNewCost) == 0) {
+      return fail(absl::InvalidArgumentError(absl::StrCat(
+          "cost_table.fields[", i, "] is ", entry, ": allowed are 0 (a repeat) and ", kNewCost,
+          " + a mask of Cost's field numbers 1..", kCostFieldCount, " (bit f - 1 for field f)")));
+    }
+    const int n = std::popcount(entry & kFieldMask);
+    if (at + n > t.values_size()) {
+      return fail(absl::InvalidArgumentError(absl::StrCat("cost_table.fields[", i, "] sets ", n,
+                                                          " fields but only ", t.values_size() - at,
+                                                          " of cost_table.values are left")));
+    }
+    devices::Cost& c = out->emplace_back();
+    for (uint32_t m = entry & kFieldMask; m != 0; m &= m - 1) {
+      c.*kCostFields[std::countr_zero(m)] = t.values(at++);
+    }
+  }
+  if (at != t.values_size()) {
+    return fail(absl::InvalidArgumentError(
+        absl::StrCat("cost_table has ", t.values_size(), " values but its fields use ", at)));
+  }
+  return absl::OkStatus();
 }
 
 void EncodeTensor(const devices::Tensor& t, v1::Tensor* o) {

@@ -91,8 +91,13 @@ void ForEachExpectedBlock(size_t n, absl::Span<const int32_t> steps, F&& f) {
 void LookaheadStep(absl::Span<const devices::Op> ops, int64_t j, std::vector<devices::Op>* step,
                    std::deque<std::vector<devices::AttentionSeq>>* lists);
 
-void EncodeCost(const devices::Cost& cost, servesim::v1::Cost* out);
-devices::Cost DecodeCost(const servesim::v1::Cost& cost);
+// Costs to and from agent.proto's CostTable: bit for bit, each cost that
+// equals the one before (every bit of every field) sent as a repeat.
+void EncodeCosts(absl::Span<const devices::Cost> costs, servesim::v1::CostTable* out);
+// Appends the table's costs to `out`; INVALID_ARGUMENT naming the entry if
+// the table is malformed (a repeat first, an unknown field bit, values left
+// over or missing), leaving `out` as it was.
+absl::Status DecodeCosts(const servesim::v1::CostTable& table, std::vector<devices::Cost>* out);
 
 servesim::v1::OpKind EncodeOpKind(devices::OpKind kind);
 

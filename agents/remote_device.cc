@@ -14,6 +14,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "agents/agent_service.h"
 #include "agents/convert.h"
 #include "common/status_macros.h"
@@ -173,6 +174,14 @@ absl::Status RemoteDevice::BindLocked(Endpoint* ep, grpc::ClientContext* ctx) co
   PrepareContext(ctx, options_.bind_deadline_s);
   grpc::Status st = ep->stub->Describe(ctx, req, &resp);
   if (!st.ok()) return FromGrpcStatus(st);
+  // An agent of another protocol would answer in a form this client
+  // misreads (version 1 sent costs one message each).
+  const std::vector<absl::string_view> version = absl::StrSplit(resp.model_version(), "; ");
+  if (version.back() != kAgentProtocolVersion) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the agent speaks \"", resp.model_version(), "\" and this client ",
+                     kAgentProtocolVersion, ": run servesim-agent of the same servesim version"));
+  }
   auto desc = DecodeDescription(resp);
   std::lock_guard<std::mutex> lock(mu_);
   ++stats_.other_rpcs;
@@ -834,7 +843,7 @@ size_t OwnedBytes(const std::deque<std::vector<devices::AttentionSeq>>& seqs,
 }  // namespace
 
 void RemoteDevice::InsertStepsLocked(uint64_t id, const Window& window, int from, int steps,
-                                     const v1::EstimateResponse& resp, int at) const {
+                                     absl::Span<const Cost> costs, size_t at) const {
   thread_local std::vector<Op> step;
   thread_local std::deque<std::vector<devices::AttentionSeq>> shifted;
   thread_local std::vector<MemoKey> step_keys;
@@ -843,7 +852,7 @@ void RemoteDevice::InsertStepsLocked(uint64_t id, const Window& window, int from
     // The steps differ only in their sequence lists.
     KeysLocked(step, &step_keys, /*seqs_only=*/j > from);
     for (size_t i = 0; i < step.size(); ++i) {
-      memo_.emplace(step_keys[i], MemoEntry{DecodeCost(resp.costs(at++)), j, id});
+      memo_.emplace(step_keys[i], MemoEntry{costs[at++], j, id});
     }
     stats_.predicted_ops += static_cast<int64_t>(step.size());
   }
@@ -905,7 +914,7 @@ std::shared_ptr<RemoteDevice::Prefetch> RemoteDevice::SendExpectedLocked() const
 }
 
 void RemoteDevice::InsertExpectedLocked(const OwnedOps& expected, int answered,
-                                        const v1::EstimateResponse& resp, int at) const {
+                                        absl::Span<const Cost> costs, size_t at) const {
   thread_local std::vector<MemoKey> fresh, run_keys;
   thread_local std::vector<int64_t> offsets;
   const std::vector<MemoKey>* keys = &expected.keys;
@@ -921,7 +930,7 @@ void RemoteDevice::InsertExpectedLocked(const OwnedOps& expected, int answered,
       n, steps.first(std::min(steps.size(), n)), [&](size_t b, size_t e, int32_t k) {
         // The block's costs at step 0, then, for j = 1..k, those of its
         // predictable ops at step j (agent.proto's order).
-        const int block = at;
+        const size_t block = at;
         const size_t size = e - b;
         size_t predictable = 0;
         if (k > 0) {
@@ -930,41 +939,43 @@ void RemoteDevice::InsertExpectedLocked(const OwnedOps& expected, int answered,
         }
         size_t rank = 0;
         for (size_t i = b; i < e; ++i) {
-          const int now = block + static_cast<int>(i - b);
+          const size_t now = block + (i - b);
           if (k == 0 || !Predictable(ops[i])) {
-            memo_.emplace((*keys)[i], MemoEntry{DecodeCost(resp.costs(now)), -1, 0});
+            memo_.emplace((*keys)[i], MemoEntry{costs[now], -1, 0});
             continue;
           }
           const size_t r = rank++;
           const MemoKey& key = run_keys[i - b];
           if (key.shape == 0) continue;
           Run run{offsets[i - b], k, static_cast<uint32_t>(run_costs_.size())};
-          run_costs_.push_back(DecodeCost(resp.costs(now)));
+          run_costs_.push_back(costs[now]);
           for (int32_t j = 1; j <= k; ++j) {
-            run_costs_.push_back(DecodeCost(resp.costs(
-                block + static_cast<int>(size + (j - 1) * predictable + r))));
+            run_costs_.push_back(
+                costs[block + size + static_cast<size_t>(j - 1) * predictable + r]);
           }
           runs_[key].push_back(run);
           memo_bytes_ += (static_cast<size_t>(k) + 1) * sizeof(Cost) + sizeof(Run) + 48;
         }
-        at = block + static_cast<int>(size + static_cast<size_t>(k) * predictable);
+        at = block + size + static_cast<size_t>(k) * predictable;
         stats_.expected_ops += static_cast<int64_t>(size + static_cast<size_t>(k) * predictable);
       });
 }
 
 void RemoteDevice::OnExtended(const std::shared_ptr<Prefetch>& p, const grpc::Status& st) const {
+  thread_local std::vector<Cost> costs;
+  costs.clear();
+  const bool decoded = st.ok() && DecodeCosts(p->resp.cost_table(), &costs).ok();
   std::lock_guard<std::mutex> lock(mu_);
   if (p->window == nullptr) {
     // Expected ops: an answer is memoised whenever it comes (keys are
     // computed now).
     const int n = static_cast<int>(p->expected.ops.size());
     const int answered = p->resp.expected_answered();
-    const bool valid =
-        st.ok() && answered >= 0 && answered <= n &&
-        static_cast<size_t>(p->resp.costs_size()) ==
-            ExpectedCosts(p->expected.ops, p->expected.steps, static_cast<size_t>(answered));
+    const bool valid = decoded && answered >= 0 && answered <= n &&
+                       costs.size() == ExpectedCosts(p->expected.ops, p->expected.steps,
+                                                     static_cast<size_t>(answered));
     if (!valid) ++stats_.prefetch_failures;
-    InsertExpectedLocked(p->expected, valid ? answered : 0, p->resp, 0);
+    InsertExpectedLocked(p->expected, valid ? answered : 0, costs, 0);
     TrimLocked();
     prefetches_.erase(p.get());
     --inflight_;
@@ -973,12 +984,12 @@ void RemoteDevice::OnExtended(const std::shared_ptr<Prefetch>& p, const grpc::St
   p->window->extending = false;
   const int n = static_cast<int>(p->ops.size());
   const int answered = p->resp.lookahead_answered();
-  if (!st.ok() || answered < 0 || answered > p->steps ||
-      p->resp.costs_size() != n + n * answered) {
+  if (!decoded || answered < 0 || answered > p->steps ||
+      costs.size() != static_cast<size_t>(n + n * answered)) {
     ++stats_.prefetch_failures;
   } else if (p->epoch == memo_epoch_) {
     // The request's own ops (step `from`) are in the memo already.
-    InsertStepsLocked(p->id, *p->window, p->from + 1, answered, p->resp, n);
+    InsertStepsLocked(p->id, *p->window, p->from + 1, answered, costs, static_cast<size_t>(n));
     p->window->horizon += answered;
     TrimLocked();
   }
@@ -1147,6 +1158,7 @@ absl::Status RemoteDevice::Estimate(absl::Span<const Op> ops, absl::Span<Cost> c
   req.mutable_measured()->Reserve(static_cast<int>(absorb.size()));
   for (const devices::StepMeasurement& m : absorb) EncodeMeasurement(m, req.add_measured());
   v1::EstimateResponse resp;
+  std::vector<Cost> answer;
   size_t predictable = 0;
   for (const Op& op : missed_ops) predictable += Predictable(op) ? 1 : 0;
   int used = 0;
@@ -1155,21 +1167,25 @@ absl::Status RemoteDevice::Estimate(absl::Span<const Op> ops, absl::Span<Cost> c
       [&](v1::DeviceAgent::Stub* stub, const std::string& key, grpc::ClientContext* ctx) {
         req.set_device_key(key);
         resp.Clear();
+        answer.clear();
         grpc::Status st = stub->Estimate(ctx, req, &resp);
         if (!st.ok()) return st;
+        if (absl::Status d = DecodeCosts(resp.cost_table(), &answer); !d.ok()) {
+          return grpc::Status(grpc::StatusCode::INTERNAL,
+                              absl::StrCat("answered a malformed cost table: ", d.message()));
+        }
         const int answered = resp.lookahead_answered();
         const int expected = resp.expected_answered();
         if (answered < 0 || answered > lookahead || expected < 0 ||
             static_cast<size_t>(expected) > extra.ops.size() ||
-            static_cast<size_t>(resp.costs_size()) !=
+            answer.size() !=
                 missed.size() + predictable * answered +
                     ExpectedCosts(extra.ops, extra.steps, static_cast<size_t>(expected))) {
           return grpc::Status(
               grpc::StatusCode::INTERNAL,
-              absl::StrCat("answered ", resp.costs_size(), " costs (", answered,
-                           " lookahead steps, ", expected, " expected ops) for ", missed.size(),
-                           " ops, ", predictable, " of them predictable, and ", extra.ops.size(),
-                           " expected"));
+              absl::StrCat("answered ", answer.size(), " costs (", answered, " lookahead steps, ",
+                           expected, " expected ops) for ", missed.size(), " ops, ", predictable,
+                           " of them predictable, and ", extra.ops.size(), " expected"));
         }
         return st;
       },
@@ -1178,11 +1194,11 @@ absl::Status RemoteDevice::Estimate(absl::Span<const Op> ops, absl::Span<Cost> c
     // The expected ops were not answered: forget them (a later hint may
     // name them again).
     std::lock_guard<std::mutex> lock(mu_);
-    InsertExpectedLocked(extra, 0, resp, 0);
+    InsertExpectedLocked(extra, 0, {}, 0);
     return called;
   }
   for (size_t j = 0; j < missed.size(); ++j) {
-    costs[missed[j]] = DecodeCost(resp.costs(static_cast<int>(j)));
+    costs[missed[j]] = answer[j];
   }
   std::lock_guard<std::mutex> lock(mu_);
   if (spread && used == 0) home_holds_.insert(held.begin(), held.end());
@@ -1207,11 +1223,11 @@ absl::Status RemoteDevice::Estimate(absl::Span<const Op> ops, absl::Span<Cost> c
     memo_.emplace(keys[missed[j]], MemoEntry{costs[missed[j]], 0, id});
   }
   if (window != nullptr) {
-    InsertStepsLocked(id, *window, 1, answered, resp, static_cast<int>(missed.size()));
+    InsertStepsLocked(id, *window, 1, answered, answer, missed.size());
   }
   if (!extra.ops.empty()) {
-    InsertExpectedLocked(extra, resp.expected_answered(), resp,
-                         static_cast<int>(missed.size() + predictable * answered));
+    InsertExpectedLocked(extra, resp.expected_answered(), answer,
+                         missed.size() + predictable * static_cast<size_t>(answered));
   }
   return absl::OkStatus();
 }

@@ -320,10 +320,10 @@ class RemoteDevice : public devices::Device {
   // bounds on what waits. mu_ held.
   void AddPendingLocked(absl::Span<const devices::Op> ops, absl::Span<const int32_t> steps) const;
   // Memoises the first `answered` of `expected` with their steps, costs
-  // from resp.costs(at) (by blocks, as agent.proto says), and forgets them
-  // all as pending. mu_ held.
+  // from costs[at] (by blocks, as agent.proto says), and forgets them all
+  // as pending. mu_ held.
   void InsertExpectedLocked(const OwnedOps& expected, int answered,
-                            const servesim::v1::EstimateResponse& resp, int at) const;
+                            absl::Span<const devices::Cost> costs, size_t at) const;
   // Prepares the asynchronous extension of window `id` (null if its
   // endpoint is not bound and up); StartPrefetch, without mu_, sends it.
   // mu_ held.
@@ -336,9 +336,9 @@ class RemoteDevice : public devices::Device {
   // mu_ not held.
   void PollAnswers(bool until_idle) const;
   // Memo entries for steps [from, from + steps) of `window`, costs from
-  // resp.costs(at). mu_ held.
+  // costs[at]. mu_ held.
   void InsertStepsLocked(uint64_t id, const Window& window, int from, int steps,
-                         const servesim::v1::EstimateResponse& resp, int at) const;
+                         absl::Span<const devices::Cost> costs, size_t at) const;
   // The interned id of a list's content (bytes), adding it if new. mu_
   // held.
   uint32_t InternLocked(const std::string& content) const;

@@ -37,17 +37,10 @@
 #include "grpcpp/create_channel.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/support/byte_buffer.h"
-#include "studies/sweep.h"
 #include "gtest/gtest.h"
-#include "tests/test_util.h"
-
-#ifndef SERVESIM_BINARY
-#error "SERVESIM_BINARY must name the servesim executable"
-#endif
-#ifndef SERVESIM_AGENT_BINARY
-#error "SERVESIM_AGENT_BINARY must name the servesim-agent executable"
-#endif
+#include "studies/sweep.h"
 #include "tests/agents/agent_test_util.h"
+#include "tests/test_util.h"
 
 #ifndef SERVESIM_BINARY
 #error "SERVESIM_BINARY must name the servesim executable"
@@ -67,6 +60,7 @@ using devices::Op;
 using devices::OpKind;
 using test::AttAccSpec;
 using test::Bits;
+using test::CostsOf;
 using test::ExpectSameBits;
 using test::FastClient;
 using test::FreshDir;
@@ -120,7 +114,7 @@ TEST(AgentConvertTest, OpsRoundTripAndShareSequenceLists) {
   }
 }
 
-TEST(AgentConvertTest, CostsAreBitExact) {
+TEST(AgentConvertTest, CostsAreBitExactAndRepeatsTravelAsOneEntry) {
   Cost c;
   double v = 1.0 / 3.0;
   for (double Cost::*f :
@@ -133,11 +127,53 @@ TEST(AgentConvertTest, CostsAreBitExact) {
   }
   c.cycles = -0.0;
   c.score_s = 4.9e-324;
-  v1::Cost wire;
-  EncodeCost(c, &wire);
-  v1::Cost parsed;
+  Cost sparse;  // two fields set: time (field 1) and link_bytes (field 4)
+  sparse.time_s = 2.5e-6;
+  sparse.link_bytes = 4096;
+  Cost negative_zero = sparse;  // differs from `sparse` only in a sign bit
+  negative_zero.flops = -0.0;
+  const std::vector<Cost> costs = {c, c, c, sparse, Cost{}, Cost{}, sparse, negative_zero, c};
+  v1::CostTable wire;
+  EncodeCosts(costs, &wire);
+  // One entry per cost: 0 for a repeat of the one before, else 0x8000 and
+  // the fields' bits; the values of the new costs only.
+  EXPECT_EQ(std::vector<uint32_t>(wire.fields().begin(), wire.fields().end()),
+            (std::vector<uint32_t>{0xffff, 0, 0, 0x8009, 0x8000, 0, 0x8009, 0x800b, 0xffff}));
+  EXPECT_EQ(wire.values_size(), 15 + 2 + 2 + 3 + 15);
+  v1::CostTable parsed;
   ASSERT_TRUE(parsed.ParseFromString(wire.SerializeAsString()));
-  ExpectSameBits(c, DecodeCost(parsed));
+  std::vector<Cost> got = {sparse};  // decoding appends
+  ASSERT_TRUE(DecodeCosts(parsed, &got).ok());
+  ASSERT_EQ(got.size(), costs.size() + 1);
+  ExpectSameBits(got[0], sparse);
+  for (size_t i = 0; i < costs.size(); ++i) {
+    SCOPED_TRACE(i);
+    ExpectSameBits(got[i + 1], costs[i]);
+  }
+}
+
+TEST(AgentConvertTest, MalformedCostTablesAreRefusedAndAppendNothing) {
+  auto decode = [](std::vector<uint32_t> fields, int values) {
+    v1::CostTable t;
+    for (uint32_t f : fields) t.add_fields(f);
+    for (int i = 0; i < values; ++i) t.add_values(1.5);
+    std::vector<Cost> out(2);
+    const absl::Status st = DecodeCosts(t, &out);
+    EXPECT_EQ(out.size(), 2u);
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+    return std::string(st.message());
+  };
+  EXPECT_EQ(decode({0}, 0),
+            "cost_table.fields[0] is 0, a repeat of the cost before, but there is none");
+  EXPECT_EQ(decode({0x8001, 0x1}, 1),
+            "cost_table.fields[1] is 1: allowed are 0 (a repeat) and 32768 + a mask of Cost's "
+            "field numbers 1..15 (bit f - 1 for field f)");
+  EXPECT_EQ(decode({0x18000}, 0),
+            "cost_table.fields[0] is 98304: allowed are 0 (a repeat) and 32768 + a mask of "
+            "Cost's field numbers 1..15 (bit f - 1 for field f)");
+  EXPECT_EQ(decode({0x8001, 0x8003}, 2),
+            "cost_table.fields[1] sets 2 fields but only 1 of cost_table.values are left");
+  EXPECT_EQ(decode({0x8001, 0}, 3), "cost_table has 3 values but its fields use 1");
 }
 
 TEST(AgentConvertTest, MoeOpsRoundTripAndBadOnesAreRefused) {
@@ -325,7 +361,7 @@ TEST(AgentLimitsTest, ContextLengthIsCheckedAtItsLimit) {
   // new_tokens 1 + past_tokens 4,194,303 = kMaxContextTokens: accepted.
   grpc::Status st = DirectEstimate(svc.get(), DecodeAttention(1, (1 << 22) - 1), &resp);
   ASSERT_TRUE(st.ok()) << st.error_message();
-  EXPECT_EQ(resp.costs_size(), 1);
+  EXPECT_EQ(CostsOf(resp).size(), 1u);
   st = DirectEstimate(svc.get(), DecodeAttention(1, 1 << 22), &resp);
   EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_EQ(st.error_message(),
@@ -348,7 +384,7 @@ TEST(AgentLimitsTest, SequencesNamedByAllOpsAreBounded) {
   v1::EstimateResponse resp;
   grpc::Status st = DirectEstimate(svc.get(), req, &resp);
   ASSERT_TRUE(st.ok()) << st.error_message();
-  EXPECT_EQ(resp.costs_size(), 4096);
+  EXPECT_EQ(CostsOf(resp).size(), 4096u);
   *req.add_ops() = req.ops(0);
   st = DirectEstimate(svc.get(), req, &resp);
   EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
@@ -369,7 +405,7 @@ TEST(AgentLimitsTest, LookaheadStopsAtTheSequenceBudget) {
   grpc::Status st = DirectEstimate(svc.get(), req, &resp);
   ASSERT_TRUE(st.ok()) << st.error_message();
   EXPECT_EQ(resp.lookahead_answered(), 64);
-  EXPECT_EQ(resp.costs_size(), 1 + 64);
+  EXPECT_EQ(CostsOf(resp).size(), size_t{1 + 64});
   // A small batch gets every step it asks for.
   req = DecodeAttention(4, 10);
   req.set_lookahead(256);

@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -38,6 +39,8 @@
 #include "grpcpp/create_channel.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/security/credentials.h"
+#include "grpcpp/security/server_credentials.h"
+#include "grpcpp/server_builder.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "gtest/gtest.h"
 #include "studies/sweep.h"
@@ -70,6 +73,7 @@ using devices::OpKind;
 using test::AgentAndClient;
 using test::AttAccSpec;
 using test::Bits;
+using test::CostsOf;
 using test::ExpectSameBits;
 using test::FastClient;
 using test::FreshDir;
@@ -218,7 +222,7 @@ TEST(AgentServiceTest, LookaheadOnlyWhereAnsweringAheadChangesNothing) {
     ASSERT_TRUE(stub->Estimate(&ctx, req, &resp).ok());
     const bool full = fidelity == v1::PRUNE_FIDELITY_FULL;
     EXPECT_EQ(resp.lookahead_answered(), full ? 0 : 4);
-    EXPECT_EQ(resp.costs_size(), full ? 1 : 5);
+    EXPECT_EQ(CostsOf(resp).size(), full ? 1u : 5u);
     auto local = devices::CreateDevice(spec);
     ASSERT_TRUE(local.ok());
     EXPECT_EQ((*local)->Describe().lookahead_ok, !full);
@@ -533,7 +537,7 @@ TEST(AgentServiceTest, ExpectedOpsStopAtTheFirstRefusedAndOnlyWhereAskingAheadIs
   // ops[1..3] expected: ops[1] answered, the all-reduce ends the answer.
   ASSERT_TRUE(ask(3, &resp).ok());
   EXPECT_EQ(resp.expected_answered(), 1);
-  EXPECT_EQ(resp.costs_size(), 2);
+  EXPECT_EQ(CostsOf(resp).size(), 2u);
   // Expected with steps: ops[1] and its next 3 steps, by blocks.
   {
     v1::EstimateRequest req;
@@ -544,14 +548,14 @@ TEST(AgentServiceTest, ExpectedOpsStopAtTheFirstRefusedAndOnlyWhereAskingAheadIs
     grpc::ClientContext ctx;
     ASSERT_TRUE(stub->Estimate(&ctx, req, &r).ok());
     EXPECT_EQ(r.expected_answered(), 1);
-    ASSERT_EQ(r.costs_size(), 1 + 1 + 3);
+    ASSERT_EQ(CostsOf(r).size(), size_t{1 + 1 + 3});
     std::vector<AttentionSeq> later = s.seqs;
     for (int j = 0; j <= 3; ++j) {
       Op op = s.ops[1];
       op.seqs = later;
       Cost c;
       ASSERT_TRUE((*local_device())->Estimate({&op, 1}, absl::MakeSpan(&c, 1)).ok());
-      ExpectSameBits(c, DecodeCost(r.costs(1 + j)));
+      ExpectSameBits(c, CostsOf(r)[1 + j]);
       for (AttentionSeq& q : later) q.past_tokens += 1;
     }
     req.set_expected_steps(0, 257);
@@ -565,7 +569,7 @@ TEST(AgentServiceTest, ExpectedOpsStopAtTheFirstRefusedAndOnlyWhereAskingAheadIs
   ASSERT_TRUE(local.ok());
   std::vector<Cost> want(2);
   ASSERT_TRUE((*local)->Estimate(absl::MakeConstSpan(ops).first(2), absl::MakeSpan(want)).ok());
-  for (int i = 0; i < 2; ++i) ExpectSameBits(want[i], DecodeCost(resp.costs(i)));
+  for (int i = 0; i < 2; ++i) ExpectSameBits(want[i], CostsOf(resp)[i]);
   // Asked, the all-reduce fails the call as before.
   EXPECT_EQ(ask(1, &resp).error_code(), grpc::StatusCode::UNIMPLEMENTED);
   for (int bad : {-1, 5}) {
@@ -588,7 +592,7 @@ TEST(AgentServiceTest, ExpectedOpsStopAtTheFirstRefusedAndOnlyWhereAskingAheadIs
       grpc::CreateChannel(topick->address(), grpc::InsecureChannelCredentials()));
   ASSERT_TRUE(topick_stub->Estimate(&ctx, req, &resp).ok());
   EXPECT_EQ(resp.expected_answered(), 0);
-  EXPECT_EQ(resp.costs_size(), 1);
+  EXPECT_EQ(CostsOf(resp).size(), 1u);
   auto remote = RemoteDevice::Create(full, {topick->address()}, FastClient(), "test device");
   ASSERT_TRUE(remote.ok());
   EXPECT_EQ((*remote)->ExpectSteps(), 0);
@@ -655,7 +659,7 @@ TEST(AgentServiceTest, BadRequestsGetTheirStatusCodes) {
         grpc::CreateChannel(addr, grpc::InsecureChannelCredentials()));
     ASSERT_TRUE(stub->Estimate(&ctx, la, &resp).ok());
     EXPECT_EQ(resp.lookahead_answered(), 2);
-    ASSERT_EQ(resp.costs_size(), 3 + 2 * 2);
+    ASSERT_EQ(CostsOf(resp).size(), size_t{3 + 2 * 2});
     auto dev = devices::CreateDevice(AttAccSpec());
     ASSERT_TRUE(dev.ok());
     for (int j = 1; j <= 2; ++j) {
@@ -666,7 +670,7 @@ TEST(AgentServiceTest, BadRequestsGetTheirStatusCodes) {
       std::vector<Cost> want(2);
       ASSERT_TRUE((*dev)->Estimate(ops, absl::MakeSpan(want)).ok());
       for (int i = 0; i < 2; ++i) {
-        ExpectSameBits(want[i], DecodeCost(resp.costs(3 + 2 * (j - 1) + i)));
+        ExpectSameBits(want[i], CostsOf(resp)[3 + 2 * (j - 1) + i]);
       }
     }
   }
@@ -989,6 +993,50 @@ TEST(AgentServiceTest, LadSessionsKeepTheirStateAcrossSteps) {
     differs += stateless->out.bytes != want->out.bytes ? 1 : 0;
   }
   EXPECT_GT(differs, 0);
+}
+
+// An agent of protocol 1, which sent each cost as a message of its own: a
+// client of protocol 2 would read its answers as no costs at all.
+class Protocol1Agent final : public v1::DeviceAgent::Service {
+ public:
+  grpc::Status Describe(grpc::ServerContext*, const v1::DescribeRequest*,
+                        v1::DescribeResponse* resp) override {
+    ++describes;
+    resp->set_kind("gpu");
+    resp->set_model_version("servesim 0.1.0; servesim.v1.DeviceAgent/1");
+    return grpc::Status::OK;
+  }
+  std::atomic<int> describes{0};
+};
+
+TEST(AgentServiceTest, AnAgentOfAnotherProtocolIsRefusedByNameWithoutRetries) {
+  EXPECT_STREQ(kAgentProtocolVersion, "servesim.v1.DeviceAgent/2");
+  Protocol1Agent old;
+  int port = 0;
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&old);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ASSERT_NE(server, nullptr);
+  const std::string address = absl::StrCat("127.0.0.1:", port);
+  auto remote = RemoteDevice::Create(GpuSpec(), {address}, FastClient(), "xPU device (gpu)");
+  ASSERT_TRUE(remote.ok()) << remote.status();
+  const std::string want =
+      absl::StrCat("xPU device (gpu): agent ", address,
+                   ": Describe: the agent speaks \"servesim 0.1.0; servesim.v1.DeviceAgent/1\" "
+                   "and this client servesim.v1.DeviceAgent/2: run servesim-agent of the same "
+                   "servesim version");
+  const auto described = (*remote)->DescribeOrError();
+  EXPECT_EQ(described.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(described.status().message(), want);
+  SampleOps s;
+  std::vector<Cost> costs(s.ops.size());
+  const absl::Status estimated = (*remote)->Estimate(s.ops, absl::MakeSpan(costs));
+  EXPECT_EQ(estimated.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(absl::StrContains(estimated.message(), "servesim.v1.DeviceAgent/1")) << estimated;
+  EXPECT_EQ((*remote)->Stats().retries, 0);
+  EXPECT_EQ(old.describes.load(), 2);  // one bind per call, neither retried
+  server->Shutdown();
 }
 
 TEST(AgentServiceTest, FailsOverAndNamesTheEndpointsWhenNoneIsLeft) {

@@ -16,6 +16,7 @@
 #include "agents/agent_server.h"
 #include "agents/agent_service.h"
 #include "agents/client_options.h"
+#include "agents/convert.h"
 #include "agents/remote_device.h"
 #include "devices/device.h"
 #include "devices/presets.h"
@@ -50,6 +51,14 @@ inline void ExpectSameBits(const Cost& a, const Cost& b) {
         &Cost::internode_bytes}) {
     EXPECT_EQ(Bits(a.*f), Bits(b.*f));
   }
+}
+
+// The costs an Estimate answered, decoded from its cost table.
+inline std::vector<Cost> CostsOf(const v1::EstimateResponse& resp) {
+  std::vector<Cost> costs;
+  const absl::Status st = DecodeCosts(resp.cost_table(), &costs);
+  EXPECT_TRUE(st.ok()) << st;
+  return costs;
 }
 
 inline v1::DeviceSpec GpuSpec() {

@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "agents/agent_service.h"
 #include "agents/convert.h"
@@ -89,11 +90,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       CheckError(st);
       return 0;
     }
-    Check(resp.costs_size() >= req.ops_size());
+    std::vector<servesim::devices::Cost> costs;
+    Check(servesim::agents::DecodeCosts(resp.cost_table(), &costs).ok());
+    Check(costs.size() >= static_cast<size_t>(req.ops_size()));
     Check(resp.lookahead_answered() >= 0 && resp.lookahead_answered() <= req.lookahead());
-    for (const v1::Cost& c : resp.costs()) {
-      Check(std::isfinite(c.time_s()) && c.time_s() >= 0);
-      Check(std::isfinite(c.flops()) && std::isfinite(c.dram_bytes()));
+    for (const servesim::devices::Cost& c : costs) {
+      Check(std::isfinite(c.time_s) && c.time_s >= 0);
+      Check(std::isfinite(c.flops) && std::isfinite(c.dram_bytes));
     }
   } else if (method == 3) {
     v1::MeasureRequest req;
