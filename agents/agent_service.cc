@@ -489,6 +489,15 @@ grpc::Status AgentService::Measure(grpc::ServerContext* ctx, const v1::MeasureRe
                                        "; expected parts in [0, ", devices::kMaxLayerParts,
                                        "] and part in [0, parts)"));
     }
+    if (req->ahead()) {
+      if (parts > 1) {
+        return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                            "ahead: measures whole steps, not shares (parts must be 0 or 1)");
+      }
+      const absl::Status st = (*h)->device->MeasureAhead(*steps);
+      if (stopped) interrupted_.fetch_add(1);
+      return ToGrpcStatus(st);
+    }
     measured = parts > 1 ? (*h)->device->MeasureLayers(*steps, req->part(), parts)
                          : (*h)->device->Measure(*steps);
   }

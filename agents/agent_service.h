@@ -62,9 +62,10 @@
 namespace servesim::agents {
 
 // The protocol agent.proto describes, last in DescribeResponse.model_version
-// ("servesim 0.1.0; servesim.v1.DeviceAgent/2"); a client binds only to an
-// agent that speaks its own. 2: costs travel as a CostTable.
-inline constexpr char kAgentProtocolVersion[] = "servesim.v1.DeviceAgent/2";
+// ("servesim 0.1.0; servesim.v1.DeviceAgent/3"); a client binds only to an
+// agent that speaks its own. 2: costs travel as a CostTable. 3: Measure may
+// ask ahead (an agent of 2 would take it for a Measure).
+inline constexpr char kAgentProtocolVersion[] = "servesim.v1.DeviceAgent/3";
 
 struct AgentServiceOptions {
   servesim::v1::DeviceSpec spec;

@@ -497,6 +497,7 @@ absl::Status RemoteDevice::MeasureSpread(absl::Span<const Op> ops,
       share[owner_.at(k.request_id)].push_back(k);
     }
   }
+  if (!layers) StartAheadOnce();
   // One thread per endpoint with steps (the caller's thread takes the last),
   // joined in endpoint order.
   std::vector<std::vector<devices::StepMeasurement>> got(n);
@@ -522,6 +523,7 @@ absl::Status RemoteDevice::MeasureSpread(absl::Span<const Op> ops,
         if (endpoints_[start]->down_until > now) start = e;
       }
       int u = -1;
+      if (!layers) Busy(e, +1);
       status[e] = Call(
           "Measure",
           [&](v1::DeviceAgent::Stub* stub, const std::string& key, grpc::ClientContext* ctx) {
@@ -530,6 +532,11 @@ absl::Status RemoteDevice::MeasureSpread(absl::Span<const Op> ops,
             return stub->Measure(ctx, req, &resp);
           },
           start, &u);
+      if (!layers) {
+        Busy(e, -1);
+        // Its endpoint goes on with these requests' next steps meanwhile.
+        if (status[e].ok()) Hold(u, absl::MakeConstSpan(share[e]).subspan(at, end - at), final_of);
+      }
       if (!status[e].ok()) return;
       auto m = DecodeMeasurements(resp.measured(), kMaxMeasuredSteps, "measured");
       if (!m.ok()) {
@@ -579,6 +586,116 @@ absl::Status RemoteDevice::MeasureSpread(absl::Span<const Op> ops,
     }
   }
   return absl::OkStatus();
+}
+
+void RemoteDevice::StartAheadOnce() const {
+  std::call_once(ahead_once_, [this] {
+    std::lock_guard<std::mutex> lock(ahead_mu_);
+    ahead_.resize(endpoints_.size());
+    for (int e = 0; e < static_cast<int>(endpoints_.size()); ++e) {
+      ahead_threads_.emplace_back([this, e] { AheadLoop(e); });
+    }
+  });
+}
+
+void RemoteDevice::Busy(int e, int delta) const {
+  {
+    std::lock_guard<std::mutex> lock(ahead_mu_);
+    if (e >= static_cast<int>(ahead_.size())) return;
+    ahead_[e].busy += delta;
+  }
+  if (delta < 0) ahead_cv_.notify_all();
+}
+
+void RemoteDevice::Hold(int e, absl::Span<const devices::StepKey> asked,
+                        const absl::flat_hash_map<int64_t, int64_t>& final_of) const {
+  {
+    std::lock_guard<std::mutex> lock(ahead_mu_);
+    if (e >= static_cast<int>(ahead_.size())) return;
+    for (const devices::StepKey& k : asked) {
+      // A request that moved (its endpoint down) goes on where it landed.
+      for (int o = 0; o < static_cast<int>(ahead_.size()); ++o) {
+        if (o != e) ahead_[o].requests.erase(k.request_id);
+      }
+      const auto f = final_of.find(k.request_id);
+      // Its last decode step has context final_tokens - 1 (the last token
+      // is the output, not attended).
+      const int64_t last = f == final_of.end() ? 0 : f->second - 1;
+      AheadStep& st = ahead_[e].requests[k.request_id];
+      st.asked = std::max(st.asked, k.l);
+      st.next = std::max(st.next, k.l + 1);
+      st.last = std::max(st.last, last);
+    }
+  }
+  ahead_cv_.notify_all();
+}
+
+void RemoteDevice::AheadLoop(int e) const {
+  std::unique_lock<std::mutex> lock(ahead_mu_);
+  while (!ahead_stop_) {
+    AheadWork& w = ahead_[e];
+    // The request least far ahead of its last asked step; a request is
+    // forgotten once its last step was asked (until then it is kept, so that
+    // a call does not set it back to the step after the one it asked).
+    int64_t pick = -1, lead = 0;
+    for (auto it = w.requests.begin(); it != w.requests.end();) {
+      const AheadStep& st = it->second;
+      if (st.asked >= st.last) {
+        w.requests.erase(it++);
+        continue;
+      }
+      if (st.next > st.last) {
+        ++it;
+        continue;
+      }
+      if (pick < 0 || st.next - st.asked < lead) {
+        pick = it->first;
+        lead = st.next - st.asked;
+      }
+      ++it;
+    }
+    if (ahead_refused_ || w.busy > 0 || pick < 0) {
+      ahead_cv_.wait(lock);
+      continue;
+    }
+    const devices::StepKey k{pick, w.requests.at(pick).next};
+    Endpoint* ep = endpoints_[e].get();
+    v1::MeasureRequest req;
+    {
+      std::lock_guard<std::mutex> state(mu_);
+      if (!ep->bound || ep->down_until > std::chrono::steady_clock::now()) {
+        // Asked again once a call has reached it.
+        w.requests.clear();
+        continue;
+      }
+      req.set_device_key(ep->device_key);
+    }
+    EncodeStepKey(k, req.add_steps());
+    req.set_ahead(true);
+    grpc::ClientContext ctx;
+    PrepareContext(&ctx, options_.deadline_s);
+    w.inflight = &ctx;
+    lock.unlock();
+    v1::MeasureResponse resp;
+    const grpc::Status st = ep->stub->Measure(&ctx, req, &resp);
+    lock.lock();
+    w.inflight = nullptr;
+    {
+      std::lock_guard<std::mutex> state(mu_);
+      ++(st.ok() ? stats_.ahead_rpcs : stats_.ahead_failures);
+    }
+    if (st.ok()) {
+      // Asked, whether measured or passed over (a call waited): the next
+      // ask goes on from where the kernel stands.
+      if (auto it = w.requests.find(k.request_id); it != w.requests.end()) {
+        it->second.next = std::max(it->second.next, k.l + 1);
+      }
+    } else if (st.error_code() == grpc::StatusCode::UNIMPLEMENTED) {
+      ahead_refused_ = true;
+    } else {
+      w.requests.clear();
+    }
+  }
 }
 
 devices::DeviceDescription RemoteDevice::Describe() const {
@@ -727,6 +844,15 @@ struct RemoteDevice::Prefetch {
 };
 
 RemoteDevice::~RemoteDevice() {
+  {
+    std::lock_guard<std::mutex> lock(ahead_mu_);
+    ahead_stop_ = true;
+    for (AheadWork& w : ahead_) {
+      if (w.inflight != nullptr) w.inflight->TryCancel();
+    }
+  }
+  ahead_cv_.notify_all();
+  for (std::thread& t : ahead_threads_) t.join();
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (Prefetch* p : prefetches_) p->ctx.TryCancel();  // nobody waits for their answers
@@ -1162,6 +1288,13 @@ absl::Status RemoteDevice::Estimate(absl::Span<const Op> ops, absl::Span<Cost> c
   size_t predictable = 0;
   for (const Op& op : missed_ops) predictable += Predictable(op) ? 1 : 0;
   int used = 0;
+  // The home costs the ops: its thread measuring ahead waits meanwhile.
+  bool whole = false;
+  if (spread) {
+    std::lock_guard<std::mutex> lock(mu_);
+    whole = !splits_;
+  }
+  if (whole) Busy(0, +1);
   const absl::Status called = Call(
       "Estimate",
       [&](v1::DeviceAgent::Stub* stub, const std::string& key, grpc::ClientContext* ctx) {
@@ -1190,6 +1323,7 @@ absl::Status RemoteDevice::Estimate(absl::Span<const Op> ops, absl::Span<Cost> c
         return st;
       },
       spread ? 0 : -1, &used);
+  if (whole) Busy(0, -1);
   if (!called.ok()) {
     // The expected ops were not answered: forget them (a later hint may
     // name them again).

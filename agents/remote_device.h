@@ -58,8 +58,8 @@
 //    from its first sequence's length on, keyed by its sequence list
 //    relative to that first sequence), not as an entry per step: a step is
 //    found by the op's relative list and its first sequence's length, so
-//    neither the answer nor the lookup interns a list per step. Once told, the client stops its own lookahead: the projection
-//    knows who leaves when. Only devices whose description says
+//    neither the answer nor the lookup interns a list per step. Once told, the client stops its own
+//    lookahead: the projection knows who leaves when. Only devices whose description says
 //    lookahead_ok take hints (ExpectSteps() is 0 otherwise), so
 //    FULL-fidelity devices are never asked ahead. Ops told by ExpectLater
 //    (an arriving request's prefill) wait in the same list but are not due:
@@ -85,9 +85,12 @@
 //    from step to step through the layers) each request is measured whole
 //    on one endpoint, chosen when it is first seen (the one with the least
 //    work left: the sum of L over its requests' remaining steps, from
-//    AttentionSeq::final_tokens; the most work placed first) and kept. The
-//    first endpoint (the home)
-//    then costs the ops with the others' measurements absorbed
+//    AttentionSeq::final_tokens; the most work placed first) and kept.
+//    Between the calls that ask them, each such endpoint measures its
+//    requests' next steps ahead (Measure with `ahead`, one step a call, on
+//    a thread per endpoint; devices::Device::MeasureAhead), which the
+//    device holds apart until asked, so results never depend on it. The
+//    first endpoint (the home) then costs the ops with the others' measurements absorbed
 //    (EstimateRequest.measured; shares summed, then the fractions taken)
 //    and answers Describe. Its memo thus holds every step, as an in-process
 //    device's would, so costs and the description are byte-identical for
@@ -146,6 +149,10 @@ struct RemoteStats {
   // Measure calls, and the steps each endpoint measured.
   int64_t measure_rpcs = 0;
   std::vector<int64_t> measured_steps;  // per endpoint
+  // Steps asked ahead (MeasureAhead, whole requests spread), and those
+  // calls that failed (ignored: the step is measured when asked).
+  int64_t ahead_rpcs = 0;
+  int64_t ahead_failures = 0;
   // Expected ops (Expect) costed into the memo, memo hits on them, and
   // calls that missed and waited for an expectation in flight.
   int64_t expected_ops = 0;
@@ -242,6 +249,17 @@ class RemoteDevice : public devices::Device {
   absl::Status MeasureSpread(absl::Span<const devices::Op> ops,
                              std::vector<devices::StepMeasurement>* absorb,
                              std::vector<devices::StepKey>* steps) const;
+  // Measuring ahead: the endpoints' threads start once (whole requests
+  // spread over them); Busy marks a call of the run's in flight to an
+  // endpoint (its thread waits meanwhile); Hold tells endpoint `e` the
+  // steps it was just asked, so it goes on from them; AheadLoop is endpoint
+  // e's thread: it asks, one step a call, the next step of the request it
+  // holds that is least far ahead, up to the request's last step.
+  void StartAheadOnce() const;
+  void Busy(int e, int delta) const;
+  void Hold(int e, absl::Span<const devices::StepKey> asked,
+            const absl::flat_hash_map<int64_t, int64_t>& final_of) const;
+  void AheadLoop(int e) const;
   // What a failed connection's error suggests checking ("" if nothing).
   std::string ConnectHint(const grpc::Status& st) const;
   void PrepareContext(grpc::ClientContext* ctx, double deadline_s) const;
@@ -404,6 +422,26 @@ class RemoteDevice : public devices::Device {
   mutable absl::flat_hash_map<int64_t, int> owner_;  // request -> endpoint measuring it
   mutable int next_owner_ = 0;
   mutable absl::flat_hash_set<devices::StepKey> home_holds_;  // steps in the home's memo
+  // Measuring ahead (guarded by ahead_mu_, taken before mu_ where both
+  // are): per endpoint, the requests it holds, as (asked: the last step a
+  // call asked; next: the next to ask ahead; last: the request's last
+  // decode step, from final_tokens), the calls of the run's in flight to it
+  // and the context of its call ahead in flight (to cancel).
+  struct AheadStep {
+    int64_t asked = 0, next = 0, last = 0;
+  };
+  struct AheadWork {
+    absl::flat_hash_map<int64_t, AheadStep> requests;
+    int busy = 0;
+    grpc::ClientContext* inflight = nullptr;
+  };
+  mutable std::once_flag ahead_once_;
+  mutable std::mutex ahead_mu_;
+  mutable std::condition_variable ahead_cv_;
+  mutable std::vector<AheadWork> ahead_;
+  mutable std::vector<std::thread> ahead_threads_;
+  mutable bool ahead_stop_ = false;
+  mutable bool ahead_refused_ = false;  // the agent answered UNIMPLEMENTED
   // Expectations: the description's lookahead_ok (-1 unknown), whether
   // Expect was called, the ops waiting and the keys of those waiting or in
   // flight.

@@ -104,6 +104,6 @@ print(f"speedup={w1 / w2:.2f}")
 cpu = lambda m: open(f"{d}/{m}_cpu").read().strip()
 print(f"  agent_cpu_s: one=[{cpu('one')}] two=[{cpu('two')}]")
 print(f"  measured_steps={a['measured_steps']} measure_rpcs={a['measure_rpcs']} "
-      f"estimate_rpcs={a['estimate_rpcs']}")
+      f"estimate_rpcs={a['estimate_rpcs']} ahead_rpcs={a['ahead_rpcs']}")
 print("outputs byte-identical: yes")
 PY

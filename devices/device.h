@@ -30,6 +30,14 @@
 //    if this instance had measured those steps itself. A request's steps
 //    must be measured on one instance, in order, for the values to equal
 //    the in-process ones (LAD and SpAtten carry state from step to step).
+//  - MeasureAhead(steps) measures steps that a later Measure, Estimate or
+//    Absorb is expected to ask, in the time the device would otherwise wait
+//    (UNIMPLEMENTED where a device cannot; SpAtten FULL can). What it
+//    measures is held apart: it reaches the memo, Describe and the fresh
+//    steps only when a step at or after it is asked, exactly as if measured
+//    then, so asking ahead never changes a result. It skips steps of
+//    requests the device has not measured yet and steps already measured,
+//    and returns early (OK) when another call is waiting for the device.
 //  - MeasureLayers(steps, part, parts) (devices whose description says
 //    `splits_layers`) measures only a share of every step's layers and
 //    returns the kernels' additive counts over that share (exact integers),
@@ -162,6 +170,7 @@ class Device {
   virtual absl::StatusOr<std::vector<StepMeasurement>> Measure(
       absl::Span<const StepKey> steps) const;
   virtual absl::Status Absorb(absl::Span<const StepMeasurement> measured) const;
+  virtual absl::Status MeasureAhead(absl::Span<const StepKey> steps) const;
   virtual absl::StatusOr<std::vector<StepMeasurement>> MeasureLayers(
       absl::Span<const StepKey> steps, int part, int parts) const;
   virtual int ExpectSteps() const { return 0; }

@@ -279,6 +279,19 @@ class FreshSteps {
   absl::flat_hash_map<int64_t, std::vector<int64_t>> fresh_;
 };
 
+// Counts the calls that wait for a device's memo lock while they live, so
+// that work done ahead (Device::MeasureAhead) yields to them between steps.
+class AskingScope {
+ public:
+  explicit AskingScope(std::atomic<int>& asking) : asking_(asking) { asking_.fetch_add(1); }
+  ~AskingScope() { asking_.fetch_sub(1); }
+  AskingScope(const AskingScope&) = delete;
+  AskingScope& operator=(const AskingScope&) = delete;
+
+ private:
+  std::atomic<int>& asking_;
+};
+
 // A step's key is a request id >= 0 and a context length >= 1 (INVALID_ARGUMENT
 // naming `what`[i] otherwise).
 absl::Status CheckStepKey(const char* device, const char* what, size_t i, const StepKey& k);

@@ -72,6 +72,11 @@ absl::StatusOr<std::vector<StepMeasurement>> Device::MeasureLayers(absl::Span<co
                    "(FULL fidelity of topick or cta)"));
 }
 
+absl::Status Device::MeasureAhead(absl::Span<const StepKey>) const {
+  return absl::UnimplementedError(
+      absl::StrCat(Describe().kind, " device: MeasureAhead needs spatten at FULL fidelity"));
+}
+
 absl::Status Device::Absorb(absl::Span<const StepMeasurement>) const {
   return absl::UnimplementedError(
       absl::StrCat(Describe().kind,

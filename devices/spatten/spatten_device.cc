@@ -442,15 +442,23 @@ absl::StatusOr<AttentionCall> LayerCall(const AttentionSource& src, int64_t requ
 
 namespace {
 
+// Whether a step measured ahead stops between layers: a call waits.
+absl::Status YieldIfAsked(const std::atomic<int>* yield_to) {
+  if (yield_to != nullptr && yield_to->load() > 0) return absl::AbortedError("a call waits");
+  return absl::OkStatus();
+}
+
 // One decode step of context l (every layer, in order) of `session` on the
-// cache's rows of `request`, summed into *sum.
+// cache's rows of `request`, summed into *sum; ABORTED between layers once
+// *yield_to (if given) is positive.
 absl::Status CachedStep(const AttentionSource& src, FullKvCache::Lease& lease,
                         SpattenSession& session, int64_t request, int layers, int heads, int64_t l,
-                        SpattenCounts* sum) {
+                        SpattenCounts* sum, const std::atomic<int>* yield_to = nullptr) {
   const int64_t d = src.d_head();
   std::vector<float> q(static_cast<size_t>(heads * d));
   std::vector<FullKvCache::View> kv(heads);
   for (int layer = 0; layer < layers; ++layer) {
+    RETURN_IF_ERROR(YieldIfAsked(yield_to));
     for (int h = 0; h < heads; ++h) {
       ASSIGN_OR_RETURN(kv[h], lease.Rows(layer, h, l));
       RETURN_IF_ERROR(src.StepQuery({request, layer, h}, l, q.data() + h * d));
@@ -532,6 +540,7 @@ absl::StatusOr<SpattenDevice::Row> SpattenDevice::FullFractions(int64_t request_
     return absl::InvalidArgumentError(
         "spatten device: FULL fidelity needs AttentionSeq.request_id >= 0 (got -1)");
   }
+  AskingScope asking(asking_);
   std::lock_guard<std::mutex> lock(mu_);
   RequestState& st = requests_[request_id];
   if (auto it = st.memo.find(l); it != st.memo.end()) return it->second;
@@ -539,33 +548,83 @@ absl::StatusOr<SpattenDevice::Row> SpattenDevice::FullFractions(int64_t request_
   if (st.session == nullptr || l < st.first_l) {
     st.session = std::make_unique<SpattenSession>(*this, m.layers(), m.heads());
     st.memo.clear();
+    st.ahead.clear();
     st.first_l = l;
     st.last_l = l - 1;
   }
+  // The steps measured ahead up to l join the memo, in order, as if run now.
+  while (!st.ahead.empty() && st.ahead.begin()->first <= l) {
+    auto node = st.ahead.extract(st.ahead.begin());
+    if (st.memo.emplace(node.key(), node.mapped()).second) fresh_.Add(request_id, node.key());
+  }
+  if (auto it = st.memo.find(l); it != st.memo.end()) return it->second;
+  RETURN_IF_ERROR(RunStepsLocked(request_id, st, l, st.memo, /*ahead=*/false));
+  return st.memo.at(l);
+}
+
+absl::Status SpattenDevice::RunStepsLocked(int64_t request_id, RequestState& st, int64_t l,
+                                           std::map<int64_t, Row>& into, bool ahead) const {
+  const auto& m = spec_.model();
   std::optional<FullKvCache::Lease> lease;
   if (cache_ != nullptr) lease.emplace(cache_->Acquire(request_id));
+  const std::atomic<int>* yield_to = ahead ? &asking_ : nullptr;
   for (int64_t step = st.last_l + 1; step <= l; ++step) {
+    // Ahead, a waiting call stops the step between layers: the session goes
+    // back to where the step began (the cache's rows are the same either way).
+    std::unique_ptr<SpattenSession> before;
+    if (ahead) before = std::make_unique<SpattenSession>(*st.session);
     SpattenCounts sum;
+    absl::Status ran;
     if (lease.has_value()) {
       // The request's fixed-point rows, grown by one row per step: the same
       // integers RunLayer would quantise from LayerCall.
-      RETURN_IF_ERROR(CachedStep(*source_, *lease, *st.session, request_id, m.layers(), m.heads(),
-                                 step, &sum));
+      ran = CachedStep(*source_, *lease, *st.session, request_id, m.layers(), m.heads(), step, &sum,
+                       yield_to);
     } else {
-      for (int layer = 0; layer < m.layers(); ++layer) {
-        ASSIGN_OR_RETURN(AttentionCall call, LayerCall(*source_, request_id, layer, m.heads(), step));
-        RETURN_IF_ERROR(st.session->RunLayer(layer, call, &sum).status());
+      for (int layer = 0; layer < m.layers() && ran.ok(); ++layer) {
+        ran = YieldIfAsked(yield_to);
+        if (!ran.ok()) break;
+        absl::StatusOr<AttentionCall> call =
+            LayerCall(*source_, request_id, layer, m.heads(), step);
+        ran = call.ok() ? st.session->RunLayer(layer, *call, &sum).status() : call.status();
       }
     }
-    if (st.memo.emplace(step, RowOf(sum)).second) fresh_.Add(request_id, step);
+    if (ahead && absl::IsAborted(ran)) {
+      st.session = std::move(before);
+      return absl::OkStatus();
+    }
+    RETURN_IF_ERROR(ran);
+    if (into.emplace(step, RowOf(sum)).second && !ahead) fresh_.Add(request_id, step);
     st.last_l = step;
   }
-  return st.memo.at(l);
+  return absl::OkStatus();
+}
+
+absl::Status SpattenDevice::MeasureAhead(absl::Span<const StepKey> steps) const {
+  if (spec_.fidelity() != servesim::v1::PRUNE_FIDELITY_FULL) return Device::MeasureAhead(steps);
+  for (size_t i = 0; i < steps.size(); ++i) {
+    RETURN_IF_ERROR(CheckStepKey("spatten", "steps", i, steps[i]));
+  }
+  for (const StepKey& k : steps) {
+    // A call waiting for the memo goes first; so does a caller that stops.
+    if (asking_.load() > 0) return absl::OkStatus();
+    RETURN_IF_ERROR(PollInterrupt());
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = requests_.find(k.request_id);
+    if (it == requests_.end()) continue;
+    RequestState& st = it->second;
+    // Only a running session moves ahead, from where it is: its first step
+    // is the one a Measure asked.
+    if (st.session == nullptr || k.l <= st.last_l) continue;
+    RETURN_IF_ERROR(RunStepsLocked(k.request_id, st, k.l, st.ahead, /*ahead=*/true));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<StepMeasurement>> SpattenDevice::Measure(
     absl::Span<const StepKey> steps) const {
   if (spec_.fidelity() != servesim::v1::PRUNE_FIDELITY_FULL) return Device::Measure(steps);
+  AskingScope asking(asking_);  // through the whole call, not one step
   return MeasureSteps<6>(
       "spatten", steps, mu_, fresh_,
       [&](const StepKey& k) { return FullFractions(k.request_id, k.l); },
@@ -582,6 +641,7 @@ absl::StatusOr<std::vector<StepMeasurement>> SpattenDevice::Measure(
 absl::Status SpattenDevice::Absorb(absl::Span<const StepMeasurement> measured) const {
   if (spec_.fidelity() != servesim::v1::PRUNE_FIDELITY_FULL) return Device::Absorb(measured);
   RETURN_IF_ERROR(CheckMeasurements("spatten", 6, measured));
+  AskingScope asking(asking_);
   std::lock_guard<std::mutex> lock(mu_);
   for (const StepMeasurement& m : measured) {
     requests_[m.step.request_id].memo.emplace(m.step.l, StepValues<6>(m));
@@ -673,6 +733,7 @@ DeviceDescription SpattenDevice::Describe() const {
 
 absl::Status SpattenDevice::Estimate(absl::Span<const Op> ops, absl::Span<Cost> costs) const {
   RETURN_IF_ERROR(CheckAttentionOps("spatten", ops, costs.size()));
+  AskingScope asking(asking_);  // ahead of work measured ahead, through the whole call
   const SpattenSpec& t = spec();
   const double lat = std::ceil(t.dram_latency_s() * t.clock_hz() - 1e-9);
   const double power = t.logic_power_w() + t.sram_power_w();

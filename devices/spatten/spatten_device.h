@@ -73,6 +73,7 @@
 #define SERVESIM_DEVICES_SPATTEN_SPATTEN_DEVICE_H_
 
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -156,6 +157,7 @@ class SpattenDevice : public Device {
   absl::StatusOr<std::vector<StepMeasurement>> Measure(
       absl::Span<const StepKey> steps) const override;
   absl::Status Absorb(absl::Span<const StepMeasurement> measured) const override;
+  absl::Status MeasureAhead(absl::Span<const StepKey> steps) const override;
 
   // Per-layer ratios of a model with `layers` layers.
   double TokenRatio(int layer, int layers) const;
@@ -189,8 +191,17 @@ class SpattenDevice : public Device {
     std::unique_ptr<SpattenSession> session;
     int64_t first_l = 0, last_l = 0;
     std::map<int64_t, Row> memo;
+    // Steps measured ahead (MeasureAhead), after the memo's, up to last_l:
+    // they join the memo when a step at or after them is asked.
+    std::map<int64_t, Row> ahead;
   };
+  // Runs the session of `st` from last_l + 1 to l into `into` (under mu_):
+  // asked steps are fresh; `ahead` ones are not, and stop (OK, the session
+  // as it was before the step) when a call waits.
+  absl::Status RunStepsLocked(int64_t request_id, RequestState& st, int64_t l,
+                              std::map<int64_t, Row>& into, bool ahead) const;
   mutable std::mutex mu_;
+  mutable std::atomic<int> asking_{0};  // calls waiting for mu_ (AskingScope)
   mutable std::map<int64_t, RequestState> requests_;
   mutable FreshSteps fresh_;  // guarded by mu_
   // FULL: the requests' fixed-point K and V rows between steps (msb + lsb

@@ -55,7 +55,8 @@ std::string AgentsJson(const scenario::ResolvedScenario& sc) {
         "\"prefetch_failures\": %d, \"other_rpcs\": %d, "
         "\"retries\": %d, \"failovers\": %d, "
         "\"rebinds\": %d, \"session_rebuilds\": %d, \"measure_rpcs\": %d, "
-        "\"measured_steps\": [%s], \"expected_ops\": %d, \"expected_hits\": %d, "
+        "\"measured_steps\": [%s], \"ahead_rpcs\": %d, \"ahead_failures\": %d, "
+        "\"expected_ops\": %d, \"expected_hits\": %d, "
         "\"expect_waits\": %d, \"prepare_rpcs\": %d, \"prepared_ops\": %d}",
         reports::JsonString(d->label()), absl::StrJoin(eps, ", "), s.estimate_calls,
         s.estimate_rpcs, s.ops_memo_hits, s.ops_memo_misses,
@@ -64,7 +65,8 @@ std::string AgentsJson(const scenario::ResolvedScenario& sc) {
             : 0.0,
         s.predicted_ops, s.prefetch_rpcs, s.prefetch_failures, s.other_rpcs, s.retries, s.failovers,
         s.rebinds, s.session_rebuilds, s.measure_rpcs, absl::StrJoin(s.measured_steps, ", "),
-        s.expected_ops, s.expected_hits, s.expect_waits, s.prepare_rpcs, s.prepared_ops));
+        s.ahead_rpcs, s.ahead_failures, s.expected_ops, s.expected_hits, s.expect_waits,
+        s.prepare_rpcs, s.prepared_ops));
   }
   return absl::StrCat("[\n", absl::StrJoin(items, ",\n"), "\n  ]");
 }

@@ -761,6 +761,19 @@ TEST(AgentServiceTest, MeasureRefusesBadStepsAndDevicesThatDoNotMeasure) {
   EXPECT_EQ(st.error_code(), grpc::StatusCode::UNIMPLEMENTED) << st.error_message();
   EXPECT_TRUE(absl::StrContains(st.error_message(), "attacc device: Measure"))
       << st.error_message();
+  // Measuring ahead: whole steps only, and only where the device can.
+  req.set_ahead(true);
+  st = measure(req);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::UNIMPLEMENTED) << st.error_message();
+  EXPECT_TRUE(absl::StrContains(st.error_message(), "attacc device: MeasureAhead needs spatten"))
+      << st.error_message();
+  req.set_parts(2);
+  st = measure(req);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_TRUE(absl::StrContains(st.error_message(), "ahead: measures whole steps"))
+      << st.error_message();
+  req.set_parts(0);
+  req.set_ahead(false);
   k->set_request_id(-2);
   st = measure(req);
   EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
@@ -1010,7 +1023,7 @@ class Protocol1Agent final : public v1::DeviceAgent::Service {
 };
 
 TEST(AgentServiceTest, AnAgentOfAnotherProtocolIsRefusedByNameWithoutRetries) {
-  EXPECT_STREQ(kAgentProtocolVersion, "servesim.v1.DeviceAgent/2");
+  EXPECT_STREQ(kAgentProtocolVersion, "servesim.v1.DeviceAgent/3");
   Protocol1Agent old;
   int port = 0;
   grpc::ServerBuilder builder;
@@ -1024,7 +1037,7 @@ TEST(AgentServiceTest, AnAgentOfAnotherProtocolIsRefusedByNameWithoutRetries) {
   const std::string want =
       absl::StrCat("xPU device (gpu): agent ", address,
                    ": Describe: the agent speaks \"servesim 0.1.0; servesim.v1.DeviceAgent/1\" "
-                   "and this client servesim.v1.DeviceAgent/2: run servesim-agent of the same "
+                   "and this client servesim.v1.DeviceAgent/3: run servesim-agent of the same "
                    "servesim version");
   const auto described = (*remote)->DescribeOrError();
   EXPECT_EQ(described.status().code(), absl::StatusCode::kFailedPrecondition);

@@ -7,6 +7,7 @@
 #include <limits>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -233,6 +234,104 @@ TEST_P(MeasureLayersTest, SharesSumToTheWholeStepBitForBit) {
   StepMeasurement share{{1, 70}, {1, 2, 3, 4, 5}, 0, 2};
   absl::Status st = lad->Absorb({share});
   EXPECT_TRUE(absl::StrContains(st.message(), "takes whole steps")) << st;
+}
+
+// Describe's parameters but the calibration's wall time.
+std::vector<std::pair<std::string, double>> Params(const Device& d) {
+  std::vector<std::pair<std::string, double>> p;
+  for (const auto& kv : d.Describe().parameters) {
+    if (!absl::StrContains(kv.first, "calibration_s")) p.push_back(kv);
+  }
+  return p;
+}
+
+TEST(MeasureAheadTest, StepsMeasuredAheadAreTheAskedStepsAndStayUnseenUntilAsked) {
+  const servesim::v1::DeviceSpec spec = Spec("spatten", PRUNE_FIDELITY_FULL);
+  auto alone = Make(spec), ahead = Make(spec);
+  ASSERT_NE(alone, nullptr);
+  ASSERT_NE(ahead, nullptr);
+  for (Device* d : {alone.get(), ahead.get()}) ASSERT_TRUE(d->Measure({{5, 41}}).ok());
+  // Request 6 was never asked: its steps are passed over, not started.
+  ASSERT_TRUE(ahead->MeasureAhead({{5, 42}, {5, 43}, {5, 44}, {5, 45}, {6, 50}}).ok());
+  ASSERT_TRUE(ahead->MeasureAhead({{5, 43}}).ok());  // measured already: passed over
+  EXPECT_EQ(Params(*alone), Params(*ahead));         // nothing ahead in the description
+  // Asked one at a time, each step answers alone; asked past steps not yet
+  // asked, those come too (filled in), as from a device that ran them then.
+  for (const std::vector<StepKey>& asked :
+       std::vector<std::vector<StepKey>>{{{5, 42}}, {{5, 44}}, {{6, 50}}, {{5, 47}}}) {
+    auto want = alone->Measure(asked);
+    auto got = ahead->Measure(asked);
+    ASSERT_TRUE(want.ok()) << want.status();
+    ASSERT_TRUE(got.ok()) << got.status();
+    ASSERT_EQ(got->size(), want->size()) << asked.front().l;
+    for (size_t i = 0; i < want->size(); ++i) {
+      EXPECT_EQ((*got)[i].step, (*want)[i].step) << asked.front().l;
+      EXPECT_EQ((*got)[i].values, (*want)[i].values) << asked.front().l;
+    }
+    EXPECT_EQ(Params(*alone), Params(*ahead)) << asked.front().l;
+  }
+  // 44 came with 43 filled in; 47 with 45 and 46 (45 measured ahead).
+  auto again = ahead->Measure({{5, 45}});
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->size(), 1u);
+
+  EXPECT_EQ(ahead->MeasureAhead({{5, 0}}).code(), absl::StatusCode::kInvalidArgument);
+  for (const char* kind : {"topick", "cta", "lad"}) {
+    auto other = Make(Spec(kind, PRUNE_FIDELITY_FULL));
+    ASSERT_NE(other, nullptr);
+    const absl::Status st = other->MeasureAhead({{5, 42}});
+    EXPECT_EQ(st.code(), absl::StatusCode::kUnimplemented) << kind;
+    EXPECT_TRUE(absl::StrContains(st.message(), "MeasureAhead needs spatten")) << st;
+  }
+  auto analytic = Make(Spec("spatten", PRUNE_FIDELITY_ANALYTIC));
+  ASSERT_NE(analytic, nullptr);
+  EXPECT_EQ(analytic->MeasureAhead({{5, 42}}).code(), absl::StatusCode::kUnimplemented);
+}
+
+TEST(MeasureAheadTest, CallsDuringAStretchAheadGetTheStepsTheyWouldHaveGotAlone) {
+  // A thread measures 120 steps of two requests ahead, one call each, while
+  // this one asks the steps and costs them: whenever the thread yields (a
+  // call waits; a step stopped between layers starts again later), the
+  // answers and the description are those of a device that never went
+  // ahead.
+  const servesim::v1::DeviceSpec spec = Spec("spatten", PRUNE_FIDELITY_FULL);
+  auto alone = Make(spec), ahead = Make(spec);
+  ASSERT_NE(alone, nullptr);
+  ASSERT_NE(ahead, nullptr);
+  for (Device* d : {alone.get(), ahead.get()}) ASSERT_TRUE(d->Measure({{1, 60}, {2, 90}}).ok());
+  std::thread runner([&] {
+    for (int64_t j = 1; j <= 120; ++j) {
+      ASSERT_TRUE(ahead->MeasureAhead({{1, 60 + j}}).ok());
+      ASSERT_TRUE(ahead->MeasureAhead({{2, 90 + j}}).ok());
+    }
+  });
+  for (int64_t j = 1; j <= 80; ++j) {
+    std::vector<AttentionSeq> seqs(2);
+    seqs[0].request_id = 1;
+    seqs[0].past_tokens = 59 + j;
+    seqs[1].request_id = 2;
+    seqs[1].past_tokens = 89 + j;
+    for (AttentionSeq& s : seqs) s.new_tokens = 1;
+    const Op op = DecodeOp(seqs);
+    Cost a, b;
+    if (j % 2 == 0) {
+      const std::vector<StepKey> asked = {{1, 60 + j}, {2, 90 + j}};
+      auto want = alone->Measure(asked);
+      auto got = ahead->Measure(asked);
+      ASSERT_TRUE(want.ok() && got.ok());
+      ASSERT_EQ(got->size(), want->size()) << j;
+      for (size_t i = 0; i < want->size(); ++i) {
+        EXPECT_EQ((*got)[i].step, (*want)[i].step) << j;
+        EXPECT_EQ((*got)[i].values, (*want)[i].values) << j;
+      }
+    }
+    ASSERT_TRUE(alone->Estimate({op}, absl::MakeSpan(&a, 1)).ok());
+    ASSERT_TRUE(ahead->Estimate({op}, absl::MakeSpan(&b, 1)).ok());
+    EXPECT_EQ(a.time_s, b.time_s) << j;
+    EXPECT_EQ(a.dram_bytes, b.dram_bytes) << j;
+  }
+  runner.join();
+  EXPECT_EQ(Params(*alone), Params(*ahead));
 }
 
 INSTANTIATE_TEST_SUITE_P(SplittingKinds, MeasureLayersTest, testing::Values("topick", "cta"));
