@@ -733,7 +733,7 @@ DeviceDescription SpattenDevice::Describe() const {
 
 absl::Status SpattenDevice::Estimate(absl::Span<const Op> ops, absl::Span<Cost> costs) const {
   RETURN_IF_ERROR(CheckAttentionOps("spatten", ops, costs.size()));
-  AskingScope asking(asking_);  // ahead of work measured ahead, through the whole call
+  AskingScope asking(asking_);  // before any step measured ahead, for the whole call
   const SpattenSpec& t = spec();
   const double lat = std::ceil(t.dram_latency_s() * t.clock_hz() - 1e-9);
   const double power = t.logic_power_w() + t.sram_power_w();
