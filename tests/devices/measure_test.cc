@@ -76,6 +76,15 @@ Op DecodeOp(const std::vector<AttentionSeq>& seqs) {
   return op;
 }
 
+// Describe's parameters but the calibration's wall time.
+std::vector<std::pair<std::string, double>> Params(const Device& d) {
+  std::vector<std::pair<std::string, double>> p;
+  for (const auto& kv : d.Describe().parameters) {
+    if (!absl::StrContains(kv.first, "calibration_s")) p.push_back(kv);
+  }
+  return p;
+}
+
 class MeasureTest : public testing::TestWithParam<std::string> {};
 
 TEST_P(MeasureTest, AbsorbedStepsCostAndDescribeAsIfMeasuredHere) {
@@ -122,15 +131,8 @@ TEST_P(MeasureTest, AbsorbedStepsCostAndDescribeAsIfMeasuredHere) {
   }
   // The description (the mean over every step measured) is the same bits;
   // the worker's, which holds two of the three requests, is not.
-  auto params = [](const Device& d) {
-    std::vector<std::pair<std::string, double>> p;
-    for (const auto& kv : d.Describe().parameters) {
-      if (!absl::StrContains(kv.first, "calibration_s")) p.push_back(kv);
-    }
-    return p;
-  };
-  EXPECT_EQ(params(*alone), params(*home));
-  EXPECT_NE(params(*alone), params(*worker));
+  EXPECT_EQ(Params(*alone), Params(*home));
+  EXPECT_NE(Params(*alone), Params(*worker));
 }
 
 TEST_P(MeasureTest, AStepMeasuredTwiceIsFoundNotRerunAndBadInputIsRefusedByName) {
@@ -234,15 +236,6 @@ TEST_P(MeasureLayersTest, SharesSumToTheWholeStepBitForBit) {
   StepMeasurement share{{1, 70}, {1, 2, 3, 4, 5}, 0, 2};
   absl::Status st = lad->Absorb({share});
   EXPECT_TRUE(absl::StrContains(st.message(), "takes whole steps")) << st;
-}
-
-// Describe's parameters but the calibration's wall time.
-std::vector<std::pair<std::string, double>> Params(const Device& d) {
-  std::vector<std::pair<std::string, double>> p;
-  for (const auto& kv : d.Describe().parameters) {
-    if (!absl::StrContains(kv.first, "calibration_s")) p.push_back(kv);
-  }
-  return p;
 }
 
 TEST(MeasureAheadTest, StepsMeasuredAheadAreTheAskedStepsAndStayUnseenUntilAsked) {
