@@ -548,6 +548,8 @@ void EncodeDescription(const devices::DeviceDescription& d, v1::DescribeResponse
   o->set_static_in_op_energy(d.static_in_op_energy);
   o->set_measures_steps(d.measures_steps);
   o->set_splits_layers(d.splits_layers);
+  o->set_step_base_positions(d.step_base_positions);
+  o->set_first_step_positions_per_token(d.first_step_positions_per_token);
 }
 
 absl::StatusOr<devices::DeviceDescription> DecodeDescription(const v1::DescribeResponse& o) {
@@ -572,6 +574,16 @@ absl::StatusOr<devices::DeviceDescription> DecodeDescription(const v1::DescribeR
   d.static_in_op_energy = o.static_in_op_energy();
   d.measures_steps = o.measures_steps();
   d.splits_layers = o.splits_layers();
+  for (const auto& [name, v] :
+       {std::pair{"step_base_positions", o.step_base_positions()},
+        std::pair{"first_step_positions_per_token", o.first_step_positions_per_token()}}) {
+    if (!(v >= 0 && v <= 1e6)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("describe: ", name, " = ", v, "; expected in [0, 1e6] positions"));
+    }
+  }
+  d.step_base_positions = o.step_base_positions();
+  d.first_step_positions_per_token = o.first_step_positions_per_token();
   return d;
 }
 

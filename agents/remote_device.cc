@@ -416,6 +416,8 @@ absl::StatusOr<bool> RemoteDevice::Spread() const {
   std::lock_guard<std::mutex> lock(mu_);
   spread_ = d.measures_steps ? 1 : 0;
   splits_ = d.splits_layers;
+  step_base_ = d.step_base_positions;
+  first_step_ = d.first_step_positions_per_token;
   return spread_ == 1;
 }
 
@@ -453,20 +455,22 @@ absl::Status RemoteDevice::MeasureSpread(absl::Span<const Op> ops,
     }
   } else {
     std::lock_guard<std::mutex> lock(mu_);
-    // A step's kernels take time in proportion to L, so a request's work
-    // left is the sum of L over its remaining steps, where the scheduler
-    // hinted its final length (else this step's L). A request seen before
-    // stays where its kernel state is; each endpoint's load is the work
-    // left of its requests in this call. New requests go, largest first, to
-    // the least-loaded endpoint (ties round the endpoints): the
-    // longest-processing-time rule, so that requests of different output
-    // lengths still split the run's work evenly.
+    // A step at context L takes L + base of kernel time (the device's
+    // profile, DeviceDescription), so a request's work left is that summed
+    // over its remaining steps, where the scheduler hinted its final length
+    // (else this step alone); a request new here also builds its state from
+    // its prompt first. A request seen before stays where its kernel state
+    // is; each endpoint's load is the work left of its requests in this
+    // call. New requests go, largest first, to the least-loaded endpoint
+    // (ties round the endpoints): the longest-processing-time rule, so that
+    // requests of different prompt and output lengths still split the run's
+    // work evenly.
     auto work_left = [&](const devices::StepKey& k) {
       const auto it = final_of.find(k.request_id);
       const double l = static_cast<double>(k.l);
-      if (it == final_of.end() || it->second <= k.l) return l;
+      if (it == final_of.end() || it->second <= k.l) return l + step_base_;
       const double f = static_cast<double>(it->second);
-      return (f * (f + 1) - (l - 1) * l) / 2;
+      return (f * (f + 1) - (l - 1) * l) / 2 + (f - l + 1) * step_base_;
     };
     std::vector<double> load(n, 0);
     std::vector<std::pair<double, int64_t>> fresh;  // (work left, request), first step's order
@@ -477,7 +481,7 @@ absl::Status RemoteDevice::MeasureSpread(absl::Span<const Op> ops,
       if (it != owner_.end()) {
         load[it->second] += work_left(k);
       } else {
-        fresh.push_back({work_left(k), k.request_id});
+        fresh.push_back({work_left(k) + first_step_ * static_cast<double>(k.l), k.request_id});
       }
     }
     std::stable_sort(fresh.begin(), fresh.end(),

@@ -419,6 +419,7 @@ class RemoteDevice : public devices::Device {
   // Spread measurement. spread_: -1 unknown, 0 no, 1 yes.
   mutable int spread_ = -1;
   mutable bool splits_ = false;                      // the description's splits_layers
+  mutable double step_base_ = 0, first_step_ = 0;    // its step costs, for placement
   mutable absl::flat_hash_map<int64_t, int> owner_;  // request -> endpoint measuring it
   mutable int next_owner_ = 0;
   mutable absl::flat_hash_set<devices::StepKey> home_holds_;  // steps in the home's memo

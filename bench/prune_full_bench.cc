@@ -79,6 +79,7 @@ servesim::v1::DeviceSpec PruneSpec(bool spatten, servesim::v1::PruneFidelity fid
 
 void FullDecode(benchmark::State& state, bool spatten) {
   const int64_t steps = state.range(0);
+  const int64_t first_l = state.range(1);
   double first_s = 0, rest_s = 0, first_cpu_s = 0, rest_cpu_s = 0, checksum = 0;
   double per_position = 0, request_bytes = 0;
   for (auto _ : state) {
@@ -87,7 +88,7 @@ void FullDecode(benchmark::State& state, bool spatten) {
     Op op;
     op.kind = OpKind::kAttention;
     op.heads = kHeads, op.kv_heads = kHeads, op.d_head = kDHead;
-    for (int64_t l = kFirstL; l <= kFirstL + steps; ++l) {
+    for (int64_t l = first_l; l <= first_l + steps; ++l) {
       const std::vector<AttentionSeq> seqs = {{1, l - 1, kRequest}};
       op.seqs = seqs;
       Cost c;
@@ -96,8 +97,8 @@ void FullDecode(benchmark::State& state, bool spatten) {
       if (!(*dev)->Estimate({&op, 1}, {&c, 1}).ok()) std::abort();
       const double cpu = ThreadCpuS() - c0;
       const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      (l == kFirstL ? first_s : rest_s) += s;
-      (l == kFirstL ? first_cpu_s : rest_cpu_s) += cpu;
+      (l == first_l ? first_s : rest_s) += s;
+      (l == first_l ? first_cpu_s : rest_cpu_s) += cpu;
       checksum += c.dram_bytes;
       benchmark::DoNotOptimize(c);
     }
@@ -126,8 +127,17 @@ void FullDecode(benchmark::State& state, bool spatten) {
 
 void BM_TopickFullDecode(benchmark::State& state) { FullDecode(state, false); }
 void BM_SpattenFullDecode(benchmark::State& state) { FullDecode(state, true); }
-BENCHMARK(BM_TopickFullDecode)->Arg(64)->Iterations(1)->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_SpattenFullDecode)->Arg(64)->Iterations(1)->Unit(benchmark::kMillisecond);
+// Args: {steps, first L}. The L = 1024 runs are the reference figures; the
+// SpAtten runs at other first L give a step's cost against L and a first
+// step's against its prompt (what agents/remote_device.cc's placement
+// weighs).
+BENCHMARK(BM_TopickFullDecode)->Args({64, kFirstL})->Iterations(1)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_SpattenFullDecode)
+    ->Args({64, kFirstL})
+    ->Args({64, 256})
+    ->Args({64, 4096})
+    ->Iterations(1)
+    ->Unit(benchmark::kMillisecond);
 
 void BM_TopickCalibrate(benchmark::State& state) {
   double s = 0;

@@ -109,6 +109,14 @@ struct DeviceDescription {
   bool measures_steps = false;
   // MeasureLayers() is implemented: a step's layers may be measured apart.
   bool splits_layers = false;
+  // What a measured step costs in kernel time, in units of what one context
+  // position adds to a steady step: a step at context L costs
+  // L + step_base_positions; a request's first step here, which builds its
+  // state for its prompt, costs first_step_positions_per_token x L more.
+  // Whole-request placement over agents weighs requests by it
+  // (agents/remote_device.cc); 0 where not profiled.
+  double step_base_positions = 0;
+  double first_step_positions_per_token = 0;
 };
 
 // One decode step of one request, as Measure() takes it.

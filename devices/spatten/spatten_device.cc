@@ -442,23 +442,15 @@ absl::StatusOr<AttentionCall> LayerCall(const AttentionSource& src, int64_t requ
 
 namespace {
 
-// Whether a step measured ahead stops between layers: a call waits.
-absl::Status YieldIfAsked(const std::atomic<int>* yield_to) {
-  if (yield_to != nullptr && yield_to->load() > 0) return absl::AbortedError("a call waits");
-  return absl::OkStatus();
-}
-
 // One decode step of context l (every layer, in order) of `session` on the
-// cache's rows of `request`, summed into *sum; ABORTED between layers once
-// *yield_to (if given) is positive.
+// cache's rows of `request`, summed into *sum.
 absl::Status CachedStep(const AttentionSource& src, FullKvCache::Lease& lease,
                         SpattenSession& session, int64_t request, int layers, int heads, int64_t l,
-                        SpattenCounts* sum, const std::atomic<int>* yield_to = nullptr) {
+                        SpattenCounts* sum) {
   const int64_t d = src.d_head();
   std::vector<float> q(static_cast<size_t>(heads * d));
   std::vector<FullKvCache::View> kv(heads);
   for (int layer = 0; layer < layers; ++layer) {
-    RETURN_IF_ERROR(YieldIfAsked(yield_to));
     for (int h = 0; h < heads; ++h) {
       ASSIGN_OR_RETURN(kv[h], lease.Rows(layer, h, l));
       RETURN_IF_ERROR(src.StepQuery({request, layer, h}, l, q.data() + h * d));
@@ -567,31 +559,25 @@ absl::Status SpattenDevice::RunStepsLocked(int64_t request_id, RequestState& st,
   const auto& m = spec_.model();
   std::optional<FullKvCache::Lease> lease;
   if (cache_ != nullptr) lease.emplace(cache_->Acquire(request_id));
-  const std::atomic<int>* yield_to = ahead ? &asking_ : nullptr;
   for (int64_t step = st.last_l + 1; step <= l; ++step) {
-    // Ahead, a waiting call stops the step between layers: the session goes
-    // back to where the step began (the cache's rows are the same either way).
-    std::unique_ptr<SpattenSession> before;
-    if (ahead) before = std::make_unique<SpattenSession>(*st.session);
+    // Ahead, a waiting call goes first, between steps: a step begun ends,
+    // since the call most often asks that very step, and a step stopped
+    // part-way would be work lost (and its session copied beforehand to
+    // go back to).
+    if (ahead && asking_.load() > 0) return absl::OkStatus();
     SpattenCounts sum;
     absl::Status ran;
     if (lease.has_value()) {
       // The request's fixed-point rows, grown by one row per step: the same
       // integers RunLayer would quantise from LayerCall.
-      ran = CachedStep(*source_, *lease, *st.session, request_id, m.layers(), m.heads(), step, &sum,
-                       yield_to);
+      ran =
+          CachedStep(*source_, *lease, *st.session, request_id, m.layers(), m.heads(), step, &sum);
     } else {
       for (int layer = 0; layer < m.layers() && ran.ok(); ++layer) {
-        ran = YieldIfAsked(yield_to);
-        if (!ran.ok()) break;
         absl::StatusOr<AttentionCall> call =
             LayerCall(*source_, request_id, layer, m.heads(), step);
         ran = call.ok() ? st.session->RunLayer(layer, *call, &sum).status() : call.status();
       }
-    }
-    if (ahead && absl::IsAborted(ran)) {
-      st.session = std::move(before);
-      return absl::OkStatus();
     }
     RETURN_IF_ERROR(ran);
     if (into.emplace(step, RowOf(sum)).second && !ahead) fresh_.Add(request_id, step);
@@ -684,6 +670,13 @@ DeviceDescription SpattenDevice::Describe() const {
   // was asked.
   d.lookahead_ok = spec_.fidelity() != servesim::v1::PRUNE_FIDELITY_FULL;
   d.measures_steps = spec_.fidelity() == servesim::v1::PRUNE_FIDELITY_FULL;
+  // A request's first FULL step fills its K/V rows for the whole prompt and
+  // starts its session: at GPT-2-medium size it took 32-33 steady steps'
+  // per-position time per prompt token at L = 1024 and 4096 (17 at 256), a
+  // steady step's time growing with L through the origin (fit over 256, 1024
+  // and 4096: intercept -40 positions); bench/prune_full_bench.cc,
+  // BM_SpattenFullDecode. Both scale with layers x heads x d_head alike.
+  if (d.measures_steps) d.first_step_positions_per_token = 32;
   d.parameters = {
       {"fidelity", static_cast<double>(spec_.fidelity() == servesim::v1::PRUNE_FIDELITY_UNSPECIFIED
                                            ? servesim::v1::PRUNE_FIDELITY_ANALYTIC

@@ -279,6 +279,29 @@ TEST(AgentConvertTest, TensorsAndDescriptionsRoundTrip) {
     EXPECT_EQ(back->parameters[i].first, d.parameters[i].first);
     EXPECT_EQ(Bits(back->parameters[i].second), Bits(d.parameters[i].second));
   }
+  // A measured step's cost profile (placement weights) rides along too, and
+  // out-of-range figures are refused with the field named.
+  devices::DeviceDescription p;
+  p.step_base_positions = 12.5;
+  p.first_step_positions_per_token = 32;
+  v1::DescribeResponse pw;
+  EncodeDescription(p, &pw);
+  auto pb = DecodeDescription(pw);
+  ASSERT_TRUE(pb.ok()) << pb.status();
+  EXPECT_EQ(pb->step_base_positions, 12.5);
+  EXPECT_EQ(pb->first_step_positions_per_token, 32);
+  for (double bad : {-1.0, std::nan(""), 2e6}) {
+    v1::DescribeResponse evil = pw;
+    evil.set_first_step_positions_per_token(bad);
+    const absl::Status st = DecodeDescription(evil).status();
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_TRUE(absl::StrContains(st.message(), "first_step_positions_per_token")) << st;
+    evil = pw;
+    evil.set_step_base_positions(bad);
+    EXPECT_TRUE(
+        absl::StrContains(DecodeDescription(evil).status().message(), "step_base_positions = "))
+        << bad;
+  }
 }
 
 TEST(AgentConvertTest, InconsistentRequestsAreRejected) {

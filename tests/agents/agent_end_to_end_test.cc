@@ -371,20 +371,23 @@ TEST(AgentEndToEndTest, FullTopickAndSpattenSpreadOverTwoAgentsAreByteIdentical)
 }
 
 TEST(AgentEndToEndTest, WholeRequestsSpreadByTheWorkTheyHaveLeft) {
-  // SpAtten measures each request whole on one agent. Four requests arrive
-  // together with 13, 5, 5 and 5 output tokens: 12 + 4 + 4 + 4 decode steps
-  // of about 120-130 keys. Placed as first seen (alternately) the agents
-  // would measure 16 and 8 steps; placed by the work each has left (the
-  // scheduler's final length), the long one goes alone: 12 and 12.
+  // SpAtten measures each request whole on one agent, and a request's first
+  // step there builds its state from its prompt: about 32 steady steps' time
+  // per position per prompt token (the device's description). Four requests
+  // arrive together: one of 900 + 3 tokens (2 decode steps, work 32 x 901 +
+  // 901 + 902 = 30,635 positions) and three of 120 + 13 (12 steps each,
+  // 32 x 121 + 121 + ... + 132 = 5,390). Weighed by the sum of L alone (1,803
+  // against 1,518) the agents would measure 14 and 24 steps; with the first
+  // step weighed too, the long prompt goes alone: 2 and 36.
   const std::string dir = FreshDir();
   Agents ag;
   for (int i = 0; i < 2; ++i) ag.procs.push_back(StartAgent(dir, "spatten"));
   WriteFile(dir + "/t.csv",
             "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+            "2023-11-16 18:15:46.00,900,3\n"
             "2023-11-16 18:15:46.00,120,13\n"
-            "2023-11-16 18:15:46.00,120,5\n"
-            "2023-11-16 18:15:46.00,120,5\n"
-            "2023-11-16 18:15:46.00,120,5\n");
+            "2023-11-16 18:15:46.00,120,13\n"
+            "2023-11-16 18:15:46.00,120,13\n");
   const std::string scenario = dir + "/s.pbtxt";
   WriteFile(scenario,
             "model { preset: \"gpt2-medium\" }\n"
@@ -399,7 +402,7 @@ TEST(AgentEndToEndTest, WholeRequestsSpreadByTheWorkTheyHaveLeft) {
   ExpectSameOutputs(dir + "/in", dir + "/two");
   // The steps asked, each once, whatever the agents measured ahead meanwhile.
   const std::string info = ReadFile(dir + "/two/run_info.json");
-  EXPECT_EQ(MeasuredSteps(info), (std::vector<int64_t>{12, 12}));
+  EXPECT_EQ(MeasuredSteps(info), (std::vector<int64_t>{2, 36}));
   EXPECT_TRUE(absl::StrContains(info, "\"ahead_rpcs\": ")) << info;
 }
 

@@ -284,7 +284,7 @@ TEST(MeasureAheadTest, StepsMeasuredAheadAreTheAskedStepsAndStayUnseenUntilAsked
 TEST(MeasureAheadTest, CallsDuringAStretchAheadGetTheStepsTheyWouldHaveGotAlone) {
   // A thread measures 120 steps of two requests ahead, one call each, while
   // this one asks the steps and costs them: whenever the thread yields (a
-  // call waits; a step stopped between layers starts again later), the
+  // call waits; a step begun ends first, and the thread goes on later), the
   // answers and the description are those of a device that never went
   // ahead.
   const servesim::v1::DeviceSpec spec = Spec("spatten", PRUNE_FIDELITY_FULL);
