@@ -2,10 +2,10 @@
 // time, at GPT-2-medium size (24 layers x 16 heads, d_head 64; the papers'
 // model scale and the size examples/ runs in FULL mode):
 //  - BM_TopickFullDecode / BM_SpattenFullDecode: one request decoding from
-//    L = 1024 to 1024 + steps, one Estimate() per step with one decode
-//    sequence (request_id fixed), as the serving loop asks. Figures:
-//    first_step_ms (L = 1024: the request's first call, which builds its
-//    state from nothing), step_ms (mean of the following steps, the steady
+//    L = 1024 (SpAtten also 256 and 4096) to L + steps, one Estimate() per
+//    step with one decode sequence (request_id fixed), as the serving loop
+//    asks. Figures: first_step_ms (the first L: the request's first call,
+//    which builds its state from nothing), step_ms (mean of the following steps, the steady
 //    state of a decoding request), all_ms (mean over every call); the same
 //    in thread CPU time (*_cpu_ms), steadier on a shared machine; the K/V
 //    cache's bytes per position and what it holds for the request at the
