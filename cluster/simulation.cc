@@ -1410,7 +1410,13 @@ class Engine {
     t.prefill_tokens = it.prefill_tokens;
     t.decode_tokens = it.decode_tokens;
     t.power_w = it.duration_s > 0 ? it.static_w + it.energy_j / it.duration_s : it.static_w;
-    RETURN_IF_ERROR(rank.planner.Plan(*rank.batch, &t.spans).status());
+    // Layers past those drawn span by span are kept folded (one span per
+    // track): the timeline draws them so, and a sample keeps 2-3% of its
+    // spans instead of every layer's.
+    RETURN_IF_ERROR(
+        rank.planner
+            .Plan(*rank.batch, &t.spans, std::max(o.timeline_layers(), metrics::kScheduleLayers))
+            .status());
     sh_->metrics->AddTimeline(std::move(t));
     return absl::OkStatus();
   }

@@ -32,18 +32,18 @@ uint64_t OrderedBits(double d) {
 // Sorts `v` by key(element), ascending and stable: an LSD radix sort in
 // passes of 11 bits (counts fit in L1), a pass whose digit is the same
 // everywhere skipped; O(n) with one extra buffer.
-template <typename T, typename Key>
-void RadixSort(std::vector<T>* values, Key key) {
-  std::vector<T>& v = *values;
+template <typename V, typename Key>
+void RadixSort(V* values, Key key) {
+  V& v = *values;
   const size_t n = v.size();
   if (n == 0) return;
-  std::vector<T> tmp(n);
+  V tmp(n);
   constexpr int kBits = 11;
   constexpr uint64_t kMask = (uint64_t{1} << kBits) - 1;
   std::vector<size_t> count(size_t{1} << kBits);
   for (int shift = 0; shift < 64; shift += kBits) {
     std::fill(count.begin(), count.end(), 0);
-    for (const T& x : v) ++count[(key(x) >> shift) & kMask];
+    for (const auto& x : v) ++count[(key(x) >> shift) & kMask];
     if (count[(key(v[0]) >> shift) & kMask] == n) continue;  // one digit: nothing moves
     size_t at = 0;
     for (size_t& c : count) {
@@ -51,7 +51,7 @@ void RadixSort(std::vector<T>* values, Key key) {
       c = at;
       at += here;
     }
-    for (const T& x : v) tmp[count[(key(x) >> shift) & kMask]++] = x;
+    for (const auto& x : v) tmp[count[(key(x) >> shift) & kMask]++] = x;
     v.swap(tmp);
   }
 }
@@ -227,13 +227,9 @@ QuantileAccumulator::QuantileAccumulator(int64_t exact_max_samples)
 
 void QuantileAccumulator::Sort() const {
   if (sorted_valid_) return;
-  std::vector<Run>& v = sorted_;
+  auto& v = sorted_;
   v.clear();
-  v.reserve(runs_.size());
-  while (!runs_.empty()) {  // the deque frees its blocks as they empty
-    v.push_back(runs_.front());
-    runs_.pop_front();
-  }
+  runs_.DrainInto(&v);  // frees its blocks as they are copied
   const size_t n = v.size();
   if (n < 4096) {
     std::sort(v.begin(), v.end(), [](const Run& a, const Run& b) { return a.value < b.value; });
@@ -274,7 +270,7 @@ void QuantileAccumulator::Add(double value) {
       before = r.count;
     }
     sorted_valid_ = false;
-    std::vector<Run>().swap(sorted_);
+    decltype(sorted_)().swap(sorted_);
   }
   if (sketch_ == nullptr) {
     if (!runs_.empty() && runs_.back().value == value) {
@@ -284,14 +280,14 @@ void QuantileAccumulator::Add(double value) {
     runs_.push_back({value, 1});
     if (static_cast<int64_t>(runs_.size()) <= exact_max_samples_) return;
     sketch_ = std::make_unique<QuantileSketch>();
-    for (const Run& r : runs_) {
+    runs_.ForEach([&](const Run& r) {
       for (int64_t k = 0; k < r.count; ++k) {
         sketch_->Add(r.value);
         sum_ += r.value;
       }
       max_ = std::max(max_, r.value);
-    }
-    std::deque<Run>().swap(runs_);
+    });
+    runs_.clear();
     return;
   }
   sketch_->Add(value);

@@ -11,9 +11,10 @@
 #define SERVESIM_METRICS_QUANTILES_H_
 
 #include <cstdint>
-#include <deque>
 #include <memory>
 #include <vector>
+
+#include "metrics/huge_pages.h"
 
 namespace servesim::metrics {
 
@@ -109,8 +110,8 @@ class QuantileAccumulator {
 
   int64_t exact_max_samples_;
   int64_t count_ = 0;
-  mutable std::deque<Run> runs_;     // chunked: no doubling spike as it grows
-  mutable std::vector<Run> sorted_;  // count: cumulative
+  mutable HugeBlocks<Run> runs_;  // chunked: no doubling spike as it grows
+  mutable std::vector<Run, HugePageAllocator<Run>> sorted_;  // count: cumulative
   mutable bool sorted_valid_ = false;
   std::unique_ptr<QuantileSketch> sketch_;
   double sum_ = 0, max_ = 0;   // sketch mode

@@ -114,6 +114,10 @@ struct TimelineIteration {
   double power_w = 0;                  // the replica's mean power over the iteration
   std::vector<scheduler::Span> spans;  // times from start_s
 };
+// The first layers of a sampled iteration that report.html's schedule
+// draws span by span; the simulation folds the later ones past
+// output.timeline_layers (IterationPlanner::Plan's fold_from_layer).
+inline constexpr int32_t kScheduleLayers = 2;
 
 // A request's KV on its way from a prefill to a decode replica
 // (timeline.json, disaggregated clusters): from its first part leaving to

@@ -38,8 +38,8 @@ void TimeSeries::Add(const IterationRecord& it) {
     f_energy_.assign(kFineBins, 0);
     f_xpu_.assign(kShownReplicas, std::vector<double>(kFineBins, 0));
     f_dev_.assign(kShownReplicas, std::vector<double>(kFineBins, 0));
-    for (const Point& q : points_) AddFine(q);
-    std::deque<Point>().swap(points_);
+    points_.ForEach([&](const Point& q) { AddFine(q); });
+    points_.clear();
     return;
   }
   AddFine(p);
@@ -82,7 +82,7 @@ TimeSeries::Binned TimeSeries::Bin(double span_s, int bins, int64_t replicas) co
   out.dev_busy.assign(replicas, std::vector<double>(bins, 0));
   if (fine_width_s_ == 0) {
     // The arithmetic report.html always did, in the same order.
-    for (const Point& p : points_) {
+    points_.ForEach([&](const Point& p) {
       const int b = BinOf(p.start_s, bw, bins);
       out.tokens[b] += static_cast<double>(p.decode_tokens);
       out.batch_time[b] += p.batch_size * p.duration_s;
@@ -92,7 +92,7 @@ TimeSeries::Binned TimeSeries::Bin(double span_s, int bins, int64_t replicas) co
         out.xpu_busy[p.replica][b] += p.xpu_busy_s;
         out.dev_busy[p.replica][b] += p.device_busy_s;
       }
-    }
+    });
     return out;
   }
   for (int j = 0; j < kFineBins; ++j) {

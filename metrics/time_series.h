@@ -3,17 +3,17 @@
 #define SERVESIM_METRICS_TIME_SERIES_H_
 
 #include <cstdint>
-#include <deque>
 #include <vector>
 
+#include "metrics/huge_pages.h"
 #include "metrics/records.h"
 
 namespace servesim::metrics {
 
 // What report.html plots over simulated time: per iteration, its decode
-// tokens, batch-size x duration, duration, busy times and energy, binned once the
-// run's length is known. Exact (the iterations kept, 48 bytes each) while
-// the run has at most kExactIterations iterations; beyond, added into
+// tokens, batch-size x duration, duration, busy times and energy, binned once
+// the run's length is known. Exact (the iterations kept, 56 bytes each, in
+// HugeBlocks) while the run has at most kExactIterations iterations; beyond, added into
 // kFineBins fixed-width bins whose width doubles as time goes on, and each
 // fine bin goes to the output bin holding its midpoint.
 class TimeSeries {
@@ -38,7 +38,7 @@ class TimeSeries {
     int32_t batch_size, replica;
   };
   void AddFine(const Point& p);
-  std::deque<Point> points_;
+  HugeBlocks<Point> points_;
   double fine_width_s_ = 0;  // 0: exact
   std::vector<double> f_tokens_, f_batch_time_, f_batch_w_, f_energy_;
   std::vector<std::vector<double>> f_xpu_, f_dev_;

@@ -176,7 +176,8 @@ namespace {
 
 // One sampled iteration's first layers as lanes per resource.
 std::string ScheduleSvg(const ResolvedScenario& sc, const TimelineIteration& it) {
-  const int32_t layers = std::min<int32_t>(2, static_cast<int32_t>(sc.model.num_layers));
+  const int32_t layers =
+      std::min<int32_t>(metrics::kScheduleLayers, static_cast<int32_t>(sc.model.num_layers));
   double end = 0;
   for (const scheduler::Span& s : it.spans) {
     if (s.layer >= 0 && s.layer < layers) end = std::max(end, s.end_s);

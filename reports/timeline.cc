@@ -19,8 +19,7 @@ using scenario::ResolvedScenario;
 constexpr int kIterationTid = 0;
 // Track tids follow scheduler::Track, after the iterations' track.
 int Tid(scheduler::Track t) { return 1 + static_cast<int>(t); }
-constexpr int kNumTracks = 5;
-
+using scheduler::kNumTracks;
 
 }  // namespace
 

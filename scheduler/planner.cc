@@ -444,12 +444,22 @@ const char* TrackName(Track t) {
   return "?";
 }
 
-absl::StatusOr<IterationCost> IterationPlanner::Plan(const Batch& batch,
-                                                     std::vector<Span>* spans) {
+absl::StatusOr<IterationCost> IterationPlanner::Plan(const Batch& batch, std::vector<Span>* spans,
+                                                     int32_t fold_from_layer) {
   spans->clear();
   spans_ = spans;
+  fold_from_ = fold_from_layer;
+  fold_lo_.fill(std::numeric_limits<double>::infinity());
+  fold_hi_.fill(-std::numeric_limits<double>::infinity());
   auto cost = Plan(batch);
+  for (int t = 0; t < kNumTracks; ++t) {
+    if (fold_hi_[t] > fold_lo_[t]) {
+      spans->push_back(
+          {static_cast<Track>(t), "layers", fold_from_layer, -1, fold_lo_[t], fold_hi_[t]});
+    }
+  }
   spans_ = nullptr;
+  fold_from_ = kNoFold;
   return cost;
 }
 

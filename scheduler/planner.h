@@ -44,7 +44,9 @@
 #ifndef SERVESIM_SCHEDULER_PLANNER_H_
 #define SERVESIM_SCHEDULER_PLANNER_H_
 
+#include <algorithm>
 #include <array>
+#include <limits>
 #include <memory>
 #include <string_view>
 #include <unordered_map>
@@ -128,6 +130,7 @@ struct IterationCost {
 // kKvCopy: the prefill's K/V copy to the device, which the model lets
 // overlap the link's other transfers.
 enum class Track : uint8_t { kXpu, kLinkOut, kDevice, kLinkBack, kKvCopy };
+inline constexpr int kNumTracks = 5;
 const char* TrackName(Track t);
 struct Span {
   Track track = Track::kXpu;
@@ -155,10 +158,14 @@ class IterationPlanner {
   // data_parallel > 1): it runs the MoE layers for the group's tokens
   // (vLLM's dummy batch; the rank's own part is nothing).
   absl::StatusOr<IterationCost> PlanIdleRank(int64_t group_tokens);
-  // The same, and the schedule's spans, every layer, into `spans` (cleared
-  // first). Costs exactly what Plan(batch) costs; slower, for sampled
-  // iterations.
-  absl::StatusOr<IterationCost> Plan(const Batch& batch, std::vector<Span>* spans);
+  // The same, and the schedule's spans into `spans` (cleared first): every
+  // span of layers below `fold_from_layer`, and those of the layers from it
+  // on folded into one span per track (named "layers", layer
+  // `fold_from_layer`) from the earliest start to the latest end. Costs
+  // exactly what Plan(batch) costs; slower, for sampled iterations.
+  absl::StatusOr<IterationCost> Plan(const Batch& batch, std::vector<Span>* spans,
+                                     int32_t fold_from_layer = kNoFold);
+  static constexpr int32_t kNoFold = std::numeric_limits<int32_t>::max();
 
   // Per-xPU sizes (exposed for tests and for the memory check).
   int64_t heads_per_xpu() const { return heads_; }
@@ -322,9 +329,18 @@ class IterationPlanner {
   int att_at_ = -1, att_b_at_ = -1, ff_at_ = -1;
   size_t layer_ops_ = 0;  // ops_[0, layer_ops_) repeat per layer
   std::vector<Span>* spans_ = nullptr;  // recording, during Plan(batch, spans)
+  int32_t fold_from_ = kNoFold;
+  std::array<double, kNumTracks> fold_lo_{}, fold_hi_{};  // per track, while recording
   void Emit(Track track, std::string_view name, int32_t layer, int32_t group, double start,
             double end) {
-    if (spans_ != nullptr && end > start) spans_->push_back({track, name, layer, group, start, end});
+    if (spans_ == nullptr || !(end > start)) return;
+    if (layer >= fold_from_) {
+      const auto t = static_cast<size_t>(track);
+      fold_lo_[t] = std::min(fold_lo_[t], start);
+      fold_hi_[t] = std::max(fold_hi_[t], end);
+      return;
+    }
+    spans_->push_back({track, name, layer, group, start, end});
   }
 };
 

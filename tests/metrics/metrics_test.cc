@@ -146,6 +146,58 @@ TEST(TimeSeriesTest, PointsPastTheSpanLandInTheLastBin) {
   EXPECT_EQ(series.Bin(0.0, 4, 1).tokens, (std::vector<double>{0, 0, 0, 9}));
 }
 
+// Records in blocks doubling from 64 up to 2 MiB: read back in insertion
+// order across every block boundary, drained into a vector in order (the
+// list left empty and usable), moved whole.
+TEST(HugeBlocksTest, KeepsInsertionOrderAcrossBlocksDrainsAndMoves) {
+  struct Rec {
+    int64_t i;
+    double x;
+  };
+  constexpr size_t kPer = HugeBlocks<Rec>::kMaxPerBlock;
+  EXPECT_EQ(kPer, size_t{131072});  // 2 MiB of 16-byte records
+  // 64 + 128 + ... + 65,536 = 131,008 in the growing blocks, then full ones.
+  const size_t n = 131008 + 2 * kPer + 17;
+  HugeBlocks<Rec> list;
+  EXPECT_TRUE(list.empty());
+  for (size_t i = 0; i < n; ++i) {
+    list.push_back({static_cast<int64_t>(i), 0.5 * static_cast<double>(i)});
+    if (i == 63 || i == 64 || i == 131007 || i == 131008) {
+      EXPECT_EQ(list.back().i, static_cast<int64_t>(i));
+    }
+  }
+  list.back().x = -1;
+  ASSERT_EQ(list.size(), n);
+  int64_t next = 0;
+  bool in_order = true;
+  list.ForEach([&](const Rec& r) {
+    in_order = in_order && r.i == next &&
+               (r.x == 0.5 * static_cast<double>(next) || static_cast<size_t>(next) == n - 1);
+    ++next;
+  });
+  EXPECT_TRUE(in_order);
+  EXPECT_EQ(next, static_cast<int64_t>(n));
+
+  HugeBlocks<Rec> moved = std::move(list);
+  EXPECT_TRUE(list.empty());  // NOLINT: a moved-from list is empty
+  EXPECT_EQ(moved.size(), n);
+  std::vector<Rec, HugePageAllocator<Rec>> out = {{-7, 0}};
+  moved.DrainInto(&out);
+  EXPECT_TRUE(moved.empty());
+  ASSERT_EQ(out.size(), n + 1);
+  EXPECT_EQ(out[0].i, -7);
+  for (size_t i = 0; i < n; ++i) {
+    if (out[i + 1].i != static_cast<int64_t>(i)) {
+      ADD_FAILURE() << "record " << i << " drained as " << out[i + 1].i;
+      break;
+    }
+  }
+  EXPECT_EQ(out.back().x, -1);
+  moved.push_back({5, 5});  // usable again, from a small block
+  EXPECT_EQ(moved.size(), 1u);
+  EXPECT_EQ(moved.back().i, 5);
+}
+
 TEST(QuantileAccumulatorTest, ExactUpToTheThresholdThenSketch) {
   const std::vector<double> values = Samples(5000, 4);
   QuantileAccumulator exact(5000), sketched(1000);

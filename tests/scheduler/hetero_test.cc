@@ -243,6 +243,45 @@ TEST_F(HeteroPlannerTest, HeadLevelBetweenBusiestResourceAndSerial) {
   }
 }
 
+// Plan(batch, spans, f): the spans of layers below f as a full recording
+// has them, in its order, then per track one span "layers" from the
+// earliest start to the latest end of the rest.
+void ExpectFoldedIsTheFullRecordingFolded(const std::vector<Span>& full,
+                                          const std::vector<Span>& folded, int32_t f,
+                                          const std::string& name) {
+  std::vector<Span> kept;
+  std::map<Track, std::pair<double, double>> rest;
+  for (const Span& sp : full) {
+    if (sp.layer < f) {
+      kept.push_back(sp);
+      continue;
+    }
+    auto [it, fresh] = rest.try_emplace(sp.track, sp.start_s, sp.end_s);
+    if (!fresh) {
+      it->second.first = std::min(it->second.first, sp.start_s);
+      it->second.second = std::max(it->second.second, sp.end_s);
+    }
+  }
+  ASSERT_EQ(folded.size(), kept.size() + rest.size()) << name;
+  ASSERT_FALSE(rest.empty()) << name;
+  for (size_t i = 0; i < kept.size(); ++i) {
+    EXPECT_EQ(folded[i].track, kept[i].track) << name << " " << i;
+    EXPECT_EQ(folded[i].name, kept[i].name) << name << " " << i;
+    EXPECT_EQ(folded[i].layer, kept[i].layer) << name << " " << i;
+    EXPECT_EQ(folded[i].group, kept[i].group) << name << " " << i;
+    EXPECT_EQ(folded[i].start_s, kept[i].start_s) << name << " " << i;
+    EXPECT_EQ(folded[i].end_s, kept[i].end_s) << name << " " << i;
+  }
+  auto it = rest.begin();
+  for (size_t i = kept.size(); i < folded.size(); ++i, ++it) {
+    EXPECT_EQ(folded[i].track, it->first) << name;
+    EXPECT_EQ(folded[i].name, "layers") << name;
+    EXPECT_EQ(folded[i].layer, f) << name;
+    EXPECT_EQ(folded[i].start_s, it->second.first) << name;
+    EXPECT_EQ(folded[i].end_s, it->second.second) << name;
+  }
+}
+
 TEST_F(HeteroPlannerTest, SpansReplayTheScheduleOfEveryPolicy) {
   // The recorded spans are the schedule the cost came from: the same cost,
   // no two spans of one track overlapping, the last span ending at the
@@ -274,6 +313,13 @@ TEST_F(HeteroPlannerTest, SpansReplayTheScheduleOfEveryPolicy) {
                              (v.rule == OverlapRule::kAttAccSimulator ? " (authors)" : "");
     EXPECT_EQ(plain->time_s, traced->time_s) << name;
     ASSERT_FALSE(spans.empty()) << name;
+    for (int32_t f : {0, 1, 2, 5}) {
+      std::vector<Span> folded;
+      auto cost = planner.Plan(batch, &folded, f);
+      ASSERT_TRUE(cost.ok()) << name;
+      EXPECT_EQ(cost->time_s, traced->time_s) << name;
+      ExpectFoldedIsTheFullRecordingFolded(spans, folded, f, absl::StrCat(name, " from ", f));
+    }
     std::map<Track, std::vector<std::pair<double, double>>> by_track;
     double end = 0, xpu = 0, device = 0;
     for (const Span& sp : spans) {
@@ -313,6 +359,9 @@ TEST_F(HeteroPlannerTest, SpansReplayTheScheduleOfEveryPolicy) {
   std::vector<Span> spans;
   auto cost = gpu_only.Plan(batch, &spans);
   ASSERT_TRUE(cost.ok());
+  std::vector<Span> folded;
+  ASSERT_TRUE(gpu_only.Plan(batch, &folded, 2).ok());
+  ExpectFoldedIsTheFullRecordingFolded(spans, folded, 2, "xPU only");
   double sum = 0;
   for (const Span& sp : spans) {
     EXPECT_EQ(sp.track, Track::kXpu);
