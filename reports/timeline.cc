@@ -35,10 +35,11 @@ std::string TimelineJson(const ResolvedScenario& sc, const MetricsCollector& met
                   "},\n\"traceEvents\":[\n");
   // Metadata: process and thread names, in a fixed order.
   bool first = true;
-  auto event = [&](const std::string& e) {
+  // Each event appended in place (no string per event): a separator first,
+  // then the event's text.
+  auto sep = [&] {
     if (!first) out += ",\n";
     first = false;
-    out += e;
   };
   for (int64_t r = 0; r < sc.replicas; ++r) {
     // A disaggregated cluster's replica is its pool's.
@@ -49,11 +50,14 @@ std::string TimelineJson(const ResolvedScenario& sc, const MetricsCollector& met
     const std::string label =
         !sc.disaggregated() ? absl::StrCat("replica ", r)
                             : absl::StrCat("replica ", r, prefill ? " (prefill)" : " (decode)");
-    event(absl::StrFormat(R"({"ph":"M","name":"process_name","pid":%d,"tid":0,"args":{"name":%s}})",
-                          r, JsonString(label)));
-    event(absl::StrFormat(
-        R"({"ph":"M","name":"thread_name","pid":%d,"tid":%d,"args":{"name":"iterations"}})", r,
-        kIterationTid));
+    sep();
+    absl::StrAppendFormat(&out,
+                          R"({"ph":"M","name":"process_name","pid":%d,"tid":0,"args":{"name":%s}})",
+                          r, JsonString(label));
+    sep();
+    absl::StrAppendFormat(
+        &out, R"({"ph":"M","name":"thread_name","pid":%d,"tid":%d,"args":{"name":"iterations"}})",
+        r, kIterationTid);
     for (int t = 0; t < kNumTracks; ++t) {
       const auto track = static_cast<scheduler::Track>(t);
       std::string name = scheduler::TrackName(track);
@@ -64,26 +68,33 @@ std::string TimelineJson(const ResolvedScenario& sc, const MetricsCollector& met
         name = pool.has_attention_device ? pool.attention_label : device;
       }
       if (!pool.has_attention_device && track != scheduler::Track::kXpu) continue;
-      event(absl::StrFormat(
-          R"({"ph":"M","name":"thread_name","pid":%d,"tid":%d,"args":{"name":%s}})", r, Tid(track),
-          JsonString(name)));
-      event(absl::StrFormat(
+      sep();
+      absl::StrAppendFormat(
+          &out, R"({"ph":"M","name":"thread_name","pid":%d,"tid":%d,"args":{"name":%s}})", r,
+          Tid(track), JsonString(name));
+      sep();
+      absl::StrAppendFormat(
+          &out,
           R"({"ph":"M","name":"thread_sort_index","pid":%d,"tid":%d,"args":{"sort_index":%d}})", r,
-          Tid(track), Tid(track)));
+          Tid(track), Tid(track));
     }
   }
   // Microseconds rounded to the printed nanosecond: ts + dur of one span
   // never passes the next span's ts on the same track.
   auto us = [](double s) { return std::round(s * 1e9) / 1e3; };
   for (const TimelineIteration& it : metrics.timeline()) {
-    event(absl::StrFormat(
+    sep();
+    absl::StrAppendFormat(
+        &out,
         R"({"ph":"X","name":"iteration %d","cat":"iteration","pid":%d,"tid":%d,"ts":%.3f,"dur":%.3f,"args":{"batch_size":%d,"prefill_tokens":%d,"decode_tokens":%d}})",
-        it.index, it.replica, kIterationTid, us(it.start_s), us(it.start_s + it.duration_s) - us(it.start_s), it.batch_size,
-        it.prefill_tokens, it.decode_tokens));
+        it.index, it.replica, kIterationTid, us(it.start_s),
+        us(it.start_s + it.duration_s) - us(it.start_s), it.batch_size, it.prefill_tokens,
+        it.decode_tokens);
     // The replica's power over the iteration (static + its ops' energy /
     // its duration), a counter track that holds until the next sample.
-    event(absl::StrFormat(R"({"ph":"C","name":"power","pid":%d,"ts":%.3f,"args":{"W":%.6g}})",
-                          it.replica, us(it.start_s), it.power_w));
+    sep();
+    absl::StrAppendFormat(&out, R"({"ph":"C","name":"power","pid":%d,"ts":%.3f,"args":{"W":%.6g}})",
+                          it.replica, us(it.start_s), it.power_w);
     // Layers past the detail limit: one span per track.
     std::array<double, kNumTracks> lo, hi;
     lo.fill(std::numeric_limits<double>::infinity());
@@ -97,18 +108,22 @@ std::string TimelineJson(const ResolvedScenario& sc, const MetricsCollector& met
       }
       const std::string name = s.group >= 0 ? absl::StrCat(std::string(s.name), " g", s.group)
                                             : std::string(s.name);
-      event(absl::StrFormat(
+      sep();
+      absl::StrAppendFormat(
+          &out,
           R"({"ph":"X","name":%s,"cat":"%s","pid":%d,"tid":%d,"ts":%.3f,"dur":%.3f,"args":{"iteration":%d,"layer":%d,"group":%d}})",
           JsonString(name), s.layer >= 0 ? "layer" : "once", it.replica, Tid(s.track),
-          us(it.start_s + s.start_s), us(it.start_s + s.end_s) - us(it.start_s + s.start_s), it.index,
-          s.layer, s.group));
+          us(it.start_s + s.start_s), us(it.start_s + s.end_s) - us(it.start_s + s.start_s),
+          it.index, s.layer, s.group);
     }
     for (int t = 0; t < kNumTracks; ++t) {
       if (hi[t] <= lo[t]) continue;
-      event(absl::StrFormat(
+      sep();
+      absl::StrAppendFormat(
+          &out,
           R"({"ph":"X","name":"layers %d-%d","cat":"layers","pid":%d,"tid":%d,"ts":%.3f,"dur":%.3f,"args":{"iteration":%d}})",
-          detail, layers - 1, it.replica, 1 + t, us(it.start_s + lo[t]), us(it.start_s + hi[t]) - us(it.start_s + lo[t]),
-          it.index));
+          detail, layers - 1, it.replica, 1 + t, us(it.start_s + lo[t]),
+          us(it.start_s + hi[t]) - us(it.start_s + lo[t]), it.index);
     }
   }
   // KV transfers (disaggregated clusters): async spans on the decode
@@ -118,10 +133,12 @@ std::string TimelineJson(const ResolvedScenario& sc, const MetricsCollector& met
     const std::string common =
         absl::StrFormat(R"("cat":"kv","name":"KV from replica %d","id":%d,"pid":%d,"tid":0)",
                         t.from, t.request_id, t.to);
-    event(absl::StrFormat(
-        R"({"ph":"b",%s,"ts":%.3f,"args":{"request":%d,"bytes":%.0f,"seconds":%.9g}})", common,
-        us(t.start_s), t.request_id, t.bytes, t.end_s - t.start_s));
-    event(absl::StrFormat(R"({"ph":"e",%s,"ts":%.3f})", common, us(t.end_s)));
+    sep();
+    absl::StrAppendFormat(
+        &out, R"({"ph":"b",%s,"ts":%.3f,"args":{"request":%d,"bytes":%.0f,"seconds":%.9g}})",
+        common, us(t.start_s), t.request_id, t.bytes, t.end_s - t.start_s);
+    sep();
+    absl::StrAppendFormat(&out, R"({"ph":"e",%s,"ts":%.3f})", common, us(t.end_s));
   }
   out += "\n]}\n";
   return out;

@@ -41,7 +41,16 @@ class StackPlacement {
   std::vector<int64_t> reserved_;
   std::vector<std::vector<int32_t>> stacks_of_;  // by slot
   std::vector<int64_t> tokens_of_;               // by slot
-  std::vector<std::pair<int64_t, int>> heap_;    // Place's scratch
+  bool PlaceByHeap(int64_t tokens, std::vector<int32_t>* mine);
+  bool PlaceByLevels(int64_t tokens, std::vector<int32_t>* mine);
+  struct Offer {
+    int64_t m;  // reserved % tokens
+    int stack;
+    int64_t q;      // reserved / tokens
+    int64_t heads;  // it has room for
+  };
+  std::vector<std::pair<int64_t, int>> heap_;  // PlaceByHeap's scratch
+  std::vector<Offer> order_;                   // PlaceByLevels' scratch
 };
 
 }  // namespace servesim::scheduler

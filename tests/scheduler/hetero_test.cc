@@ -10,6 +10,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/rng.h"
 #include "devices/model.h"
 #include "devices/presets.h"
 #include "devices/registry.h"
@@ -123,6 +124,70 @@ TEST(StackPlacementTest, GreedyLeastLoadedWithCapacity) {
   ASSERT_TRUE(p.Place(2, 500));
   EXPECT_EQ(std::vector<int32_t>(p.StacksOf(2).begin(), p.StacksOf(2).end()),
             (std::vector<int32_t>{0, 1}));
+}
+
+// Place against the rule it implements, written the plain way (for each
+// head, a scan of every stack for the least reserved with room, ties to the
+// lowest index), over random admissions and releases: equal reservations
+// (ties), tokens that divide the gaps and that do not, stacks filling up,
+// admissions that fail and must leave nothing behind, and one stack far
+// emptier than the rest (levels skipped).
+TEST(StackPlacementTest, PicksTheGreedyScanPicksOnRandomAdmissions) {
+  Rng rng(7, "placement");
+  auto below = [&](int64_t n) { return static_cast<int64_t>(rng.NextU64() % uint64_t(n)); };
+  int failures = 0, placed = 0;
+  for (int round = 0; round < 300; ++round) {
+    const int stacks = 1 + static_cast<int>(below(48));
+    const int kv_heads = 1 + static_cast<int>(below(100));
+    const int64_t capacity = 1 + below(round % 3 == 0 ? 64 : 100000);
+    StackPlacement p(stacks, capacity, kv_heads);
+    std::vector<int64_t> ref(stacks, 0);
+    std::vector<std::vector<int32_t>> ref_of(64);
+    std::vector<int64_t> ref_tokens(64, 0);
+    for (int step = 0; step < 200; ++step) {
+      const auto slot = static_cast<int32_t>(below(64));
+      if (!ref_of[slot].empty()) {
+        for (int32_t s : ref_of[slot]) ref[s] -= ref_tokens[slot];
+        ref_of[slot].clear();
+        p.Release(slot);
+        continue;
+      }
+      const int64_t tokens =
+          1 + (step % 5 == 0 ? below(4) : below(std::max<int64_t>(1, capacity / 4)));
+      std::vector<int64_t> r = ref;
+      std::vector<int32_t> want;
+      bool ok = true;
+      for (int h = 0; h < kv_heads && ok; ++h) {
+        int best = -1;
+        for (int s = 0; s < stacks; ++s) {
+          if (r[s] + tokens <= capacity && (best < 0 || r[s] < r[best])) best = s;
+        }
+        if (best < 0) {
+          ok = false;
+          break;
+        }
+        r[best] += tokens;
+        want.push_back(best);
+      }
+      ASSERT_EQ(p.Place(slot, tokens), ok) << "round " << round << " step " << step;
+      if (!ok) {
+        ++failures;
+      } else {
+        ++placed;
+        ref = r;
+        ref_of[slot] = want;
+        ref_tokens[slot] = tokens;
+        ASSERT_EQ(std::vector<int32_t>(p.StacksOf(slot).begin(), p.StacksOf(slot).end()), want)
+            << "round " << round << " step " << step;
+      }
+      for (int s = 0; s < stacks; ++s) {
+        ASSERT_EQ(p.reserved(s), ref[s]) << "round " << round << " stack " << s;
+      }
+    }
+  }
+  // Both outcomes were exercised, many times.
+  EXPECT_GT(failures, 1000);
+  EXPECT_GT(placed, 1000);
 }
 
 TEST(StackPlacementTest, SchedulerAdmitsOnlyWhatStacksHold) {
