@@ -120,7 +120,7 @@ class HugeBlocks {
       out->insert(out->end(), blocks_[b].data, blocks_[b].data + n);
       blocks_[b].Free();
     }
-    clear();
+    clear();  // the blocks are freed: this drops their entries
   }
 
  private:

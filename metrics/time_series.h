@@ -13,9 +13,9 @@ namespace servesim::metrics {
 // What report.html plots over simulated time: per iteration, its decode
 // tokens, batch-size x duration, duration, busy times and energy, binned once
 // the run's length is known. Exact (the iterations kept, 56 bytes each, in
-// HugeBlocks) while the run has at most kExactIterations iterations; beyond, added into
-// kFineBins fixed-width bins whose width doubles as time goes on, and each
-// fine bin goes to the output bin holding its midpoint.
+// HugeBlocks) while the run has at most kExactIterations iterations; beyond,
+// added into kFineBins fixed-width bins whose width doubles as time goes on,
+// and each fine bin goes to the output bin holding its midpoint.
 class TimeSeries {
  public:
   static constexpr int64_t kExactIterations = int64_t{1} << 20;
