@@ -1,5 +1,7 @@
 #include "devices/ops.h"
 
+#include <atomic>
+
 namespace servesim::devices {
 
 std::string_view StageName(Stage stage) {
@@ -21,6 +23,11 @@ std::string_view StageName(Stage stage) {
     case Stage::kCount: break;
   }
   return "unknown";
+}
+
+uint64_t NewStackListId() {
+  static std::atomic<uint64_t> next{1};
+  return next.fetch_add(1, std::memory_order_relaxed);
 }
 
 }  // namespace servesim::devices

@@ -48,6 +48,10 @@ enum class Stage : uint8_t {
 inline constexpr int kNumStages = static_cast<int>(Stage::kCount);
 std::string_view StageName(Stage stage);
 
+// A fresh Op::kv_head_stack_id: nonzero, never returned twice in one process
+// (thread-safe).
+uint64_t NewStackListId();
+
 // One sequence's part of an attention op: `new_tokens` queries (1 for a
 // decode step, the chunk length for prefill) attending causally to
 // `past_tokens` cached positions plus the new ones.
@@ -92,6 +96,15 @@ struct Op {
   // kv_head_stack[seq * kv_heads + kv_head]. Empty: the device places heads
   // itself (greedy least-loaded, as at admission).
   absl::Span<const int32_t> kv_head_stack;
+  // Optional identity of kv_head_stack's contents, for devices that keep
+  // memos by stack list (AttAcc): ops with the same nonzero id carry equal
+  // kv_head_stack contents, so a device may recognise a list it has seen
+  // without reading it. Callers take ids from NewStackListId() (unique in
+  // the process) and keep one while the list stays the same (a decode batch
+  // whose requests and placement did not change). 0: unknown; the device
+  // compares contents. An id never changes a result, only how fast a memo
+  // finds it, and agents receive 0.
+  uint64_t kv_head_stack_id = 0;
   // kElementwise: elements touched, bytes moved per element (reads+writes)
   // and FLOPs per element.
   int64_t elements = 0;

@@ -326,6 +326,7 @@ const Batch& ReplicaScheduler::Schedule(double now_s) {
   now_s_ = now_s;  // asynchronous tier loads: what has loaded by now
   SchedulePolicy();
   if (prefix_ != nullptr && prefix_->num_tiers() > 0) CostTierMoves();
+  if (placement_ != nullptr) batch_.stacks_generation = placement_->generation();
   return batch_;
 }
 
@@ -655,6 +656,7 @@ void ReplicaScheduler::Project(int steps, std::vector<Batch>* out) const {
   out->resize(static_cast<size_t>(std::max(n, 0)));
   for (int s = 0; s < n; ++s) {
     Batch& b = (*out)[s];
+    if (placement_ != nullptr) b.stacks_generation = placement_->generation();
     for (const Next& q : next) {
       if (q.left <= s) continue;
       b.entries.push_back(BatchEntry{q.slot, 1, q.context + s, false, true, Stacks(q.slot),

@@ -157,6 +157,11 @@ struct Batch {
   // Of the loads from a cluster store (blocking or layer-wise): (home,
   // blocks) per home replica (BatchingConfig::kv_store_home).
   std::vector<std::pair<int32_t, int64_t>> kv_store_from;
+  // The placement's StackPlacement::generation() the entries' kv_stacks were
+  // read at; 0: unknown (no placement, or a batch built by hand). Two
+  // batches with the same nonzero generation and the same slots in the same
+  // order hold the same kv_stacks.
+  uint64_t stacks_generation = 0;
   bool empty() const { return entries.empty(); }
   // Back to an empty batch, keeping the entries' storage.
   void Clear() {
@@ -166,6 +171,7 @@ struct Batch {
     kv_tier_load_s = kv_tier_store_s = 0;
     kv_tier_loads = 0;
     kv_store_from.clear();
+    stacks_generation = 0;
   }
 };
 

@@ -1,15 +1,30 @@
 #include "scheduler/placement.h"
 
 #include <algorithm>
+#include <atomic>
 #include <functional>
 #include <limits>
 
 namespace servesim::scheduler {
+namespace {
+
+uint64_t NextGeneration() {
+  static std::atomic<uint64_t> next{1};
+  return next.fetch_add(1, std::memory_order_relaxed);
+}
+
+}  // namespace
 
 StackPlacement::StackPlacement(int stacks, int64_t capacity_tokens, int kv_heads)
-    : capacity_(capacity_tokens), kv_heads_(kv_heads), reserved_(stacks, 0) {}
+    : capacity_(capacity_tokens),
+      generation_(NextGeneration()),
+      kv_heads_(kv_heads),
+      reserved_(stacks, 0) {}
+
+void StackPlacement::Bump() { generation_ = NextGeneration(); }
 
 bool StackPlacement::Place(int32_t slot, int64_t tokens) {
+  Bump();
   if (static_cast<size_t>(slot) >= stacks_of_.size()) {
     stacks_of_.resize(slot + 1);
     tokens_of_.resize(slot + 1, 0);
@@ -101,6 +116,7 @@ bool StackPlacement::PlaceByLevels(int64_t tokens, std::vector<int32_t>* mine) {
 
 void StackPlacement::Release(int32_t slot) {
   if (static_cast<size_t>(slot) >= stacks_of_.size()) return;
+  Bump();
   for (int32_t s : stacks_of_[slot]) reserved_[s] -= tokens_of_[slot];
   stacks_of_[slot].clear();
   tokens_of_[slot] = 0;

@@ -27,6 +27,10 @@ class StackPlacement {
   void Release(int32_t slot);
   // Stack of each KV head of `slot` (valid while it stays placed).
   absl::Span<const int32_t> StacksOf(int32_t slot) const;
+  // Changes with every Place and Release call and is never the same for two
+  // placements in one process (nor 0): while it holds, StacksOf(slot) stays
+  // the same for every slot.
+  uint64_t generation() const { return generation_; }
 
   int stacks() const { return static_cast<int>(reserved_.size()); }
   int kv_heads() const { return kv_heads_; }
@@ -37,10 +41,12 @@ class StackPlacement {
 
  private:
   int64_t capacity_;
+  uint64_t generation_;
   int kv_heads_;
   std::vector<int64_t> reserved_;
   std::vector<std::vector<int32_t>> stacks_of_;  // by slot
   std::vector<int64_t> tokens_of_;               // by slot
+  void Bump();                                   // a new generation_
   bool PlaceByHeap(int64_t tokens, std::vector<int32_t>* mine);
   bool PlaceByLevels(int64_t tokens, std::vector<int32_t>* mine);
   struct Offer {

@@ -698,18 +698,36 @@ IterationPlanner::DeviceShape IterationPlanner::ShapeWithDevice(const Batch& bat
   // Decode sequences go to the device, prefill ones stay on the xPUs.
   s->dec_seqs.clear();
   s->pre_seqs.clear();
-  s->dec_stacks.clear();
+  // The stack list stays as it was, with its id, when the batch's placement
+  // generation and decode slots are the last list's (the same requests in
+  // the same order, none placed or released since): most decode iterations.
+  bool same_stacks = batch.stacks_generation != 0 && batch.stacks_generation == s->dec_generation;
+  size_t n_dec = 0;
   for (const BatchEntry& e : batch.entries) {
     if (e.prefill) {
       s->pre_seqs.push_back({e.new_tokens, e.past_tokens, e.request_id, e.final_tokens});
       sh.prefill_tokens += e.new_tokens;
     } else {
       s->dec_seqs.push_back({e.new_tokens, e.past_tokens, e.request_id, e.final_tokens});
-      s->dec_stacks.insert(s->dec_stacks.end(), e.kv_stacks.begin(), e.kv_stacks.end());
+      same_stacks = same_stacks && n_dec < s->dec_slots.size() && s->dec_slots[n_dec] == e.slot;
+      ++n_dec;
     }
   }
-  if (!s->dec_stacks.empty() && s->dec_stacks.size() != s->dec_seqs.size() * KV) {
+  same_stacks = same_stacks && n_dec == s->dec_slots.size();
+  if (!same_stacks) {
     s->dec_stacks.clear();
+    s->dec_slots.clear();
+    for (const BatchEntry& e : batch.entries) {
+      if (e.prefill) continue;
+      s->dec_stacks.insert(s->dec_stacks.end(), e.kv_stacks.begin(), e.kv_stacks.end());
+      s->dec_slots.push_back(e.slot);
+    }
+    if (!s->dec_stacks.empty() && s->dec_stacks.size() != s->dec_seqs.size() * KV) {
+      s->dec_stacks.clear();
+    }
+    s->dec_generation = batch.stacks_generation;
+    s->dec_stacks_id =
+        batch.stacks_generation != 0 && !s->dec_stacks.empty() ? devices::NewStackListId() : 0;
   }
   sh.b_dec = static_cast<int64_t>(s->dec_seqs.size());
   sh.policy = config_.overlap;
@@ -775,7 +793,7 @@ void IterationPlanner::DeviceOpsOf(const DeviceShape& sh, const DeviceScratch& s
   };
   *att_at = *att_b_at = *ff_at = -1;
   if (sh.policy != OverlapPolicy::kBatchLevel) {
-    *att_at = device_attention(s.dec_seqs, s.dec_stacks, sh.groups);
+    *att_at = device_attention(s.dec_seqs, s.dec_stacks, sh.groups);  // ids: PlanWithDevice
     if (sh.f > 0) {
       *ff_at = static_cast<int>(out->size());
       Op ops[2];
@@ -943,6 +961,9 @@ absl::StatusOr<IterationCost> IterationPlanner::PlanWithDevice(const Batch& batc
     DeviceOpsOf(sh, s, &dev_ops, &att_at_, &att_b_at_, &ff_at_);
     dev_key_ = dev_key;
     dev_ops_valid_ = true;
+  }
+  if (att_at_ >= 0 && policy != OverlapPolicy::kBatchLevel) {
+    for (int j = 0; j < groups; ++j) dev_ops[att_at_ + j].kv_head_stack_id = s.dec_stacks_id;
   }
   if (!xpu_same) {
     xpu_valid_ = false;

@@ -249,6 +249,10 @@ class IterationPlanner {
   struct DeviceScratch {
     std::vector<devices::AttentionSeq> dec_seqs, pre_seqs, seqs_a, seqs_b;
     std::vector<int32_t> dec_stacks, st_a, st_b;
+    // dec_stacks' Op::kv_head_stack_id (0: unknown), and what it was built
+    // from: the batch's stacks_generation and its decode entries' slots.
+    uint64_t dec_stacks_id = 0, dec_generation = 0;
+    std::vector<int32_t> dec_slots;
   };
   // Splits `batch` into s's lists (decode sequences to the device, prefill
   // ones to the xPUs; the halves under batch-level pipelining).

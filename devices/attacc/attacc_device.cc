@@ -842,7 +842,7 @@ absl::Status AttAccDevice::AttentionCost(const Op& op, OwnPlacement* own, Cost* 
       own->recent_stacks != stack_of) {
     bool seen = false;
     const absl::Span<const int32_t> stacks(stack_of, static_cast<size_t>(nseq * kvh_n));
-    own->stack_slot = FindStackList(stacks, kvh_n, &seen);
+    own->stack_slot = FindStackList(stacks, kvh_n, placed ? op.kv_head_stack_id : 0, &seen);
     if (!seen && placed) {
       if (absl::Status st = check_stacks(); !st.ok()) {
         ForgetStackList(own->stack_slot);
@@ -1155,18 +1155,22 @@ void AttAccDevice::ForgetStackList(int slot) const {
   StackList& l = stack_lists_[slot];
   l.stacks.clear();
   l.id = 0;
+  l.op_id = 0;
   l.last_used = 0;
   l.fast.clear();
 }
 
-int AttAccDevice::FindStackList(absl::Span<const int32_t> stacks, int64_t kv_heads,
+int AttAccDevice::FindStackList(absl::Span<const int32_t> stacks, int64_t kv_heads, uint64_t op_id,
                                 bool* seen) const {
   int slot = 0;
   for (int i = 0; i < kRecentLists; ++i) {
-    const StackList& l = stack_lists_[i];
+    StackList& l = stack_lists_[i];
+    // Equal nonzero ids promise equal contents (Op::kv_head_stack_id).
     if (l.id != 0 && l.kv_heads == kv_heads && l.stacks.size() == stacks.size() &&
-        std::equal(stacks.begin(), stacks.end(), l.stacks.begin())) {
-      stack_lists_[i].last_used = ++recent_clock_;
+        ((op_id != 0 && l.op_id == op_id) ||
+         std::equal(stacks.begin(), stacks.end(), l.stacks.begin()))) {
+      l.last_used = ++recent_clock_;
+      if (op_id != 0) l.op_id = op_id;
       *seen = true;
       return i;
     }
@@ -1175,6 +1179,7 @@ int AttAccDevice::FindStackList(absl::Span<const int32_t> stacks, int64_t kv_hea
   StackList& l = stack_lists_[slot];
   l.stacks.assign(stacks.begin(), stacks.end());  // reuses the capacity
   l.kv_heads = kv_heads;
+  l.op_id = op_id;
   l.id = next_stack_list_id_++;
   l.last_used = ++recent_clock_;
   l.fast.clear();

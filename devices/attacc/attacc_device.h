@@ -213,7 +213,8 @@ class AttAccDevice : public Device {
   // iteration after iteration; a hit returns what computing would. Bytes
   // and energy depend on L itself and are always computed.
   //  - StackList: a list of KV-head stacks (all of every sequence's KV
-  //    heads), compared in place once per Estimate call. A list is checked
+  //    heads), compared in place once per Estimate call, unless the op's
+  //    Op::kv_head_stack_id is the one the list last came with. A list is checked
   //    against the stack count when it is new, and keeps, per KV-head range,
   //    whether every stack's items fit the one-pass fast path; both depend
   //    on the stacks alone, which stay put while a batch's members do.
@@ -230,6 +231,7 @@ class AttAccDevice : public Device {
     std::vector<int32_t> stacks;  // [seq * kv_heads + kv_head]
     int64_t kv_heads = 0;
     uint64_t id = 0;  // unique over the device's life; 0: empty slot
+    uint64_t op_id = 0;  // the Op::kv_head_stack_id it last came with; 0: none
     uint64_t last_used = 0;
     // By KV-head range [lo, hi): no stack gets more than the fast path's
     // item limit.
@@ -246,9 +248,10 @@ class AttAccDevice : public Device {
   static constexpr int kRecentLists = 4;
   static constexpr size_t kRecentGeometries = 64;
   // With memo_mu_ held: the slot of the stack list (`stacks` of `kv_heads`
-  // per sequence) (*seen), or the least recently used slot, taken over for
-  // it with a new id (!*seen).
-  int FindStackList(absl::Span<const int32_t> stacks, int64_t kv_heads, bool* seen) const;
+  // per sequence, Op::kv_head_stack_id `op_id`, 0: unknown) (*seen), or the
+  // least recently used slot, taken over for it with a new id (!*seen).
+  int FindStackList(absl::Span<const int32_t> stacks, int64_t kv_heads, uint64_t op_id,
+                    bool* seen) const;
   // With memo_mu_ held: the slot of (stack list `id`, `l_key`), or the
   // least recently used slot, taken over for it.
   int FindRecentList(uint64_t id, absl::Span<const std::array<int32_t, 3>> l_key) const;

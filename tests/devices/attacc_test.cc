@@ -889,11 +889,14 @@ TEST(AttAccMemoTest, WarmDeviceEqualsColdDeviceStepByStep) {
   // Decode steps of 7 sequences as a serving run makes them (L + 1 per
   // step, crossing 16-token buckets at different steps), in 8 head-group
   // ops: a device that has memoised earlier steps must return exactly what
-  // a fresh device computes.
+  // a fresh device computes. The warm device gets the list's
+  // Op::kv_head_stack_id, which lets it skip comparing the stacks; the cold
+  // one gets 0.
   auto warm = CreateDevice(Spec());
   ASSERT_TRUE(warm.ok()) << warm.status();
   std::vector<int32_t> stacks(7 * 96);
   for (size_t i = 0; i < stacks.size(); ++i) stacks[i] = static_cast<int32_t>((i * 7) % 40);
+  const uint64_t list_id = NewStackListId();
   for (int step = 0; step < 40; ++step) {
     std::vector<AttentionSeq> seqs;
     for (int s = 0; s < 7; ++s) seqs.push_back({1, 300 + 37 * s + step});
@@ -908,7 +911,9 @@ TEST(AttAccMemoTest, WarmDeviceEqualsColdDeviceStepByStep) {
       ops[g].head_end = 12 * (g + 1);
     }
     std::vector<Cost> a(8), b(8);
+    for (Op& op : ops) op.kv_head_stack_id = list_id;
     ASSERT_TRUE((*warm)->Estimate(ops, absl::MakeSpan(a)).ok());
+    for (Op& op : ops) op.kv_head_stack_id = 0;
     auto cold = CreateDevice(Spec());
     ASSERT_TRUE((*cold)->Estimate(ops, absl::MakeSpan(b)).ok());
     for (int g = 0; g < 8; ++g) {

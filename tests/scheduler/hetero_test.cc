@@ -126,6 +126,25 @@ TEST(StackPlacementTest, GreedyLeastLoadedWithCapacity) {
             (std::vector<int32_t>{0, 1}));
 }
 
+TEST(StackPlacementTest, GenerationChangesOnPlaceAndReleaseOnly) {
+  StackPlacement p(3, 1000, 2), q(3, 1000, 2);
+  EXPECT_NE(p.generation(), 0u);
+  EXPECT_NE(p.generation(), q.generation());
+  const uint64_t g0 = p.generation();
+  ASSERT_TRUE(p.Place(0, 600));
+  const uint64_t g1 = p.generation();
+  EXPECT_NE(g1, g0);
+  (void)p.StacksOf(0);  // reads leave it alone
+  EXPECT_EQ(p.reserved(0), 600);
+  EXPECT_EQ(p.generation(), g1);
+  EXPECT_FALSE(p.Place(1, 5000));  // every call takes a new one, failed or not
+  const uint64_t g2 = p.generation();
+  EXPECT_NE(g2, g1);
+  p.Release(0);
+  EXPECT_NE(p.generation(), g2);
+  EXPECT_NE(p.generation(), g0);
+}
+
 // Place against the rule it implements, written the plain way (for each
 // head, a scan of every stack for the least reserved with room, ties to the
 // lowest index), over random admissions and releases: equal reservations
