@@ -793,7 +793,8 @@ void IterationPlanner::DeviceOpsOf(const DeviceShape& sh, const DeviceScratch& s
   };
   *att_at = *att_b_at = *ff_at = -1;
   if (sh.policy != OverlapPolicy::kBatchLevel) {
-    *att_at = device_attention(s.dec_seqs, s.dec_stacks, sh.groups);  // ids: PlanWithDevice
+    // The ops' kv_head_stack_id is set by PlanWithDevice, also on reused ops.
+    *att_at = device_attention(s.dec_seqs, s.dec_stacks, sh.groups);
     if (sh.f > 0) {
       *ff_at = static_cast<int>(out->size());
       Op ops[2];
