@@ -92,7 +92,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
     std::vector<servesim::devices::Cost> costs;
     Check(servesim::agents::DecodeCosts(resp.cost_table(), &costs).ok());
-    Check(costs.size() >= static_cast<size_t>(req.ops_size()));
+    // The asked ops are all answered; the expected ones from the first, up
+    // to the first the device refuses (possibly none).
+    Check(resp.expected_answered() >= 0 && resp.expected_answered() <= req.expected());
+    Check(costs.size() >=
+          static_cast<size_t>(req.ops_size() - req.expected() + resp.expected_answered()));
     Check(resp.lookahead_answered() >= 0 && resp.lookahead_answered() <= req.lookahead());
     for (const servesim::devices::Cost& c : costs) {
       Check(std::isfinite(c.time_s) && c.time_s >= 0);
