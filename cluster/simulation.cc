@@ -112,6 +112,11 @@ struct Shared {
   // received by an engine.
   double next_arrival_s = std::numeric_limits<double>::infinity();
   int64_t in_flight = 0;
+  // The engines that advance lazily (Engine::lazy): brings each one's
+  // state to time t (Engine::AdvanceTo), as the router does before it
+  // reads a colocated cluster's loads, and a prefill engine before it picks
+  // a decode replica; false once the run has stopped. Null: none.
+  std::function<bool(double t)> advance;
   // Tells remote devices, as a request leaves the clients' queue for its
   // arrival, the ops of its prefill step (Engine::HintArrival); null: no
   // device takes hints.
@@ -238,6 +243,9 @@ struct Shared {
     return t;
   }
   int64_t engines_done = 0;                     // engines whose Run ended with all their work
+  // The times an engine or a decode replica's receiver blocked in SimGrid
+  // (a sleep, a wait for a message or a flow; RunResult::engine_waits).
+  int64_t engine_waits = 0;
   absl::Status error;                           // first internal error; stops the run
   const std::atomic<int>* interrupt = nullptr;  // RunOptions::interrupt
 
@@ -316,6 +324,10 @@ void RouterActor(Shared* sh) {
       continue;
     }
     ++received;
+    // The loads and caches it reads are those of this moment.
+    if (sh->prefill_replicas == 0 && sh->advance && !sh->advance(sg4::Engine::get_clock())) {
+      return;
+    }
     if (router.policy() == scheduler::RoutingPolicy::kPrefixAffinity) {
       const int64_t bt = front.batching.kv_block_tokens;
       for (size_t i = 0; i < targets; ++i) {
@@ -403,34 +415,143 @@ class Engine {
     }
     // A decode replica hears the end of every prefill replica's stream.
     ends_needed_ = role == Role::kDecode ? sh->prefill_replicas : 1;
+    // Colocated and decode replicas whose steps make no SimGrid call (no
+    // flows for collectives or store loads, no waits for asynchronous tier
+    // loads) and whom no observer watches in time run lazily (RunLazy).
+    lazy_ = role != Role::kPrefill && FastForward() && !batching.kv_tier_async &&
+            (sh->collectives.empty() || sh->collectives[static_cast<size_t>(replica)].hops.empty());
     if (role == Role::kPrefill) {
       handed_.assign(static_cast<size_t>(sh->sc->replicas - sh->prefill_replicas), 0);
     }
   }
 
+  bool lazy() const { return lazy_; }
+
   void Run() {
+    if (lazy_ ? !RunLazy() : !RunStepping()) return;
+    Finished();
+  }
+
+  // Lazy engines (docs/design.md, "Engines advance lazily"): the engine's
+  // state stands at some time of its own, with the step it started then
+  // and the messages that landed during it; it is brought forward, in
+  // plain calls and not in SimGrid, by whoever needs it as of a later
+  // time: the router before it reads a colocated cluster's loads and a
+  // prefill engine before it picks a decode replica (Shared::advance),
+  // the engine's own actor (a decode replica's receiver) as a message
+  // lands, and the end of the stream. Every step ending before that time
+  // completes, the messages landed by its end are taken, and the next step
+  // starts. Nothing reaches or reads a replica between those moments, so
+  // the result is the one a SimGrid sleep per step gives, with SimGrid
+  // events only for the transfers. Returns false once the run has stopped.
+  bool AdvanceTo(double t) {
+    while (stepping_ && step_end_ < t) {
+      if (sh_->Interrupted()) {
+        sh_->Stop(Interruption());
+        return false;
+      }
+      const double end = step_end_;
+      stepping_ = false;
+      CompleteAt(end);
+      if (!StartAt(end)) return false;
+    }
+    return true;
+  }
+
+ private:
+  // A lazy engine's loop: it waits in SimGrid only for messages (a
+  // decode replica's receiver takes them and brings it forward: Land).
+  bool RunLazy() {
+    sg4::Mailbox* box = sh_->engine_boxes[replica_];
+    sh_->metrics->MarkIdle(replica_, sg4::Engine::get_clock());
+    while (role_ == Role::kDecode && !all_landed_) {
+      ++sh_->engine_waits;
+      asleep_ = true;
+      wake_->acquire();
+      asleep_ = false;
+    }
+    while (role_ != Role::kDecode && (ends_ < ends_needed_ || received_ < expected_)) {
+      Message* msg = Wait(box);
+      const double now = sg4::Engine::get_clock();
+      if (!AdvanceTo(now)) return false;
+      bool requests = false;
+      while (true) {
+        if (msg->end) {
+          Receive(msg, now);
+        } else {
+          ++received_;
+          landed_.push_back({msg, now});
+          requests = true;
+        }
+        if (!box->ready()) break;
+        msg = box->get<Message>();
+      }
+      // An idle engine takes them at once and starts a step; a busy one
+      // at the end of its step.
+      if (requests && !stepping_ && !StartAt(now)) return false;
+    }
+    if (!AdvanceTo(std::numeric_limits<double>::infinity())) return false;
+    // The clock ends at this replica's last step.
+    if (sg4::Engine::get_clock() < last_end_) SleepUntil(last_end_);
+    return true;
+  }
+
+  // Takes the requests landed by `t` (the end of the step before, or
+  // now) and starts the next step at `t`, or marks the replica idle.
+  bool StartAt(double t) {
+    for (const auto& [msg, landed] : landed_) {
+      landed_s_ = landed;  // a KV part's (ReceiveKv)
+      Receive(msg, t);
+    }
+    landed_.clear();
+    last_end_ = t;
+    if (Idle()) {
+      sh_->metrics->MarkIdle(replica_, t);
+      return true;
+    }
+    if (t > kMaxSimulatedSeconds) {
+      sh_->Stop(PastTimeLimit(t, absl::StrCat("replica ", replica_, " starts an iteration").c_str()));
+      return false;
+    }
+    auto duration = Iteration(t);
+    if (!duration.ok()) {
+      Stop(duration.status());
+      return false;
+    }
+    step_end_ = t + *duration;
+    stepping_ = true;
+    return true;
+  }
+
+  // Engines that step in SimGrid: prefill replicas, and colocated or
+  // decode replicas whose steps make SimGrid calls or that an observer
+  // watches. They run ahead without an event while nothing can reach them
+  // (the next arrival or hand-off).
+  bool RunStepping() {
     sg4::Mailbox* box = sh_->engine_boxes[replica_];
     while (true) {
       if (role_ == Role::kDecode) {
         TakeLanded();
       } else {
-        while (box->ready()) Receive(box->get<Message>());
+        while (box->ready()) Receive(box->get<Message>(), Now());
       }
       if (Idle()) {
         if (ends_ >= ends_needed_ && done_ >= expected_) break;
         // Its next iteration starts no earlier than now.
-        sh_->metrics->MarkIdle(replica_, sg4::Engine::get_clock());
+        sh_->metrics->MarkIdle(replica_, Now());
         // Block until work arrives.
         if (role_ == Role::kDecode) {
           while (landed_.empty()) {
             asleep_ = true;
+            ++sh_->engine_waits;
             wake_->acquire();
             asleep_ = false;
           }
           TakeLanded();
         } else {
           if (role_ == Role::kPrefill) sh_->prefill_busy_until[replica_] = -1;
-          Receive(box->get<Message>());
+          Message* msg = Wait(box);
+          Receive(msg, Now());
           // Busy from taking the message (Shared::HandoffFloor), also while
           // a step waits in SimGrid before it ends (a store's loads).
           if (role_ == Role::kPrefill) {
@@ -446,24 +567,24 @@ class Engine {
       // load before the next arrival, so the result is the one a sleep per
       // iteration gives, at a fraction of the cost. The last iteration of
       // a run, the one an arrival may interrupt, sleeps in SimGrid.
-      double t = sg4::Engine::get_clock();
+      double t = Now();
       while (true) {
         if (sh_->Interrupted()) {
           sh_->Stop(Interruption());
-          return;
+          return false;
         }
         if (t > kMaxSimulatedSeconds) {
           sh_->Stop(
               PastTimeLimit(t, absl::StrCat("replica ", replica_, " starts an iteration").c_str()));
-          return;
+          return false;
         }
         auto duration = Iteration(t);
         if (!duration.ok()) {
           Stop(duration.status());
-          return;
+          return false;
         }
         if (wait_until_ >= 0) {
-          if (sg4::Engine::get_clock() < t) sg4::this_actor::sleep_until(t);
+          if (sg4::Engine::get_clock() < t) SleepUntil(t);
           AwaitLoads();
           break;
         }
@@ -472,20 +593,28 @@ class Engine {
             role_ == Role::kDecode ? sh_->HandoffFloor(replica_) : sh_->ArrivalFloor();
         if (!FastForward() || !(end < floor)) {
           if (role_ == Role::kPrefill) sh_->prefill_busy_until[replica_] = end;
-          sg4::this_actor::sleep_until(end);
-          CompleteAt(sg4::Engine::get_clock());
+          SleepUntil(end);
+          CompleteAt(end);
+          last_end_ = end;
           // Busy until it blocks for work (Run), as it may start a step now.
           if (role_ == Role::kPrefill) sh_->prefill_busy_until[replica_] = sg4::Engine::get_clock();
           break;
         }
         CompleteAt(end);
         t = end;
+        last_end_ = end;
         if (Idle()) {
-          sg4::this_actor::sleep_until(t);
+          SleepUntil(t);
           break;
         }
       }
     }
+    return true;
+  }
+
+  // The end of the run for this replica: its cache's figures, and the end
+  // of a prefill replica's hand-offs.
+  void Finished() {
     int64_t hit = 0, query = 0;
     bool tiered = false;
     for (const auto& r : ranks_) {
@@ -594,6 +723,22 @@ class Engine {
     r.projected_full = static_cast<int>(r.projection.size()) == steps;
   }
 
+  // A stepping engine's time: the clock, or the end of the step it slept
+  // through if later. SimGrid ends a sleep within its timing precision
+  // (surf/precision, 1e-9 s) of the date asked when another event falls
+  // that close, so the end is taken as computed, as a lazy engine takes it.
+  double Now() const { return std::max(sg4::Engine::get_clock(), last_end_); }
+
+  // SimGrid's blocking calls, counted (Shared::engine_waits).
+  void SleepUntil(double t) {
+    ++sh_->engine_waits;
+    sg4::this_actor::sleep_until(t);
+  }
+  Message* Wait(sg4::Mailbox* box) {
+    ++sh_->engine_waits;
+    return box->get<Message>();
+  }
+
   // Nothing was schedulable (Iteration): blocks until a request's
   // asynchronous tier loads end (wait_until_) or a message comes, which
   // Run then takes.
@@ -604,6 +749,7 @@ class Engine {
     if (role_ == Role::kDecode) {
       if (landed_.empty()) {
         asleep_ = true;
+        ++sh_->engine_waits;
         wake_->acquire_timeout(wait);
         asleep_ = false;
       }
@@ -612,7 +758,9 @@ class Engine {
     // A prefill replica may start a step (and so hand off) from now on.
     if (role_ == Role::kPrefill) sh_->prefill_busy_until[replica_] = sg4::Engine::get_clock();
     try {
-      Receive(sh_->engine_boxes[replica_]->get<Message>(wait));
+      ++sh_->engine_waits;
+      Message* msg = sh_->engine_boxes[replica_]->get<Message>(wait);
+      Receive(msg, sg4::Engine::get_clock());
     } catch (const simgrid::TimeoutException&) {
       // The loads are done.
     }
@@ -780,7 +928,7 @@ class Engine {
     if (cost->total.internode_bytes > 0 && !sh_->collectives.empty() &&
         !sh_->collectives[replica_].hops.empty()) {
       if (stream) {
-        StreamLayers();
+        StreamLayers(start);
         streamed = true;
       }
       duration += Collectives(start, duration, cost->total.internode_bytes);
@@ -799,7 +947,7 @@ class Engine {
     sh_->metrics->AddIteration(it);
     sh_->metrics->AddEnergy(cost->total, cost->device_total, active_j);
     RETURN_IF_ERROR(SampleTimeline(*lead, it));
-    if (stream && !streamed) StreamLayers();
+    if (stream && !streamed) StreamLayers(start);
     if (sh_->live != nullptr) {
       LiveIteration li;
       li.replica = replica_;
@@ -861,7 +1009,7 @@ class Engine {
                         (role_ == Role::kDecode && !(start + duration < sh_->HandoffFloor()));
     double end = start + alone, extra = 0;
     if (shared) {
-      if (sg4::Engine::get_clock() < start) sg4::this_actor::sleep_until(start);
+      if (sg4::Engine::get_clock() < start) SleepUntil(start);
       flows_.clear();
       for (const Shared::CollectiveHop& hop : c.hops) {
         flows_.push_back(sg4::Comm::sendto_async(
@@ -922,7 +1070,7 @@ class Engine {
       }
     }
     if (store_flows_of_step_.empty()) return 0;
-    if (sg4::Engine::get_clock() < start) sg4::this_actor::sleep_until(start);
+    if (sg4::Engine::get_clock() < start) SleepUntil(start);
     for (const StoreFlow& f : store_flows_of_step_) {
       flows_.push_back(sg4::Comm::sendto_async(sh_->kv_hosts[f.home], sh_->kv_hosts[replica_],
                                                static_cast<uint64_t>(std::ceil(f.bytes))));
@@ -1039,9 +1187,10 @@ class Engine {
     Engine* e_;
   };
 
-  void Receive(Message* msg) {
+  // Takes a message at `now` (a lazy engine's time may be behind the
+  // clock).
+  void Receive(Message* msg, double now) {
     const int64_t before = finished_;
-    const double now = sg4::Engine::get_clock();
     // A prefill replica may hand off from now on: busy before the message
     // stops counting as in flight.
     if (role_ == Role::kPrefill) sh_->prefill_busy_until[replica_] = now;
@@ -1125,6 +1274,9 @@ class Engine {
   // router on its first KV part.
   int DecodeReplica(Handoff& h) {
     if (h.decode < 0) {
+      // The loads of this moment (lazy decode engines brought to it; if
+      // that stopped the run, this actor ends too).
+      if (sh_->advance && !sh_->advance(sg4::Engine::get_clock())) sg4::this_actor::exit();
       const int64_t p = sh_->prefill_replicas;
       const absl::Span<const scheduler::ReplicaLoad> loads(
           sh_->loads.data() + p, static_cast<size_t>(sh_->sc->replicas - p));
@@ -1150,8 +1302,9 @@ class Engine {
   }
 
   // Sends `bytes` of request `h`'s KV to its decode replica as a SimGrid
-  // flow from this replica's host; `parts` as Message::kv_parts.
-  void SendKv(Handoff& h, double bytes, int32_t parts) {
+  // flow from this replica's host, at `now` (this engine's time: its step's
+  // start or end); `parts` as Message::kv_parts.
+  void SendKv(Handoff& h, double bytes, int32_t parts, double now) {
     const int d = DecodeReplica(h);
     ++h.parts_sent;
     ++sh_->kv_in_flight;
@@ -1169,7 +1322,7 @@ class Engine {
                                     : pool_->proto.cluster().internode().energy_pj_per_byte() +
                                           to.internode().energy_pj_per_byte()));
     auto* msg = sh_->messages.New(h.spec, false, 0, parts);
-    msg->prefill_end_s = sg4::Engine::get_clock();
+    msg->prefill_end_s = now;
     msg->bytes = bytes;
     msg->sent_s = msg->prefill_end_s;
     msg->from = replica_;
@@ -1189,7 +1342,7 @@ class Engine {
   // every layer but the last leaves (the layers compute one after another
   // while it streams); the last layer's follows when the step ends. KV the
   // prompt's earlier chunks or the prefix cache hold leaves then too.
-  void StreamLayers(const scheduler::Batch& batch) {
+  void StreamLayers(const scheduler::Batch& batch, double start) {
     const double layers = static_cast<double>(pool_->model.num_layers);
     for (const scheduler::BatchEntry& e : batch.entries) {
       if (!e.prefill || !e.emits_token) continue;
@@ -1198,12 +1351,12 @@ class Engine {
       Handoff& h = it->second;
       const int64_t sent = TransferTokens(h);
       h.tail_bytes = KvBytes(std::min(e.new_tokens, sent)) / layers;
-      SendKv(h, KvBytes(sent) - h.tail_bytes, 0);
+      SendKv(h, KvBytes(sent) - h.tail_bytes, 0, start);
     }
   }  // Every rank's batch's layer-wise KV (StreamLayers above).
-  void StreamLayers() {
+  void StreamLayers(double start) {
     for (const auto& r : ranks_) {
-      if (r->batch != nullptr) StreamLayers(*r->batch);
+      if (r->batch != nullptr) StreamLayers(*r->batch, start);
     }
   }
 
@@ -1214,7 +1367,7 @@ class Engine {
     const double sent = KvBytes(TransferTokens(h));
     const double bytes = sh_->sc->kv_layerwise && h.parts_sent > 0 ? h.tail_bytes : sent;
     sh_->metrics->OnHandoff(id, replica_, t, sent);
-    SendKv(h, bytes, h.parts_sent + 1);
+    SendKv(h, bytes, h.parts_sent + 1, t);
     ++handed_[static_cast<size_t>(h.decode - sh_->prefill_replicas)];
     specs_.erase(it);
   }
@@ -1260,8 +1413,10 @@ class Engine {
 
   // Decode replicas: a receiver actor takes every message as it lands, so
   // that a KV part's time is its transfer's end, not the end of the step
-  // the engine was in; the engine takes them between steps.
-  void Land(Message* msg) {
+  // the engine was in; the engine takes them between steps (a lazy one is
+  // brought forward to the landing first). Returns false once the run has
+  // stopped.
+  bool Land(Message* msg) {
     if (msg->end) {
       ++landed_ends_;
       landed_expected_ += msg->total_sent;
@@ -1277,8 +1432,16 @@ class Engine {
         if (sh_->live != nullptr) sh_->live->OnLinkBytes(sh_->live_link[l] + dir, msg->bytes);
       });
     }
+    if (!lazy_) {
+      landed_.push_back({msg, now});
+      if (asleep_) wake_->release();
+      return true;
+    }
+    // Lazily: the steps that end before it first; an idle replica takes it
+    // at once.
+    if (!AdvanceTo(now)) return false;
     landed_.push_back({msg, now});
-    if (asleep_) wake_->release();
+    return stepping_ || StartAt(now);
   }
   // The receiver's loop: until every prefill replica's stream has ended
   // and each request it announced has landed, every part of it. It waits
@@ -1292,6 +1455,7 @@ class Engine {
     std::vector<sg4::CommPtr> waits = {box->get_async<Message>(&next)};
     std::vector<Message*> flying;  // waits[i + 1]'s message
     while (landed_ends_ < ends_needed_ || landed_finals_ < landed_expected_ || !flying.empty()) {
+      ++sh_->engine_waits;
       const auto i = static_cast<size_t>(sg4::Comm::wait_any(waits));
       if (i == 0) {
         Message* m = next;
@@ -1299,8 +1463,8 @@ class Engine {
         if (m->flow != nullptr) {
           waits.push_back(m->flow);
           flying.push_back(m);
-        } else {
-          Land(m);
+        } else if (!Land(m)) {
+          return;
         }
         continue;
       }
@@ -1308,15 +1472,18 @@ class Engine {
       waits.erase(waits.begin() + static_cast<std::ptrdiff_t>(i));
       flying.erase(flying.begin() + static_cast<std::ptrdiff_t>(i - 1));
       m->flow = nullptr;
-      Land(m);
+      if (!Land(m)) return;
     }
+    // A lazy engine's actor waits for this to finish the run (RunLazy).
+    all_landed_ = true;
+    if (asleep_) wake_->release();
   }
 
  private:
   void TakeLanded() {
     for (const auto& [msg, t] : landed_) {
       landed_s_ = t;
-      Receive(msg);
+      Receive(msg, Now());
     }
     landed_.clear();
   }
@@ -1455,9 +1622,19 @@ class Engine {
   absl::flat_hash_map<int64_t, Handoff> specs_;      // prefill replicas
   std::vector<int64_t> handed_;                      // per decode replica
   absl::flat_hash_map<int64_t, Arriving> arriving_;  // decode replicas
-  // Decode replicas: messages landed and not yet taken, with their times;
-  // what the receiver counted; the engine's wake-up while it waits idle.
+  // Decode and lazy replicas: messages landed and not yet taken, with
+  // their times; what the receiver counted; the engine's wake-up while it
+  // waits idle.
   std::vector<std::pair<Message*, double>> landed_;
+  // Lazy replicas (RunLazy): whether a step is under way, its end, the
+  // time the replica's state stands at (a stepping one's: the end of its
+  // last step, Now), and the requests landed so far.
+  bool lazy_ = false;
+  bool all_landed_ = false;  // a decode replica's receiver is done
+  bool stepping_ = false;
+  double step_end_ = 0;
+  double last_end_ = 0;
+  int64_t received_ = 0;
   double landed_s_ = 0;  // the time of the message Receive() takes
   std::vector<sg4::CommPtr> flows_;  // a step's collectives (Collectives)
   // Set by Iteration when nothing could run before this time (a request's
@@ -2035,6 +2212,18 @@ absl::StatusOr<RunResult> RunSimulation(const ResolvedScenario& sc,
     sh.engine_boxes.push_back(sg4::Mailbox::by_name(absl::StrCat("engine", r)));
   }
   sh.router_box = sg4::Mailbox::by_name("router");
+  std::vector<Engine*> lazy;
+  for (const auto& e : engines) {
+    if (e->lazy()) lazy.push_back(e.get());
+  }
+  if (!lazy.empty()) {
+    sh.advance = [lazy](double t) {
+      for (Engine* e : lazy) {
+        if (!e->AdvanceTo(t)) return false;
+      }
+      return true;
+    };
+  }
   // The replicas share their pool's remote devices, so one engine's hints
   // serve them all.
   if (!engines.empty() && engines[0]->HintsArrivals()) {
@@ -2107,10 +2296,12 @@ absl::StatusOr<RunResult> RunSimulation(const ResolvedScenario& sc,
     if (options.partial != nullptr) {
       options.partial->metrics = std::move(result.metrics);
       options.partial->simulated_s = sg4::Engine::get_clock();
+      options.partial->engine_waits = sh.engine_waits;
     }
     return sh.error;
   }
   result.simulated_s = sg4::Engine::get_clock();
+  result.engine_waits = sh.engine_waits;
   if (options.live != nullptr) options.live->OnDone(result.simulated_s, wall_s());
   return result;
 }

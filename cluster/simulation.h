@@ -18,8 +18,15 @@
 //    requests it was sent.
 //  - one engine per replica (on r<i>.xpu0): takes the requests that have
 //    arrived, asks its ReplicaScheduler for a batch, costs it with the
-//    IterationPlanner on its Device, sleeps for the iteration's time, then
-//    applies it. Idle engines block on their mailbox.
+//    IterationPlanner on its Device, and applies it at the step's end.
+//    Colocated and decode engines advance lazily: an engine's state stands
+//    at a time of its own and is brought forward in plain calls by whoever
+//    reads it (the router, before it reads the loads; a prefill engine,
+//    before it picks a decode replica) and as its messages land, so its
+//    actor waits in SimGrid only for messages (docs/design.md). Engines
+//    whose steps make SimGrid calls (collectives or store loads as flows,
+//    asynchronous tier loads), watched ones (--metrics, --pace) and
+//    prefill engines sleep through their steps in SimGrid instead.
 // A disaggregated cluster (cluster.disaggregation; docs/disaggregation.md)
 // numbers the prefill pool's replicas first. The router sends arrivals to
 // them; a prefill engine hands each prompt's KV to a decode engine as
@@ -28,8 +35,8 @@
 // NIC, and ends with a count to every decode engine. A decode engine's
 // mailbox has its own receiver actor (`engine<i>.kv`), which stamps each
 // message as it lands, so a transfer ends when the network says, not when
-// the engine's step does. Prefill engines run every step as a SimGrid
-// sleep; decode engines run ahead only until the next hand-off can land.
+// the engine's step does, and brings a lazy engine forward to that time.
+// Prefill engines run every step as a SimGrid sleep.
 // Collectives inside a replica are costed by the device model per layer
 // (hundreds per iteration) rather than sent as SimGrid messages: at ~100k
 // messages per wall second, per-layer messages would make an hour-long
@@ -56,6 +63,11 @@ namespace servesim::cluster {
 struct RunResult {
   std::unique_ptr<metrics::MetricsCollector> metrics;
   double simulated_s = 0;  // SimGrid clock at the end
+  // The times the replicas' engines (and decode replicas' receivers)
+  // blocked in SimGrid: for a message, a step's end, a flow. The run's
+  // event cost, not a result: it depends on how engines advance (lazily or
+  // a SimGrid event per step) and not on what they compute.
+  int64_t engine_waits = 0;
 };
 
 // How a run is watched; none of it changes results.

@@ -281,6 +281,12 @@ void MetricsCollector::Finish() {
   std::stable_sort(timeline_.begin(), timeline_.end(), [](const auto& a, const auto& b) {
     return a.start_s != b.start_s ? a.start_s < b.start_s : a.replica < b.replica;
   });
+  // The transfers by start, then decode replica and request: the order the
+  // decode replicas took them in depends on how their engines advanced.
+  std::sort(transfers_.begin(), transfers_.end(), [](const auto& a, const auto& b) {
+    if (a.start_s != b.start_s) return a.start_s < b.start_s;
+    return a.to != b.to ? a.to < b.to : a.request_id < b.request_id;
+  });
 }
 
 Summary ComputeSummary(const MetricsCollector& metrics) {

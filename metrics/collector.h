@@ -31,9 +31,9 @@
 //    with a smaller id are final; then it goes to the RecordSink
 //    (requests.csv, in id order) and into streaming sums;
 //  - iterations go to the sink in (start, replica) order through a k-way
-//    merge of per-replica buffers: engines run ahead of one another between
-//    arrivals (cluster/simulation.cc), so a record waits until no replica
-//    can still record an earlier one (bounded by that run-ahead);
+//    merge of per-replica buffers: engines advance apart from one another
+//    between arrivals (cluster/simulation.cc), so a record waits until no
+//    replica can still record an earlier one (bounded by how far apart);
 //  - sums over requests and iterations are taken in those orders, the
 //    orders the whole-run vectors were summed in, so they are bit-identical.
 #ifndef SERVESIM_METRICS_COLLECTOR_H_
@@ -86,7 +86,8 @@ class MetricsCollector {
   // one (the simulation's next arrival, or now while one is on its way).
   void SetArrivalFloor(std::function<double()> floor) { floor_ = std::move(floor); }
   // Ends the run: every buffered iteration and request (pending ones too)
-  // goes out, and timeline samples are put in (start, replica) order.
+  // goes out, timeline samples are put in (start, replica) order and
+  // transfers in (start, decode replica, request) order.
   void Finish();
 
   void AddTimeline(TimelineIteration it) { timeline_.push_back(std::move(it)); }

@@ -66,6 +66,8 @@ absl::Status WriteOutputs(const OutputDir& dir, const scenario::ResolvedScenario
           absl::StrCat(
               "{\n  \"wall_time_s\": ", FormatFigure(info.wall_s), ",\n  \"realtime_factor\": ",
               FormatFigure(info.wall_s > 0 ? info.simulated_s / info.wall_s : 0),
+              info.engine_waits >= 0 ? absl::StrCat(",\n  \"engine_waits\": ", info.engine_waits)
+                                     : "",
               info.partial
                   ? absl::StrCat(",\n  \"partial\": true,\n  \"error\": ", JsonString(info.error))
                   : "",

@@ -5,6 +5,7 @@
 #ifndef SERVESIM_REPORTS_SUMMARY_H_
 #define SERVESIM_REPORTS_SUMMARY_H_
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,9 @@ namespace servesim::reports {
 struct RunInfo {
   double wall_s = 0;
   double simulated_s = 0;
+  // The times the engines blocked in SimGrid (cluster::RunResult::
+  // engine_waits); -1: not known.
+  int64_t engine_waits = -1;
   // A run that stopped early (e.g. no device agent left): its error. The
   // outputs then hold what was measured until then, and say so.
   bool partial = false;

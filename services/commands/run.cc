@@ -277,6 +277,7 @@ int RunWithFlags(const RunFlags& o) {
     if (partial.metrics != nullptr && dir != nullptr) {
       metrics::Summary summary = metrics::ComputeSummary(*partial.metrics);
       info.simulated_s = partial.simulated_s;
+      info.engine_waits = partial.engine_waits;
       info.wall_s =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start).count();
       if (absl::Status st = reports::WriteOutputs(*dir, *sc, *wl, *partial.metrics, summary, info);
@@ -318,6 +319,7 @@ int RunWithFlags(const RunFlags& o) {
     }
   }
   info.simulated_s = result->simulated_s;
+  info.engine_waits = result->engine_waits;
   info.wall_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start).count();
   // The table first: if writing files fails, the results are still shown.

@@ -296,14 +296,19 @@ std::vector<double> StepDurations(const std::string& dir, const std::string& rep
   return out;
 }
 
-// The text value of summary.json's `key`.
-std::string SummaryValue(const std::string& dir, const std::string& key) {
-  const std::string summary = ReadFile(dir + "/summary.json");
+// The text value of `key` in the JSON file `path`.
+std::string JsonFileValue(const std::string& path, const std::string& key) {
+  const std::string json = ReadFile(path);
   const std::string tag = absl::StrCat("\"", key, "\": ");
-  const size_t at = summary.find(tag);
+  const size_t at = json.find(tag);
   if (at == std::string::npos) return "";
   const size_t from = at + tag.size();
-  return summary.substr(from, summary.find_first_of(",}", from) - from);
+  return json.substr(from, json.find_first_of(",}\n", from) - from);
+}
+
+// The text value of summary.json's `key`.
+std::string SummaryValue(const std::string& dir, const std::string& key) {
+  return JsonFileValue(dir + "/summary.json", key);
 }
 
 // Collectives on the fabric: a prefill replica of two xPUs on two nodes
@@ -569,6 +574,7 @@ workload {
   rate_scale: 8
 }
 scheduler { batching: BATCHING_POLICY_VLLM_V1 }
+output { timeline: true }
 seed: 5
 )");
   const std::string dir = FreshDir("disagg_ahead");
@@ -579,9 +585,18 @@ seed: 5
       RunServesim({"run", dir + "/s.pbtxt", "--out", dir + "/stepped", "--pace", "1e12"});
   ASSERT_EQ(stepped.code, 0) << stepped.out;
   ASSERT_EQ(Requests(dir + "/ahead").size(), 800u);
-  for (const char* f : {"/requests.csv", "/iterations.csv", "/summary.json"}) {
+  for (const char* f : {"/requests.csv", "/iterations.csv", "/summary.json", "/timeline.json"}) {
     EXPECT_EQ(ReadFile(dir + "/ahead" + f), ReadFile(dir + "/stepped" + f)) << f;
   }
+  // The decode engines advanced lazily: they waited in SimGrid only for
+  // the end (the receivers' waits for KV parts and the prefill engines'
+  // steps are the rest), far fewer times than a step each.
+  const double ahead_waits = std::stod(JsonFileValue(dir + "/ahead/run_info.json", "engine_waits"));
+  const double stepped_waits =
+      std::stod(JsonFileValue(dir + "/stepped/run_info.json", "engine_waits"));
+  const double steps = std::stod(SummaryValue(dir + "/ahead", "iterations"));
+  EXPECT_GE(stepped_waits, steps);
+  EXPECT_LT(ahead_waits, stepped_waits - steps / 2);
 }
 
 // Cache-aware routing: 30 prompts in 3 prefix groups (2048 shared tokens
