@@ -1152,17 +1152,18 @@ class Engine {
   class Counting : public scheduler::RequestObserver {
    public:
     explicit Counting(Engine* e) : e_(e) {}
-    void OnToken(const scheduler::RequestState& r, double t, double gap) override {
+    void OnFirstToken(const scheduler::RequestState& r, double t) override {
       // A prefill replica's token is not the user's: the decode replica
       // computes the first one again (vLLM's KV connectors).
       if (e_->role_ == Role::kPrefill) return;
-      e_->observer_->OnToken(r, t, gap);
+      e_->observer_->OnFirstToken(r, t);
+      if (LiveSink* live = e_->sh_->live) live->OnFirstToken(e_->replica_, t - r.spec.arrival_s);
+    }
+    void OnGaps(double t, double gap, int64_t count) override {
+      if (e_->role_ == Role::kPrefill) return;
+      e_->observer_->OnGaps(t, gap, count);
       if (LiveSink* live = e_->sh_->live) {
-        if (gap < 0) {
-          live->OnFirstToken(e_->replica_, t - r.spec.arrival_s);
-        } else {
-          live->OnToken(e_->replica_, gap);
-        }
+        for (int64_t k = 0; k < count; ++k) live->OnToken(e_->replica_, gap);
       }
     }
     void OnFinish(const scheduler::RequestState& r, double t) override {

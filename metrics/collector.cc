@@ -26,13 +26,12 @@ void Check(bool ok, const char* what) {
 class MetricsCollector::ReplicaObserver : public scheduler::RequestObserver {
  public:
   ReplicaObserver(MetricsCollector* m, int replica) : m_(m), replica_(replica) {}
-  void OnToken(const scheduler::RequestState& r, double now_s,
-               double gap_s) override {
+  void OnFirstToken(const scheduler::RequestState& r, double now_s) override {
     RequestRecord& rec = m_->Live(r.spec.id);
     rec.replica = replica_;
-    if (rec.first_token_s < 0) rec.first_token_s = now_s;
-    if (gap_s >= 0) m_->tbt_.Add(gap_s);
+    rec.first_token_s = now_s;
   }
+  void OnGaps(double, double gap_s, int64_t count) override { m_->tbt_.Add(gap_s, count); }
   void OnFinish(const scheduler::RequestState& r, double now_s) override {
     RequestRecord& rec = m_->Live(r.spec.id);
     rec.finish_s = now_s;

@@ -259,8 +259,9 @@ double QuantileAccumulator::ValueAtRank(int64_t rank) const {
   return it == sorted_.end() ? sorted_.back().value : it->value;
 }
 
-void QuantileAccumulator::Add(double value) {
-  ++count_;
+void QuantileAccumulator::Add(double value, int64_t count) {
+  if (count <= 0) return;
+  count_ += count;
   if (sorted_valid_) {
     // Back to unsorted runs (their order does not matter, only which values
     // were seen how often).
@@ -274,10 +275,10 @@ void QuantileAccumulator::Add(double value) {
   }
   if (sketch_ == nullptr) {
     if (!runs_.empty() && runs_.back().value == value) {
-      ++runs_.back().count;
+      runs_.back().count += count;
       return;
     }
-    runs_.push_back({value, 1});
+    runs_.push_back({value, count});
     if (static_cast<int64_t>(runs_.size()) <= exact_max_samples_) return;
     sketch_ = std::make_unique<QuantileSketch>();
     runs_.ForEach([&](const Run& r) {
@@ -290,8 +291,10 @@ void QuantileAccumulator::Add(double value) {
     runs_.clear();
     return;
   }
-  sketch_->Add(value);
-  sum_ += value;
+  for (int64_t k = 0; k < count; ++k) {
+    sketch_->Add(value);
+    sum_ += value;
+  }
   max_ = std::max(max_, value);
 }
 

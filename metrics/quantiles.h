@@ -88,7 +88,10 @@ class QuantileAccumulator {
   };
 
   explicit QuantileAccumulator(int64_t exact_max_samples);
-  void Add(double value);
+  void Add(double value) { Add(value, 1); }
+  // `count` samples of `value`, as `count` calls of Add(value) would add
+  // them.
+  void Add(double value, int64_t count);
   Distribution ToDistribution() const;
   bool exact() const { return sketch_ == nullptr; }
   int64_t count() const { return count_; }

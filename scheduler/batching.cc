@@ -681,6 +681,9 @@ void ReplicaScheduler::Complete(double now_s, RequestObserver* observer) {
     }
   }
   bool any_finished = false;
+  // Consecutive later tokens with equal gaps, reported together (OnGaps).
+  double run_gap = 0;
+  int64_t run_count = 0;
   for (const BatchEntry& e : batch_.entries) {
     RequestState& r = table_[e.slot];
     if (e.prefill) {
@@ -692,10 +695,21 @@ void ReplicaScheduler::Complete(double now_s, RequestObserver* observer) {
     if (prefix_ != nullptr) RegisterFull(e.slot, r.context_tokens);
     if (!e.emits_token) continue;
     ++r.generated;
-    const double gap = r.last_token_s < 0 ? -1.0 : now_s - r.last_token_s;
-    if (r.first_token_s < 0) r.first_token_s = now_s;
-    r.last_token_s = now_s;
-    if (observer != nullptr) observer->OnToken(r, now_s, gap);
+    if (r.first_token_s < 0) {
+      r.first_token_s = now_s;
+      r.last_token_s = now_s;
+      if (observer != nullptr) observer->OnFirstToken(r, now_s);
+    } else {
+      const double gap = now_s - r.last_token_s;
+      r.last_token_s = now_s;
+      if (run_count > 0 && gap == run_gap) {
+        ++run_count;
+      } else {
+        if (run_count > 0 && observer != nullptr) observer->OnGaps(now_s, run_gap, run_count);
+        run_gap = gap;
+        run_count = 1;
+      }
+    }
     if (r.generated >= r.spec.output_tokens) {
       r.finish_s = now_s;
       r.running = false;
@@ -704,6 +718,7 @@ void ReplicaScheduler::Complete(double now_s, RequestObserver* observer) {
       if (observer != nullptr) observer->OnFinish(r, now_s);
     }
   }
+  if (run_count > 0 && observer != nullptr) observer->OnGaps(now_s, run_gap, run_count);
   if (any_finished) {
     // Drop finished requests from running_, keeping admission order.
     size_t out = 0;

@@ -219,8 +219,15 @@ struct RequestState {
 class RequestObserver {
  public:
   virtual ~RequestObserver() = default;
-  // gap_s: time since the request's previous token; negative for the first.
-  virtual void OnToken(const RequestState& r, double now_s, double gap_s) = 0;
+  // A request's first token, at now_s. Its later tokens come as OnGaps.
+  virtual void OnFirstToken(const RequestState& r, double now_s) = 0;
+  // `count` tokens at now_s, of as many requests past their first, each
+  // `gap_s` after its request's previous token. A step's tokens come in
+  // batch order, and consecutive ones with equal gaps in one call: in
+  // iteration-level batching every request that decoded in the step before
+  // too sees the same gap, that step's duration, so a step makes one call
+  // or a few, not one per token.
+  virtual void OnGaps(double now_s, double gap_s, int64_t count) = 0;
   virtual void OnFinish(const RequestState& r, double now_s) = 0;
   virtual void OnReject(const RequestSpec& r, RejectReason why, double now_s) = 0;
 };

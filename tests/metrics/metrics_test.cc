@@ -221,6 +221,34 @@ TEST(QuantileAccumulatorTest, ExactUpToTheThresholdThenSketch) {
   }
 }
 
+// A step's equal gaps come as one Add(value, count): the same runs, count,
+// summary and sketch (past the threshold, mid-run) as `count` Adds.
+TEST(QuantileAccumulatorTest, AddingARunEqualsAddingItsSamplesOneByOne) {
+  const std::vector<double> values = Samples(400, 11);
+  for (int64_t threshold : {int64_t{1} << 20, int64_t{150}}) {
+    QuantileAccumulator runs(threshold), each(threshold);
+    for (int i = 0; i < 900; ++i) {
+      // Runs of 1 to 12 samples; a value that repeats the one before now
+      // and then, so that runs merge.
+      const double v = i % 5 == 4 ? values[((i - 1) * 13) % 400] : values[(i * 13) % 400];
+      const int64_t n = 1 + i % 12;
+      runs.Add(v, n);
+      for (int64_t k = 0; k < n; ++k) each.Add(v);
+      ASSERT_EQ(runs.stored(), each.stored()) << "after run " << i;
+      ASSERT_EQ(runs.exact(), each.exact()) << "after run " << i;
+    }
+    runs.Add(values[0], 0);  // nothing
+    EXPECT_EQ(runs.exact(), threshold > 150);
+    const Distribution a = runs.ToDistribution(), b = each.ToDistribution();
+    EXPECT_EQ(a.count, b.count);
+    EXPECT_EQ(a.mean, b.mean);
+    EXPECT_EQ(a.p50, b.p50);
+    EXPECT_EQ(a.p90, b.p90);
+    EXPECT_EQ(a.p99, b.p99);
+    EXPECT_EQ(a.max, b.max);
+  }
+}
+
 TEST(QuantileAccumulatorTest, RunsOfEqualGapsAreStoredOnceAndSummariseAsEverySample) {
   // An iteration's tokens share one gap: samples in runs of 1 to 9 equal
   // values, with values that come back in later runs, and both zeros.
@@ -351,7 +379,7 @@ TEST(MetricsCollectorTest, RequestsLeaveInIdOrderOnceFinal) {
   scheduler::RequestObserver* obs = m.ObserverFor(0);
   scheduler::RequestState s1;
   s1.spec = {1, 0.0, 10, 1, {}};
-  obs->OnToken(s1, 0.2, -1);
+  obs->OnFirstToken(s1, 0.2);
   obs->OnFinish(s1, 0.2);
   EXPECT_TRUE(sink.requests.empty());  // 0 is still in flight
   obs->OnReject({0, 0.0, 10, 1, {}}, scheduler::RejectReason::kTooLong, 0.3);

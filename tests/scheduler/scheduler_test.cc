@@ -24,22 +24,28 @@ namespace {
 class FakeObserver : public RequestObserver {
  public:
   struct Token {
-    int64_t id;
+    int64_t id;  // -1: a later token (OnGaps says whose no more)
     double t;
-    double gap;
+    double gap;  // -1: a first token
   };
-  void OnToken(const RequestState& r, double t, double gap) override {
-    tokens.push_back({r.spec.id, t, gap});
+  void OnFirstToken(const RequestState& r, double t) override {
+    tokens.push_back({r.spec.id, t, -1});
+  }
+  void OnGaps(double t, double gap, int64_t count) override {
+    gap_calls.push_back(count);
+    for (int64_t k = 0; k < count; ++k) tokens.push_back({-1, t, gap});
   }
   void OnFinish(const RequestState& r, double t) override {
     finished.push_back(r.spec.id);
     finish_time.push_back(t);
+    generated.push_back(r.generated);
   }
   void OnReject(const RequestSpec& r, RejectReason why, double) override {
     rejected.push_back({r.id, why});
   }
   std::vector<Token> tokens;
-  std::vector<int64_t> finished;
+  std::vector<int64_t> gap_calls;  // each OnGaps call's count
+  std::vector<int64_t> finished, generated;
   std::vector<double> finish_time;
   std::vector<std::pair<int64_t, RejectReason>> rejected;
 };
@@ -197,6 +203,36 @@ TEST(PrefillFirstTest, TokensTtftAndFinishUnderFakeClock) {
   EXPECT_TRUE(s.Schedule(1.0).empty());
 }
 
+// A step's later tokens with equal gaps come in one OnGaps call: A and B
+// decode in consecutive steps (one call of 2), then C prefills alone and
+// joins them: A and B waited 1.5 s, C 0.5 s (two calls).
+TEST(PrefillFirstTest, AStepsEqualGapsComeTogether) {
+  ReplicaScheduler s(SmallConfig());
+  FakeObserver obs;
+  s.Add(Req(0, 20, 5), 0.0, &obs);
+  s.Add(Req(1, 20, 5), 0.0, &obs);
+  s.Schedule(0.0);
+  s.Complete(1.0, &obs);  // both prefilled: first tokens
+  EXPECT_EQ(s.Schedule(1.0).decode_tokens, 2);
+  s.Complete(2.0, &obs);
+  EXPECT_EQ(obs.gap_calls, (std::vector<int64_t>{2}));
+  s.Add(Req(2, 20, 5), 2.0, &obs);
+  EXPECT_EQ(s.Schedule(2.0).prefill_tokens, 20);  // prefill first, alone
+  s.Complete(3.0, &obs);
+  EXPECT_EQ(obs.gap_calls, (std::vector<int64_t>{2}));
+  EXPECT_EQ(s.Schedule(3.0).decode_tokens, 3);
+  s.Complete(3.5, &obs);
+  EXPECT_EQ(obs.gap_calls, (std::vector<int64_t>{2, 2, 1}));
+  ASSERT_EQ(obs.tokens.size(), 8u);
+  // Firsts at 1.0 (A, B) and 3.0 (C); later tokens in batch order.
+  EXPECT_EQ(obs.tokens[4].id, 2);
+  EXPECT_DOUBLE_EQ(obs.tokens[4].t, 3.0);
+  EXPECT_DOUBLE_EQ(obs.tokens[2].gap, 1.0);
+  EXPECT_DOUBLE_EQ(obs.tokens[5].gap, 1.5);
+  EXPECT_DOUBLE_EQ(obs.tokens[6].gap, 1.5);
+  EXPECT_DOUBLE_EQ(obs.tokens[7].gap, 0.5);
+}
+
 TEST(PrefillFirstTest, DecodeGrowthPreemptsTheNewestRequest) {
   BatchingConfig c = SmallConfig();
   c.kv_block_tokens = 4;
@@ -240,11 +276,16 @@ TEST(PrefillFirstTest, DecodeGrowthPreemptsTheNewestRequest) {
   }
   EXPECT_TRUE(saw_recompute);
   EXPECT_EQ(obs.finished.size(), 2u);
-  // Each request produced exactly its 8 tokens despite the preemption.
-  int per_request[2] = {0, 0};
-  for (const auto& tok : obs.tokens) ++per_request[tok.id];
-  EXPECT_EQ(per_request[0], 8);
-  EXPECT_EQ(per_request[1], 8);
+  // Each request produced exactly its 8 tokens despite the preemption: one
+  // first token each, 14 later ones.
+  EXPECT_EQ(obs.generated, (std::vector<int64_t>{8, 8}));
+  EXPECT_EQ(obs.tokens.size(), 16u);
+  int firsts[2] = {0, 0};
+  for (const auto& tok : obs.tokens) {
+    if (tok.gap < 0) ++firsts[tok.id];
+  }
+  EXPECT_EQ(firsts[0], 1);
+  EXPECT_EQ(firsts[1], 1);
   EXPECT_EQ(s.kv().used(), 0);
 }
 
