@@ -510,7 +510,8 @@ class Engine {
       return true;
     }
     if (t > kMaxSimulatedSeconds) {
-      sh_->Stop(PastTimeLimit(t, absl::StrCat("replica ", replica_, " starts an iteration").c_str()));
+      sh_->Stop(
+          PastTimeLimit(t, absl::StrCat("replica ", replica_, " starts an iteration").c_str()));
       return false;
     }
     auto duration = Iteration(t);
@@ -850,7 +851,11 @@ class Engine {
     double busy_sum_s = 0, collective_sum_s = 0;  // over ranks: the collectives' share
     double tier_s = 0;      // waiting for KV tiers (the slowest rank's)
     double pipe_bytes = 0;  // hidden states between pipeline stages
-    cost_ = scheduler::IterationCost{};
+    // The step's cost: the one rank's own (costed in place), or the ranks'
+    // or stages' summed into cost_.
+    const bool grouped = lockstep || pipeline;
+    if (grouped) cost_ = scheduler::IterationCost{};
+    scheduler::IterationCost& step_cost = grouped ? cost_ : lead->cost;
     // Idle ranks' planners are alike (same model, layout and device), so
     // one answers for all of them.
     const scheduler::IterationCost* idle = nullptr;
@@ -863,7 +868,7 @@ class Engine {
       } else if (r->batch != nullptr) {
         if (lockstep) r->planner.SetGroupTokens(group_tokens);
         if (!lockstep && !pipeline) Anticipate(*r);
-        ASSIGN_OR_RETURN(r->cost, r->planner.Plan(*r->batch));
+        RETURN_IF_ERROR(r->planner.Plan(*r->batch, &r->cost));
         tier_s = std::max(tier_s,
                           scheduler::KvTierWaitS(*r->batch, r->cost.time_s, pool_->model.num_layers,
                                                  pool_->kv_tier_layerwise, load_extra));
@@ -888,9 +893,7 @@ class Engine {
       busy_sum_s += r->cost.xpu_busy_s;
       collective_sum_s += r->cost.xpu_collective_s;
       device_busy_s = std::max(device_busy_s, r->cost.device_busy_s);
-      if (!lockstep && !pipeline) {
-        cost_ = r->cost;
-      } else {
+      if (grouped) {
         cost_.total += r->cost.total;
         cost_.device_total += r->cost.device_total;
       }
@@ -916,8 +919,8 @@ class Engine {
       // collectives in it.
       cost_.xpu_collective_s = busy_sum_s > 0 ? xpu_busy_s * collective_sum_s / busy_sum_s : 0;
     }
-    if (pool_->xpu_power_cap_w > 0) ApplyPowerCap(&cost_);
-    const scheduler::IterationCost* cost = &cost_;
+    if (pool_->xpu_power_cap_w > 0) ApplyPowerCap(&step_cost);
+    const scheduler::IterationCost* cost = &step_cost;
     // The engine's host time per step that does not overlap the xPUs, and
     // the wait for KV tiers.
     double duration = cost->time_s + pool_->step_overhead_s + tier_s;
@@ -939,7 +942,7 @@ class Engine {
     // (cluster.xpu.active_power_w), and the board's power limit.
     double active_j = pool_->xpu_active_power_w * static_cast<double>(pool_->xpus_per_replica()) *
                       std::max(0.0, cost->xpu_busy_s - cost->xpu_collective_s);
-    if (pool_->xpu_tdp_w > 0) LimitToTdp(&cost_, &active_j);
+    if (pool_->xpu_tdp_w > 0) LimitToTdp(&step_cost, &active_j);
     it.energy_j = cost->total.energy_pj() * 1e-12 + active_j;
     it.xpu_busy_s = cost->xpu_busy_s;
     it.device_busy_s = cost->device_busy_s;
@@ -1675,7 +1678,7 @@ class Engine {
   int64_t done_ = 0;
   int64_t batch_cap_ = 0;
   absl::flat_hash_map<int64_t, double> chunk_s_;  // a lone prefill step's time, by tokens
-  scheduler::IterationCost cost_;  // the current iteration's
+  scheduler::IterationCost cost_;  // the current step's, of grouped ranks or stages
   std::vector<scheduler::PipelineStep> steps_;  // its in-flight batches' stages
 };
 

@@ -6,6 +6,7 @@
 #include <deque>
 
 #include "absl/base/casts.h"
+#include "common/same_key.h"
 #include "common/status_macros.h"
 
 namespace servesim::scheduler {
@@ -465,8 +466,14 @@ absl::StatusOr<IterationCost> IterationPlanner::Plan(const Batch& batch, std::ve
 
 absl::StatusOr<IterationCost> IterationPlanner::Plan(const Batch& batch) {
   IterationCost out;
-  if (batch.empty()) return out;
-  if (config_.attention != nullptr) return PlanWithDevice(batch);
+  RETURN_IF_ERROR(Plan(batch, &out));
+  return out;
+}
+
+absl::Status IterationPlanner::Plan(const Batch& batch, IterationCost* out) {
+  *out = IterationCost{};
+  if (batch.empty()) return absl::OkStatus();
+  if (config_.attention != nullptr) return PlanWithDevice(batch, out);
   // Every op but the attention depends on the token counts only: a batch
   // with the same counts as the last re-costs its attention alone (the
   // device is pure, and costs are per op).
@@ -478,7 +485,7 @@ absl::StatusOr<IterationCost> IterationPlanner::Plan(const Batch& batch) {
       batch.prefill_tokens, batch.decode_tokens,
       batch.emitting,       static_cast<int64_t>(batch.entries.size()),
       rows.decode,          rows.prefill_context};
-  if (ops_valid_ && key == ops_key_) {
+  if (ops_valid_ && SameKey(key, ops_key_)) {
     seqs_.clear();
     for (const BatchEntry& e : batch.entries) {
       seqs_.push_back({e.new_tokens, e.past_tokens, e.request_id, e.final_tokens});
@@ -531,8 +538,8 @@ absl::StatusOr<IterationCost> IterationPlanner::Plan(const Batch& batch) {
       at += costs_[i].time_s;
     }
   }
-  AddUp(ops_, costs_, op_layers_, &out);
-  return out;
+  AddUp(ops_, costs_, op_layers_, out);
+  return absl::OkStatus();
 }
 
 void IterationPlanner::XpuLayerOps(int64_t tokens,
@@ -882,7 +889,7 @@ void IterationPlanner::ExpectLater(const Batch& batch) {
   Tell(absl::MakeConstSpan(&batch, 1), /*later=*/true);
 }
 
-absl::StatusOr<IterationCost> IterationPlanner::PlanWithDevice(const Batch& batch) {
+absl::Status IterationPlanner::PlanWithDevice(const Batch& batch, IterationCost* result) {
   using devices::Cost;
   const devices::Device* dev = config_.attention;
   const double elem = model_.act_bytes_per_element;
@@ -902,7 +909,7 @@ absl::StatusOr<IterationCost> IterationPlanner::PlanWithDevice(const Batch& batc
   const int groups = sh.groups;
   const double f = sh.f;
 
-  IterationCost out;
+  IterationCost& out = *result;  // zeroed by Plan
   out.ff_device_fraction = f;
   const double layers = static_cast<double>(model_.num_layers);
   const double tp = static_cast<double>(tp_);
@@ -926,7 +933,8 @@ absl::StatusOr<IterationCost> IterationPlanner::PlanWithDevice(const Batch& batc
   const std::array<int64_t, 7> xpu_key = {static_cast<int64_t>(policy), t, batch.emitting,
                                           absl::bit_cast<int64_t>(f), groups, b_dec,
                                           static_cast<int64_t>(batch.entries.size())};
-  const bool xpu_same = xpu_valid_ && xpu_key == xpu_key_ && pre_seqs.size() == xpu_pre_.size() &&
+  const bool xpu_same = xpu_valid_ && SameKey(xpu_key, xpu_key_) &&
+                        pre_seqs.size() == xpu_pre_.size() &&
                         std::equal(pre_seqs.begin(), pre_seqs.end(), xpu_pre_.begin(),
                                    [](const devices::AttentionSeq& x,
                                       const devices::AttentionSeq& y) {
@@ -956,7 +964,7 @@ absl::StatusOr<IterationCost> IterationPlanner::PlanWithDevice(const Batch& batc
                                            static_cast<int64_t>(s.st_a.size()),
                                            addr(s.st_b.data()),
                                            static_cast<int64_t>(s.st_b.size())};
-  if (!dev_ops_valid_ || dev_key != dev_key_) {
+  if (!dev_ops_valid_ || !SameKey(dev_key, dev_key_)) {
     dev_ops_valid_ = false;
     dev_ops.clear();
     DeviceOpsOf(sh, s, &dev_ops, &att_at_, &att_b_at_, &ff_at_);
@@ -1283,7 +1291,7 @@ absl::StatusOr<IterationCost> IterationPlanner::PlanWithDevice(const Batch& batc
   total.link_energy_pj += link_bytes * layers * config_.link_energy_pj_per_byte;
   total.time_s = out.time_s;
   out.total = total;
-  return out;
+  return absl::OkStatus();
 }
 
 absl::StatusOr<int64_t> MaxBatchWithinSlo(IterationPlanner& planner, double tbt_s,

@@ -149,6 +149,9 @@ class IterationPlanner {
 
   // Costs `batch`. Errors only if the device rejects an op.
   absl::StatusOr<IterationCost> Plan(const Batch& batch);
+  // The same into `*out` (overwritten whole; on an error, unspecified): no
+  // copy of the cost's ~2 KB of stages, for the engine's every step.
+  absl::Status Plan(const Batch& batch, IterationCost* out);
   // MoE models: the tokens of the whole data-parallel group in the coming
   // iteration, which every rank's MoE layers process (0, the default: this
   // rank's tokens times data_parallel, as if every rank were as busy).
@@ -238,7 +241,7 @@ class IterationPlanner {
   // Stamps ops [from, end) with the iteration's tokens and sequences.
   static void SetCounts(int64_t tokens, int64_t sequences, std::vector<devices::Op>* ops,
                         size_t from);
-  absl::StatusOr<IterationCost> PlanWithDevice(const Batch& batch);
+  absl::Status PlanWithDevice(const Batch& batch, IterationCost* out);
   // How PlanWithDevice runs a batch, and the lists its ops point into.
   struct DeviceShape {
     OverlapPolicy policy = OverlapPolicy::kSerial;

@@ -108,6 +108,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/same_key.h"
 #include "common/status_macros.h"
 #include "devices/interrupt.h"
 #include "devices/model.h"
@@ -860,7 +861,7 @@ absl::Status AttAccDevice::AttentionCost(const Op& op, OwnPlacement* own, Cost* 
   RecentList* recent = &recent_[own->recent_slot];
   if (recent->generation == own->recent_generation) {
     for (const auto& [g, slowest] : recent->slowest) {
-      if (g == geometry) {
+      if (SameKey(g, geometry)) {
         return FinishAttentionCost(slowest, score_busy, softmax_busy, context_busy, cost);
       }
     }
@@ -1193,7 +1194,8 @@ int AttAccDevice::FindRecentList(uint64_t id,
   for (int i = 0; i < kRecentLists; ++i) {
     const RecentList& r = recent_[i];
     if (r.stack_list == id && r.l_key.size() == l_key.size() &&
-        std::equal(l_key.begin(), l_key.end(), r.l_key.begin())) {
+        std::equal(l_key.begin(), l_key.end(), r.l_key.begin(),
+                   [](const auto& x, const auto& y) { return SameKey(x, y); })) {
       recent_[i].last_used = ++recent_clock_;
       return i;
     }
