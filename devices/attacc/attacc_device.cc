@@ -737,10 +737,10 @@ absl::Status AttAccDevice::AttentionCost(const Op& op, OwnPlacement* own, Cost* 
       const size_t l = static_cast<size_t>(op.seqs[s].past_tokens + 1);
       if (l < len_table_.size()) __builtin_prefetch(&len_table_[l]);
     }
+    LenFigures computed;  // for an L past the table (built once, not per sequence)
     for (int64_t s = 0; s < nseq; ++s) {
       const int64_t l = op.seqs[s].past_tokens + 1;
       own->seq_len[s] = l;
-      LenFigures computed;
       const LenFigures* f = &computed;
       if (l < kLenTableMax) {
         if (l >= static_cast<int64_t>(len_table_.size())) {
