@@ -509,18 +509,28 @@ class Engine {
       sh_->metrics->MarkIdle(replica_, t);
       return true;
     }
+    double duration = 0;
+    if (!Step(t, &duration)) return false;
+    step_end_ = t + duration;
+    stepping_ = true;
+    return true;
+  }
+
+  // Runs the iteration that starts at `t` (Iteration) into `*duration`;
+  // false once that stopped the run (past the simulated-time limit, or a
+  // failed iteration).
+  bool Step(double t, double* duration) {
     if (t > kMaxSimulatedSeconds) {
       sh_->Stop(
           PastTimeLimit(t, absl::StrCat("replica ", replica_, " starts an iteration").c_str()));
       return false;
     }
-    auto duration = Iteration(t);
-    if (!duration.ok()) {
-      Stop(duration.status());
+    absl::StatusOr<double> d = Iteration(t);
+    if (!d.ok()) {
+      Stop(d.status());
       return false;
     }
-    step_end_ = t + *duration;
-    stepping_ = true;
+    *duration = *d;
     return true;
   }
 
@@ -574,22 +584,14 @@ class Engine {
           sh_->Stop(Interruption());
           return false;
         }
-        if (t > kMaxSimulatedSeconds) {
-          sh_->Stop(
-              PastTimeLimit(t, absl::StrCat("replica ", replica_, " starts an iteration").c_str()));
-          return false;
-        }
-        auto duration = Iteration(t);
-        if (!duration.ok()) {
-          Stop(duration.status());
-          return false;
-        }
+        double duration = 0;
+        if (!Step(t, &duration)) return false;
         if (wait_until_ >= 0) {
           if (sg4::Engine::get_clock() < t) SleepUntil(t);
           AwaitLoads();
           break;
         }
-        const double end = t + *duration;
+        const double end = t + duration;
         const double floor =
             role_ == Role::kDecode ? sh_->HandoffFloor(replica_) : sh_->ArrivalFloor();
         if (!FastForward() || !(end < floor)) {
