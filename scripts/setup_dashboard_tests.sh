@@ -4,11 +4,11 @@
 # prometheus, nodejs, npm and python3, then `npm ci` in tests/browser (playwright-core,
 # pinned by its package-lock.json) unless that is already in place.
 # Quiet when there is nothing to do. Runs as root, or with sudo available when
-# packages are missing. Debian 12's own nodejs (18) and npm are enough: the
-# pinned playwright-core is the last release for Node 18. A package or the
-# npm install that fails is reported on stderr, the rest of the set-up still
-# runs, and the script exits 1: the tests would otherwise skip, which
-# scripts/check_skips.sh refuses anyway.
+# packages are missing (scripts/apt_install.sh). Debian 12's own nodejs (18)
+# and npm are enough: the pinned playwright-core is the last release for
+# Node 18. A package or the npm install that fails is reported on stderr, the
+# rest of the set-up still runs, and the script exits 1: the tests would
+# otherwise skip, which scripts/check_skips.sh refuses anyway.
 # Usage: scripts/setup_dashboard_tests.sh
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -24,29 +24,9 @@ command -v python3 >/dev/null 2>&1 || missing+=(python3)
 warned=0
 if [ ${#missing[@]} -gt 0 ]; then
   echo "setup_dashboard_tests: installing ${missing[*]}"
-  sudo_cmd=()
-  if [ "$(id -u)" -ne 0 ]; then
-    if command -v sudo >/dev/null 2>&1; then sudo_cmd=(sudo); else
-      echo "setup_dashboard_tests: not root and no sudo: cannot install ${missing[*]}" >&2; warned=1; missing=()
-    fi
-  fi
-  if [ ${#missing[@]} -gt 0 ]; then
-    export DEBIAN_FRONTEND=noninteractive
-    apt_get() { "${sudo_cmd[@]}" apt-get -qq -o DPkg::Lock::Timeout=600 "$@" >/dev/null; }
-    # The package lists may be missing or stale (a fresh container): update once.
-    apt_get update || echo "setup_dashboard_tests: apt-get update failed" >&2
-    # One by one, so that one unavailable package does not block the others.
-    # --no-install-recommends keeps chromium and prometheus lean (the tests
-    # need neither a desktop nor the node exporter).
-    for p in "${missing[@]}"; do
-      if ! apt_get install -y --no-install-recommends "$p"; then
-        echo "setup_dashboard_tests: could not install $p" >&2
-        warned=1
-      fi
-    done
-    # Debian's prometheus package starts a service where systemd runs; the
-    # tests start their own server on a free loopback port and need neither.
-  fi
+  # Debian's prometheus package starts a service where systemd runs; the tests
+  # start their own server on a free loopback port and need neither.
+  scripts/apt_install.sh --each "${missing[@]}" || warned=1
 fi
 
 # playwright-core for tests/browser/dashboard_test.js (no browser download:
