@@ -19,7 +19,7 @@ if [ "${1:-}" = "--jobs" ]; then jobs="$2"; shift 2; fi
 scripts/setup.sh --sanitizers --no-build
 scripts/configure_sanitized.sh
 cmake --build build-asan -j"$jobs" --target servesim_tests servesim servesim-agent \
-  servesim-agent-load >/dev/null
+  servesim-agent-load servesim-simgrid-floor >/dev/null
 
 root=$(pwd)
 export ASAN_OPTIONS="halt_on_error=1:detect_leaks=1:strict_string_checks=1:detect_stack_use_after_return=0:check_initialization_order=1"
