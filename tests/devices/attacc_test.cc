@@ -840,49 +840,59 @@ TEST(AttAccScheduleTest, EqualsTheReferenceScheduleOnRandomBatches) {
   // per channel as may be in flight; the general one), with lengths that
   // repeat (ties in both the channel loads and the softmax arrivals),
   // multi-head and grouped-query heads, head groups, one to 40 stacks in
-  // use, with and without attention-level pipelining.
+  // use, with and without attention-level pipelining. Also with softmax
+  // units 16 and 256 times narrower than the preset's, whose waits then
+  // weigh as much as the GEMVs or more: the device schedules only the
+  // stacks whose bound on waiting could make them the slowest, and a bound
+  // too small would show here as a stack left out.
   Rng rng(7, "attacc-schedule");
   struct Shape {
     int64_t heads, kv_heads, d_head, groups;
   };
   const Shape shapes[] = {{96, 96, 128, 8}, {64, 8, 128, 4}, {40, 40, 64, 1}, {32, 4, 128, 2}};
   int cases = 0;
-  for (bool pipelined : {true, false}) {
-    auto spec = Spec();
-    spec.mutable_attacc()->mutable_attacc()->set_attention_level_pipelining(pipelined);
-    const auto d = Make(spec);
-    for (int trial = 0; trial < 80; ++trial) {
-      const Shape& sh = shapes[rng.UniformInt(4)];
-      const int used_stacks = std::vector<int>{1, 2, 5, 40}[rng.UniformInt(4)];
-      // Items (sequence, KV head) per stack and op: 1 to 160, so that each
-      // path is taken (16 channels).
-      const int64_t items =
-          1 + static_cast<int64_t>(rng.UniformInt(rng.Uniform() < 0.5 ? 40 : 160));
-      const int64_t kv_per_op = std::max<int64_t>(1, sh.kv_heads / sh.groups);
-      const int64_t nseq = std::max<int64_t>(1, items * used_stacks / kv_per_op);
-      std::vector<AttentionSeq> seqs(nseq);
-      for (int64_t i = 0; i < nseq; ++i) {
-        const bool repeat = i > 0 && rng.Uniform() < 0.3;
-        const int64_t past = repeat ? seqs[rng.UniformInt(i)].past_tokens
-                                    : static_cast<int64_t>(rng.UniformInt(6000));
-        seqs[i] = {1, past, i};
-      }
-      std::vector<int32_t> stacks(nseq * sh.kv_heads);
-      for (int32_t& st : stacks) st = static_cast<int32_t>(rng.UniformInt(used_stacks));
-      for (int64_t g = 0; g < sh.groups; ++g) {
-        Op op = Attention(seqs, sh.heads, sh.kv_heads, sh.d_head);
-        op.kv_head_stack = stacks;
-        op.head_begin = sh.heads * g / sh.groups;
-        op.head_end = sh.heads * (g + 1) / sh.groups;
-        const Cost cost = Estimate1(*d, op);
-        EXPECT_DOUBLE_EQ(cost.cycles, ReferenceSlowest(*d, op) * kRefresh)
-            << "pipelined " << pipelined << " trial " << trial << " group " << g << " of "
-            << sh.groups << ", " << nseq << " sequences on " << used_stacks << " stacks";
-        ++cases;
+  const int32_t lanes = Spec().attacc().attacc().softmax_lanes();
+  ASSERT_EQ(lanes % 256, 0);
+  for (const int32_t softmax_lanes : {lanes, lanes / 16, lanes / 256}) {
+    for (bool pipelined : {true, false}) {
+      auto spec = Spec();
+      spec.mutable_attacc()->mutable_attacc()->set_attention_level_pipelining(pipelined);
+      spec.mutable_attacc()->mutable_attacc()->set_softmax_lanes(softmax_lanes);
+      const auto d = Make(spec);
+      for (int trial = 0; trial < 80; ++trial) {
+        const Shape& sh = shapes[rng.UniformInt(4)];
+        const int used_stacks = std::vector<int>{1, 2, 5, 40}[rng.UniformInt(4)];
+        // Items (sequence, KV head) per stack and op: 1 to 160, so that each
+        // path is taken (16 channels).
+        const int64_t items =
+            1 + static_cast<int64_t>(rng.UniformInt(rng.Uniform() < 0.5 ? 40 : 160));
+        const int64_t kv_per_op = std::max<int64_t>(1, sh.kv_heads / sh.groups);
+        const int64_t nseq = std::max<int64_t>(1, items * used_stacks / kv_per_op);
+        std::vector<AttentionSeq> seqs(nseq);
+        for (int64_t i = 0; i < nseq; ++i) {
+          const bool repeat = i > 0 && rng.Uniform() < 0.3;
+          const int64_t past = repeat ? seqs[rng.UniformInt(i)].past_tokens
+                                      : static_cast<int64_t>(rng.UniformInt(6000));
+          seqs[i] = {1, past, i};
+        }
+        std::vector<int32_t> stacks(nseq * sh.kv_heads);
+        for (int32_t& st : stacks) st = static_cast<int32_t>(rng.UniformInt(used_stacks));
+        for (int64_t g = 0; g < sh.groups; ++g) {
+          Op op = Attention(seqs, sh.heads, sh.kv_heads, sh.d_head);
+          op.kv_head_stack = stacks;
+          op.head_begin = sh.heads * g / sh.groups;
+          op.head_end = sh.heads * (g + 1) / sh.groups;
+          const Cost cost = Estimate1(*d, op);
+          EXPECT_DOUBLE_EQ(cost.cycles, ReferenceSlowest(*d, op) * kRefresh)
+              << "softmax lanes " << softmax_lanes << ", pipelined " << pipelined << " trial "
+              << trial << " group " << g << " of " << sh.groups << ", " << nseq
+              << " sequences on " << used_stacks << " stacks";
+          ++cases;
+        }
       }
     }
   }
-  EXPECT_GT(cases, 500);
+  EXPECT_GT(cases, 1500);
 }
 
 TEST(AttAccMemoTest, WarmDeviceEqualsColdDeviceStepByStep) {
