@@ -76,16 +76,17 @@ double QuantileSketch::Estimate(int64_t index) const {
   return 2 * std::exp(static_cast<double>(index) * log_gamma_) / (gamma_ + 1);
 }
 
-void QuantileSketch::Add(double value) {
+void QuantileSketch::Add(double value, int64_t count) {
+  if (count <= 0) return;
   if (count_ == 0) {
     min_ = max_ = value;
   } else {
     min_ = std::min(min_, value);
     max_ = std::max(max_, value);
   }
-  ++count_;
+  count_ += count;
   if (!(value >= kMinPositive)) {
-    ++zero_count_;
+    zero_count_ += count;
     return;
   }
   // log() may round a value on a bucket's edge into its neighbour, which
@@ -118,7 +119,7 @@ void QuantileSketch::Add(double value) {
     }
     counts_.resize(static_cast<size_t>(i - offset_ + 1), 0);
   }
-  ++counts_[static_cast<size_t>(i - offset_)];
+  counts_[static_cast<size_t>(i - offset_)] += count;
 }
 
 void QuantileSketch::Merge(const QuantileSketch& other) {
@@ -282,19 +283,15 @@ void QuantileAccumulator::Add(double value, int64_t count) {
     if (static_cast<int64_t>(runs_.size()) <= exact_max_samples_) return;
     sketch_ = std::make_unique<QuantileSketch>();
     runs_.ForEach([&](const Run& r) {
-      for (int64_t k = 0; k < r.count; ++k) {
-        sketch_->Add(r.value);
-        sum_ += r.value;
-      }
+      sketch_->Add(r.value, r.count);
+      for (int64_t k = 0; k < r.count; ++k) sum_ += r.value;
       max_ = std::max(max_, r.value);
     });
     runs_.clear();
     return;
   }
-  for (int64_t k = 0; k < count; ++k) {
-    sketch_->Add(value);
-    sum_ += value;
-  }
+  sketch_->Add(value, count);
+  for (int64_t k = 0; k < count; ++k) sum_ += value;  // the sum one Add at a time gives
   max_ = std::max(max_, value);
 }
 

@@ -34,7 +34,9 @@ class QuantileSketch {
   static constexpr int64_t kMaxBuckets = int64_t{1} << 20;
 
   explicit QuantileSketch(double relative_error = kSketchRelativeError);
-  void Add(double value);
+  void Add(double value) { Add(value, 1); }
+  // `count` samples of `value`: one bucket update, as `count` Adds give.
+  void Add(double value, int64_t count);
   void Merge(const QuantileSketch& other);
   int64_t count() const { return count_; }
   // The estimate of the `rank`-th smallest sample (0-based), clamped to

@@ -1056,12 +1056,17 @@ absl::Status AttAccDevice::AttentionCost(const Op& op, OwnPlacement* own, Cost* 
     // lowest. Every load is positive (Create requires t_ccdl, t_pim_move >=
     // 1: a column and WR_GB take time), so item i < `used` lands on channel
     // i: only the first `used` channels ever get work, and the first `used`
-    // picks need no search.
+    // picks need no search. Each channel's MV_GB total and the softmax
+    // unit's whole work, for the bound below, are summed as the items are
+    // assigned.
     const int32_t used = std::min<int32_t>(nch, ie - ib);
+    double unit_work = 0;
     for (int32_t i = 0; i < used; ++i) {
       const SeqCycles& sc = per_seq[item_seq[ib + i]];
       item_ch[ib + i] = i;
       load[i] = 0.0 + item_heads[ib + i] * (sc.s + sc.c);
+      chan_tail[i] = item_heads[ib + i] * sc.mv_gb;
+      unit_work += item_heads[ib + i] * sc.sfm;
     }
     if (ib + used < ie) {
       tree.Reset(load.data(), used);
@@ -1070,6 +1075,8 @@ absl::Status AttAccDevice::AttentionCost(const Op& op, OwnPlacement* own, Cost* 
         item_ch[i] = c;
         const SeqCycles& sc = per_seq[item_seq[i]];
         tree.Set(c, tree.MinKey() + item_heads[i] * (sc.s + sc.c));
+        chan_tail[c] += item_heads[i] * sc.mv_gb;
+        unit_work += item_heads[i] * sc.sfm;
       }
       for (int32_t c = 0; c < used; ++c) load[c] = tree.Key(c);
     }
@@ -1081,13 +1088,6 @@ absl::Status AttAccDevice::AttentionCost(const Op& op, OwnPlacement* own, Cost* 
     // a channel's idle spells are disjoint, so together they hold at most
     // the unit's whole work B, plus the MV_GB of the channel's own heads.
     // A channel thus ends by its GEMV load + B + its heads' MV_GB.
-    std::fill_n(chan_tail.begin(), used, 0.0);
-    double unit_work = 0;
-    for (int32_t i = ib; i < ie; ++i) {
-      const SeqCycles& sc = per_seq[item_seq[i]];
-      chan_tail[item_ch[i]] += item_heads[i] * sc.mv_gb;
-      unit_work += item_heads[i] * sc.sfm;
-    }
     double bound = 0;
     for (int32_t c = 0; c < used; ++c) bound = std::max(bound, load[c] + chan_tail[c]);
     pending.push_back({(bound + unit_work) * (1 + 1e-9), st});
