@@ -145,6 +145,7 @@ absl::StatusOr<std::unique_ptr<RemoteDevice>> RemoteDevice::Create(
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
     args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+    args.SetInt(GRPC_ARG_ENABLE_RETRIES, 0);
     auto ep = std::make_unique<Endpoint>();
     ep->address = address;
     ep->channel = grpc::CreateCustomChannel(address, creds, args);
