@@ -336,6 +336,92 @@ grpc::Status AgentService::Describe(grpc::ServerContext* ctx, const v1::Describe
   return grpc::Status::OK;
 }
 
+AgentService::~AgentService() {
+  {
+    std::lock_guard<std::mutex> lock(streams_mu_);
+    stop_watch_ = true;
+  }
+  streams_cv_.notify_all();
+  if (watch_.joinable()) watch_.join();
+}
+
+absl::StatusOr<std::shared_ptr<AgentService::OpenStream>> AgentService::AdmitStream(
+    grpc::ServerContext* ctx, const std::string& caller) {
+  std::lock_guard<std::mutex> lock(streams_mu_);
+  if (streams_ended_) return absl::UnavailableError("this agent is shutting down");
+  const int mine = static_cast<int>(std::count_if(
+      streams_.begin(), streams_.end(),
+      [&](const std::shared_ptr<OpenStream>& s) { return s->caller == caller; }));
+  if (mine >= options_.estimate_streams_per_client) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "this caller holds ", mine, " estimate streams, the most one caller may "
+        "(servesim-agent --estimate-streams-per-client); call Estimate instead"));
+  }
+  if (static_cast<int>(streams_.size()) >= options_.max_estimate_streams) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("this agent holds ", streams_.size(),
+                     " estimate streams, its most (a quarter of --max-threads); call "
+                     "Estimate instead"));
+  }
+  auto s = std::make_shared<OpenStream>();
+  s->ctx = ctx;
+  s->caller = caller;
+  s->last_ns = SteadyNs();
+  streams_.push_back(s);
+  if (!watch_.joinable()) watch_ = std::thread([this] { WatchStreams(); });
+  return s;
+}
+
+void AgentService::EndStreams() {
+  std::lock_guard<std::mutex> lock(streams_mu_);
+  streams_ended_ = true;
+  for (const std::shared_ptr<OpenStream>& s : streams_) s->ctx->TryCancel();
+}
+
+void AgentService::ForgetStream(const std::shared_ptr<OpenStream>& s) {
+  std::lock_guard<std::mutex> lock(streams_mu_);
+  streams_.erase(std::remove(streams_.begin(), streams_.end(), s), streams_.end());
+}
+
+void AgentService::WatchStreams() {
+  const int64_t idle_ns = static_cast<int64_t>(options_.estimate_stream_idle_s * 1e9);
+  // Looks at most ten times per idle period, and at least once a second.
+  const auto period = std::chrono::nanoseconds(std::clamp<int64_t>(idle_ns / 10, 1, 1000000000));
+  std::unique_lock<std::mutex> lock(streams_mu_);
+  while (!streams_cv_.wait_for(lock, period, [this] { return stop_watch_; })) {
+    const int64_t now = SteadyNs();
+    for (const std::shared_ptr<OpenStream>& s : streams_) {
+      // Its handler waits in Read: cancelling the call ends the wait, and
+      // the handler forgets the stream.
+      if (now - s->last_ns.load() > idle_ns) s->ctx->TryCancel();
+    }
+  }
+}
+
+grpc::Status AgentService::EstimateStream(
+    grpc::ServerContext* ctx,
+    grpc::ServerReaderWriter<v1::EstimateResponse, v1::EstimateRequest>* rw) {
+  if (auto st = Authorize(ctx); !st.ok()) return st;
+  auto admitted = AdmitStream(ctx, CallerOf(ctx));
+  if (!admitted.ok()) return ToGrpcStatus(admitted.status());
+  const std::shared_ptr<OpenStream> stream = *std::move(admitted);
+  v1::EstimateRequest req;
+  v1::EstimateResponse resp;
+  grpc::Status st = grpc::Status::OK;
+  while (rw->Read(&req)) {
+    stream->last_ns = SteadyNs();
+    resp.Clear();
+    st = Estimate(ctx, &req, &resp);
+    if (!st.ok() || !rw->Write(resp)) break;
+  }
+  ForgetStream(stream);
+  if (st.ok() && ctx->IsCancelled()) {
+    return grpc::Status(grpc::StatusCode::CANCELLED,
+                        "estimate stream idle past --estimate-stream-idle-s, or cancelled");
+  }
+  return st;
+}
+
 grpc::Status AgentService::Estimate(grpc::ServerContext* ctx, const v1::EstimateRequest* req,
                                     v1::EstimateResponse* resp) {
   if (auto st = Authorize(ctx); !st.ok()) return st;

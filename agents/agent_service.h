@@ -44,6 +44,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -51,6 +52,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -62,10 +64,10 @@
 namespace servesim::agents {
 
 // The protocol agent.proto describes, last in DescribeResponse.model_version
-// ("servesim 0.1.0; servesim.v1.DeviceAgent/3"); a client binds only to an
+// ("servesim 0.1.0; servesim.v1.DeviceAgent/4"); a client binds only to an
 // agent that speaks its own. 2: costs travel as a CostTable. 3: Measure may
-// ask ahead (an agent of 2 would take it for a Measure).
-inline constexpr char kAgentProtocolVersion[] = "servesim.v1.DeviceAgent/3";
+// ask ahead (an agent of 2 would take it for a Measure). 4: EstimateStream.
+inline constexpr char kAgentProtocolVersion[] = "servesim.v1.DeviceAgent/4";
 
 struct AgentServiceOptions {
   servesim::v1::DeviceSpec spec;
@@ -76,6 +78,15 @@ struct AgentServiceOptions {
   int max_sessions_per_client = 1024;
   double session_idle_s = 600;
   double call_budget_s = 60;
+  // EstimateStream: a stream holds a handler thread while open, so a caller
+  // may hold at most estimate_streams_per_client of them and all callers
+  // together max_estimate_streams (RESOURCE_EXHAUSTED past either; its
+  // client then calls Estimate instead), and a stream that brings no
+  // request for estimate_stream_idle_s is ended (CANCELLED; its client
+  // opens another).
+  int max_estimate_streams = 16;
+  int estimate_streams_per_client = 4;
+  double estimate_stream_idle_s = 60;
   // All open sessions' K and V together; an AppendKv that would pass it is
   // RESOURCE_EXHAUSTED (max_sessions x max_tensor_bytes alone would allow
   // 512 GiB).
@@ -106,6 +117,13 @@ class AgentService final : public servesim::v1::DeviceAgent::Service {
 
   grpc::Status Describe(grpc::ServerContext* ctx, const servesim::v1::DescribeRequest* req,
                         servesim::v1::DescribeResponse* resp) override;
+  // Estimate, one answer per request in order, on one call: the same
+  // answers without a call's set-up each time. A request Estimate refuses
+  // ends the stream with its status.
+  grpc::Status EstimateStream(
+      grpc::ServerContext* ctx,
+      grpc::ServerReaderWriter<servesim::v1::EstimateResponse, servesim::v1::EstimateRequest>* rw)
+      override;
   grpc::Status Estimate(grpc::ServerContext* ctx, const servesim::v1::EstimateRequest* req,
                         servesim::v1::EstimateResponse* resp) override;
   grpc::Status Execute(grpc::ServerContext* ctx, const servesim::v1::ExecuteRequest* req,
@@ -122,6 +140,11 @@ class AgentService final : public servesim::v1::DeviceAgent::Service {
   grpc::Status CloseSession(grpc::ServerContext* ctx,
                             const servesim::v1::CloseSessionRequest* req,
                             servesim::v1::CloseSessionResponse* resp) override;
+
+  ~AgentService() override;
+  // Ends every open estimate stream (CANCELLED) and admits none after:
+  // before a shutdown, whose grace would otherwise wait for their clients.
+  void EndStreams();
 
   int64_t calls() const { return calls_.load(); }
   // Execute / Step kernels stopped by a cancellation, deadline or the budget.
@@ -155,8 +178,21 @@ class AgentService final : public servesim::v1::DeviceAgent::Service {
     }
   };
 
+  struct OpenStream {
+    grpc::ServerContext* ctx = nullptr;
+    std::string caller;
+    std::atomic<int64_t> last_ns{0};  // steady clock: the last request's arrival
+  };
+
   explicit AgentService(AgentServiceOptions options);
   grpc::Status Authorize(grpc::ServerContext* ctx);
+  // Admits a stream of `caller` under the caps (registering it; the idle
+  // watch starts with the first), or RESOURCE_EXHAUSTED naming the cap.
+  absl::StatusOr<std::shared_ptr<OpenStream>> AdmitStream(grpc::ServerContext* ctx,
+                                                          const std::string& caller);
+  void ForgetStream(const std::shared_ptr<OpenStream>& s);
+  // The idle watch's thread: ends streams idle for stream_idle_s.
+  void WatchStreams();
   // The caller a session is bound to: "cert:<identity>" for a TLS client
   // certificate, else the peer's address without its port.
   static std::string CallerOf(const grpc::ServerContext* ctx);
@@ -191,6 +227,12 @@ class AgentService final : public servesim::v1::DeviceAgent::Service {
   std::map<std::string, int> sessions_per_caller_;
   int64_t last_expiry_ns_ = 0;
   std::atomic<int64_t> next_session_{1};
+  std::mutex streams_mu_;  // streams_, stop_watch_
+  std::condition_variable streams_cv_;
+  std::vector<std::shared_ptr<OpenStream>> streams_;
+  bool stop_watch_ = false;
+  bool streams_ended_ = false;
+  std::thread watch_;
   std::atomic<int64_t> calls_{0};
   std::atomic<int64_t> interrupted_{0};
 };

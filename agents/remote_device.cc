@@ -830,7 +830,9 @@ void RemoteDevice::TrimLocked() const {
 
 // An asynchronous extension of a prediction (window set), or expected ops
 // (window null), in flight.
-struct RemoteDevice::Prefetch {
+struct RemoteDevice::Prefetch : RemoteDevice::CqTag {
+  Endpoint* ep = nullptr;
+  std::chrono::steady_clock::time_point sent;  // written on a stream
   uint64_t id = 0;
   std::shared_ptr<Window> window;
   OwnedOps expected;  // window null: the expected ops asked
@@ -848,6 +850,92 @@ struct RemoteDevice::Prefetch {
   std::shared_ptr<Prefetch> self;  // held while in flight (cq_'s tag is `this`)
 };
 
+// One EstimateStream call to an endpoint: asynchronous Estimates written in
+// order, one write at a time, answered in the same order. Every operation on
+// it completes on cq_ with one of the three tags, and the taker handles it
+// (OnStreamEventLocked).
+struct RemoteDevice::Stream {
+  Endpoint* ep = nullptr;
+  grpc::ClientContext ctx;
+  std::unique_ptr<grpc::ClientAsyncReaderWriter<v1::EstimateRequest, v1::EstimateResponse>> rw;
+  bool started = false, writing = false, reading = false;
+  bool broken = false;   // an operation failed or the call was cancelled: no more writes
+  bool answered = false; // it has answered at least once
+  int pending = 0;       // operations on cq_ not yet taken
+  std::deque<std::shared_ptr<Prefetch>> to_write, waiting;
+  v1::EstimateResponse resp;
+  CqTag start, write, read;
+};
+
+void RemoteDevice::StreamSendLocked(Stream* s) const {
+  if (!s->started || s->broken) return;
+  if (!s->writing && !s->to_write.empty()) {
+    std::shared_ptr<Prefetch> p = std::move(s->to_write.front());
+    s->to_write.pop_front();
+    s->writing = true;
+    ++s->pending;
+    p->sent = std::chrono::steady_clock::now();
+    s->rw->Write(p->req, &s->write);
+    s->waiting.push_back(std::move(p));
+  }
+  if (!s->reading && !s->waiting.empty()) {
+    s->reading = true;
+    ++s->pending;
+    s->rw->Read(&s->resp, &s->read);
+  }
+}
+
+void RemoteDevice::OnStreamEventLocked(CqTag* t, bool ok,
+                                       std::vector<std::shared_ptr<Prefetch>>* done) const {
+  Stream* s = t->stream;
+  --s->pending;
+  if (t->kind == kStreamWrite) s->writing = false;
+  if (t->kind == kStreamRead) s->reading = false;
+  if (!ok && !s->broken) {
+    // The agent ended the call (restarted, idle, refused the stream or a
+    // request) or it was cancelled: what waits on it fails now and is asked
+    // again by blocking calls; the next prefetch opens another stream, unless
+    // this one never answered (the endpoint then takes unary calls).
+    s->broken = true;
+    s->ctx.TryCancel();
+    if (!s->answered) s->ep->no_stream = true;
+  }
+  if (s->broken) {
+    for (auto* q : {&s->waiting, &s->to_write}) {
+      for (std::shared_ptr<Prefetch>& p : *q) {
+        p->status = grpc::Status(grpc::StatusCode::UNAVAILABLE, "estimate stream ended");
+        done->push_back(std::move(p));
+      }
+      q->clear();
+    }
+    if (s->pending == 0) {  // nothing of it left on cq_
+      streams_.erase(std::find_if(streams_.begin(), streams_.end(),
+                                  [s](const std::unique_ptr<Stream>& e) { return e.get() == s; }));
+    }
+    return;
+  }
+  if (t->kind == kStreamStart) s->started = true;
+  if (t->kind == kStreamRead) {
+    std::shared_ptr<Prefetch> p = std::move(s->waiting.front());
+    s->waiting.pop_front();
+    p->resp.Swap(&s->resp);
+    p->status = grpc::Status::OK;
+    s->answered = true;
+    done->push_back(std::move(p));
+  }
+  StreamSendLocked(s);
+}
+
+void RemoteDevice::CancelHungStreamsLocked() const {
+  const auto now = std::chrono::steady_clock::now();
+  const auto limit = std::chrono::duration<double>(options_.deadline_s);
+  for (const std::unique_ptr<Stream>& s : streams_) {
+    if (!s->broken && !s->waiting.empty() && now - s->waiting.front()->sent > limit) {
+      s->ctx.TryCancel();  // its operations fail on cq_, failing what waits
+    }
+  }
+}
+
 RemoteDevice::~RemoteDevice() {
   {
     std::lock_guard<std::mutex> lock(ahead_mu_);
@@ -861,6 +949,7 @@ RemoteDevice::~RemoteDevice() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (Prefetch* p : prefetches_) p->ctx.TryCancel();  // nobody waits for their answers
+    for (auto& st : streams_) st->ctx.TryCancel();
     for (grpc::ClientContext& ctx : bind_contexts_) ctx.TryCancel();
   }
   WaitForPrefetches();
@@ -896,15 +985,29 @@ void RemoteDevice::PollAnswers(bool until_idle) const {
     bool ok = false;
     switch (cq_.AsyncNext(&tag, &ok, deadline)) {
       case grpc::CompletionQueue::GOT_EVENT: {
-        auto* p = static_cast<Prefetch*>(tag);
+        auto* t = static_cast<CqTag*>(tag);
+        if (t->kind != kUnary) {
+          std::vector<std::shared_ptr<Prefetch>> done;
+          {
+            std::lock_guard<std::mutex> lock(mu_);
+            OnStreamEventLocked(t, ok, &done);
+          }
+          for (const auto& d : done) OnExtended(d, d->status);
+          break;
+        }
+        auto* p = static_cast<Prefetch*>(t);
         const std::shared_ptr<Prefetch> keep = std::move(p->self);
         OnExtended(keep, ok ? keep->status
                             : grpc::Status(grpc::StatusCode::CANCELLED, "call not completed"));
         break;
       }
-      case grpc::CompletionQueue::TIMEOUT:
+      case grpc::CompletionQueue::TIMEOUT: {
         if (!until_idle) return;
+        // A stream's answer later than the call deadline: the agent hangs.
+        std::lock_guard<std::mutex> lock(mu_);
+        CancelHungStreamsLocked();
         break;
+      }
       case grpc::CompletionQueue::SHUTDOWN:
         return;
     }
@@ -996,6 +1099,7 @@ void RemoteDevice::LaunchLocked(Endpoint* ep, Prefetch* p) const {
   ++stats_.estimate_rpcs;
   ++stats_.prefetch_rpcs;
   p->stub = ep->stub.get();
+  p->ep = ep;
   prefetches_.insert(p);
 }
 
@@ -1021,9 +1125,35 @@ std::shared_ptr<RemoteDevice::Prefetch> RemoteDevice::ExtendLocked(
 void RemoteDevice::StartPrefetch(const std::shared_ptr<Prefetch>& p) const {
   // Answers already in take no wait; taking them keeps few in flight.
   PollAnswers(/*until_idle=*/false);
+  {
+    // On the endpoint's estimate stream, opened if there is none.
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!p->ep->no_stream) {
+      Stream* s = nullptr;
+      for (const std::unique_ptr<Stream>& e : streams_) {
+        if (e->ep == p->ep && !e->broken) s = e.get();
+      }
+      if (s == nullptr) {
+        s = streams_.emplace_back(std::make_unique<Stream>()).get();
+        s->ep = p->ep;
+        s->start = CqTag{kStreamStart, s};
+        s->write = CqTag{kStreamWrite, s};
+        s->read = CqTag{kStreamRead, s};
+        // No deadline: CancelHungStreamsLocked holds each answer to one.
+        if (!options_.token.empty()) {
+          s->ctx.AddMetadata("authorization", "Bearer " + options_.token);
+        }
+        s->pending = 1;
+        s->rw = p->ep->stub->AsyncEstimateStream(&s->ctx, &cq_, &s->start);
+      }
+      s->to_write.push_back(p);
+      StreamSendLocked(s);
+      return;
+    }
+  }
   p->self = p;
   p->reader = p->stub->AsyncEstimate(&p->ctx, p->req, &cq_);
-  p->reader->Finish(&p->resp, &p->status, p.get());
+  p->reader->Finish(&p->resp, &p->status, static_cast<CqTag*>(p.get()));
 }
 
 std::shared_ptr<RemoteDevice::Prefetch> RemoteDevice::SendExpectedLocked() const {

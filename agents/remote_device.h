@@ -218,6 +218,7 @@ class RemoteDevice : public devices::Device {
     std::string device_key;
     bool bound = false;
     bool binding = false;  // a first bind (BindAllOnce) is in flight
+    bool no_stream = false;  // an estimate stream ended unanswered: unary prefetches
     std::chrono::steady_clock::time_point down_until{};
   };
   using Rpc = std::function<grpc::Status(servesim::v1::DeviceAgent::Stub* stub,
@@ -316,6 +317,23 @@ class RemoteDevice : public devices::Device {
     bool extending = false;
   };
   struct Prefetch;
+  struct Stream;
+  // What cq_ hands back: a unary prefetch (kind 0, the Prefetch itself) or
+  // one of a stream's operations.
+  enum : int { kUnary = 0, kStreamStart, kStreamWrite, kStreamRead };
+  struct CqTag {
+    int kind = kUnary;
+    Stream* stream = nullptr;
+  };
+  // Takes a stream operation's completion: the prefetches it answered, or
+  // failed if the stream ended. mu_ held.
+  void OnStreamEventLocked(CqTag* t, bool ok,
+                           std::vector<std::shared_ptr<Prefetch>>* done) const;
+  // Writes the next prefetch and reads the next answer, where none is in
+  // progress. mu_ held.
+  void StreamSendLocked(Stream* s) const;
+  // Cancels streams whose oldest answer is overdue (deadline_s). mu_ held.
+  void CancelHungStreamsLocked() const;
   // Ops owning their lists (Expect's, waiting to be sent).
   struct OwnedOps {
     std::vector<devices::Op> ops;
@@ -414,6 +432,8 @@ class RemoteDevice : public devices::Device {
   // WaitForPrefetches) take them: no thread of gRPC's wakes for an answer
   // and hands it over (docs/agents.md#cost).
   mutable grpc::CompletionQueue cq_;
+  // Estimate streams (guarded by mu_); after cq_, so destroyed before it.
+  mutable std::vector<std::unique_ptr<Stream>> streams_;
   mutable RemoteStats stats_;
   mutable devices::DeviceDescription last_description_;
   // Spread measurement. spread_: -1 unknown, 0 no, 1 yes.

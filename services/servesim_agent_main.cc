@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <stdlib.h>
 
+#include <algorithm>
 #include <chrono>
 #include <fstream>
 #include <iostream>
@@ -74,6 +75,10 @@ Usage:
                          (RESOURCE_EXHAUSTED; default 60). A kernel also stops
                          when its caller cancels or its deadline passes
   --session-idle-s S     close a session unused for S s (default 600)
+  --estimate-streams-per-client N  estimate streams one caller may hold open
+                         (default 4; a quarter of --max-threads in all)
+  --estimate-stream-idle-s S  end an estimate stream that brings no request
+                         for S s (default 60)
   --sessions-per-client N  sessions one caller may hold (default 1024; 4096
                          in all)
   --grace S              on SIGTERM/SIGINT, let in-flight calls finish for up
@@ -213,8 +218,14 @@ int main(int argc, char** argv) {
         return UsageError("--sessions-per-client needs an integer in [1, 4096]");
       }
       service.max_sessions_per_client = static_cast<int>(n);
+    } else if (flag == "--estimate-streams-per-client") {
+      if (!get() || !absl::SimpleAtoi(v, &n) || n < 1 || n > 4096) {
+        return UsageError("--estimate-streams-per-client needs an integer in [1, 4096]");
+      }
+      service.estimate_streams_per_client = static_cast<int>(n);
     } else if (flag == "--handshake-timeout-s" || flag == "--idle-connection-s" ||
-               flag == "--call-budget-s" || flag == "--session-idle-s") {
+               flag == "--call-budget-s" || flag == "--session-idle-s" ||
+               flag == "--estimate-stream-idle-s") {
       double s = 0;
       const double hi = flag == "--handshake-timeout-s" ? 3600 : 86400;
       if (!get() || !absl::SimpleAtod(v, &s) || !(s > 0 && s <= hi)) {
@@ -223,7 +234,8 @@ int main(int argc, char** argv) {
       (flag == "--handshake-timeout-s" ? server.handshake_timeout_s
        : flag == "--idle-connection-s" ? server.idle_connection_s
        : flag == "--call-budget-s"     ? service.call_budget_s
-                                       : service.session_idle_s) = s;
+       : flag == "--session-idle-s"    ? service.session_idle_s
+                                       : service.estimate_stream_idle_s) = s;
     } else if (flag == "--grace") {
       if (!get() || !absl::SimpleAtod(v, &grace_s) || !(grace_s >= 0 && grace_s <= 86400)) {
         return UsageError("--grace needs seconds in [0, 86400]");
@@ -279,6 +291,9 @@ int main(int argc, char** argv) {
   sigaddset(&stop, SIGINT);
   pthread_sigmask(SIG_BLOCK, &stop, nullptr);
 
+  // Streams hold handler threads: a quarter of them at most, so that calls
+  // always find some.
+  service.max_estimate_streams = std::max(1, server.max_threads / 4);
   auto svc = servesim::agents::AgentService::Create(service);
   if (!svc.ok()) return Fail(svc.status());
   auto running = servesim::agents::StartAgentServer(svc->get(), server);
@@ -304,6 +319,9 @@ int main(int argc, char** argv) {
   int sig = 0;
   sigwait(&stop, &sig);
   std::cerr << "servesim-agent: signal " << sig << ", finishing in-flight calls" << std::endl;
+  // An open estimate stream is a call in flight until its client closes it:
+  // end them now (their clients call Estimate meanwhile, or another agent).
+  (*svc)->EndStreams();
   running->server->Shutdown(std::chrono::system_clock::now() +
                             std::chrono::duration_cast<std::chrono::system_clock::duration>(
                                 std::chrono::duration<double>(grace_s)));

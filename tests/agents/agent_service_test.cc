@@ -1023,7 +1023,7 @@ class Protocol1Agent final : public v1::DeviceAgent::Service {
 };
 
 TEST(AgentServiceTest, AnAgentOfAnotherProtocolIsRefusedByNameWithoutRetries) {
-  EXPECT_STREQ(kAgentProtocolVersion, "servesim.v1.DeviceAgent/3");
+  EXPECT_STREQ(kAgentProtocolVersion, "servesim.v1.DeviceAgent/4");
   Protocol1Agent old;
   int port = 0;
   grpc::ServerBuilder builder;
@@ -1037,7 +1037,7 @@ TEST(AgentServiceTest, AnAgentOfAnotherProtocolIsRefusedByNameWithoutRetries) {
   const std::string want =
       absl::StrCat("xPU device (gpu): agent ", address,
                    ": Describe: the agent speaks \"servesim 0.1.0; servesim.v1.DeviceAgent/1\" "
-                   "and this client servesim.v1.DeviceAgent/3: run servesim-agent of the same "
+                   "and this client servesim.v1.DeviceAgent/4: run servesim-agent of the same "
                    "servesim version");
   const auto described = (*remote)->DescribeOrError();
   EXPECT_EQ(described.status().code(), absl::StatusCode::kFailedPrecondition);
@@ -1198,6 +1198,186 @@ TEST(AgentServiceTest, SessionQuotaPerCallerAndIdleSessionsExpire) {
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_EQ(again->out.bytes, first->out.bytes);
   EXPECT_EQ((*remote)->Stats().session_rebuilds, 1);
+}
+
+// EstimateStream answers each request as Estimate does, in order, bit for
+// bit; a request Estimate refuses ends the stream with that status.
+TEST(AgentServiceTest, EstimateStreamAnswersAsEstimateInOrder) {
+  auto agent = StartLocal(AttAccSpec());
+  ASSERT_NE(agent, nullptr);
+  auto stub = v1::DeviceAgent::NewStub(
+      grpc::CreateChannel(agent->address(), grpc::InsecureChannelCredentials()));
+  std::vector<v1::EstimateRequest> reqs(3);
+  for (int i = 0; i < 3; ++i) {
+    SampleOps s(false);
+    s.seqs[1].past_tokens += 100 * i;
+    EncodeOps(s.ops, &reqs[i]);
+    reqs[i].set_lookahead(i);  // and lookahead steps too
+  }
+  grpc::ClientContext ctx;
+  auto rw = stub->EstimateStream(&ctx);
+  for (const v1::EstimateRequest& r : reqs) ASSERT_TRUE(rw->Write(r));
+  for (const v1::EstimateRequest& r : reqs) {
+    v1::EstimateResponse streamed, unary;
+    ASSERT_TRUE(rw->Read(&streamed));
+    grpc::ClientContext one;
+    ASSERT_TRUE(stub->Estimate(&one, r, &unary).ok());
+    EXPECT_EQ(streamed.SerializeAsString(), unary.SerializeAsString());
+    EXPECT_GT(streamed.cost_table().fields_size(), 0);
+  }
+  // A negative length: INVALID_ARGUMENT, as Estimate says, and the end.
+  v1::EstimateRequest bad = reqs[0];
+  bad.mutable_seq_lists(0)->set_past_tokens(1, -1);
+  ASSERT_TRUE(rw->Write(bad));
+  v1::EstimateResponse none;
+  EXPECT_FALSE(rw->Read(&none));
+  const grpc::Status st = rw->Finish();
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_TRUE(absl::StrContains(st.error_message(), "past_tokens = -1")) << st.error_message();
+}
+
+// A stream holds a handler thread: a caller gets a few, and one that brings
+// nothing is ended; the agent then serves streams and calls as before.
+TEST(AgentServiceTest, EstimateStreamsAreCappedPerCallerAndEndWhenIdle) {
+  AgentServiceOptions opts;
+  opts.estimate_streams_per_client = 2;
+  opts.estimate_stream_idle_s = 0.5;
+  auto agent = StartLocal(GpuSpec(), opts);
+  ASSERT_NE(agent, nullptr);
+  auto stub = v1::DeviceAgent::NewStub(
+      grpc::CreateChannel(agent->address(), grpc::InsecureChannelCredentials()));
+  v1::EstimateRequest req;
+  EncodeOps(SampleOps(true).ops, &req);
+  auto ask = [&](grpc::ClientReaderWriter<v1::EstimateRequest, v1::EstimateResponse>* rw) {
+    v1::EstimateResponse resp;
+    return rw->Write(req) && rw->Read(&resp) && resp.cost_table().fields_size() > 0;
+  };
+  grpc::ClientContext c1, c2, c3;
+  // A deadline, so that a stream never ended fails the test, not hangs it.
+  for (grpc::ClientContext* c : {&c1, &c2}) {
+    c->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+  }
+  auto s1 = stub->EstimateStream(&c1);
+  auto s2 = stub->EstimateStream(&c2);
+  EXPECT_TRUE(ask(s1.get()));
+  EXPECT_TRUE(ask(s2.get()));
+  auto s3 = stub->EstimateStream(&c3);
+  v1::EstimateResponse none;
+  s3->Write(req);
+  EXPECT_FALSE(s3->Read(&none));
+  const grpc::Status third = s3->Finish();
+  EXPECT_EQ(third.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_TRUE(absl::StrContains(third.error_message(), "--estimate-streams-per-client"))
+      << third.error_message();
+  // Nothing asked for more than 0.5 s: both are ended.
+  std::this_thread::sleep_for(std::chrono::milliseconds(1200));
+  EXPECT_FALSE(s1->Read(&none));
+  EXPECT_EQ(s1->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  EXPECT_FALSE(s2->Read(&none));
+  EXPECT_EQ(s2->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  // The caller's share is free again, and plain calls were never held up.
+  grpc::ClientContext c4, c5;
+  auto s4 = stub->EstimateStream(&c4);
+  EXPECT_TRUE(ask(s4.get()));
+  v1::EstimateResponse unary;
+  EXPECT_TRUE(stub->Estimate(&c5, req, &unary).ok());
+  s4->WritesDone();
+  EXPECT_TRUE(s4->Finish().ok());
+}
+
+// A client whose stream is refused asks with plain calls instead: the
+// answers are the same.
+TEST(AgentServiceTest, AClientRefusedAStreamPrefetchesWithCalls) {
+  AgentServiceOptions opts;
+  opts.estimate_streams_per_client = 1;
+  AgentAndClient t = StartWithClient(AttAccSpec(), nullptr, opts);
+  ASSERT_TRUE(t.ok());
+  // This test's own stream takes the caller's only one.
+  auto stub = v1::DeviceAgent::NewStub(
+      grpc::CreateChannel(t.agent->address(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext held;
+  auto mine = stub->EstimateStream(&held);
+  v1::EstimateRequest req;
+  EncodeOps(SampleOps(false).ops, &req);
+  v1::EstimateResponse first;
+  ASSERT_TRUE(mine->Write(req) && mine->Read(&first));
+  DecodeSteps steps(/*gemm_and_elementwise=*/false, /*leaves_after=*/-1);
+  std::vector<Cost> want, got;
+  for (int k = 0; k < 40; ++k) {
+    const std::vector<Op> ops = steps.Ops(k);
+    want.assign(ops.size(), Cost{});
+    got.assign(ops.size(), Cost{});
+    ASSERT_TRUE(t.local->Estimate(ops, absl::MakeSpan(want)).ok());
+    ASSERT_TRUE(t.remote->Estimate(ops, absl::MakeSpan(got)).ok()) << k;
+    for (size_t i = 0; i < ops.size(); ++i) ExpectSameBits(want[i], got[i]);
+    t.remote->WaitForPrefetches();
+  }
+  const RemoteStats st = t.remote->Stats();
+  EXPECT_GT(st.prefetch_rpcs, 1);       // extensions went on, as calls
+  EXPECT_EQ(st.prefetch_failures, 1);   // the one the refused stream held
+  mine->WritesDone();
+  EXPECT_TRUE(mine->Finish().ok());
+}
+
+// An agent whose streams take requests and never answer (hung, or too
+// slow): the client cancels the stream once an answer is later than its call
+// deadline, the prefetch fails, and the endpoint is asked with plain calls
+// from then on (the stream never answered).
+class MuteStreamAgent final : public v1::DeviceAgent::Service {
+ public:
+  explicit MuteStreamAgent(AgentService* real) : real_(real) {}
+  grpc::Status Describe(grpc::ServerContext* ctx, const v1::DescribeRequest* req,
+                        v1::DescribeResponse* resp) override {
+    return real_->Describe(ctx, req, resp);
+  }
+  grpc::Status Estimate(grpc::ServerContext* ctx, const v1::EstimateRequest* req,
+                        v1::EstimateResponse* resp) override {
+    return real_->Estimate(ctx, req, resp);
+  }
+  grpc::Status EstimateStream(
+      grpc::ServerContext* ctx,
+      grpc::ServerReaderWriter<v1::EstimateResponse, v1::EstimateRequest>* rw) override {
+    v1::EstimateRequest req;
+    while (rw->Read(&req)) ++taken;
+    return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled");
+  }
+  std::atomic<int> taken{0};
+
+ private:
+  AgentService* real_;
+};
+
+TEST(AgentServiceTest, AStreamThatNeverAnswersIsCancelledAtTheDeadline) {
+  AgentServiceOptions opts;
+  opts.spec = AttAccSpec();
+  auto real = AgentService::Create(opts);
+  ASSERT_TRUE(real.ok()) << real.status();
+  MuteStreamAgent mute(real->get());
+  int port = 0;
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&mute);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ASSERT_NE(server, nullptr);
+  ClientOptions client = FastClient();
+  client.deadline_s = 0.5;
+  auto remote = RemoteDevice::Create(AttAccSpec(), {absl::StrCat("127.0.0.1:", port)}, client,
+                                     "attention device (attacc)");
+  ASSERT_TRUE(remote.ok()) << remote.status();
+  auto local = devices::CreateDevice(AttAccSpec());
+  ASSERT_TRUE(local.ok());
+  DecodeSteps steps(/*gemm_and_elementwise=*/false, /*leaves_after=*/-1);
+  const auto start = std::chrono::steady_clock::now();
+  for (int k = 0; k < 40; ++k) DecodeSteps::Check(local->get(), remote->get(), steps.Ops(k));
+  const double took =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_LT(took, 10.0);
+  EXPECT_EQ(mute.taken.load(), 1);  // the first prefetch, then none on a stream
+  const RemoteStats st = (*remote)->Stats();
+  EXPECT_EQ(st.prefetch_failures, 1);
+  EXPECT_GT(st.prefetch_rpcs, 1);
+  remote->reset();
+  server->Shutdown();
 }
 
 // An Execute of 32 heads x 1,024 queries over 2,048 keys of 128: 8.6e9

@@ -119,7 +119,10 @@ struct LocalAgent {
   RunningAgent running;
   std::string address() const { return absl::StrCat("127.0.0.1:", running.port); }
   ~LocalAgent() {
-    if (running.server) running.server->Shutdown();
+    if (running.server) {
+      service->EndStreams();  // else Shutdown waits for their clients
+      running.server->Shutdown();
+    }
   }
 };
 
@@ -157,9 +160,10 @@ struct AgentAndClient {
 };
 
 inline AgentAndClient StartWithClient(const v1::DeviceSpec& spec,
-                                      const v1::DeviceSpec* own = nullptr) {
+                                      const v1::DeviceSpec* own = nullptr,
+                                      AgentServiceOptions opts = {}) {
   AgentAndClient t;
-  t.agent = StartLocal(own != nullptr ? *own : spec);
+  t.agent = StartLocal(own != nullptr ? *own : spec, opts);
   if (t.agent == nullptr) return t;
   auto remote = RemoteDevice::Create(spec, {t.agent->address()}, FastClient(), "test device");
   EXPECT_TRUE(remote.ok()) << remote.status();
