@@ -38,6 +38,11 @@
 //    Each session's K and V are held to max_tensor_bytes apiece, and all
 //    sessions' together to max_kv_bytes; a session's bytes are returned when
 //    it closes (when its last in-flight call ends).
+//  - EstimateStream holds a handler thread while open: a caller may hold
+//    estimate_streams_per_client, all callers max_estimate_streams
+//    (RESOURCE_EXHAUSTED past either), and a stream bringing no request for
+//    estimate_stream_idle_s is cancelled by a watch thread (started with the
+//    first stream). EndStreams ends them all before a shutdown.
 // Thread-safe: gRPC calls handlers from many threads.
 #ifndef SERVESIM_AGENTS_AGENT_SERVICE_H_
 #define SERVESIM_AGENTS_AGENT_SERVICE_H_
