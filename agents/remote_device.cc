@@ -1094,7 +1094,6 @@ void RemoteDevice::InsertStepsLocked(uint64_t id, const Window& window, int from
 
 void RemoteDevice::LaunchLocked(Endpoint* ep, Prefetch* p) const {
   p->req.set_device_key(ep->device_key);
-  PrepareContext(&p->ctx, options_.deadline_s);
   ++inflight_;
   ++stats_.estimate_rpcs;
   ++stats_.prefetch_rpcs;
@@ -1151,6 +1150,9 @@ void RemoteDevice::StartPrefetch(const std::shared_ptr<Prefetch>& p) const {
       return;
     }
   }
+  // A call of its own: its deadline and token (a stream's request has its
+  // stream's).
+  PrepareContext(&p->ctx, options_.deadline_s);
   p->self = p;
   p->reader = p->stub->AsyncEstimate(&p->ctx, p->req, &cq_);
   p->reader->Finish(&p->resp, &p->status, static_cast<CqTag*>(p.get()));
