@@ -48,12 +48,13 @@ absl::StatusOr<RunningAgent> StartAgentServer(AgentService* service,
   }
   if (!(options.handshake_timeout_s > 0 && options.handshake_timeout_s <= 3600) ||
       !(options.idle_connection_s > 0 && options.idle_connection_s <= 86400) ||
-      options.max_streams_per_connection < 1 || options.max_threads < 2) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("handshake timeout ", options.handshake_timeout_s, " s, idle connections ",
-                     options.idle_connection_s, " s, ", options.max_streams_per_connection,
-                     " streams per connection, ", options.max_threads,
-                     " threads; expected (0, 3600] s, (0, 86400] s, >= 1 and >= 2"));
+      options.max_streams_per_connection < 1 || options.max_threads < 2 ||
+      options.stream_threads < 1 || options.stream_threads > 64) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "handshake timeout ", options.handshake_timeout_s, " s, idle connections ",
+        options.idle_connection_s, " s, ", options.max_streams_per_connection,
+        " streams per connection, ", options.max_threads, " threads, ", options.stream_threads,
+        " stream threads; expected (0, 3600] s, (0, 86400] s, >= 1, >= 2 and [1, 64]"));
   }
   std::shared_ptr<grpc::ServerCredentials> creds;
   if (!options.tls_cert_file.empty() || !options.tls_key_file.empty()) {
@@ -94,6 +95,9 @@ absl::StatusOr<RunningAgent> StartAgentServer(AgentService* service,
   quota.SetMaxThreads(options.max_threads);
   builder.SetResourceQuota(quota);
   builder.RegisterService(service);
+  for (int i = 0; i < options.stream_threads; ++i) {
+    running.stream_queues.push_back(builder.AddCompletionQueue());
+  }
   running.server = builder.BuildAndStart();
   if (running.server == nullptr || running.port == 0) {
     return absl::UnavailableError(absl::StrCat(
@@ -111,7 +115,25 @@ absl::StatusOr<RunningAgent> StartAgentServer(AgentService* service,
     health->SetServingStatus("", true);
     health->SetServingStatus("servesim.v1.DeviceAgent", true);
   }
+  for (const auto& q : running.stream_queues) {
+    running.stream_threads.emplace_back(
+        [service, queue = q.get()] { service->ServeStreams(queue); });
+  }
   return running;
+}
+
+RunningAgent::~RunningAgent() {
+  if (server != nullptr) server->Shutdown();  // no-op if already shut down
+  for (const auto& q : stream_queues) q->Shutdown();
+  for (std::thread& t : stream_threads) t.join();
+  if (stream_threads.empty()) {  // the server never started: drain the queues here
+    for (const auto& q : stream_queues) {
+      void* tag = nullptr;
+      bool ok = false;
+      while (q->Next(&tag, &ok)) {
+      }
+    }
+  }
 }
 
 }  // namespace servesim::agents

@@ -14,16 +14,20 @@
 //    on its next call);
 //  - at most max_streams_per_connection calls in flight per connection;
 //  - at most max_threads handler threads: a call that finds none free is
-//    answered RESOURCE_EXHAUSTED at once rather than queued.
+//    answered RESOURCE_EXHAUSTED at once rather than queued (estimate
+//    streams are served apart, by stream_threads threads).
 #ifndef SERVESIM_AGENTS_AGENT_SERVER_H_
 #define SERVESIM_AGENTS_AGENT_SERVER_H_
 
 #include <memory>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "agents/agent_service.h"
 #include "grpcpp/server.h"
+#include "grpcpp/server_builder.h"
 
 namespace servesim::agents {
 
@@ -37,11 +41,28 @@ struct AgentServerOptions {
   double idle_connection_s = 300;
   int max_streams_per_connection = 100;
   int max_threads = 64;
+  // Threads serving the estimate streams, each draining a completion queue
+  // of its own (a stream is served wholly by the thread whose queue took
+  // it): 1 answers one stream at a time, with no hand-off between threads
+  // per message; more serve several clients' streams on several cores.
+  int stream_threads = 1;
 };
 
+// The server, and the threads that serve its estimate streams
+// (AgentService::ServeStreams), each on a completion queue of its own.
+// Destroying it shuts the server down (if not already: shut it down first
+// with a deadline to bound the wait for calls in flight), then the queues,
+// and joins the threads.
 struct RunningAgent {
-  std::unique_ptr<grpc::Server> server;
+  RunningAgent() = default;
+  RunningAgent(RunningAgent&&) = default;
+  RunningAgent& operator=(RunningAgent&&) = default;  // onto an empty one only
+  ~RunningAgent();
+
+  std::vector<std::unique_ptr<grpc::ServerCompletionQueue>> stream_queues;
+  std::unique_ptr<grpc::Server> server;  // after the queues: destroyed before them
   int port = 0;
+  std::vector<std::thread> stream_threads;
 };
 
 // `service` must outlive the server.

@@ -199,7 +199,7 @@ absl::StatusOr<std::unique_ptr<AgentService>> AgentService::Create(AgentServiceO
   return s;
 }
 
-grpc::Status AgentService::Authorize(grpc::ServerContext* ctx) {
+grpc::Status AgentService::Authorize(grpc::ServerContextBase* ctx) {
   calls_.fetch_add(1);
   if (options_.token.empty()) return grpc::Status::OK;
   const auto& md = ctx->client_metadata();
@@ -219,7 +219,7 @@ grpc::Status AgentService::Authorize(grpc::ServerContext* ctx) {
   return grpc::Status::OK;
 }
 
-std::string AgentService::CallerOf(const grpc::ServerContext* ctx) {
+std::string AgentService::CallerOf(const grpc::ServerContextBase* ctx) {
   const std::shared_ptr<const grpc::AuthContext> auth = ctx->auth_context();
   if (auth != nullptr && auth->IsPeerAuthenticated()) {
     std::string id;
@@ -346,7 +346,7 @@ AgentService::~AgentService() {
 }
 
 absl::StatusOr<std::shared_ptr<AgentService::OpenStream>> AgentService::AdmitStream(
-    grpc::ServerContext* ctx, const std::string& caller) {
+    grpc::ServerContextBase* ctx, const std::string& caller) {
   std::lock_guard<std::mutex> lock(streams_mu_);
   if (streams_ended_) return absl::UnavailableError("this agent is shutting down");
   const int mine = static_cast<int>(std::count_if(
@@ -398,33 +398,132 @@ void AgentService::WatchStreams() {
   }
 }
 
-grpc::Status AgentService::EstimateStream(
-    grpc::ServerContext* ctx,
-    grpc::ServerReaderWriter<v1::EstimateResponse, v1::EstimateRequest>* rw) {
-  if (auto st = Authorize(ctx); !st.ok()) return st;
-  auto admitted = AdmitStream(ctx, CallerOf(ctx));
-  if (!admitted.ok()) return ToGrpcStatus(admitted.status());
-  const std::shared_ptr<OpenStream> stream = *std::move(admitted);
-  v1::EstimateRequest req;
-  v1::EstimateResponse resp;
-  grpc::Status st = grpc::Status::OK;
-  while (rw->Read(&req)) {
-    stream->last_ns = SteadyNs();
-    resp.Clear();
-    st = Estimate(ctx, &req, &resp);
-    if (!st.ok() || !rw->Write(resp)) break;
+// One estimate stream on ServeStreams' queue: reads a request, answers it,
+// writes the answer, reads the next. A request Estimate refuses ends the
+// stream with its status; a cancelled stream (its client, the idle watch,
+// EndStreams) ends when its read fails. Each call, once it starts, asks for
+// the next stream. It is deleted when both its own operations and the
+// call's end (AsyncNotifyWhenDone) have come back.
+class AgentService::StreamCall {
+ public:
+  StreamCall(AgentService* service, grpc::ServerCompletionQueue* cq)
+      : service_(service), cq_(cq), rw_(&ctx_) {
+    ctx_.AsyncNotifyWhenDone(&done_tag_);
+    service_->RequestEstimateStream(&ctx_, &rw_, cq_, cq_, &op_tag_);
   }
-  ForgetStream(stream);
-  if (st.ok() && ctx->IsCancelled()) {
-    return grpc::Status(grpc::StatusCode::CANCELLED,
-                        "estimate stream idle past --estimate-stream-idle-s, or cancelled");
+
+  // What the queue hands back: this call's next operation, or its end.
+  struct Tag {
+    StreamCall* call;
+    bool done;
+  };
+  void Proceed(bool done, bool ok) {
+    if (done) {
+      ended_ = true;
+    } else {
+      Step(ok);
+    }
+    if (ended_ && state_ == State::kFinished) delete this;
   }
-  return st;
+
+ private:
+  enum class State { kWaiting, kReading, kWriting, kFinishing, kFinished };
+
+  void Step(bool ok) {
+    switch (state_) {
+      case State::kWaiting: {
+        if (!ok) {  // the server is shutting down: no call came
+          state_ = State::kFinished;
+          ended_ = true;  // no call, so no end to wait for
+          return;
+        }
+        new StreamCall(service_, cq_);
+        if (grpc::Status st = service_->Authorize(&ctx_); !st.ok()) {
+          Finish(st);
+          return;
+        }
+        auto admitted = service_->AdmitStream(&ctx_, CallerOf(&ctx_));
+        if (!admitted.ok()) {
+          Finish(ToGrpcStatus(admitted.status()));
+          return;
+        }
+        stream_ = *std::move(admitted);
+        Read();
+        return;
+      }
+      case State::kReading: {
+        if (!ok) {  // the client is done writing, or the call was cancelled
+          Finish(grpc::Status::OK);
+          return;
+        }
+        stream_->last_ns = SteadyNs();
+        service_->calls_.fetch_add(1);
+        resp_.Clear();
+        if (grpc::Status st = service_->EstimateAuthorized(&req_, &resp_); !st.ok()) {
+          Finish(st);
+          return;
+        }
+        state_ = State::kWriting;
+        rw_.Write(resp_, &op_tag_);
+        return;
+      }
+      case State::kWriting:
+        if (!ok) {
+          Finish(grpc::Status::OK);
+          return;
+        }
+        Read();
+        return;
+      case State::kFinishing:
+        state_ = State::kFinished;
+        return;
+      case State::kFinished:
+        return;
+    }
+  }
+  void Read() {
+    state_ = State::kReading;
+    rw_.Read(&req_, &op_tag_);
+  }
+  void Finish(const grpc::Status& st) {
+    if (stream_ != nullptr) {
+      service_->ForgetStream(stream_);
+      stream_ = nullptr;
+    }
+    state_ = State::kFinishing;
+    rw_.Finish(st, &op_tag_);
+  }
+
+  AgentService* service_;
+  grpc::ServerCompletionQueue* cq_;
+  grpc::ServerContext ctx_;
+  grpc::ServerAsyncReaderWriter<v1::EstimateResponse, v1::EstimateRequest> rw_;
+  Tag op_tag_{this, false}, done_tag_{this, true};
+  State state_ = State::kWaiting;
+  bool ended_ = false;
+  std::shared_ptr<OpenStream> stream_;
+  v1::EstimateRequest req_;
+  v1::EstimateResponse resp_;
+};
+
+void AgentService::ServeStreams(grpc::ServerCompletionQueue* cq) {
+  new StreamCall(this, cq);
+  void* tag = nullptr;
+  bool ok = false;
+  while (cq->Next(&tag, &ok)) {
+    auto* t = static_cast<StreamCall::Tag*>(tag);
+    t->call->Proceed(t->done, ok);
+  }
 }
 
 grpc::Status AgentService::Estimate(grpc::ServerContext* ctx, const v1::EstimateRequest* req,
                                     v1::EstimateResponse* resp) {
   if (auto st = Authorize(ctx); !st.ok()) return st;
+  return EstimateAuthorized(req, resp);
+}
+
+grpc::Status AgentService::EstimateAuthorized(const v1::EstimateRequest* req,
+                                              v1::EstimateResponse* resp) {
   auto h = Find(req->device_key());
   if (!h.ok()) return ToGrpcStatus(h.status());
   DecodedOps ops;

@@ -38,8 +38,9 @@
 //    Each session's K and V are held to max_tensor_bytes apiece, and all
 //    sessions' together to max_kv_bytes; a session's bytes are returned when
 //    it closes (when its last in-flight call ends).
-//  - EstimateStream holds a handler thread while open: a caller may hold
-//    estimate_streams_per_client, all callers max_estimate_streams
+//  - EstimateStream is served asynchronously (ServeStreams, on the
+//    server's stream threads, agents/agent_server.h): a caller may hold
+//    estimate_streams_per_client streams, all callers max_estimate_streams
 //    (RESOURCE_EXHAUSTED past either), and a stream bringing no request for
 //    estimate_stream_idle_s is cancelled by a watch thread (started with the
 //    first stream). EndStreams ends them all before a shutdown.
@@ -83,12 +84,11 @@ struct AgentServiceOptions {
   int max_sessions_per_client = 1024;
   double session_idle_s = 600;
   double call_budget_s = 60;
-  // EstimateStream: a stream holds a handler thread while open, so a caller
-  // may hold at most estimate_streams_per_client of them and all callers
-  // together max_estimate_streams (RESOURCE_EXHAUSTED past either; its
-  // client then calls Estimate instead), and a stream that brings no
-  // request for estimate_stream_idle_s is ended (CANCELLED; its client
-  // opens another).
+  // EstimateStream: a caller may hold at most estimate_streams_per_client
+  // streams open and all callers together max_estimate_streams
+  // (RESOURCE_EXHAUSTED past either; its client then calls Estimate
+  // instead), and a stream that brings no request for
+  // estimate_stream_idle_s is ended (CANCELLED; its client opens another).
   int max_estimate_streams = 16;
   int estimate_streams_per_client = 4;
   double estimate_stream_idle_s = 60;
@@ -115,7 +115,13 @@ std::string SpecKindName(const servesim::v1::DeviceSpec& spec);
 absl::StatusOr<servesim::v1::DeviceSpec> AgentPresetSpec(const std::string& kind,
                                                          std::string preset);
 
-class AgentService final : public servesim::v1::DeviceAgent::Service {
+// EstimateStream is served by gRPC's asynchronous API on a completion
+// queue of its own, which one thread (ServeStreams) drains: it reads a
+// stream's request, answers it and writes the answer itself, with no
+// hand-off to a handler thread per message (docs/agents.md#cost). The other
+// methods are synchronous.
+class AgentService final : public servesim::v1::DeviceAgent::WithAsyncMethod_EstimateStream<
+                               servesim::v1::DeviceAgent::Service> {
  public:
   // Creates the agent's own device; its status if the spec is invalid.
   static absl::StatusOr<std::unique_ptr<AgentService>> Create(AgentServiceOptions options);
@@ -125,10 +131,10 @@ class AgentService final : public servesim::v1::DeviceAgent::Service {
   // Estimate, one answer per request in order, on one call: the same
   // answers without a call's set-up each time. A request Estimate refuses
   // ends the stream with its status.
-  grpc::Status EstimateStream(
-      grpc::ServerContext* ctx,
-      grpc::ServerReaderWriter<servesim::v1::EstimateResponse, servesim::v1::EstimateRequest>* rw)
-      override;
+  // Serves the estimate streams of `cq` (registered with the server that
+  // serves this service) on the calling thread until `cq` is shut down
+  // (after the server) and drained.
+  void ServeStreams(grpc::ServerCompletionQueue* cq);
   grpc::Status Estimate(grpc::ServerContext* ctx, const servesim::v1::EstimateRequest* req,
                         servesim::v1::EstimateResponse* resp) override;
   grpc::Status Execute(grpc::ServerContext* ctx, const servesim::v1::ExecuteRequest* req,
@@ -184,23 +190,27 @@ class AgentService final : public servesim::v1::DeviceAgent::Service {
   };
 
   struct OpenStream {
-    grpc::ServerContext* ctx = nullptr;
+    grpc::ServerContextBase* ctx = nullptr;
     std::string caller;
     std::atomic<int64_t> last_ns{0};  // steady clock: the last request's arrival
   };
 
   explicit AgentService(AgentServiceOptions options);
-  grpc::Status Authorize(grpc::ServerContext* ctx);
+  class StreamCall;
+  grpc::Status Authorize(grpc::ServerContextBase* ctx);
+  // Estimate of an authorized caller.
+  grpc::Status EstimateAuthorized(const servesim::v1::EstimateRequest* req,
+                                  servesim::v1::EstimateResponse* resp);
   // Admits a stream of `caller` under the caps (registering it; the idle
   // watch starts with the first), or RESOURCE_EXHAUSTED naming the cap.
-  absl::StatusOr<std::shared_ptr<OpenStream>> AdmitStream(grpc::ServerContext* ctx,
+  absl::StatusOr<std::shared_ptr<OpenStream>> AdmitStream(grpc::ServerContextBase* ctx,
                                                           const std::string& caller);
   void ForgetStream(const std::shared_ptr<OpenStream>& s);
   // The idle watch's thread: ends streams idle for stream_idle_s.
   void WatchStreams();
   // The caller a session is bound to: "cert:<identity>" for a TLS client
   // certificate, else the peer's address without its port.
-  static std::string CallerOf(const grpc::ServerContext* ctx);
+  static std::string CallerOf(const grpc::ServerContextBase* ctx);
   // Runs `device.Execute(call)` with the kernel polling the call's
   // cancellation, deadline and call_budget_s.
   absl::StatusOr<devices::AttentionResult> RunKernel(grpc::ServerContext* ctx,

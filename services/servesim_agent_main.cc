@@ -67,6 +67,10 @@ Usage:
   --max-streams N        calls in flight per connection (default 100)
   --max-threads N        handler threads (default 64); a call finding none
                          free is RESOURCE_EXHAUSTED
+  --stream-threads N     threads serving estimate streams (default 1: one
+                         thread reads, answers and writes, with no hand-off
+                         per message; more serve several clients' streams on
+                         several cores), in [1, 64]
   --handshake-timeout-s S  close a connection that has not completed its TLS
                          handshake within S s (default 10)
   --idle-connection-s S  close a connection with no call in flight for S s,
@@ -213,6 +217,11 @@ int main(int argc, char** argv) {
         return UsageError("--max-threads needs an integer in [2, 4096]");
       }
       server.max_threads = static_cast<int>(n);
+    } else if (flag == "--stream-threads") {
+      if (!get() || !absl::SimpleAtoi(v, &n) || n < 1 || n > 64) {
+        return UsageError("--stream-threads needs an integer in [1, 64]");
+      }
+      server.stream_threads = static_cast<int>(n);
     } else if (flag == "--sessions-per-client") {
       if (!get() || !absl::SimpleAtoi(v, &n) || n < 1 || n > 4096) {
         return UsageError("--sessions-per-client needs an integer in [1, 4096]");
@@ -291,8 +300,7 @@ int main(int argc, char** argv) {
   sigaddset(&stop, SIGINT);
   pthread_sigmask(SIG_BLOCK, &stop, nullptr);
 
-  // Streams hold handler threads: a quarter of them at most, so that calls
-  // always find some.
+  // Open streams are bounded as handler threads are: a quarter as many.
   service.max_estimate_streams = std::max(1, server.max_threads / 4);
   auto svc = servesim::agents::AgentService::Create(service);
   if (!svc.ok()) return Fail(svc.status());

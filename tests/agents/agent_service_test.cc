@@ -1236,8 +1236,65 @@ TEST(AgentServiceTest, EstimateStreamAnswersAsEstimateInOrder) {
   EXPECT_TRUE(absl::StrContains(st.error_message(), "past_tokens = -1")) << st.error_message();
 }
 
-// A stream holds a handler thread: a caller gets a few, and one that brings
-// nothing is ended; the agent then serves streams and calls as before.
+// Streams served by several stream threads (each taking the streams its
+// queue was given): four streams open at once, their requests interleaved,
+// are each answered in order as Estimate answers; an agent asked for no
+// stream thread, or more than 64, does not start.
+TEST(AgentServiceTest, EstimateStreamsOnSeveralStreamThreadsAnswerEachInOrder) {
+  AgentServerOptions server;
+  server.stream_threads = 3;
+  auto agent = StartLocal(AttAccSpec(), {}, server);
+  ASSERT_NE(agent, nullptr);
+  EXPECT_EQ(agent->running.stream_threads.size(), 3u);
+  auto stub = v1::DeviceAgent::NewStub(
+      grpc::CreateChannel(agent->address(), grpc::InsecureChannelCredentials()));
+  constexpr int kStreams = 4, kAsks = 5;
+  std::vector<v1::EstimateRequest> reqs(kStreams * kAsks);
+  std::vector<v1::EstimateResponse> want(reqs.size());
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    SampleOps s(false);
+    s.seqs[0].past_tokens += 37 * static_cast<int64_t>(i);
+    EncodeOps(s.ops, &reqs[i]);
+    reqs[i].set_lookahead(static_cast<int>(i % 3));
+    grpc::ClientContext one;
+    ASSERT_TRUE(stub->Estimate(&one, reqs[i], &want[i]).ok());
+  }
+  std::vector<grpc::ClientContext> ctx(kStreams);
+  std::vector<std::unique_ptr<grpc::ClientReaderWriter<v1::EstimateRequest, v1::EstimateResponse>>>
+      rw;
+  for (int k = 0; k < kStreams; ++k) {
+    ctx[k].set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+    rw.push_back(stub->EstimateStream(&ctx[k]));
+  }
+  for (int a = 0; a < kAsks; ++a) {
+    for (int k = 0; k < kStreams; ++k) ASSERT_TRUE(rw[k]->Write(reqs[k * kAsks + a]));
+  }
+  for (int k = 0; k < kStreams; ++k) {
+    for (int a = 0; a < kAsks; ++a) {
+      v1::EstimateResponse got;
+      ASSERT_TRUE(rw[k]->Read(&got)) << k << " " << a;
+      EXPECT_EQ(got.SerializeAsString(), want[k * kAsks + a].SerializeAsString()) << k << " " << a;
+    }
+    rw[k]->WritesDone();
+    EXPECT_TRUE(rw[k]->Finish().ok());
+  }
+  for (int threads : {0, 65}) {
+    AgentServiceOptions opts;
+    opts.spec = AttAccSpec();
+    auto svc = AgentService::Create(opts);
+    ASSERT_TRUE(svc.ok());
+    AgentServerOptions bad;
+    bad.stream_threads = threads;
+    auto refused = StartAgentServer(svc->get(), bad);
+    ASSERT_FALSE(refused.ok());
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_TRUE(absl::StrContains(refused.status().message(), "stream threads; expected"))
+        << refused.status();
+  }
+}
+
+// A caller gets a few streams, and one that brings nothing is ended; the
+// agent then serves streams and calls as before.
 TEST(AgentServiceTest, EstimateStreamsAreCappedPerCallerAndEndWhenIdle) {
   AgentServiceOptions opts;
   opts.estimate_streams_per_client = 2;
