@@ -418,13 +418,15 @@ void EncodeCosts(absl::Span<const devices::Cost> costs, v1::CostTable* o) {
   }
 }
 
-absl::Status DecodeCosts(const v1::CostTable& t, std::vector<devices::Cost>* out) {
-  const size_t base = out->size();
+absl::Status DecodeCostTable(const v1::CostTable& t, std::vector<devices::Cost>* unique,
+                             std::vector<uint32_t>* index) {
+  const size_t unique_base = unique->size(), index_base = index->size();
   auto fail = [&](absl::Status st) {
-    out->resize(base);
+    unique->resize(unique_base);
+    index->resize(index_base);
     return st;
   };
-  out->reserve(base + static_cast<size_t>(t.fields_size()));
+  index->reserve(index_base + static_cast<size_t>(t.fields_size()));
   int at = 0;
   for (int i = 0; i < t.fields_size(); ++i) {
     const uint32_t entry = t.fields(i);
@@ -433,7 +435,7 @@ absl::Status DecodeCosts(const v1::CostTable& t, std::vector<devices::Cost>* out
         return fail(absl::InvalidArgumentError(
             "cost_table.fields[0] is 0, a repeat of the cost before, but there is none"));
       }
-      out->push_back(out->back());
+      index->push_back(index->back());
       continue;
     }
     if ((entry & ~(kNewCost | kFieldMask)) != 0 || (entry & kNewCost) == 0) {
@@ -447,7 +449,8 @@ absl::Status DecodeCosts(const v1::CostTable& t, std::vector<devices::Cost>* out
                                                           " fields but only ", t.values_size() - at,
                                                           " of cost_table.values are left")));
     }
-    devices::Cost& c = out->emplace_back();
+    index->push_back(static_cast<uint32_t>(unique->size()));
+    devices::Cost& c = unique->emplace_back();
     for (uint32_t m = entry & kFieldMask; m != 0; m &= m - 1) {
       c.*kCostFields[std::countr_zero(m)] = t.values(at++);
     }
@@ -456,6 +459,17 @@ absl::Status DecodeCosts(const v1::CostTable& t, std::vector<devices::Cost>* out
     return fail(absl::InvalidArgumentError(
         absl::StrCat("cost_table has ", t.values_size(), " values but its fields use ", at)));
   }
+  return absl::OkStatus();
+}
+
+absl::Status DecodeCosts(const v1::CostTable& t, std::vector<devices::Cost>* out) {
+  thread_local std::vector<devices::Cost> unique;
+  thread_local std::vector<uint32_t> index;
+  unique.clear();
+  index.clear();
+  if (absl::Status st = DecodeCostTable(t, &unique, &index); !st.ok()) return st;
+  out->reserve(out->size() + index.size());
+  for (uint32_t i : index) out->push_back(unique[i]);
   return absl::OkStatus();
 }
 

@@ -98,6 +98,11 @@ void EncodeCosts(absl::Span<const devices::Cost> costs, servesim::v1::CostTable*
 // the table is malformed (a repeat first, an unknown field bit, values left
 // over or missing), leaving `out` as it was.
 absl::Status DecodeCosts(const servesim::v1::CostTable& table, std::vector<devices::Cost>* out);
+// The same, without copying repeats: appends each new cost to `unique` and,
+// per cost of the table, its position in `unique` to `index` (a repeat
+// names the cost before's). Leaves both as they were on error.
+absl::Status DecodeCostTable(const servesim::v1::CostTable& table,
+                             std::vector<devices::Cost>* unique, std::vector<uint32_t>* index);
 
 servesim::v1::OpKind EncodeOpKind(devices::OpKind kind);
 

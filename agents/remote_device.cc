@@ -779,7 +779,7 @@ const devices::Cost* RemoteDevice::FindRunLocked(const MemoKey& key, int64_t off
   // The newest first: the run the simulation is in.
   for (auto r = it->second.rbegin(); r != it->second.rend(); ++r) {
     if (offset >= r->base && offset <= r->base + r->steps) {
-      return &run_costs_[r->first + static_cast<size_t>(offset - r->base)];
+      return &cost_pool_[run_steps_[r->first + static_cast<size_t>(offset - r->base)]];
     }
   }
   return nullptr;
@@ -819,7 +819,8 @@ void RemoteDevice::TrimLocked() const {
   // does not grow and fault their pages in again.
   memo_.erase(memo_.begin(), memo_.end());
   runs_.erase(runs_.begin(), runs_.end());
-  run_costs_.clear();
+  run_steps_.clear();
+  cost_pool_.clear();
   lists_.erase(lists_.begin(), lists_.end());
   shapes_.erase(shapes_.begin(), shapes_.end());
   windows_.clear();  // prefetches in flight keep theirs; their answers are dropped
@@ -1177,7 +1178,8 @@ std::shared_ptr<RemoteDevice::Prefetch> RemoteDevice::SendExpectedLocked() const
 }
 
 void RemoteDevice::InsertExpectedLocked(const OwnedOps& expected, int answered,
-                                        absl::Span<const Cost> costs, size_t at) const {
+                                        absl::Span<const Cost> unique,
+                                        absl::Span<const uint32_t> index, size_t at) const {
   thread_local std::vector<MemoKey> fresh, run_keys;
   thread_local std::vector<int64_t> offsets;
   const std::vector<MemoKey>* keys = &expected.keys;
@@ -1189,6 +1191,11 @@ void RemoteDevice::InsertExpectedLocked(const OwnedOps& expected, int answered,
   const absl::Span<const Op> ops = expected.ops;
   const absl::Span<const int32_t> steps = expected.steps;
   const size_t n = static_cast<size_t>(answered);
+  if (n == 0) return;
+  // The answer's costs join the pool once; the runs' steps name them.
+  const auto pool_base = static_cast<uint32_t>(cost_pool_.size());
+  cost_pool_.insert(cost_pool_.end(), unique.begin(), unique.end());
+  memo_bytes_ += unique.size() * sizeof(Cost);
   ForEachExpectedBlock(
       n, steps.first(std::min(steps.size(), n)), [&](size_t b, size_t e, int32_t k) {
         // The block's costs at step 0, then, for j = 1..k, those of its
@@ -1204,20 +1211,20 @@ void RemoteDevice::InsertExpectedLocked(const OwnedOps& expected, int answered,
         for (size_t i = b; i < e; ++i) {
           const size_t now = block + (i - b);
           if (k == 0 || !Predictable(ops[i])) {
-            memo_.emplace((*keys)[i], MemoEntry{costs[now], -1, 0});
+            memo_.emplace((*keys)[i], MemoEntry{unique[index[now]], -1, 0});
             continue;
           }
           const size_t r = rank++;
           const MemoKey& key = run_keys[i - b];
           if (key.shape == 0) continue;
-          Run run{offsets[i - b], k, static_cast<uint32_t>(run_costs_.size())};
-          run_costs_.push_back(costs[now]);
+          Run run{offsets[i - b], k, static_cast<uint32_t>(run_steps_.size())};
+          run_steps_.push_back(pool_base + index[now]);
           for (int32_t j = 1; j <= k; ++j) {
-            run_costs_.push_back(
-                costs[block + size + static_cast<size_t>(j - 1) * predictable + r]);
+            run_steps_.push_back(
+                pool_base + index[block + size + static_cast<size_t>(j - 1) * predictable + r]);
           }
           runs_[key].push_back(run);
-          memo_bytes_ += (static_cast<size_t>(k) + 1) * sizeof(Cost) + sizeof(Run) + 48;
+          memo_bytes_ += (static_cast<size_t>(k) + 1) * sizeof(uint32_t) + sizeof(Run) + 48;
         }
         at = block + size + static_cast<size_t>(k) * predictable;
         stats_.expected_ops += static_cast<int64_t>(size + static_cast<size_t>(k) * predictable);
@@ -1226,24 +1233,28 @@ void RemoteDevice::InsertExpectedLocked(const OwnedOps& expected, int answered,
 
 void RemoteDevice::OnExtended(const std::shared_ptr<Prefetch>& p, const grpc::Status& st) const {
   thread_local std::vector<Cost> costs;
+  thread_local std::vector<uint32_t> index;
   costs.clear();
-  const bool decoded = st.ok() && DecodeCosts(p->resp.cost_table(), &costs).ok();
-  std::lock_guard<std::mutex> lock(mu_);
+  index.clear();
   if (p->window == nullptr) {
     // Expected ops: an answer is memoised whenever it comes (keys are
-    // computed now).
+    // computed now). Their costs stay unique, as the table sent them.
+    const bool decoded = st.ok() && DecodeCostTable(p->resp.cost_table(), &costs, &index).ok();
+    std::lock_guard<std::mutex> lock(mu_);
     const int n = static_cast<int>(p->expected.ops.size());
     const int answered = p->resp.expected_answered();
     const bool valid = decoded && answered >= 0 && answered <= n &&
-                       costs.size() == ExpectedCosts(p->expected.ops, p->expected.steps,
+                       index.size() == ExpectedCosts(p->expected.ops, p->expected.steps,
                                                      static_cast<size_t>(answered));
     if (!valid) ++stats_.prefetch_failures;
-    InsertExpectedLocked(p->expected, valid ? answered : 0, costs, 0);
+    InsertExpectedLocked(p->expected, valid ? answered : 0, costs, index, 0);
     TrimLocked();
     prefetches_.erase(p.get());
     --inflight_;
     return;
   }
+  const bool decoded = st.ok() && DecodeCosts(p->resp.cost_table(), &costs).ok();
+  std::lock_guard<std::mutex> lock(mu_);
   p->window->extending = false;
   const int n = static_cast<int>(p->ops.size());
   const int answered = p->resp.lookahead_answered();
@@ -1421,7 +1432,10 @@ absl::Status RemoteDevice::Estimate(absl::Span<const Op> ops, absl::Span<Cost> c
   req.mutable_measured()->Reserve(static_cast<int>(absorb.size()));
   for (const devices::StepMeasurement& m : absorb) EncodeMeasurement(m, req.add_measured());
   v1::EstimateResponse resp;
-  std::vector<Cost> answer;
+  // The answer as DecodeCostTable gives it: its costs once apiece, and per
+  // cost its position among them.
+  std::vector<Cost> unique;
+  std::vector<uint32_t> index;
   size_t predictable = 0;
   for (const Op& op : missed_ops) predictable += Predictable(op) ? 1 : 0;
   int used = 0;
@@ -1437,10 +1451,11 @@ absl::Status RemoteDevice::Estimate(absl::Span<const Op> ops, absl::Span<Cost> c
       [&](v1::DeviceAgent::Stub* stub, const std::string& key, grpc::ClientContext* ctx) {
         req.set_device_key(key);
         resp.Clear();
-        answer.clear();
+        unique.clear();
+        index.clear();
         grpc::Status st = stub->Estimate(ctx, req, &resp);
         if (!st.ok()) return st;
-        if (absl::Status d = DecodeCosts(resp.cost_table(), &answer); !d.ok()) {
+        if (absl::Status d = DecodeCostTable(resp.cost_table(), &unique, &index); !d.ok()) {
           return grpc::Status(grpc::StatusCode::INTERNAL,
                               absl::StrCat("answered a malformed cost table: ", d.message()));
         }
@@ -1448,12 +1463,12 @@ absl::Status RemoteDevice::Estimate(absl::Span<const Op> ops, absl::Span<Cost> c
         const int expected = resp.expected_answered();
         if (answered < 0 || answered > lookahead || expected < 0 ||
             static_cast<size_t>(expected) > extra.ops.size() ||
-            answer.size() !=
+            index.size() !=
                 missed.size() + predictable * answered +
                     ExpectedCosts(extra.ops, extra.steps, static_cast<size_t>(expected))) {
           return grpc::Status(
               grpc::StatusCode::INTERNAL,
-              absl::StrCat("answered ", answer.size(), " costs (", answered, " lookahead steps, ",
+              absl::StrCat("answered ", index.size(), " costs (", answered, " lookahead steps, ",
                            expected, " expected ops) for ", missed.size(), " ops, ", predictable,
                            " of them predictable, and ", extra.ops.size(), " expected"));
         }
@@ -1465,9 +1480,15 @@ absl::Status RemoteDevice::Estimate(absl::Span<const Op> ops, absl::Span<Cost> c
     // The expected ops were not answered: forget them (a later hint may
     // name them again).
     std::lock_guard<std::mutex> lock(mu_);
-    InsertExpectedLocked(extra, 0, {}, 0);
+    InsertExpectedLocked(extra, 0, {}, {}, 0);
     return called;
   }
+  const int answered = resp.lookahead_answered();
+  // The asked ops' costs and their lookahead steps, in full.
+  std::vector<Cost> answer;
+  const size_t own = missed.size() + predictable * static_cast<size_t>(answered);
+  answer.reserve(own);
+  for (size_t j = 0; j < own; ++j) answer.push_back(unique[index[j]]);
   for (size_t j = 0; j < missed.size(); ++j) {
     costs[missed[j]] = answer[j];
   }
@@ -1479,7 +1500,6 @@ absl::Status RemoteDevice::Estimate(absl::Span<const Op> ops, absl::Span<Cost> c
   TrimLocked();
   // The keys name lists by id; ids from before an emptying are void.
   if (rekey || memo_epoch_ != epoch) KeysLocked(ops, &keys);
-  const int answered = resp.lookahead_answered();
   uint64_t id = 0;
   std::shared_ptr<Window> window;
   if (answered > 0 && predictable > 0) {
@@ -1497,8 +1517,7 @@ absl::Status RemoteDevice::Estimate(absl::Span<const Op> ops, absl::Span<Cost> c
     InsertStepsLocked(id, *window, 1, answered, answer, missed.size());
   }
   if (!extra.ops.empty()) {
-    InsertExpectedLocked(extra, resp.expected_answered(), answer,
-                         missed.size() + predictable * static_cast<size_t>(answered));
+    InsertExpectedLocked(extra, resp.expected_answered(), unique, index, own);
   }
   return absl::OkStatus();
 }

@@ -356,10 +356,12 @@ class RemoteDevice : public devices::Device {
   // bounds on what waits. mu_ held.
   void AddPendingLocked(absl::Span<const devices::Op> ops, absl::Span<const int32_t> steps) const;
   // Memoises the first `answered` of `expected` with their steps, costs
-  // from costs[at] (by blocks, as agent.proto says), and forgets them all
-  // as pending. mu_ held.
+  // unique[index[at]], unique[index[at + 1]] ... (by blocks, as agent.proto
+  // says; DecodeCostTable's form), and forgets them all as pending. mu_
+  // held.
   void InsertExpectedLocked(const OwnedOps& expected, int answered,
-                            absl::Span<const devices::Cost> costs, size_t at) const;
+                            absl::Span<const devices::Cost> unique,
+                            absl::Span<const uint32_t> index, size_t at) const;
   // Prepares the asynchronous extension of window `id` (null if its
   // endpoint is not bound and up); StartPrefetch, without mu_, sends it.
   // mu_ held.
@@ -415,10 +417,14 @@ class RemoteDevice : public devices::Device {
   struct Run {
     int64_t base = 0;
     int32_t steps = 0;
-    uint32_t first = 0;  // its costs: run_costs_[first .. first + steps]
+    uint32_t first = 0;  // its costs: cost_pool_[run_steps_[first .. first + steps]]
   };
   mutable absl::flat_hash_map<MemoKey, std::vector<Run>> runs_;
-  mutable std::vector<devices::Cost> run_costs_;
+  // The runs' steps name their costs in a pool, which holds each answer's
+  // costs once apiece (a cost equal to the one before it in the answer is
+  // not stored again): 4 bytes a step instead of a Cost's 120.
+  mutable std::vector<uint32_t> run_steps_;
+  mutable std::vector<devices::Cost> cost_pool_;
   mutable absl::flat_hash_map<std::string, uint32_t> lists_;  // content -> id
   mutable absl::flat_hash_map<ShapeKey, uint32_t> shapes_;    // shape -> id
   mutable size_t memo_bytes_ = 0;       // lists' content plus entries

@@ -150,6 +150,23 @@ TEST(AgentConvertTest, CostsAreBitExactAndRepeatsTravelAsOneEntry) {
     SCOPED_TRACE(i);
     ExpectSameBits(got[i + 1], costs[i]);
   }
+  // Without copying repeats: each new cost once, appended, and per cost its
+  // position (a repeat names the one before's); a malformed table appends
+  // to neither.
+  std::vector<Cost> unique = {sparse};
+  std::vector<uint32_t> index = {7};
+  ASSERT_TRUE(DecodeCostTable(parsed, &unique, &index).ok());
+  EXPECT_EQ(index, (std::vector<uint32_t>{7, 1, 1, 1, 2, 3, 3, 4, 5, 6}));
+  ASSERT_EQ(unique.size(), 7u);
+  for (size_t i = 0; i < costs.size(); ++i) {
+    SCOPED_TRACE(i);
+    ExpectSameBits(unique[index[i + 1]], costs[i]);
+  }
+  v1::CostTable bad = parsed;
+  bad.add_values(1.0);  // one value too many
+  EXPECT_FALSE(DecodeCostTable(bad, &unique, &index).ok());
+  EXPECT_EQ(unique.size(), 7u);
+  EXPECT_EQ(index.size(), 10u);
 }
 
 TEST(AgentConvertTest, MalformedCostTablesAreRefusedAndAppendNothing) {
