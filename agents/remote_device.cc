@@ -730,8 +730,18 @@ uint32_t RemoteDevice::ShapeIdLocked(const Op& op) const {
              absl::bit_cast<uint64_t>(op.flops_per_element), absl::bit_cast<uint64_t>(op.bytes),
              absl::bit_cast<uint64_t>(op.routed), absl::bit_cast<uint64_t>(op.experts_touched)};
   sk.participants = op.participants;
+  // A run asks few shapes, over and over: a slot of recent_shapes_, chosen
+  // by a cheap mix of the fields that tell a run's shapes apart, holds the
+  // last shape found there, compared whole before the table is hashed.
+  uint64_t mix = (static_cast<uint64_t>(sk.kind) << 8 | sk.stage) * 0x9e3779b97f4a7c15ull;
+  for (int64_t v : {op.m, op.n, op.k, op.head_begin, op.head_end, op.elements, op.tokens}) {
+    mix = (mix ^ static_cast<uint64_t>(v)) * 0xff51afd7ed558ccdull;
+  }
+  RecentShape& recent = recent_shapes_[(mix >> 32) % recent_shapes_.size()];
+  if (recent.id != 0 && recent.epoch == memo_epoch_ && recent.key == sk) return recent.id;
   auto [shape, added] = shapes_.try_emplace(sk, static_cast<uint32_t>(shapes_.size() + 1));
   if (added) memo_bytes_ += sizeof(ShapeKey) + 16;
+  recent = RecentShape{sk, shape->second, memo_epoch_};
   return shape->second;
 }
 
@@ -740,29 +750,61 @@ void RemoteDevice::RunKeysLocked(absl::Span<const Op> ops, bool add, std::vector
   thread_local std::string bytes;
   thread_local SeenLists seen;
   seen.clear();
-  auto id_of = [&](const void* data, size_t n, auto&& fill) {
-    return CallListId(&seen, data, n, fill, [&]() -> uint32_t {
-      if (add) return InternLocked(bytes);
-      auto it = lists_.find(bytes);
-      return it == lists_.end() ? 0 : it->second;
-    });
-  };
   keys->assign(ops.size(), MemoKey{});
   offsets->assign(ops.size(), 0);
   for (size_t i = 0; i < ops.size(); ++i) {
     const Op& op = ops[i];
     if (!Predictable(op)) continue;
     const int64_t base = op.seqs.front().past_tokens;
-    const uint32_t seqs = id_of(op.seqs.data(), op.seqs.size(), [&] {
-      // 'r': relative lists, apart from the exact ones ('s').
-      bytes.assign(1, 'r');
-      for (const devices::AttentionSeq& q : op.seqs) {
-        AppendRaw(&bytes, q.past_tokens - base);
-        AppendRaw(&bytes, q.request_id);
-      }
-    });
-    const uint32_t stacks = id_of(op.kv_head_stack.data(), op.kv_head_stack.size(),
-                                  [&] { StackListBytes(op.kv_head_stack, &bytes); });
+    const uint32_t seqs = CallListId(
+        &seen, op.seqs.data(), op.seqs.size(), [] {},
+        [&]() -> uint32_t {
+          // A decode batch asks the same relative list step after step: one
+          // of the last few found is compared with the op's sequences, and
+          // only a list not among them is built and hashed.
+          const size_t n = op.seqs.size();
+          RecentList& recent =
+              recent_lists_[(static_cast<uint64_t>(n) * 0x9e3779b97f4a7c15ull ^
+                             static_cast<uint64_t>(op.seqs.front().request_id)) %
+                            recent_lists_.size()];
+          if (recent.id != 0 && recent.epoch == memo_epoch_ &&
+              recent.bytes.size() == 1 + n * 2 * sizeof(int64_t)) {
+            const char* at = recent.bytes.data() + 1;
+            bool same = true;
+            for (const devices::AttentionSeq& q : op.seqs) {
+              int64_t rel = 0, request = 0;
+              std::memcpy(&rel, at, sizeof rel);
+              std::memcpy(&request, at + sizeof rel, sizeof request);
+              at += 2 * sizeof(int64_t);
+              if (rel != q.past_tokens - base || request != q.request_id) {
+                same = false;
+                break;
+              }
+            }
+            if (same) return recent.id;
+          }
+          // 'r': relative lists, apart from the exact ones ('s').
+          bytes.assign(1, 'r');
+          for (const devices::AttentionSeq& q : op.seqs) {
+            AppendRaw(&bytes, q.past_tokens - base);
+            AppendRaw(&bytes, q.request_id);
+          }
+          uint32_t id = 0;
+          if (add) {
+            id = InternLocked(bytes);
+          } else if (auto it = lists_.find(bytes); it != lists_.end()) {
+            id = it->second;
+          }
+          if (id != 0) {
+            recent.bytes = bytes;
+            recent.id = id;
+            recent.epoch = memo_epoch_;
+          }
+          return id;
+        });
+    const uint32_t stacks =
+        CallListId(&seen, op.kv_head_stack.data(), op.kv_head_stack.size(), [] {},
+                   [&] { return StackListIdLocked(op.kv_head_stack, add); });
     if (seqs == 0 || (!op.kv_head_stack.empty() && stacks == 0)) continue;  // not interned
     MemoKey& k = (*keys)[i];
     k.shape = ShapeIdLocked(op);
@@ -805,9 +847,34 @@ void RemoteDevice::KeysLocked(absl::Span<const Op> ops, std::vector<MemoKey>* ke
     // A list's length is part of its content, so lists of different lengths
     // at one address are told apart by the content, not the address.
     k.seq_list = id_of(op.seqs.data(), op.seqs.size(), [&] { SeqListBytes(op.seqs, &bytes); });
-    k.stack_list = id_of(op.kv_head_stack.data(), op.kv_head_stack.size(),
-                         [&] { StackListBytes(op.kv_head_stack, &bytes); });
+    k.stack_list = CallListId(&seen, op.kv_head_stack.data(), op.kv_head_stack.size(), [] {},
+                              [&] { return StackListIdLocked(op.kv_head_stack, /*add=*/true); });
   }
+}
+
+uint32_t RemoteDevice::StackListIdLocked(absl::Span<const int32_t> stacks, bool add) const {
+  // Every op of a run asks one of a few placements: the last found in a
+  // slot chosen by the list's length and ends is compared first.
+  const uint64_t mix = (static_cast<uint64_t>(stacks.size()) * 0x9e3779b97f4a7c15ull ^
+                        static_cast<uint64_t>(static_cast<uint32_t>(stacks.front())) << 32 ^
+                        static_cast<uint32_t>(stacks.back())) *
+                       0xff51afd7ed558ccdull;
+  RecentList& recent = recent_stacks_[(mix >> 32) % recent_stacks_.size()];
+  const size_t bytes = stacks.size() * sizeof(int32_t);
+  if (recent.id != 0 && recent.epoch == memo_epoch_ && recent.bytes.size() == 1 + bytes &&
+      std::memcmp(recent.bytes.data() + 1, stacks.data(), bytes) == 0) {
+    return recent.id;
+  }
+  thread_local std::string content;
+  StackListBytes(stacks, &content);
+  uint32_t id = 0;
+  if (add) {
+    id = InternLocked(content);
+  } else if (auto it = lists_.find(content); it != lists_.end()) {
+    id = it->second;
+  }
+  if (id != 0) recent = RecentList{content, id, memo_epoch_};
+  return id;
 }
 
 void RemoteDevice::TrimLocked() const {

@@ -387,6 +387,9 @@ class RemoteDevice : public devices::Device {
                   bool seqs_only = false) const;
   // The interned id of an op's shape (every input but its lists). mu_ held.
   uint32_t ShapeIdLocked(const devices::Op& op) const;
+  // The interned id of a non-empty stack list (`add`: interning it if new;
+  // else 0 if unknown). mu_ held.
+  uint32_t StackListIdLocked(absl::Span<const int32_t> stacks, bool add) const;
   // Run keys of the predictable ops of `ops` (others: shape 0) and each
   // one's offset (its first sequence's past_tokens). `add`: intern lists
   // not seen yet; else an op whose list is unknown gets shape 0 (no run
@@ -426,6 +429,23 @@ class RemoteDevice : public devices::Device {
   mutable std::vector<uint32_t> run_steps_;
   mutable std::vector<devices::Cost> cost_pool_;
   mutable absl::flat_hash_map<std::string, uint32_t> lists_;  // content -> id
+  // Relative sequence lists RunKeysLocked found lately (content, id, at
+  // memo epoch), one per slot, a slot chosen by the list's length and first
+  // request: a batch that does not change asks the same list every step.
+  struct RecentList {
+    std::string bytes;
+    uint32_t id = 0;
+    uint64_t epoch = 0;
+  };
+  mutable std::array<RecentList, 16> recent_lists_;
+  mutable std::array<RecentList, 16> recent_stacks_;  // StackListIdLocked's
+  // Shapes ShapeIdLocked found lately, the same way.
+  struct RecentShape {
+    ShapeKey key;
+    uint32_t id = 0;
+    uint64_t epoch = 0;
+  };
+  mutable std::array<RecentShape, 64> recent_shapes_;
   mutable absl::flat_hash_map<ShapeKey, uint32_t> shapes_;    // shape -> id
   mutable size_t memo_bytes_ = 0;       // lists' content plus entries
   mutable uint64_t memo_epoch_ = 0;     // bumped when the memo is emptied
