@@ -371,6 +371,55 @@ TEST(AgentServiceTest, OpsExpectedLaterRideAlongAndMakeNoCallOfTheirOwn) {
 // steps is answered with no round trip, and nothing else is: not a step
 // past it, not the same lengths for another request, not a batch whose
 // sequences did not all move together.
+// The client finds recent lists and shapes by comparing them with an op's
+// own: ops whose stack lists, sequence lists or shapes agree in length, ends
+// and the fields that pick a slot but differ inside are still told apart.
+TEST(AgentServiceTest, ListsAndShapesThatDifferOnlyInsideAreToldApart) {
+  AgentAndClient t = StartWithClient(AttAccSpec());
+  ASSERT_TRUE(t.ok());
+  Op base;
+  base.kind = OpKind::kAttention;
+  base.stage = devices::Stage::kAttention;
+  base.heads = 96, base.kv_heads = 96, base.d_head = 128;
+  base.head_begin = 0, base.head_end = 96;
+  const std::vector<AttentionSeq> seq_list = {{1, 100, 7}, {1, 2047, 8}, {1, 5, 9}};
+  std::vector<AttentionSeq> shorter = seq_list;  // the middle sequence shorter
+  shorter[1].past_tokens = 1000;
+  std::vector<int32_t> stack_list;  // (sequence, KV head) -> stack
+  for (int i = 0; i < 3 * 96; ++i) stack_list.push_back(i % 40);
+  std::vector<int32_t> crowded = stack_list;  // stack 0 holds the long sequence
+  for (int i = 96; i < 2 * 96; ++i) crowded[i] = 0;
+  base.seqs = seq_list;
+  base.kv_head_stack = stack_list;
+  Op stacks = base;
+  stacks.kv_head_stack = crowded;
+  Op seqs = base;
+  seqs.seqs = shorter;
+  Op shape = base;  // smaller heads
+  shape.d_head = 64;
+  std::vector<Cost> first(1);
+  ASSERT_TRUE(t.local->Estimate({base}, absl::MakeSpan(first)).ok());
+  for (int round = 0; round < 2; ++round) {
+    for (const auto& [name, op] : {std::pair<const char*, const Op*>{"base", &base},
+                                   {"stacks", &stacks},
+                                   {"seqs", &seqs},
+                                   {"shape", &shape}}) {
+      SCOPED_TRACE(name);
+      std::vector<Cost> want(1), got(1);
+      ASSERT_TRUE(t.local->Estimate({*op}, absl::MakeSpan(want)).ok());
+      ASSERT_TRUE(t.remote->Estimate({*op}, absl::MakeSpan(got)).ok());
+      ExpectSameBits(want[0], got[0]);
+      if (op != &base) {  // else the case would prove nothing
+        EXPECT_TRUE(Bits(want[0].time_s) != Bits(first[0].time_s) ||
+                    Bits(want[0].tsv_bytes) != Bits(first[0].tsv_bytes) ||
+                    Bits(want[0].cycles) != Bits(first[0].cycles));
+      }
+    }
+  }
+  // Each asked once; the second round came from the memo.
+  EXPECT_EQ(t.remote->Stats().ops_memo_misses, 4);
+}
+
 TEST(AgentServiceTest, ARunAnswersItsStepsAndOnlyThem) {
   AgentAndClient t = StartWithClient(AttAccSpec());
   ASSERT_TRUE(t.ok());
