@@ -916,6 +916,10 @@ struct RemoteDevice::Prefetch : RemoteDevice::CqTag {
   std::unique_ptr<grpc::ClientAsyncResponseReader<v1::EstimateResponse>> reader;
   grpc::Status status;
   std::shared_ptr<Prefetch> self;  // held while in flight (cq_'s tag is `this`)
+  // A blocking Estimate's own request, sent as a prefetch is: its answer is
+  // left to the caller (finished, status, resp), not memoised here.
+  bool blocking = false;
+  bool finished = false;
 };
 
 // One EstimateStream call to an endpoint: asynchronous Estimates written in
@@ -1039,11 +1043,12 @@ void RemoteDevice::WaitForBinds() const {
 
 void RemoteDevice::WaitForPrefetches() const { PollAnswers(/*until_idle=*/true); }
 
-void RemoteDevice::PollAnswers(bool until_idle) const {
+void RemoteDevice::PollAnswers(bool until_idle, const Prefetch* until) const {
+  if (until != nullptr) until_idle = true;
   while (true) {
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (inflight_ == 0) return;
+      if (inflight_ == 0 || (until != nullptr && until->finished)) return;
     }
     // A bounded wait: another thread may take the last answer.
     const auto deadline = until_idle
@@ -1164,7 +1169,7 @@ void RemoteDevice::LaunchLocked(Endpoint* ep, Prefetch* p) const {
   p->req.set_device_key(ep->device_key);
   ++inflight_;
   ++stats_.estimate_rpcs;
-  ++stats_.prefetch_rpcs;
+  if (!p->blocking) ++stats_.prefetch_rpcs;
   p->stub = ep->stub.get();
   p->ep = ep;
   prefetches_.insert(p);
@@ -1299,6 +1304,14 @@ void RemoteDevice::InsertExpectedLocked(const OwnedOps& expected, int answered,
 }
 
 void RemoteDevice::OnExtended(const std::shared_ptr<Prefetch>& p, const grpc::Status& st) const {
+  if (p->blocking) {  // its caller takes the answer
+    std::lock_guard<std::mutex> lock(mu_);
+    p->status = st;
+    p->finished = true;
+    prefetches_.erase(p.get());
+    --inflight_;
+    return;
+  }
   thread_local std::vector<Cost> costs;
   thread_local std::vector<uint32_t> index;
   costs.clear();
@@ -1513,35 +1526,76 @@ absl::Status RemoteDevice::Estimate(absl::Span<const Op> ops, absl::Span<Cost> c
     whole = !splits_;
   }
   if (whole) Busy(0, +1);
-  const absl::Status called = Call(
-      "Estimate",
-      [&](v1::DeviceAgent::Stub* stub, const std::string& key, grpc::ClientContext* ctx) {
-        req.set_device_key(key);
-        resp.Clear();
-        unique.clear();
-        index.clear();
-        grpc::Status st = stub->Estimate(ctx, req, &resp);
-        if (!st.ok()) return st;
-        if (absl::Status d = DecodeCostTable(resp.cost_table(), &unique, &index); !d.ok()) {
-          return grpc::Status(grpc::StatusCode::INTERNAL,
-                              absl::StrCat("answered a malformed cost table: ", d.message()));
-        }
-        const int answered = resp.lookahead_answered();
-        const int expected = resp.expected_answered();
-        if (answered < 0 || answered > lookahead || expected < 0 ||
-            static_cast<size_t>(expected) > extra.ops.size() ||
-            index.size() !=
-                missed.size() + predictable * answered +
-                    ExpectedCosts(extra.ops, extra.steps, static_cast<size_t>(expected))) {
-          return grpc::Status(
-              grpc::StatusCode::INTERNAL,
-              absl::StrCat("answered ", index.size(), " costs (", answered, " lookahead steps, ",
-                           expected, " expected ops) for ", missed.size(), " ops, ", predictable,
-                           " of them predictable, and ", extra.ops.size(), " expected"));
-        }
-        return st;
-      },
-      spread ? 0 : -1, &used);
+  // Decodes and checks an answer to `req`.
+  auto take = [&]() -> grpc::Status {
+    unique.clear();
+    index.clear();
+    if (absl::Status d = DecodeCostTable(resp.cost_table(), &unique, &index); !d.ok()) {
+      return grpc::Status(grpc::StatusCode::INTERNAL,
+                          absl::StrCat("answered a malformed cost table: ", d.message()));
+    }
+    const int answered = resp.lookahead_answered();
+    const int expected = resp.expected_answered();
+    if (answered < 0 || answered > lookahead || expected < 0 ||
+        static_cast<size_t>(expected) > extra.ops.size() ||
+        index.size() != missed.size() + predictable * answered +
+                            ExpectedCosts(extra.ops, extra.steps, static_cast<size_t>(expected))) {
+      return grpc::Status(
+          grpc::StatusCode::INTERNAL,
+          absl::StrCat("answered ", index.size(), " costs (", answered, " lookahead steps, ",
+                       expected, " expected ops) for ", missed.size(), " ops, ", predictable,
+                       " of them predictable, and ", extra.ops.size(), " expected"));
+    }
+    return grpc::Status::OK;
+  };
+
+  // A device with one endpoint asks on its estimate stream (opened if need
+  // be), as its prefetches do: no call to set up, and the agent answers on
+  // its stream thread. Answers come in order, so this one comes after those
+  // in flight. If the stream fails, or answers amiss, the plain call below
+  // asks again, with retries. (Several endpoints take plain calls, round
+  // robin, as the header says.)
+  bool streamed = false;
+  if (!spread && endpoints_.size() == 1) {
+    std::shared_ptr<Prefetch> p;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      Endpoint* ep = endpoints_[last_endpoint_].get();
+      if (!ep->no_stream && ep->bound && ep->down_until <= std::chrono::steady_clock::now()) {
+        p = std::make_shared<Prefetch>();
+        p->blocking = true;
+        p->req = std::move(req);
+        LaunchLocked(ep, p.get());
+        used = last_endpoint_;
+      }
+    }
+    if (p != nullptr) {
+      StartPrefetch(p);
+      PollAnswers(/*until_idle=*/true, p.get());
+      if (p->status.ok()) {
+        resp = std::move(p->resp);
+        streamed = take().ok();
+      }
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        --stats_.estimate_rpcs;  // counted once it is answered, below
+      }
+      req = std::move(p->req);
+    }
+  }
+  const absl::Status called =
+      streamed ? absl::OkStatus()
+               : Call(
+                     "Estimate",
+                     [&](v1::DeviceAgent::Stub* stub, const std::string& key,
+                         grpc::ClientContext* ctx) {
+                       req.set_device_key(key);
+                       resp.Clear();
+                       grpc::Status st = stub->Estimate(ctx, req, &resp);
+                       if (!st.ok()) return st;
+                       return take();
+                     },
+                     spread ? 0 : -1, &used);
   if (whole) Busy(0, -1);
   if (!called.ok()) {
     // The expected ops were not answered: forget them (a later hint may

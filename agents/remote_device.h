@@ -97,6 +97,16 @@
 //    any number of endpoints; only the kernels' wall time is shared out.
 //    Other devices go round-robin as above (their Estimate is cheap: a
 //    call would cost more to split than to run).
+//  - Estimate streams: the asynchronous asks (lookahead extensions,
+//    expected and prepared ops) go on one EstimateStream call per endpoint,
+//    written one at a time and answered in order, not on a call each. An
+//    answer later than deadline_s cancels the stream (what waited on it is
+//    asked again); an endpoint whose stream ended before answering, or was
+//    refused, takes plain calls for the rest of the run. A device with one
+//    endpoint, not spread, asks its blocking Estimates on the stream too,
+//    once the endpoint is bound; if the stream fails or answers amiss, the
+//    plain call (with its retries) asks again. Devices with several
+//    endpoints block on plain calls, round-robin as above.
 //  - TLS: with tls_ca_file set the channel is TLS (the agent's certificate
 //    must chain to that CA); tls_cert_file/tls_key_file add a client
 //    certificate. token adds `authorization: Bearer <token>` to every call.
@@ -370,9 +380,9 @@ class RemoteDevice : public devices::Device {
   void StartPrefetch(const std::shared_ptr<Prefetch>& p) const;
   void OnExtended(const std::shared_ptr<Prefetch>& p, const grpc::Status& st) const;
   // Takes the answers cq_ holds and memoises them (OnExtended), on the
-  // calling thread; with `until_idle`, waits until none is in flight.
-  // mu_ not held.
-  void PollAnswers(bool until_idle) const;
+  // calling thread; with `until_idle`, waits until none is in flight; with
+  // `until`, until that blocking request has its answer. mu_ not held.
+  void PollAnswers(bool until_idle, const Prefetch* until = nullptr) const;
   // Memo entries for steps [from, from + steps) of `window`, costs from
   // costs[at]. mu_ held.
   void InsertStepsLocked(uint64_t id, const Window& window, int from, int steps,

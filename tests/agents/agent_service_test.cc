@@ -1486,6 +1486,75 @@ TEST(AgentServiceTest, AStreamThatNeverAnswersIsCancelledAtTheDeadline) {
   server->Shutdown();
 }
 
+// An agent that answers its streams as its calls, counting each.
+class CountingStreamAgent final : public v1::DeviceAgent::Service {
+ public:
+  explicit CountingStreamAgent(AgentService* real) : real_(real) {}
+  grpc::Status Describe(grpc::ServerContext* ctx, const v1::DescribeRequest* req,
+                        v1::DescribeResponse* resp) override {
+    return real_->Describe(ctx, req, resp);
+  }
+  grpc::Status Estimate(grpc::ServerContext* ctx, const v1::EstimateRequest* req,
+                        v1::EstimateResponse* resp) override {
+    ++unary;
+    return real_->Estimate(ctx, req, resp);
+  }
+  grpc::Status EstimateStream(
+      grpc::ServerContext* ctx,
+      grpc::ServerReaderWriter<v1::EstimateResponse, v1::EstimateRequest>* rw) override {
+    v1::EstimateRequest req;
+    while (rw->Read(&req)) {
+      ++streamed;
+      v1::EstimateResponse resp;
+      if (grpc::Status st = real_->Estimate(ctx, &req, &resp); !st.ok()) return st;
+      if (!rw->Write(resp)) break;
+    }
+    return grpc::Status::OK;
+  }
+  std::atomic<int> unary{0}, streamed{0};
+
+ private:
+  AgentService* real_;
+};
+
+// A device with one endpoint asks its blocking Estimates on the estimate
+// stream too, once the endpoint is bound (the first call binds it, plainly).
+TEST(AgentServiceTest, BlockingEstimatesGoOnTheStream) {
+  AgentServiceOptions opts;
+  opts.spec = AttAccSpec();
+  auto real = AgentService::Create(opts);
+  ASSERT_TRUE(real.ok()) << real.status();
+  CountingStreamAgent counting(real->get());
+  int port = 0;
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&counting);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ASSERT_NE(server, nullptr);
+  ClientOptions client = FastClient();
+  client.lookahead_max = 0;  // no asks ahead: every call below is a blocking one
+  auto remote = RemoteDevice::Create(AttAccSpec(), {absl::StrCat("127.0.0.1:", port)}, client,
+                                     "attention device (attacc)");
+  ASSERT_TRUE(remote.ok()) << remote.status();
+  auto local = devices::CreateDevice(AttAccSpec());
+  ASSERT_TRUE(local.ok());
+  SampleOps s(/*gemm_and_elementwise=*/false);
+  for (int k = 0; k < 5; ++k) {
+    s.seqs[1].past_tokens = 2047 + 100 * k;  // a new batch each time: a miss
+    std::vector<Cost> want(s.ops.size()), got(s.ops.size());
+    ASSERT_TRUE((*local)->Estimate(s.ops, absl::MakeSpan(want)).ok());
+    ASSERT_TRUE((*remote)->Estimate(s.ops, absl::MakeSpan(got)).ok());
+    for (size_t i = 0; i < want.size(); ++i) ExpectSameBits(want[i], got[i]);
+  }
+  EXPECT_EQ(counting.unary.load(), 1);
+  EXPECT_EQ(counting.streamed.load(), 4);
+  const RemoteStats st = (*remote)->Stats();
+  EXPECT_EQ(st.estimate_rpcs, 5);
+  EXPECT_EQ(st.prefetch_rpcs, 0);
+  remote->reset();
+  server->Shutdown();
+}
+
 // An Execute of 32 heads x 1,024 queries over 2,048 keys of 128: 8.6e9
 // multiply-accumulates, seconds of one core for the exact kernel.
 v1::ExecuteRequest LongExecute() {
