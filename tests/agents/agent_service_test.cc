@@ -1429,17 +1429,45 @@ TEST(AgentServiceTest, AClientRefusedAStreamPrefetchesWithCalls) {
 // slow): the client cancels the stream once an answer is later than its call
 // deadline, the prefetch fails, and the endpoint is asked with plain calls
 // from then on (the stream never answered).
-class MuteStreamAgent final : public v1::DeviceAgent::Service {
+// An agent whose Describe and Estimate are a real one's (its plain
+// Estimates counted), its streams the subclass's own.
+class DelegatingAgent : public v1::DeviceAgent::Service {
  public:
-  explicit MuteStreamAgent(AgentService* real) : real_(real) {}
+  explicit DelegatingAgent(AgentService* real) : real_(real) {}
   grpc::Status Describe(grpc::ServerContext* ctx, const v1::DescribeRequest* req,
                         v1::DescribeResponse* resp) override {
     return real_->Describe(ctx, req, resp);
   }
   grpc::Status Estimate(grpc::ServerContext* ctx, const v1::EstimateRequest* req,
                         v1::EstimateResponse* resp) override {
+    ++unary;
     return real_->Estimate(ctx, req, resp);
   }
+  std::atomic<int> unary{0};
+
+ protected:
+  AgentService* real_;
+};
+
+// `service` served on a free loopback port (null server if it could not).
+struct Served {
+  std::unique_ptr<grpc::Server> server;
+  std::string address;
+};
+Served ServeOnLoopback(grpc::Service* service) {
+  int port = 0;
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(service);
+  Served served;
+  served.server = builder.BuildAndStart();
+  served.address = absl::StrCat("127.0.0.1:", port);
+  return served;
+}
+
+class MuteStreamAgent final : public DelegatingAgent {
+ public:
+  using DelegatingAgent::DelegatingAgent;
   grpc::Status EstimateStream(
       grpc::ServerContext* ctx,
       grpc::ServerReaderWriter<v1::EstimateResponse, v1::EstimateRequest>* rw) override {
@@ -1448,9 +1476,6 @@ class MuteStreamAgent final : public v1::DeviceAgent::Service {
     return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled");
   }
   std::atomic<int> taken{0};
-
- private:
-  AgentService* real_;
 };
 
 TEST(AgentServiceTest, AStreamThatNeverAnswersIsCancelledAtTheDeadline) {
@@ -1459,15 +1484,11 @@ TEST(AgentServiceTest, AStreamThatNeverAnswersIsCancelledAtTheDeadline) {
   auto real = AgentService::Create(opts);
   ASSERT_TRUE(real.ok()) << real.status();
   MuteStreamAgent mute(real->get());
-  int port = 0;
-  grpc::ServerBuilder builder;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-  builder.RegisterService(&mute);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  ASSERT_NE(server, nullptr);
+  Served served = ServeOnLoopback(&mute);
+  ASSERT_NE(served.server, nullptr);
   ClientOptions client = FastClient();
   client.deadline_s = 0.5;
-  auto remote = RemoteDevice::Create(AttAccSpec(), {absl::StrCat("127.0.0.1:", port)}, client,
+  auto remote = RemoteDevice::Create(AttAccSpec(), {served.address}, client,
                                      "attention device (attacc)");
   ASSERT_TRUE(remote.ok()) << remote.status();
   auto local = devices::CreateDevice(AttAccSpec());
@@ -1483,22 +1504,13 @@ TEST(AgentServiceTest, AStreamThatNeverAnswersIsCancelledAtTheDeadline) {
   EXPECT_EQ(st.prefetch_failures, 1);
   EXPECT_GT(st.prefetch_rpcs, 1);
   remote->reset();
-  server->Shutdown();
+  served.server->Shutdown();
 }
 
 // An agent that answers its streams as its calls, counting each.
-class CountingStreamAgent final : public v1::DeviceAgent::Service {
+class CountingStreamAgent final : public DelegatingAgent {
  public:
-  explicit CountingStreamAgent(AgentService* real) : real_(real) {}
-  grpc::Status Describe(grpc::ServerContext* ctx, const v1::DescribeRequest* req,
-                        v1::DescribeResponse* resp) override {
-    return real_->Describe(ctx, req, resp);
-  }
-  grpc::Status Estimate(grpc::ServerContext* ctx, const v1::EstimateRequest* req,
-                        v1::EstimateResponse* resp) override {
-    ++unary;
-    return real_->Estimate(ctx, req, resp);
-  }
+  using DelegatingAgent::DelegatingAgent;
   grpc::Status EstimateStream(
       grpc::ServerContext* ctx,
       grpc::ServerReaderWriter<v1::EstimateResponse, v1::EstimateRequest>* rw) override {
@@ -1511,10 +1523,7 @@ class CountingStreamAgent final : public v1::DeviceAgent::Service {
     }
     return grpc::Status::OK;
   }
-  std::atomic<int> unary{0}, streamed{0};
-
- private:
-  AgentService* real_;
+  std::atomic<int> streamed{0};
 };
 
 // A device with one endpoint asks its blocking Estimates on the estimate
@@ -1525,15 +1534,11 @@ TEST(AgentServiceTest, BlockingEstimatesGoOnTheStream) {
   auto real = AgentService::Create(opts);
   ASSERT_TRUE(real.ok()) << real.status();
   CountingStreamAgent counting(real->get());
-  int port = 0;
-  grpc::ServerBuilder builder;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-  builder.RegisterService(&counting);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  ASSERT_NE(server, nullptr);
+  Served served = ServeOnLoopback(&counting);
+  ASSERT_NE(served.server, nullptr);
   ClientOptions client = FastClient();
   client.lookahead_max = 0;  // no asks ahead: every call below is a blocking one
-  auto remote = RemoteDevice::Create(AttAccSpec(), {absl::StrCat("127.0.0.1:", port)}, client,
+  auto remote = RemoteDevice::Create(AttAccSpec(), {served.address}, client,
                                      "attention device (attacc)");
   ASSERT_TRUE(remote.ok()) << remote.status();
   auto local = devices::CreateDevice(AttAccSpec());
@@ -1552,7 +1557,7 @@ TEST(AgentServiceTest, BlockingEstimatesGoOnTheStream) {
   EXPECT_EQ(st.estimate_rpcs, 5);
   EXPECT_EQ(st.prefetch_rpcs, 0);
   remote->reset();
-  server->Shutdown();
+  served.server->Shutdown();
 }
 
 // An Execute of 32 heads x 1,024 queries over 2,048 keys of 128: 8.6e9
