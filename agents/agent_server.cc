@@ -7,7 +7,6 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
-#include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/resource_quota.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
@@ -38,7 +37,57 @@ absl::StatusOr<std::string> ReadPem(const std::string& path, const char* flag, b
   return text;
 }
 
+// The names the agent reports on.
+bool KnownService(const std::string& name) {
+  return name.empty() || name == "servesim.v1.DeviceAgent";
+}
+
 }  // namespace
+
+grpc::Status HealthService::Check(grpc::ServerContext*,
+                                  const grpc::health::v1::HealthCheckRequest* req,
+                                  grpc::health::v1::HealthCheckResponse* resp) {
+  if (!KnownService(req->service())) {
+    return grpc::Status(grpc::StatusCode::NOT_FOUND,
+                        absl::StrCat("no service '", req->service(), "' here"));
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  resp->set_status(serving_ ? grpc::health::v1::HealthCheckResponse::SERVING
+                            : grpc::health::v1::HealthCheckResponse::NOT_SERVING);
+  return grpc::Status::OK;
+}
+
+grpc::Status HealthService::Watch(
+    grpc::ServerContext* ctx, const grpc::health::v1::HealthCheckRequest* req,
+    grpc::ServerWriter<grpc::health::v1::HealthCheckResponse>* writer) {
+  grpc::health::v1::HealthCheckResponse resp;
+  if (!KnownService(req->service())) {
+    // The protocol's answer for a name the server may learn later; this
+    // one never does, so the call ends here.
+    resp.set_status(grpc::health::v1::HealthCheckResponse::SERVICE_UNKNOWN);
+    writer->Write(resp);
+    return grpc::Status::OK;
+  }
+  std::unique_lock<std::mutex> lock(mu_);
+  resp.set_status(serving_ ? grpc::health::v1::HealthCheckResponse::SERVING
+                           : grpc::health::v1::HealthCheckResponse::NOT_SERVING);
+  if (!writer->Write(resp) || !serving_) return grpc::Status::OK;
+  // The status changes once, at Shutdown; a cancelled call is noticed
+  // within the wait.
+  while (serving_ && !ctx->IsCancelled()) changed_.wait_for(lock, std::chrono::milliseconds(200));
+  if (serving_) return grpc::Status::CANCELLED;
+  resp.set_status(grpc::health::v1::HealthCheckResponse::NOT_SERVING);
+  writer->Write(resp);
+  return grpc::Status::OK;
+}
+
+void HealthService::Shutdown() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    serving_ = false;
+  }
+  changed_.notify_all();
+}
 
 absl::StatusOr<RunningAgent> StartAgentServer(AgentService* service,
                                               const AgentServerOptions& options) {
@@ -78,10 +127,12 @@ absl::StatusOr<RunningAgent> StartAgentServer(AgentService* service,
     }
     creds = grpc::InsecureServerCredentials();
   }
-  grpc::EnableDefaultHealthCheckService(true);
+  // The health service is the agent's own (HealthService): gRPC's is off.
+  grpc::EnableDefaultHealthCheckService(false);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   RunningAgent running;
+  running.health = std::make_unique<HealthService>();
   builder.AddListeningPort(options.listen, creds, &running.port);
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   builder.SetMaxSendMessageSize(options.max_message_bytes);
@@ -95,6 +146,7 @@ absl::StatusOr<RunningAgent> StartAgentServer(AgentService* service,
   quota.SetMaxThreads(options.max_threads);
   builder.SetResourceQuota(quota);
   builder.RegisterService(service);
+  builder.RegisterService(running.health.get());
   for (int i = 0; i < options.stream_threads; ++i) {
     running.stream_queues.push_back(builder.AddCompletionQueue());
   }
@@ -110,11 +162,6 @@ absl::StatusOr<RunningAgent> StartAgentServer(AgentService* service,
               "shows gRPC's reason)",
         ")"));
   }
-  grpc::HealthCheckServiceInterface* health = running.server->GetHealthCheckService();
-  if (health != nullptr) {
-    health->SetServingStatus("", true);
-    health->SetServingStatus("servesim.v1.DeviceAgent", true);
-  }
   for (const auto& q : running.stream_queues) {
     running.stream_threads.emplace_back(
         [service, queue = q.get()] { service->ServeStreams(queue); });
@@ -123,6 +170,7 @@ absl::StatusOr<RunningAgent> StartAgentServer(AgentService* service,
 }
 
 RunningAgent::~RunningAgent() {
+  if (health != nullptr) health->Shutdown();  // ends its watches, which Shutdown waits for
   if (server != nullptr) server->Shutdown();  // no-op if already shut down
   for (const auto& q : stream_queues) q->Shutdown();
   for (std::thread& t : stream_threads) t.join();

@@ -1,7 +1,7 @@
 // Starts a gRPC server for an AgentService: listening address, TLS (server
 // certificate, optionally required client certificates), an explicit
-// maximum message size, the standard health service (grpc.health.v1,
-// "servesim.v1.DeviceAgent" and "" SERVING) and server reflection.
+// maximum message size, the standard health service (HealthService below)
+// and server reflection.
 //
 // What a client can hold is bounded (servesim-agent sets these from its
 // flags; the cap on connections themselves is services/accept_guard.h):
@@ -19,17 +19,44 @@
 #ifndef SERVESIM_AGENTS_AGENT_SERVER_H_
 #define SERVESIM_AGENTS_AGENT_SERVER_H_
 
+#include <condition_variable>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "agents/agent_service.h"
+#include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
 
 namespace servesim::agents {
+
+// The gRPC health-checking protocol (grpc.health.v1): "" (the server) and
+// "servesim.v1.DeviceAgent" are SERVING until Shutdown, NOT_SERVING after;
+// Check answers NOT_FOUND for any other name, Watch SERVICE_UNKNOWN. A
+// synchronous service, unlike gRPC's built-in one: a callback service
+// gives the server a completion queue that takes every other connection,
+// and each of their messages then costs a hand-over between threads
+// (docs/agents.md, "Cost"). A Watch holds a handler thread until its
+// client cancels or Shutdown.
+class HealthService final : public grpc::health::v1::Health::Service {
+ public:
+  grpc::Status Check(grpc::ServerContext* ctx, const grpc::health::v1::HealthCheckRequest* req,
+                     grpc::health::v1::HealthCheckResponse* resp) override;
+  grpc::Status Watch(grpc::ServerContext* ctx, const grpc::health::v1::HealthCheckRequest* req,
+                     grpc::ServerWriter<grpc::health::v1::HealthCheckResponse>* writer) override;
+  // From now on every name is NOT_SERVING; each Watch says so and ends.
+  void Shutdown();
+
+ private:
+  std::mutex mu_;
+  std::condition_variable changed_;
+  bool serving_ = true;
+};
+
 
 struct AgentServerOptions {
   std::string listen = "127.0.0.1:0";  // HOST:PORT; port 0 picks a free one
@@ -50,17 +77,18 @@ struct AgentServerOptions {
 
 // The server, and the threads that serve its estimate streams
 // (AgentService::ServeStreams), each on a completion queue of its own.
-// Destroying it shuts the server down (if not already: shut it down first
-// with a deadline to bound the wait for calls in flight), then the queues,
-// and joins the threads.
+// Destroying it shuts the health service and the server down (if not
+// already: shut them down first, the server with a deadline to bound the
+// wait for calls in flight), then the queues, and joins the threads.
 struct RunningAgent {
   RunningAgent() = default;
   RunningAgent(RunningAgent&&) = default;
   RunningAgent& operator=(RunningAgent&&) = default;  // onto an empty one only
   ~RunningAgent();
 
+  std::unique_ptr<HealthService> health;
   std::vector<std::unique_ptr<grpc::ServerCompletionQueue>> stream_queues;
-  std::unique_ptr<grpc::Server> server;  // after the queues: destroyed before them
+  std::unique_ptr<grpc::Server> server;  // after the queues and health: destroyed before them
   int port = 0;
   std::vector<std::thread> stream_threads;
 };

@@ -330,6 +330,7 @@ int main(int argc, char** argv) {
   // An open estimate stream is a call in flight until its client closes it:
   // end them now (their clients call Estimate meanwhile, or another agent).
   (*svc)->EndStreams();
+  running->health->Shutdown();
   running->server->Shutdown(std::chrono::system_clock::now() +
                             std::chrono::duration_cast<std::chrono::system_clock::duration>(
                                 std::chrono::duration<double>(grace_s)));

@@ -953,6 +953,45 @@ TEST(AgentServiceTest, HealthServiceReportsServing) {
   }
 }
 
+// The rest of the health protocol: a name the agent does not serve is
+// NOT_FOUND to Check and SERVICE_UNKNOWN to Watch; a Watch hears SERVING,
+// then NOT_SERVING when the agent shuts down, and ends.
+TEST(AgentServiceTest, HealthServiceAnswersUnknownNamesAndWatchesUntilShutdown) {
+  auto agent = StartLocal(GpuSpec());
+  ASSERT_NE(agent, nullptr);
+  auto channel = grpc::CreateChannel(agent->address(), grpc::InsecureChannelCredentials());
+  auto stub = grpc::health::v1::Health::NewStub(channel);
+  grpc::health::v1::HealthCheckRequest req;
+  grpc::health::v1::HealthCheckResponse resp;
+  req.set_service("servesim.v1.Nothing");
+  {
+    grpc::ClientContext ctx;
+    EXPECT_EQ(stub->Check(&ctx, req, &resp).error_code(), grpc::StatusCode::NOT_FOUND);
+  }
+  {
+    grpc::ClientContext ctx;
+    auto reader = stub->Watch(&ctx, req);
+    ASSERT_TRUE(reader->Read(&resp));
+    EXPECT_EQ(resp.status(), grpc::health::v1::HealthCheckResponse::SERVICE_UNKNOWN);
+    EXPECT_FALSE(reader->Read(&resp));
+    EXPECT_TRUE(reader->Finish().ok());
+  }
+  req.set_service("servesim.v1.DeviceAgent");
+  grpc::ClientContext ctx;
+  auto reader = stub->Watch(&ctx, req);
+  ASSERT_TRUE(reader->Read(&resp));
+  EXPECT_EQ(resp.status(), grpc::health::v1::HealthCheckResponse::SERVING);
+  agent->running.health->Shutdown();
+  ASSERT_TRUE(reader->Read(&resp));
+  EXPECT_EQ(resp.status(), grpc::health::v1::HealthCheckResponse::NOT_SERVING);
+  EXPECT_FALSE(reader->Read(&resp));
+  EXPECT_TRUE(reader->Finish().ok());
+  grpc::ClientContext after;
+  req.set_service("");
+  ASSERT_TRUE(stub->Check(&after, req, &resp).ok());
+  EXPECT_EQ(resp.status(), grpc::health::v1::HealthCheckResponse::NOT_SERVING);
+}
+
 TEST(AgentServiceTest, SessionsMatchExecuteAndSurviveAnAgentRestart) {
   auto agent = StartLocal(GpuSpec());
   ASSERT_NE(agent, nullptr);
