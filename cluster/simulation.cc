@@ -93,6 +93,8 @@ class MessageList {
 constexpr double kBytesPerPromptToken = 4;  // token ids on the wire
 constexpr double kHeaderBytes = 512;
 
+class Engine;
+
 struct Shared {
   MessageList messages;
   const ResolvedScenario* sc = nullptr;
@@ -121,6 +123,10 @@ struct Shared {
   // arrival, the ops of its prefill step (Engine::HintArrival); null: no
   // device takes hints.
   std::function<void(const scheduler::RequestSpec&)> hint_arrival;
+  // The engines that tell remote devices their projected batches
+  // (Engine::Anticipate), in the order they first did, and what they told.
+  std::vector<Engine*> anticipating;
+  RunResult::Hints hints;
   // Disaggregation: the first `prefill_replicas` engines are the prefill
   // pool's, the rest the decode pool's (0: colocated). KV parts sent and
   // not yet received, in all and per engine they go to; per prefill
@@ -445,17 +451,26 @@ class Engine {
   // the result is the one a SimGrid sleep per step gives, with SimGrid
   // events only for the transfers. Returns false once the run has stopped.
   bool AdvanceTo(double t) {
-    while (stepping_ && step_end_ < t) {
-      if (sh_->Interrupted()) {
-        sh_->Stop(Interruption());
-        return false;
-      }
-      const double end = step_end_;
-      stepping_ = false;
-      CompleteAt(end);
-      if (!StartAt(end)) return false;
+    while (StepsBefore(t)) {
+      if (!NextStep()) return false;
     }
     return true;
+  }
+  // Whether the step in progress ends before `t`, and when it ends.
+  bool StepsBefore(double t) const { return stepping_ && step_end_ < t; }
+  double step_end() const { return step_end_; }
+  // Completes the step in progress and starts the next (AdvanceTo's step;
+  // Shared::advance takes several engines' steps in the order they end).
+  // False once the run has stopped.
+  bool NextStep() {
+    if (sh_->Interrupted()) {
+      sh_->Stop(Interruption());
+      return false;
+    }
+    const double end = step_end_;
+    stepping_ = false;
+    CompleteAt(end);
+    return StartAt(end);
   }
 
  private:
@@ -679,6 +694,7 @@ class Engine {
     std::vector<uint64_t> projected;
     size_t projected_next = 0;
     bool projected_full = false;
+    bool anticipating = false;  // Anticipate found the devices take hints
     std::vector<scheduler::Batch> projection;
   };
 
@@ -703,9 +719,16 @@ class Engine {
   // project the batches after it (requests leave as their output ends) and
   // tell the devices the ops they will be asked (devices::Device::Expect).
   // Changes no cost; in-process devices want no hints and skip all this.
-  static void Anticipate(Rank& r) {
+  void Anticipate(Rank& r) {
     const int steps = r.planner.ExpectSteps();
     if (steps <= 0) return;
+    if (!r.anticipating) {
+      r.anticipating = true;
+      if (std::find(sh_->anticipating.begin(), sh_->anticipating.end(), this) ==
+          sh_->anticipating.end()) {
+        sh_->anticipating.push_back(this);
+      }
+    }
     const bool hit = r.projected_next < r.projected.size() &&
                      r.projected[r.projected_next] == BatchHash(*r.batch);
     if (hit) ++r.projected_next;
@@ -716,8 +739,31 @@ class Engine {
     const size_t margin = static_cast<size_t>(std::max(1, steps / 4));
     const size_t told = hit ? r.projected.size() - r.projected_next : 0;
     if (hit && (!r.projected_full || told >= margin)) return;
+    ++(hit ? sh_->hints.renewals : sh_->hints.projections);
+    Reproject(r, steps, told);
+    // What this tells goes to the devices in one message, which can carry
+    // the renewals that the other ranks sharing them would soon send in
+    // messages of their own: those within twice the margin of their
+    // projection's end are renewed now (a rank of an engine that is not
+    // stepping has nothing to renew).
+    for (Engine* e : sh_->anticipating) {
+      if (e->pool_ != pool_ || !e->stepping_) continue;
+      for (const auto& o : e->ranks_) {
+        if (o.get() == &r || !o->anticipating || !o->projected_full || o->batch == nullptr) {
+          continue;
+        }
+        const size_t left = o->projected.size() - std::min(o->projected_next, o->projected.size());
+        if (left > 0 && left < 2 * margin) {
+          e->Reproject(*o, steps, left);
+          ++sh_->hints.renewals_alongside;
+        }
+      }
+    }
+  }
+  // Projects `steps` batches after the rank's current one and tells the
+  // devices those after the first `told` (told already).
+  void Reproject(Rank& r, int steps, size_t told) {
     r.scheduler.Project(steps, &r.projection);
-    // After a hit, the steps the last projection covered were told.
     r.planner.Expect(
         absl::MakeConstSpan(r.projection).subspan(std::min(told, r.projection.size())));
     r.projected.clear();
@@ -2223,9 +2269,30 @@ absl::StatusOr<RunResult> RunSimulation(const ResolvedScenario& sc,
     if (e->lazy()) lazy.push_back(e.get());
   }
   if (!lazy.empty()) {
-    sh.advance = [lazy](double t) {
-      for (Engine* e : lazy) {
-        if (!e->AdvanceTo(t)) return false;
+    // The engines' steps that end before t, in the order they end (ties in
+    // engine order): engines are independent between arrivals and the
+    // collector orders what they record, so the result is the one engine
+    // after engine gives. But a step that tells remote devices what the
+    // next ones will ask (a prefill changing the batch: Anticipate) is
+    // followed by the other engines' steps that end before it does, which
+    // run while the agent answers, instead of by its own next step, which
+    // would wait for the answer.
+    sh.advance = [lazy, due = std::vector<std::pair<double, size_t>>()](double t) mutable {
+      due.clear();
+      for (size_t i = 0; i < lazy.size(); ++i) {
+        if (lazy[i]->StepsBefore(t)) due.emplace_back(lazy[i]->step_end(), i);
+      }
+      std::make_heap(due.begin(), due.end(), std::greater<>());
+      while (!due.empty()) {
+        std::pop_heap(due.begin(), due.end(), std::greater<>());
+        const size_t i = due.back().second;
+        due.pop_back();
+        Engine* e = lazy[i];
+        if (!e->NextStep()) return false;
+        if (e->StepsBefore(t)) {
+          due.emplace_back(e->step_end(), i);
+          std::push_heap(due.begin(), due.end(), std::greater<>());
+        }
       }
       return true;
     };
@@ -2303,11 +2370,13 @@ absl::StatusOr<RunResult> RunSimulation(const ResolvedScenario& sc,
       options.partial->metrics = std::move(result.metrics);
       options.partial->simulated_s = sg4::Engine::get_clock();
       options.partial->engine_waits = sh.engine_waits;
+      options.partial->hints = sh.hints;
     }
     return sh.error;
   }
   result.simulated_s = sg4::Engine::get_clock();
   result.engine_waits = sh.engine_waits;
+  result.hints = sh.hints;
   if (options.live != nullptr) options.live->OnDone(result.simulated_s, wall_s());
   return result;
 }

@@ -68,6 +68,16 @@ struct RunResult {
   // event cost, not a result: it depends on how engines advance (lazily or
   // a SimGrid event per step) and not on what they compute.
   int64_t engine_waits = 0;
+  // What the engines told remote devices of the batches they expect
+  // (devices::Device::Expect): projections made because a batch was not
+  // the one projected (a request arrived), renewals of projections about
+  // to run out, and renewals made early to go in the same message as
+  // another rank's projection. Zero where no device takes hints. Not a
+  // result: hints never change one.
+  struct Hints {
+    int64_t projections = 0, renewals = 0, renewals_alongside = 0;
+  };
+  Hints hints;
 };
 
 // How a run is watched; none of it changes results.

@@ -72,6 +72,11 @@ absl::Status WriteOutputs(const OutputDir& dir, const scenario::ResolvedScenario
                   ? absl::StrCat(",\n  \"partial\": true,\n  \"error\": ", JsonString(info.error))
                   : "",
               info.agents_json.empty() ? "" : ",\n  \"agents\": " + info.agents_json,
+              info.hint_projections + info.hint_renewals + info.hint_renewals_alongside > 0
+                  ? absl::StrCat(",\n  \"hints\": {\"projections\": ", info.hint_projections,
+                                 ", \"renewals\": ", info.hint_renewals,
+                                 ", \"renewals_alongside\": ", info.hint_renewals_alongside, "}")
+                  : "",
               info.profile_json.empty() ? "" : ",\n  \"profile\": " + info.profile_json,
               FallbacksJson(info.fallbacks), "\n}\n"));
       !st.ok()) {

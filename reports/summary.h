@@ -21,6 +21,9 @@ struct RunInfo {
   // The times the engines blocked in SimGrid (cluster::RunResult::
   // engine_waits); -1: not known.
   int64_t engine_waits = -1;
+  // What the engines told remote devices of the batches they expect
+  // (cluster::RunResult::hints): written when any is non-zero.
+  int64_t hint_projections = 0, hint_renewals = 0, hint_renewals_alongside = 0;
   // A run that stopped early (e.g. no device agent left): its error. The
   // outputs then hold what was measured until then, and say so.
   bool partial = false;

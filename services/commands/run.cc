@@ -71,6 +71,13 @@ std::string AgentsJson(const scenario::ResolvedScenario& sc) {
   return absl::StrCat("[\n", absl::StrJoin(items, ",\n"), "\n  ]");
 }
 
+// What the engines told remote devices, for run_info.json.
+void SetHints(const cluster::RunResult::Hints& h, reports::RunInfo* info) {
+  info->hint_projections = h.projections;
+  info->hint_renewals = h.renewals;
+  info->hint_renewals_alongside = h.renewals_alongside;
+}
+
 // The profile bundle's lookups during this run, for run_info.json (an
 // agent's lookups are counted in its own process).
 std::string ProfileJson(const scenario::ResolvedScenario& sc,
@@ -278,6 +285,7 @@ int RunWithFlags(const RunFlags& o) {
       metrics::Summary summary = metrics::ComputeSummary(*partial.metrics);
       info.simulated_s = partial.simulated_s;
       info.engine_waits = partial.engine_waits;
+      SetHints(partial.hints, &info);
       info.wall_s =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start).count();
       if (absl::Status st = reports::WriteOutputs(*dir, *sc, *wl, *partial.metrics, summary, info);
@@ -320,6 +328,7 @@ int RunWithFlags(const RunFlags& o) {
   }
   info.simulated_s = result->simulated_s;
   info.engine_waits = result->engine_waits;
+  SetHints(result->hints, &info);
   info.wall_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start).count();
   // The table first: if writing files fails, the results are still shown.

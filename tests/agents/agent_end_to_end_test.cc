@@ -307,6 +307,56 @@ TEST(AgentEndToEndTest, AttAccOutputsAreByteIdenticalWithOneAndTwoAgentsPerKind)
   EXPECT_TRUE(absl::StrContains(info, "attention device (attacc)")) << info;
 }
 
+// The figure `key` of run_info.json's "hints" object, or -1 if absent.
+int64_t HintCount(const std::string& info, const std::string& key) {
+  const size_t hints = info.find("\"hints\": {");
+  if (hints == std::string::npos) return -1;
+  const size_t at = info.find("\"" + key + "\": ", hints);
+  if (at == std::string::npos) return -1;
+  int64_t n = -1;
+  const size_t from = at + key.size() + 4;
+  const size_t end = info.find_first_of(",}", from);
+  return absl::SimpleAtoi(info.substr(from, end - from), &n) ? n : -1;
+}
+
+// What the engines tell a remote AttAcc device (run_info.json's "hints"):
+// a new projection exactly at each prefill step (a request joining is the
+// one change the projections cannot see; leaving requests are projected),
+// renewals as projections run out, and renewals made early to go in the
+// same message as another replica's projection. An in-process run tells
+// nothing and reports no hints.
+TEST(AgentEndToEndTest, ProjectionsComeAtPrefillsAndRenewalsRideAlongOtherReplicas) {
+  const std::string dir = FreshDir();
+  Agents ag;
+  ag.procs.push_back(StartAgent(dir, "attacc"));
+  const std::vector<std::string> base = {"run", kAttAccExample, "--quiet", "--set",
+                                         "workload.window_end_s=300"};
+  std::vector<std::string> in = base, one = base;
+  in.insert(in.end(), {"--out", dir + "/in"});
+  one.insert(one.end(), {"--out", dir + "/one", "--agent", "attacc=" + ag.List(0, 1)});
+  const Result r_in = RunServesim(in);
+  ASSERT_EQ(r_in.code, 0) << r_in.out;
+  const Result r_one = RunServesim(one);
+  ASSERT_EQ(r_one.code, 0) << r_one.out;
+  ExpectSameOutputs(dir + "/in", dir + "/one");
+  EXPECT_EQ(HintCount(ReadFile(dir + "/in/run_info.json"), "projections"), -1);
+  int64_t prefills = 0;
+  std::istringstream rows(ReadFile(dir + "/one/iterations.csv"));
+  std::string row;
+  std::getline(rows, row);
+  ASSERT_TRUE(absl::StartsWith(row, "replica,start_s,duration_s,batch_size,prefill_tokens,")) << row;
+  while (std::getline(rows, row)) {
+    const std::vector<std::string> f = absl::StrSplit(row, ',');
+    ASSERT_GT(f.size(), 4u) << row;
+    prefills += f[4] != "0" ? 1 : 0;
+  }
+  const std::string info = ReadFile(dir + "/one/run_info.json");
+  ASSERT_GT(prefills, 100) << info;
+  EXPECT_EQ(HintCount(info, "projections"), prefills) << info;
+  EXPECT_GT(HintCount(info, "renewals"), 0) << info;
+  EXPECT_GT(HintCount(info, "renewals_alongside"), 0) << info;
+}
+
 // The "measured_steps" list of run_info.json (one count per endpoint).
 std::vector<int64_t> MeasuredSteps(const std::string& info) {
   std::vector<int64_t> out;
