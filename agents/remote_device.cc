@@ -819,10 +819,12 @@ const devices::Cost* RemoteDevice::FindRunLocked(const MemoKey& key, int64_t off
   auto it = runs_.find(key);
   if (it == runs_.end()) return nullptr;
   // The newest first: the run the simulation is in.
-  for (auto r = it->second.rbegin(); r != it->second.rend(); ++r) {
-    if (offset >= r->base && offset <= r->base + r->steps) {
-      return &cost_pool_[run_steps_[r->first + static_cast<size_t>(offset - r->base)]];
+  for (uint32_t at = it->second + 1; at != 0;) {
+    const Run& r = run_list_[at - 1];
+    if (offset >= r.base && offset <= r.base + r.steps) {
+      return &cost_pool_[run_steps_[r.first + static_cast<size_t>(offset - r.base)]];
     }
+    at = r.older;
   }
   return nullptr;
 }
@@ -886,6 +888,7 @@ void RemoteDevice::TrimLocked() const {
   // does not grow and fault their pages in again.
   memo_.erase(memo_.begin(), memo_.end());
   runs_.erase(runs_.begin(), runs_.end());
+  run_list_.clear();
   run_steps_.clear();
   cost_pool_.clear();
   lists_.erase(lists_.begin(), lists_.end());
@@ -1289,14 +1292,22 @@ void RemoteDevice::InsertExpectedLocked(const OwnedOps& expected, int answered,
           const size_t r = rank++;
           const MemoKey& key = run_keys[i - b];
           if (key.shape == 0) continue;
-          Run run{offsets[i - b], k, static_cast<uint32_t>(run_steps_.size())};
+          Run run{offsets[i - b], k, static_cast<uint32_t>(run_steps_.size()), 0};
           run_steps_.push_back(pool_base + index[now]);
           for (int32_t j = 1; j <= k; ++j) {
             run_steps_.push_back(
                 pool_base + index[block + size + static_cast<size_t>(j - 1) * predictable + r]);
           }
-          runs_[key].push_back(run);
-          memo_bytes_ += (static_cast<size_t>(k) + 1) * sizeof(uint32_t) + sizeof(Run) + 48;
+          const auto newest = static_cast<uint32_t>(run_list_.size());
+          auto [slot, added] = runs_.try_emplace(key, newest);
+          if (!added) {
+            run.older = slot->second + 1;
+            slot->second = newest;
+          }
+          run_list_.push_back(run);
+          // Its steps, itself, and a new key's slot and control byte.
+          memo_bytes_ += (static_cast<size_t>(k) + 1) * sizeof(uint32_t) + sizeof(Run) +
+                         (added ? sizeof(std::pair<const MemoKey, uint32_t>) * 8 / 7 + 1 : 0);
         }
         at = block + size + static_cast<size_t>(k) * predictable;
         stats_.expected_ops += static_cast<int64_t>(size + static_cast<size_t>(k) * predictable);

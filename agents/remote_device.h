@@ -426,13 +426,18 @@ class RemoteDevice : public devices::Device {
   // first sequence (request ids, new tokens, past_tokens less the
   // first's), and holds the costs from `base` (the first sequence's
   // past_tokens at step 0) to base + steps. One entry and one interned
-  // list per expected op, not one per step.
+  // list per expected op, not one per step. The runs of all keys lie in one
+  // vector, each key's linked from its newest (the one the simulation is
+  // in) back, and the map holds a key's newest: no vector per key to
+  // allocate, and a lookup touches one slot and one run.
   struct Run {
     int64_t base = 0;
     int32_t steps = 0;
     uint32_t first = 0;  // its costs: cost_pool_[run_steps_[first .. first + steps]]
+    uint32_t older = 0;  // the key's run before it, + 1 (0: none)
   };
-  mutable absl::flat_hash_map<MemoKey, std::vector<Run>> runs_;
+  mutable absl::flat_hash_map<MemoKey, uint32_t> runs_;  // key -> its newest run's index
+  mutable std::vector<Run> run_list_;
   // The runs' steps name their costs in a pool, which holds each answer's
   // costs once apiece (a cost equal to the one before it in the answer is
   // not stored again): 4 bytes a step instead of a Cost's 120.
