@@ -57,7 +57,6 @@ class HealthService final : public grpc::health::v1::Health::Service {
   bool serving_ = true;
 };
 
-
 struct AgentServerOptions {
   std::string listen = "127.0.0.1:0";  // HOST:PORT; port 0 picks a free one
   std::string tls_cert_file;           // with tls_key_file: TLS
