@@ -1504,6 +1504,37 @@ Served ServeOnLoopback(grpc::Service* service) {
   return served;
 }
 
+// A real AttAcc agent service behind a stand-in `Agent` (a
+// DelegatingAgent) served on loopback, a client of it with `client`'s
+// options, and the device in process. Members are destroyed client first,
+// then the server, then the services it served.
+template <typename Agent>
+struct StandIn {
+  std::unique_ptr<AgentService> real;
+  std::unique_ptr<Agent> agent;
+  Served served;
+  std::unique_ptr<RemoteDevice> remote;
+  std::unique_ptr<devices::Device> local;
+};
+template <typename Agent>
+void StartStandIn(const ClientOptions& client, StandIn<Agent>* t) {
+  AgentServiceOptions opts;
+  opts.spec = AttAccSpec();
+  auto real = AgentService::Create(opts);
+  ASSERT_TRUE(real.ok()) << real.status();
+  t->real = std::move(*real);
+  t->agent = std::make_unique<Agent>(t->real.get());
+  t->served = ServeOnLoopback(t->agent.get());
+  ASSERT_NE(t->served.server, nullptr);
+  auto remote =
+      RemoteDevice::Create(AttAccSpec(), {t->served.address}, client, "attention device (attacc)");
+  ASSERT_TRUE(remote.ok()) << remote.status();
+  t->remote = std::move(*remote);
+  auto local = devices::CreateDevice(AttAccSpec());
+  ASSERT_TRUE(local.ok());
+  t->local = std::move(*local);
+}
+
 class MuteStreamAgent final : public DelegatingAgent {
  public:
   using DelegatingAgent::DelegatingAgent;
@@ -1518,32 +1549,22 @@ class MuteStreamAgent final : public DelegatingAgent {
 };
 
 TEST(AgentServiceTest, AStreamThatNeverAnswersIsCancelledAtTheDeadline) {
-  AgentServiceOptions opts;
-  opts.spec = AttAccSpec();
-  auto real = AgentService::Create(opts);
-  ASSERT_TRUE(real.ok()) << real.status();
-  MuteStreamAgent mute(real->get());
-  Served served = ServeOnLoopback(&mute);
-  ASSERT_NE(served.server, nullptr);
   ClientOptions client = FastClient();
   client.deadline_s = 0.5;
-  auto remote = RemoteDevice::Create(AttAccSpec(), {served.address}, client,
-                                     "attention device (attacc)");
-  ASSERT_TRUE(remote.ok()) << remote.status();
-  auto local = devices::CreateDevice(AttAccSpec());
-  ASSERT_TRUE(local.ok());
+  StandIn<MuteStreamAgent> t;
+  ASSERT_NO_FATAL_FAILURE(StartStandIn(client, &t));
   DecodeSteps steps(/*gemm_and_elementwise=*/false, /*leaves_after=*/-1);
   const auto start = std::chrono::steady_clock::now();
-  for (int k = 0; k < 40; ++k) DecodeSteps::Check(local->get(), remote->get(), steps.Ops(k));
+  for (int k = 0; k < 40; ++k) DecodeSteps::Check(t.local.get(), t.remote.get(), steps.Ops(k));
   const double took =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   EXPECT_LT(took, 10.0);
-  EXPECT_EQ(mute.taken.load(), 1);  // the first prefetch, then none on a stream
-  const RemoteStats st = (*remote)->Stats();
+  EXPECT_EQ(t.agent->taken.load(), 1);  // the first prefetch, then none on a stream
+  const RemoteStats st = t.remote->Stats();
   EXPECT_EQ(st.prefetch_failures, 1);
   EXPECT_GT(st.prefetch_rpcs, 1);
-  remote->reset();
-  served.server->Shutdown();
+  t.remote.reset();
+  t.served.server->Shutdown();
 }
 
 // An agent that answers its streams as its calls, counting each.
@@ -1568,35 +1589,25 @@ class CountingStreamAgent final : public DelegatingAgent {
 // A device with one endpoint asks its blocking Estimates on the estimate
 // stream too, once the endpoint is bound (the first call binds it, plainly).
 TEST(AgentServiceTest, BlockingEstimatesGoOnTheStream) {
-  AgentServiceOptions opts;
-  opts.spec = AttAccSpec();
-  auto real = AgentService::Create(opts);
-  ASSERT_TRUE(real.ok()) << real.status();
-  CountingStreamAgent counting(real->get());
-  Served served = ServeOnLoopback(&counting);
-  ASSERT_NE(served.server, nullptr);
   ClientOptions client = FastClient();
   client.lookahead_max = 0;  // no asks ahead: every call below is a blocking one
-  auto remote = RemoteDevice::Create(AttAccSpec(), {served.address}, client,
-                                     "attention device (attacc)");
-  ASSERT_TRUE(remote.ok()) << remote.status();
-  auto local = devices::CreateDevice(AttAccSpec());
-  ASSERT_TRUE(local.ok());
+  StandIn<CountingStreamAgent> t;
+  ASSERT_NO_FATAL_FAILURE(StartStandIn(client, &t));
   SampleOps s(/*gemm_and_elementwise=*/false);
   for (int k = 0; k < 5; ++k) {
     s.seqs[1].past_tokens = 2047 + 100 * k;  // a new batch each time: a miss
     std::vector<Cost> want(s.ops.size()), got(s.ops.size());
-    ASSERT_TRUE((*local)->Estimate(s.ops, absl::MakeSpan(want)).ok());
-    ASSERT_TRUE((*remote)->Estimate(s.ops, absl::MakeSpan(got)).ok());
+    ASSERT_TRUE(t.local->Estimate(s.ops, absl::MakeSpan(want)).ok());
+    ASSERT_TRUE(t.remote->Estimate(s.ops, absl::MakeSpan(got)).ok());
     for (size_t i = 0; i < want.size(); ++i) ExpectSameBits(want[i], got[i]);
   }
-  EXPECT_EQ(counting.unary.load(), 1);
-  EXPECT_EQ(counting.streamed.load(), 4);
-  const RemoteStats st = (*remote)->Stats();
+  EXPECT_EQ(t.agent->unary.load(), 1);
+  EXPECT_EQ(t.agent->streamed.load(), 4);
+  const RemoteStats st = t.remote->Stats();
   EXPECT_EQ(st.estimate_rpcs, 5);
   EXPECT_EQ(st.prefetch_rpcs, 0);
-  remote->reset();
-  served.server->Shutdown();
+  t.remote.reset();
+  t.served.server->Shutdown();
 }
 
 // An Execute of 32 heads x 1,024 queries over 2,048 keys of 128: 8.6e9
