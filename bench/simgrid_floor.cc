@@ -3,7 +3,7 @@
 // request to the router's host, the router takes it and sends it on to one
 // of R replica hosts, whose actors take it. That is what every simulated
 // request costs servesim in SimGrid before any engine work (cluster/
-// simulation.cc: Source, RouterActor and the engines' receives), so its time
+// actors.cc: Source, RouterActor; the engines' receives), so its time
 // per arrival is the floor under the real-time factor of a run whose
 // transfers SimGrid carries (docs/speed.md).
 // Usage: build/bench/servesim-simgrid-floor [ARRIVALS] [REPLICAS] [SIMULATED_S]

@@ -43,6 +43,11 @@
 // trace take minutes. The links are in the platform for the transfers that
 // happen once per request or iteration.
 //
+// Where each part lives: cluster/platform.h builds the platform,
+// cluster/actors.h holds the source and the router, cluster/engine.h the
+// replicas' engines and the parts they compose (power, KV transfer, flows
+// on the fabric, hints to remote devices); those headers are internal.
+//
 // SimGrid allows one Engine per process, so RunSimulation may be called
 // once per process.
 #ifndef SERVESIM_CLUSTER_SIMULATION_H_

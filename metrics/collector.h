@@ -32,7 +32,7 @@
 //    (requests.csv, in id order) and into streaming sums;
 //  - iterations go to the sink in (start, replica) order through a k-way
 //    merge of per-replica buffers: engines advance apart from one another
-//    between arrivals (cluster/simulation.cc), so a record waits until no
+//    between arrivals (cluster/engine.h), so a record waits until no
 //    replica can still record an earlier one (bounded by how far apart);
 //  - sums over requests and iterations are taken in those orders, the
 //    orders the whole-run vectors were summed in, so they are bit-identical.
@@ -137,7 +137,7 @@ class MetricsCollector {
   int64_t power_capped_iterations() const { return power_capped_; }
   int64_t tdp_limited_iterations() const { return tdp_limited_; }
   int64_t handoffs() const { return handoffs_; }
-  // Collectives on the fabric (cluster::Engine::Collectives): a step's
+  // Collectives on the fabric (cluster::FabricFlows::Collectives): a step's
   // bytes out of its nodes' NICs, whether they went as a flow (shared the
   // link), and the time the step lost to the sharing.
   void AddCollectives(double bytes, bool flow, double extra_s) {
@@ -145,7 +145,7 @@ class MetricsCollector {
     collective_flows_ += flow ? 1 : 0;
     collective_extra_s_ += extra_s;
   }
-  // A cluster store's loads over the network (cluster::Engine::StoreFlows):
+  // A cluster store's loads over the network (cluster::FabricFlows::StoreFlows):
   // a step's bytes from other replicas' nodes and the time it lost.
   void AddStoreFlows(double bytes, double extra_s) {
     store_network_bytes_ += bytes;

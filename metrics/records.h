@@ -96,7 +96,7 @@ struct KvTierTotals {
   int64_t loaded_blocks = 0, stored_blocks = 0, dropped_blocks = 0;
   double loaded_bytes = 0, stored_bytes = 0;  // the whole replicas' (every xPU's shard)
   double energy_j = 0;                        // of loads and stores over its link
-  // A cluster store's loads over the network (cluster::Engine::StoreFlows):
+  // A cluster store's loads over the network (cluster::FabricFlows::StoreFlows):
   // the bytes that crossed it (blocks from other replicas' nodes), the
   // steps whose loads did, and the time those steps lost to shared links.
   bool cluster_store = false;

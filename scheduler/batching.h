@@ -186,7 +186,7 @@ Batch UniformBatch(int64_t b, int64_t new_tokens, int64_t past_tokens);
 // pipeline of `layers` equal stages, which ends at load/L + (L-1)/L x
 // max(load, compute) + compute/L. `load_extra_s`: how much longer the
 // loads took than their links' time (a cluster store's loads sharing the
-// network; cluster::Engine::StoreFlows).
+// network; cluster::FabricFlows::StoreFlows).
 double KvTierWaitS(const Batch& b, double compute_s, int64_t layers, bool layerwise,
                    double load_extra_s = 0);
 

@@ -3,7 +3,8 @@
 # servesim binaries and compares their output files byte for byte: the check
 # a change that must not move a result (a refactor, a speed-up) passes.
 # run_info.json is compared without its wall-clock fields (wall_time_s and
-# the like), which differ between any two runs.
+# the like), which differ between any two runs, and the output folder's lock
+# file (.servesim.lock: the writer's process id) is left out.
 # Usage: scripts/compare_outputs.sh BASE_BINARY NEW_BINARY [--quick] [--out DIR]
 #   --quick   leave out the FULL-fidelity examples (minutes each) and the study
 #   --out DIR keep both sets of outputs there (default: a temporary folder)
@@ -28,7 +29,7 @@ mkdir -p "$out"
 jobs=()
 while IFS= read -r f; do
   name=$(echo "${f#examples/}" | tr '/' '_'); name=${name%.pbtxt}
-  if [ $quick -eq 1 ] && grep -qE '^\s*fidelity:\s*FULL' "$f"; then continue; fi
+  if [ $quick -eq 1 ] && grep -qE 'fidelity: *[A-Z_]*FULL' "$f"; then continue; fi
   jobs+=("$name|run $f --out OUT")
 done < <(find examples -name '*.pbtxt' -not -path '*/vllm/*' | sort)
 jobs+=("replay_rtxpro6000|replay examples/vllm/runs/RTXPRO6000_Llama-3.1-8B_tp1 --out OUT --profiles examples/vllm/profiles")
@@ -45,15 +46,17 @@ printf '%-50s %8s %8s  %s\n' job base_s new_s result
 for job in "${jobs[@]}"; do
   name=${job%%|*}; args=${job#*|}
   for side in base new; do
-    dir="$out/$side/$name"; rm -rf "$dir"; mkdir -p "$(dirname "$dir")"
+    # Both sides write to the same folder (outputs may name it), then move.
+    dir="$out/work/$name"; rm -rf "$dir" "$out/$side/$name"; mkdir -p "$out/work" "$out/$side"
     bin=$base; [ $side = new ] && bin=$new
-    # shellcheck disable=SC2086
     a=${args//OUT/$dir}
     start=$(date +%s.%N)
     [[ "$a" == calibrate* ]] && mkdir -p "$dir"
+    # shellcheck disable=SC2086
     "$bin" $a --quiet >"$out/$side/$name.log" 2>&1
     echo "exit $?" >>"$out/$side/$name.log"
     end=$(date +%s.%N)
+    [ -d "$dir" ] && mv "$dir" "$out/$side/$name"
     eval "t_$side=$(awk -v a="$start" -v b="$end" 'BEGIN { printf "%.1f", b - a }')"
   done
   result=same
@@ -68,7 +71,7 @@ for job in "${jobs[@]}"; do
       else
         cmp -s "$b" "$n" || { result="differs: $rel"; break; }
       fi
-    done < <(cd "$out/base/$name" && find . -type f | sort)
+    done < <(cd "$out/base/$name" && find . -type f ! -name .servesim.lock | sort)
     if [ "$result" = same ]; then
       extra=$(comm -13 <(cd "$out/base/$name" && find . -type f | sort) \
                        <(cd "$out/new/$name" && find . -type f | sort) | head -1)

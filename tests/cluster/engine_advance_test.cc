@@ -1,5 +1,5 @@
 // How replica engines advance: lazily, brought forward in plain calls by
-// whoever reads them (cluster/simulation.cc, Engine::AdvanceTo), against a
+// whoever reads them (cluster/engine.h, Engine::AdvanceTo), against a
 // SimGrid event per step, which --pace forces (here so fast that it never
 // waits). Both give the same run, byte for byte, on colocated clusters of
 // every batching policy, routing policy and parallel layout that runs
