@@ -20,5 +20,5 @@ if [ ! -f build-asan/CMakeCache.txt ]; then
     -DCMAKE_CXX_FLAGS="$flags" -DCMAKE_C_FLAGS="$flags" \
     -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" \
     -DCMAKE_SHARED_LINKER_FLAGS="-fsanitize=address,undefined" \
-    -DSERVESIM_FUZZ=ON "${launcher[@]}" >/dev/null
+    -DSERVESIM_FUZZ=ON -DSERVESIM_TESTS=ON "${launcher[@]}" >/dev/null
 fi

@@ -11,15 +11,30 @@
 # which test JavaScript, HTML, Grafana queries and a Prometheus server
 # against a live run — their servesim side (the metrics HTTP endpoint) is
 # covered by services_test under the sanitizers.
-# Usage: scripts/test_sanitized.sh [--jobs N] [ctest args...]
+# Usage: scripts/test_sanitized.sh [--jobs N] [--build-only | --no-build] [ctest args...]
+#   --build-only  set up and build build-asan/, run nothing
+#   --no-build    run ctest on build-asan/ as it is (scripts/test.sh times
+#                 the two apart)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=$(nproc 2>/dev/null || echo 2)
-if [ "${1:-}" = "--jobs" ]; then jobs="$2"; shift 2; fi
-scripts/setup.sh --sanitizers --no-build
-scripts/configure_sanitized.sh
-cmake --build build-asan -j"$jobs" --target servesim_tests servesim servesim-agent \
-  servesim-agent-load servesim-simgrid-floor >/dev/null
+build=1
+run=1
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --jobs) jobs="$2"; shift 2 ;;
+    --build-only) run=0; shift ;;
+    --no-build) build=0; shift ;;
+    *) break ;;
+  esac
+done
+if [ "$build" -eq 1 ]; then
+  scripts/setup.sh --sanitizers --no-build
+  scripts/configure_sanitized.sh
+  cmake --build build-asan -j"$jobs" --target servesim_tests servesim servesim-agent \
+    servesim-agent-load servesim-simgrid-floor >/dev/null
+fi
+[ "$run" -eq 1 ] || exit 0
 
 root=$(pwd)
 export ASAN_OPTIONS="halt_on_error=1:detect_leaks=1:strict_string_checks=1:detect_stack_use_after_return=0:check_initialization_order=1"
