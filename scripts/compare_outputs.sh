@@ -30,9 +30,9 @@ jobs=()
 while IFS= read -r f; do
   name=$(echo "${f#examples/}" | tr '/' '_'); name=${name%.pbtxt}
   if [ $quick -eq 1 ] && grep -qE 'fidelity: *[A-Z_]*FULL' "$f"; then continue; fi
-  jobs+=("$name|run $f --out OUT")
+  jobs+=("$name|run $f --out OUT --quiet")
 done < <(find examples -name '*.pbtxt' -not -path '*/vllm/*' | sort)
-jobs+=("replay_rtxpro6000|replay examples/vllm/runs/RTXPRO6000_Llama-3.1-8B_tp1 --out OUT --profiles examples/vllm/profiles")
+jobs+=("replay_rtxpro6000|replay examples/vllm/runs/RTXPRO6000_Llama-3.1-8B_tp1 --out OUT --profiles examples/vllm/profiles --quiet")
 jobs+=("calibrate_rtx4090|calibrate examples/vllm/profiles/RTX4090/meta-llama/Llama-3.1-8B/bf16/tp1 --out OUT/fit.pbtxt")
 [ $quick -eq 1 ] || jobs+=("study_attacc|study attacc --out OUT --no-trace")
 
@@ -53,7 +53,7 @@ for job in "${jobs[@]}"; do
     start=$(date +%s.%N)
     [[ "$a" == calibrate* ]] && mkdir -p "$dir"
     # shellcheck disable=SC2086
-    "$bin" $a --quiet >"$out/$side/$name.log" 2>&1
+    "$bin" $a >"$out/$side/$name.log" 2>&1
     echo "exit $?" >>"$out/$side/$name.log"
     end=$(date +%s.%N)
     [ -d "$dir" ] && mv "$dir" "$out/$side/$name"
