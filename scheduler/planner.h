@@ -108,7 +108,7 @@ struct PlannerConfig {
 
 struct IterationCost {
   double time_s = 0;
-  devices::Cost total;          // whole replica (energy summed over xPUs)
+  devices::Cost total;  // whole replica (energy summed over xPUs)
   // The attention device's part of `total` (bytes per level, energy; time_s
   // is its busy time). Zero without an attention device.
   devices::Cost device_total;
@@ -208,7 +208,19 @@ class IterationPlanner {
  private:
   // Expect's lowering; `later`: ExpectLater's (one batch).
   void Tell(absl::Span<const Batch> batches, bool later);
+  // Lowers `batch` into ops_ (the layer's ops, then the once-per-iteration
+  // ones) with op_layers_, layer_ops_ and the indices below.
   void BuildLayerOps(const Batch& batch);
+  // Its pieces, appended to ops_ for `t` tokens: the attention block (norm
+  // to the FF's norm; sets attention_at_, window_at_ and op_layers_ for the
+  // block), the FF block (dense or MoE, with its all-reduce and residual;
+  // sets moe_at_, moe_group_tokens_ and op_layers_ for the block), a dense
+  // FF of `width` columns per xPU, and the TP all-reduce of t tokens'
+  // activations.
+  void AttentionBlockOps(int64_t t, const Batch& batch);
+  void FfBlockOps(int64_t t);
+  void DenseFfOps(int64_t t, int64_t width);
+  void PushAllReduce(int64_t t, std::vector<devices::Op>* ops) const;
   // MLA models: the batch's decode rows (one new token) and its prefill
   // chunks' context rows (past + new), which MLA's up-projections run over;
   // zeros for other models.
@@ -241,6 +253,7 @@ class IterationPlanner {
   // Stamps ops [from, end) with the iteration's tokens and sequences.
   static void SetCounts(int64_t tokens, int64_t sequences, std::vector<devices::Op>* ops,
                         size_t from);
+  // The attention-device path of Plan (planner_overlap.cc).
   absl::Status PlanWithDevice(const Batch& batch, IterationCost* out);
   // How PlanWithDevice runs a batch, and the lists its ops point into.
   struct DeviceShape {
@@ -284,12 +297,57 @@ class IterationPlanner {
   static constexpr size_t kTailOps = 3;
   void TailOps(int64_t tokens, int64_t emitting, std::vector<devices::Op>* out) const;
   double LinkTime(double bytes) const;
+  // PlanWithDevice's steps. EstimateWithDevice lowers the shaped batch
+  // (reusing the last ops where the shape allows) and asks both devices
+  // into xpu_costs_ and dev_costs_; AttentionCosts copies the g attention
+  // costs of dev_costs_ from `at` into *c (zeros when at < 0).
+  absl::Status EstimateWithDevice(const Batch& batch, const DeviceShape& sh);
+  const std::vector<devices::Cost>& AttentionCosts(int at, int g,
+                                                   std::vector<devices::Cost>* c) const;
+  // What the timings add up for one layer (one xPU's and the device's
+  // costs, link bytes over the group) and, under kBatchLevel, the chain of
+  // all layers (-1: none).
+  struct OffloadSums {
+    devices::Cost xpu_energy, dev_energy;
+    double link_bytes = 0;
+    double layer_time = 0, xpu_busy = 0, dev_busy = 0, link_busy = 0;
+    double batch_level_time = -1;
+  };
+  // One layer under kSerial or a head-level policy, as their timings read
+  // it: the xPU pieces, each head group's attention on the device, the
+  // decode Q/K/V out and outputs back (bytes, and link times: 0 without
+  // decode sequences), the prefill's K/V copy, and the FF block with the
+  // device's share beside the xPUs'.
+  struct OffloadedLayer {
+    const XpuLayer* x = nullptr;
+    absl::Span<const devices::Cost> att;  // per head group
+    int64_t b_dec = 0;
+    int groups = 1;
+    double send = 0, recv = 0, send_t = 0, recv_t = 0;
+    double att_total = 0;  // the head groups' attention, back to back
+    double kv_copy_time = 0;
+    double ff_link = 0, dev_ff_s = 0;  // the device's FF share: link, compute
+    double ff_block = 0;               // FF norm to residual
+    double m = 0;                      // one head's share (OverlapRule::kAttAccSimulator)
+  };
+  // Builds the OffloadedLayer, times it under the policy, and adds the
+  // layer's busy times, energy and stages; kBatchLevel does all of that
+  // for its two halves.
+  void TimeOffloadedLayer(const DeviceShape& sh, OffloadSums* sum, IterationCost* out);
+  // The policies' timings: layer_time and xpu_busy, and the spans while
+  // recording.
+  void TimeSerial(const OffloadedLayer& in, bool authors, OffloadSums* sum);
+  void TimeHeadLevelAsAuthors(const OffloadedLayer& in, OffloadSums* sum);
+  void TimeHeadLevelListSchedule(const OffloadedLayer& in, OffloadSums* sum);
+  void TimeBatchLevel(const DeviceShape& sh, OffloadSums* sum, IterationCost* out);
+  // Adds the tail (embedding, final norm, LM head) and turns the layer
+  // sums into the iteration's times, energy and traffic.
+  void FinishWithDevice(OffloadSums* sum, IterationCost* out);
   // Span recording of one layer of the device schedules (see Plan).
-  void EmitSerialLayer(int32_t l, double at, const XpuLayer& x, double send_s,
-                       double attention_s, double recv_s, double kv_copy_s, double ff_link_s,
-                       double dev_ff_s);
-  void EmitPostAndFf(int32_t l, double at, const XpuLayer& x, double kv_copy_s,
-                     double ff_link_s, double dev_ff_s);
+  void EmitSerialLayer(int32_t l, double at, const XpuLayer& x, double send_s, double attention_s,
+                       double recv_s, double kv_copy_s, double ff_link_s, double dev_ff_s);
+  void EmitPostAndFf(int32_t l, double at, const XpuLayer& x, double kv_copy_s, double ff_link_s,
+                     double dev_ff_s);
 
   devices::ModelDims model_;
   PlannerConfig config_;
@@ -334,7 +392,7 @@ class IterationPlanner {
   bool dev_ops_valid_ = false;
   std::array<int64_t, 16> dev_key_{};
   int att_at_ = -1, att_b_at_ = -1, ff_at_ = -1;
-  size_t layer_ops_ = 0;  // ops_[0, layer_ops_) repeat per layer
+  size_t layer_ops_ = 0;                // ops_[0, layer_ops_) repeat per layer
   std::vector<Span>* spans_ = nullptr;  // recording, during Plan(batch, spans)
   int32_t fold_from_ = kNoFold;
   std::array<double, kNumTracks> fold_lo_{}, fold_hi_{};  // per track, while recording
