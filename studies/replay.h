@@ -12,7 +12,9 @@
 // engine knobs) and the workload to run; CompareWithTruth and the charts
 // set the simulated run's requests.csv beside the measured one.
 // `servesim replay` (services/commands/replay.cc) runs it; docs/fidelity.md
-// shows the results.
+// shows the results. The parts: replay_setup.cc (setup.json to scenario),
+// replay_workload.cc (the trace the scenario reads), replay_compare.cc and
+// replay_plots.cc, over replay_files.h (the files and CSV tables).
 #ifndef SERVESIM_STUDIES_REPLAY_H_
 #define SERVESIM_STUDIES_REPLAY_H_
 

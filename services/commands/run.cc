@@ -1,5 +1,10 @@
 // `servesim run SCENARIO`: simulate, print the summary table, write the
 // outputs (reports/), optionally serving live metrics while it runs.
+//
+// RunWithFlags sets the run up (SimGrid's arguments, live metrics, the
+// progress line, the output folder, the stop signals, the CSV writer),
+// runs it, then either writes a stopped run's partial outputs
+// (FinishStoppedRun) or prints the table and writes the outputs.
 #include "services/commands/run.h"
 
 #include <signal.h>
@@ -38,7 +43,6 @@
 
 namespace servesim::services {
 namespace {
-
 
 // Call counts of the run's device agents, for run_info.json.
 std::string AgentsJson(const scenario::ResolvedScenario& sc) {
@@ -138,6 +142,131 @@ const char* SignalName(int sig) {
   return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "a signal";
 }
 
+// The SimGrid arguments: the log level, SERVESIM_SIMGRID_ARGS, then the
+// command line's --cfg and --log.
+std::vector<std::string> SimGridArgs(const RunFlags& o) {
+  std::vector<std::string> simgrid_args;
+  // SERVESIM_SIMGRID_ARGS: SimGrid options for every run, before the
+  // command line's (the sanitizer suite sets --cfg=contexts/factory:thread,
+  // as AddressSanitizer cannot follow SimGrid's own context switches).
+  if (const char* env = std::getenv("SERVESIM_SIMGRID_ARGS"); env != nullptr) {
+    for (absl::string_view a : absl::StrSplit(env, ' ', absl::SkipWhitespace())) {
+      simgrid_args.emplace_back(a);
+    }
+  }
+  simgrid_args.insert(simgrid_args.begin(), agents::SimGridLogArg(agents::ThirdPartyLogLevel()));
+  simgrid_args.insert(simgrid_args.end(), o.simgrid.begin(), o.simgrid.end());
+  return simgrid_args;
+}
+
+double WallSecondsSince(std::chrono::steady_clock::time_point wall_start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start).count();
+}
+
+// Live metrics and the dashboard, for --metrics: started before the run
+// (kept up for --linger seconds after it by the caller).
+absl::Status StartLiveMetrics(const RunFlags& o, const scenario::ResolvedScenario& sc,
+                              const workload::Workload& wl, std::unique_ptr<LiveMetrics>* live,
+                              std::unique_ptr<HttpServer>* server_out) {
+  LiveMetricsConfig mc;
+  mc.scenario = sc.proto.name().empty() ? o.scenario.scenario : sc.proto.name();
+  mc.replicas = static_cast<int>(sc.replicas);
+  mc.xpu_kind = "gpu";
+  if (sc.has_attention_device) mc.device_kind = sc.attention_kind;
+  mc.trace_s = wl.last_arrival_s;
+  *live = std::make_unique<LiveMetrics>(mc);
+  auto started = HttpServer::Start(o.metrics, o.web_dir, [m = live->get()] { return m->Render(); });
+  if (!started.ok()) return started.status();
+  std::unique_ptr<HttpServer>& server = *server_out;
+  server = std::move(*started);
+  const std::string& host = server->host();
+  std::cerr << "metrics: http://" << (host.find(':') != std::string::npos ? "[" + host + "]" : host)
+            << ":" << server->port() << "/" << std::endl;
+  return absl::OkStatus();
+}
+
+// A run that started and then stopped (interrupted, or e.g. no device
+// agent left): writes what it measured, flagged partial, then says why.
+// Returns the exit status.
+int FinishStoppedRun(const Scenario& loaded, const workload::Workload& wl,
+                     const reports::OutputDir* dir, const absl::Status& run_status, int stopped_by,
+                     const cluster::RunResult& partial, const absl::Status& csv_status,
+                     std::chrono::steady_clock::time_point wall_start, bool show_progress,
+                     reports::RunInfo* info_out) {
+  reports::RunInfo& info = *info_out;
+  const bool interrupted = stopped_by != 0 && absl::IsCancelled(run_status);
+  info.partial = true;
+  info.error = interrupted ? absl::StrCat("interrupted by ", SignalName(stopped_by))
+                           : std::string(run_status.message());
+  std::string written;
+  if (partial.metrics != nullptr && dir != nullptr) {
+    metrics::Summary summary = metrics::ComputeSummary(*partial.metrics);
+    info.simulated_s = partial.simulated_s;
+    info.engine_waits = partial.engine_waits;
+    SetHints(partial.hints, &info);
+    info.wall_s = WallSecondsSince(wall_start);
+    if (absl::Status st =
+            reports::WriteOutputs(*dir, loaded.resolved, wl, *partial.metrics, summary, info);
+        st.ok() && csv_status.ok()) {
+      written = absl::StrCat("; partial results written to ", dir->dir(), "/");
+    } else {
+      written =
+          absl::StrCat("; partial results not written: ", (st.ok() ? csv_status : st).message());
+    }
+  }
+  if (show_progress) std::cerr << "\n";
+  if (interrupted) {
+    std::cerr << "servesim: " << info.error << " at t = " << partial.simulated_s << " s simulated"
+              << written << "\n";
+    return 128 + stopped_by;
+  }
+  if (!written.empty()) {
+    std::cerr << "servesim: stopped at t = " << partial.simulated_s << " s simulated" << written
+              << "\n";
+  }
+  // A platform file refused as the run loads it names its field's line.
+  return Fail(scenario::AnnotateFieldError(loaded.loaded, run_status));
+}
+
+// The attention device's parameters in the summary: what the (shared)
+// device measured, or the spec's.
+void AddDeviceParameters(const scenario::ResolvedScenario& sc, metrics::Summary* summary) {
+  if (sc.attention_shared != nullptr) {
+    // What the (shared) device measured over the run; wall-clock figures
+    // stay out of the deterministic outputs.
+    for (const auto& [k, v] : sc.attention_shared->Describe().parameters) {
+      if (!absl::StrContains(k, "calibration_s")) summary->device_parameters.push_back({k, v});
+    }
+  } else if (sc.has_attention_device) {
+    // Per-replica devices (AttAcc) hold nothing measured: their parameters
+    // are the spec's, described by an in-process instance (the same whether
+    // the run used agents or not).
+    if (auto d = devices::CreateDevice(sc.attention_device); d.ok()) {
+      for (const auto& [k, v] : (*d)->Describe().parameters) {
+        summary->device_parameters.push_back({k, v});
+      }
+    }
+  }
+}
+
+// The exit status of a finished run, with a warning when it served
+// nothing or too few requests for its percentiles to mean much.
+int ServedExitStatus(const metrics::Summary& summary) {
+  // A run that served nothing is not a result: its latencies are undefined
+  // ("-" in the table, null in summary.json).
+  if (summary.completed == 0) {
+    std::cerr << "servesim: warning: no request was served (" << summary.requests << " arrived, "
+              << summary.rejected << " rejected): the latencies are undefined; exit status 3\n";
+    return kExitNothingServed;
+  }
+  if (summary.completed < kFewRequests) {
+    std::cerr << "servesim: warning: only " << summary.completed
+              << " request(s) completed: p90 and p99 both lie between the two largest "
+                 "samples\n";
+  }
+  return 0;
+}
+
 }  // namespace
 
 int RunCommand(const Args& args) {
@@ -190,18 +319,7 @@ int RunWithFlags(const RunFlags& o) {
   const devices::GpuProfile::Counts profile_before =
       sc->profile != nullptr ? sc->profile->counts() : devices::GpuProfile::Counts{};
   cluster::RunOptions run_options;
-  // SERVESIM_SIMGRID_ARGS: SimGrid options for every run, before the
-  // command line's (the sanitizer suite sets --cfg=contexts/factory:thread,
-  // as AddressSanitizer cannot follow SimGrid's own context switches).
-  if (const char* env = std::getenv("SERVESIM_SIMGRID_ARGS"); env != nullptr) {
-    for (absl::string_view a : absl::StrSplit(env, ' ', absl::SkipWhitespace())) {
-      run_options.simgrid_args.emplace_back(a);
-    }
-  }
-  run_options.simgrid_args.insert(run_options.simgrid_args.begin(),
-                                  agents::SimGridLogArg(agents::ThirdPartyLogLevel()));
-  run_options.simgrid_args.insert(run_options.simgrid_args.end(), o.simgrid.begin(),
-                                  o.simgrid.end());
+  run_options.simgrid_args = SimGridArgs(o);
   run_options.pace = o.pace;
   run_options.record_timeline = !o.out.empty() || !sc->proto.output().dir().empty();
   // Live metrics and the dashboard: started before the run, kept up for
@@ -209,21 +327,7 @@ int RunWithFlags(const RunFlags& o) {
   std::unique_ptr<LiveMetrics> live;
   std::unique_ptr<HttpServer> server;
   if (!o.metrics.empty()) {
-    LiveMetricsConfig mc;
-    mc.scenario = sc->proto.name().empty() ? o.scenario.scenario : sc->proto.name();
-    mc.replicas = static_cast<int>(sc->replicas);
-    mc.xpu_kind = "gpu";
-    if (sc->has_attention_device) mc.device_kind = sc->attention_kind;
-    mc.trace_s = wl->last_arrival_s;
-    live = std::make_unique<LiveMetrics>(mc);
-    auto started =
-        HttpServer::Start(o.metrics, o.web_dir, [m = live.get()] { return m->Render(); });
-    if (!started.ok()) return Fail(started.status());
-    server = std::move(*started);
-    const std::string& host = server->host();
-    std::cerr << "metrics: http://"
-              << (host.find(':') != std::string::npos ? "[" + host + "]" : host) << ":"
-              << server->port() << "/" << std::endl;
+    if (absl::Status st = StartLiveMetrics(o, *sc, *wl, &live, &server); !st.ok()) return Fail(st);
   }
   // The progress line: on a terminal, unless --quiet. Sinks are attached
   // only when something listens (the hot path then makes no calls at all).
@@ -274,63 +378,15 @@ int RunWithFlags(const RunFlags& o) {
   info.profile_json = ProfileJson(*sc, profile_before);
   info.fallbacks = fallbacks;
   if (!result.ok()) {
-    // A run that started and then stopped (interrupted, or e.g. no device
-    // agent left): write what it measured, flagged partial, then say why.
-    const bool interrupted = stopped_by != 0 && absl::IsCancelled(result.status());
-    info.partial = true;
-    info.error = interrupted ? absl::StrCat("interrupted by ", SignalName(stopped_by))
-                             : std::string(result.status().message());
-    std::string written;
-    if (partial.metrics != nullptr && dir != nullptr) {
-      metrics::Summary summary = metrics::ComputeSummary(*partial.metrics);
-      info.simulated_s = partial.simulated_s;
-      info.engine_waits = partial.engine_waits;
-      SetHints(partial.hints, &info);
-      info.wall_s =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start).count();
-      if (absl::Status st = reports::WriteOutputs(*dir, *sc, *wl, *partial.metrics, summary, info);
-          st.ok() && csv_status.ok()) {
-        written = absl::StrCat("; partial results written to ", dir->dir(), "/");
-      } else {
-        written =
-            absl::StrCat("; partial results not written: ", (st.ok() ? csv_status : st).message());
-      }
-    }
-    if (show_progress) std::cerr << "\n";
-    if (interrupted) {
-      std::cerr << "servesim: " << info.error << " at t = " << partial.simulated_s << " s simulated"
-                << written << "\n";
-      return 128 + stopped_by;
-    }
-    if (!written.empty()) {
-      std::cerr << "servesim: stopped at t = " << partial.simulated_s << " s simulated" << written
-                << "\n";
-    }
-    // A platform file refused as the run loads it names its field's line.
-    return Fail(scenario::AnnotateFieldError(loaded->loaded, result.status()));
+    return FinishStoppedRun(*loaded, *wl, dir, result.status(), stopped_by, partial, csv_status,
+                            wall_start, show_progress, &info);
   }
   metrics::Summary summary = metrics::ComputeSummary(*result->metrics);
-  if (sc->attention_shared != nullptr) {
-    // What the (shared) device measured over the run; wall-clock figures
-    // stay out of the deterministic outputs.
-    for (const auto& [k, v] : sc->attention_shared->Describe().parameters) {
-      if (!absl::StrContains(k, "calibration_s")) summary.device_parameters.push_back({k, v});
-    }
-  } else if (sc->has_attention_device) {
-    // Per-replica devices (AttAcc) hold nothing measured: their parameters
-    // are the spec's, described by an in-process instance (the same whether
-    // the run used agents or not).
-    if (auto d = devices::CreateDevice(sc->attention_device); d.ok()) {
-      for (const auto& [k, v] : (*d)->Describe().parameters) {
-        summary.device_parameters.push_back({k, v});
-      }
-    }
-  }
+  AddDeviceParameters(*sc, &summary);
   info.simulated_s = result->simulated_s;
   info.engine_waits = result->engine_waits;
   SetHints(result->hints, &info);
-  info.wall_s =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start).count();
+  info.wall_s = WallSecondsSince(wall_start);
   // The table first: if writing files fails, the results are still shown.
   if (!o.quiet) std::cout << reports::FormatSummaryTable(*sc, *wl, summary, info) << std::flush;
   if (dir != nullptr) {
@@ -341,19 +397,7 @@ int RunWithFlags(const RunFlags& o) {
     }
     if (!o.quiet) std::cout << "  outputs    " << dir->dir() << "/\n";
   }
-  // A run that served nothing is not a result: its latencies are undefined
-  // ("-" in the table, null in summary.json).
-  if (summary.completed == 0) {
-    std::cerr << "servesim: warning: no request was served (" << summary.requests << " arrived, "
-              << summary.rejected << " rejected): the latencies are undefined; exit status 3\n";
-    return kExitNothingServed;
-  }
-  if (summary.completed < kFewRequests) {
-    std::cerr << "servesim: warning: only " << summary.completed
-              << " request(s) completed: p90 and p99 both lie between the two largest "
-                 "samples\n";
-  }
-  return 0;
+  return ServedExitStatus(summary);
 }
 
 }  // namespace servesim::services
