@@ -18,16 +18,14 @@ namespace servesim::scenario {
 namespace {
 
 template <typename Msg>
-absl::Status FillFromPreset(
-    Msg* spec, absl::StatusOr<Msg> (*lookup)(absl::string_view),
-    const LoadedScenario& sc, absl::string_view field_path) {
+absl::Status FillFromPreset(Msg* spec, absl::StatusOr<Msg> (*lookup)(absl::string_view),
+                            const LoadedScenario& sc, absl::string_view field_path) {
   if (spec->preset().empty()) return absl::OkStatus();
   auto preset = lookup(spec->preset());
   if (!preset.ok()) {
     return absl::Status(preset.status().code(),
-                        absl::StrCat(sc.Where(absl::StrCat(field_path, ".preset")),
-                                     ": ", field_path, ".preset: ",
-                                     preset.status().message()));
+                        absl::StrCat(sc.Where(absl::StrCat(field_path, ".preset")), ": ",
+                                     field_path, ".preset: ", preset.status().message()));
   }
   devices::FillUnset(*preset, spec);
   return absl::OkStatus();
@@ -67,27 +65,26 @@ absl::Status NormalizeScheduler(LoadedScenario* scenario) {
   return absl::OkStatus();
 }
 
-// The cluster's presets and defaults (a colocated cluster, or one pool).
-absl::Status NormalizeCluster(LoadedScenario* scenario) {
-  auto& p = scenario->proto;
-  const auto* m = &p.model();
-  auto* c = p.mutable_cluster();
-  if (!c->has_replicas()) c->set_replicas(1);
-  if (!c->has_tensor_parallel()) c->set_tensor_parallel(1);
-  if (!c->has_memory_utilization()) c->set_memory_utilization(0.9);
-  if (c->has_node()) {
-    // A node preset fills what the cluster leaves unset.
-    RETURN_IF_ERROR(
-        FillFromPreset(c->mutable_node(), &devices::NodePreset, *scenario, "cluster.node"));
-    const auto& n = c->node();
-    if (c->xpu().preset().empty() && !c->xpu().has_peak_flops_fp16()) {
-      c->mutable_xpu()->set_preset(n.xpu());
-    }
-    if (!c->has_xpus_per_node() && n.has_xpus()) c->set_xpus_per_node(n.xpus());
-    // The node's NIC fills what the cluster's internode leaves unset: a
-    // bandwidth given alone (a --set) keeps the NIC's latency and energy.
-    if (c->internode().preset().empty()) c->mutable_internode()->set_preset(n.nic());
+// A node preset (cluster.node) fills what the cluster leaves unset.
+absl::Status NormalizeNode(LoadedScenario* scenario) {
+  auto* c = scenario->proto.mutable_cluster();
+  RETURN_IF_ERROR(
+      FillFromPreset(c->mutable_node(), &devices::NodePreset, *scenario, "cluster.node"));
+  const auto& n = c->node();
+  if (c->xpu().preset().empty() && !c->xpu().has_peak_flops_fp16()) {
+    c->mutable_xpu()->set_preset(n.xpu());
   }
+  if (!c->has_xpus_per_node() && n.has_xpus()) c->set_xpus_per_node(n.xpus());
+  // The node's NIC fills what the cluster's internode leaves unset: a
+  // bandwidth given alone (a --set) keeps the NIC's latency and energy.
+  if (c->internode().preset().empty()) c->mutable_internode()->set_preset(n.nic());
+  return absl::OkStatus();
+}
+
+// The xPU's preset, and the links' presets: within a replica, to the
+// router, and the NIC where groups span nodes.
+absl::Status NormalizeXpuAndLinks(LoadedScenario* scenario) {
+  auto* c = scenario->proto.mutable_cluster();
   RETURN_IF_ERROR(FillFromPreset(c->mutable_xpu(), &devices::XpuPreset, *scenario, "cluster.xpu"));
   // The xPU's own GPU-to-GPU link (its preset's), else NVLink 3.
   if (c->interconnect().preset().empty() && !c->interconnect().has_bandwidth_bytes_per_s()) {
@@ -106,26 +103,34 @@ absl::Status NormalizeCluster(LoadedScenario* scenario) {
     RETURN_IF_ERROR(FillFromPreset(c->mutable_internode(), &devices::LinkPreset, *scenario,
                                    "cluster.internode"));
   }
-  RETURN_IF_ERROR(FillFromPreset(c->mutable_interconnect(), &devices::LinkPreset, *scenario, "cluster.interconnect"));
-  RETURN_IF_ERROR(FillFromPreset(c->mutable_frontend(), &devices::LinkPreset, *scenario, "cluster.frontend"));
-  if (c->has_kv_tiers()) {
-    auto* kt = c->mutable_kv_tiers();
-    if (kt->write() == servesim::v1::KV_TIER_WRITE_UNSPECIFIED) {
-      kt->set_write(servesim::v1::KV_TIER_WRITE_THROUGH);
-    }
-    if (kt->load() == servesim::v1::KV_TIER_LOAD_UNSPECIFIED) {
-      kt->set_load(servesim::v1::KV_TIER_LOAD_BLOCKING);
-    }
-    for (int i = 0; i < kt->tier_size(); ++i) {
-      auto* link = kt->mutable_tier(i)->mutable_link();
-      RETURN_IF_ERROR(FillFromPreset(link, &devices::LinkPreset, *scenario,
-                                     absl::StrCat("cluster.kv_tiers.tier[", i, "].link")));
-      if (!link->has_latency_s()) link->set_latency_s(0);
-      if (!link->has_energy_pj_per_byte()) link->set_energy_pj_per_byte(0);
-    }
+  RETURN_IF_ERROR(FillFromPreset(c->mutable_interconnect(), &devices::LinkPreset, *scenario,
+                                 "cluster.interconnect"));
+  RETURN_IF_ERROR(
+      FillFromPreset(c->mutable_frontend(), &devices::LinkPreset, *scenario, "cluster.frontend"));
+  return absl::OkStatus();
+}
+
+// cluster.kv_tiers: the write and load policies, each tier's link.
+absl::Status NormalizeKvTiers(LoadedScenario* scenario) {
+  auto* kt = scenario->proto.mutable_cluster()->mutable_kv_tiers();
+  if (kt->write() == servesim::v1::KV_TIER_WRITE_UNSPECIFIED) {
+    kt->set_write(servesim::v1::KV_TIER_WRITE_THROUGH);
   }
-  // Explicit hardware without a preset still gets the documented defaults.
-  auto* x = c->mutable_xpu();
+  if (kt->load() == servesim::v1::KV_TIER_LOAD_UNSPECIFIED) {
+    kt->set_load(servesim::v1::KV_TIER_LOAD_BLOCKING);
+  }
+  for (int i = 0; i < kt->tier_size(); ++i) {
+    auto* link = kt->mutable_tier(i)->mutable_link();
+    RETURN_IF_ERROR(FillFromPreset(link, &devices::LinkPreset, *scenario,
+                                   absl::StrCat("cluster.kv_tiers.tier[", i, "].link")));
+    if (!link->has_latency_s()) link->set_latency_s(0);
+    if (!link->has_energy_pj_per_byte()) link->set_energy_pj_per_byte(0);
+  }
+  return absl::OkStatus();
+}
+
+// Explicit hardware without a preset still gets the documented defaults.
+void NormalizeXpuDefaults(servesim::v1::XpuSpec* x) {
   if (!x->has_compute_utilization()) x->set_compute_utilization(0.8);
   if (!x->has_memory_utilization()) x->set_memory_utilization(0.85);
   if (!x->has_kernel_overhead_s()) x->set_kernel_overhead_s(4e-6);
@@ -139,81 +144,106 @@ absl::Status NormalizeCluster(LoadedScenario* scenario) {
   if (!x->has_peak_flops_int8() && x->has_peak_flops_fp16()) {
     x->set_peak_flops_int8(2 * x->peak_flops_fp16());
   }
-  if (c->has_attacc()) {
-    auto* a = c->mutable_attacc();
-    if (a->preset().empty()) a->set_preset("attacc_bank");
-    RETURN_IF_ERROR(FillFromPreset(a, &devices::AttAccPreset, *scenario, "cluster.attacc"));
-    if (!a->has_attention_level_pipelining()) a->set_attention_level_pipelining(true);
-    if (a->link().preset().empty() && !a->link().has_bandwidth_bytes_per_s()) {
-      a->mutable_link()->set_preset("nvlink3");
-    }
-    RETURN_IF_ERROR(FillFromPreset(a->mutable_link(), &devices::LinkPreset, *scenario,
-                                   "cluster.attacc.link"));
-    if (!a->link().has_latency_s()) a->mutable_link()->set_latency_s(0);
-    if (!a->link().has_energy_pj_per_byte()) a->mutable_link()->set_energy_pj_per_byte(0);
-    if (c->overlap() == servesim::v1::OVERLAP_POLICY_UNSPECIFIED) {
-      c->set_overlap(servesim::v1::OVERLAP_POLICY_SERIAL);
-    }
-    if (!c->has_head_groups()) c->set_head_groups(8);
-    if (!c->has_ff_min_batch()) c->set_ff_min_batch(1);
+}
+
+// cluster.attacc: its preset and link, and the overlap settings it uses.
+absl::Status NormalizeAttAcc(LoadedScenario* scenario) {
+  auto* c = scenario->proto.mutable_cluster();
+  auto* a = c->mutable_attacc();
+  if (a->preset().empty()) a->set_preset("attacc_bank");
+  RETURN_IF_ERROR(FillFromPreset(a, &devices::AttAccPreset, *scenario, "cluster.attacc"));
+  if (!a->has_attention_level_pipelining()) a->set_attention_level_pipelining(true);
+  if (a->link().preset().empty() && !a->link().has_bandwidth_bytes_per_s()) {
+    a->mutable_link()->set_preset("nvlink3");
   }
-  if (c->has_attention_pool()) {
-    auto* pool = c->mutable_attention_pool();
-    // The device's model shape comes from the model (FULL fidelity runs
-    // every head of every layer).
-    auto shape = [&](servesim::v1::AttentionShape* s) {
-      if (!s->has_layers()) s->set_layers(static_cast<int32_t>(m->num_layers()));
-      if (!s->has_heads()) s->set_heads(static_cast<int32_t>(m->num_heads()));
-      if (!s->has_d_head()) s->set_d_head(static_cast<int32_t>(m->d_head()));
-    };
-    int channels = 8;
-    if (pool->has_spatten()) {
-      auto* sp = pool->mutable_spatten()->mutable_spatten();
-      if (sp->preset().empty()) sp->set_preset("spatten");
-      RETURN_IF_ERROR(FillFromPreset(sp, &devices::SpattenPreset, *scenario,
-                                     "cluster.attention_pool.spatten.spatten"));
-      shape(pool->mutable_spatten()->mutable_model());
-      channels = sp->hbm_channels();
-    } else if (pool->has_cta()) {
-      auto* ct = pool->mutable_cta()->mutable_cta();
-      if (ct->preset().empty()) ct->set_preset("cta_0");
-      RETURN_IF_ERROR(FillFromPreset(ct, &devices::CtaPreset, *scenario,
-                                     "cluster.attention_pool.cta.cta"));
-      shape(pool->mutable_cta()->mutable_model());
-      channels = ct->hbm_channels();
-    } else if (pool->has_lad()) {
-      auto* ld = pool->mutable_lad()->mutable_lad();
-      if (ld->preset().empty()) ld->set_preset("lad_1.5");
-      RETURN_IF_ERROR(FillFromPreset(ld, &devices::LadPreset, *scenario,
-                                     "cluster.attention_pool.lad.lad"));
-      shape(pool->mutable_lad()->mutable_model());
-      // 5 HBM2 cubes of 8 GiB: 40 channels' worth (the A100-40GB's 40 GiB).
-      channels = 40;
-    } else {
-      auto* tp = pool->mutable_topick()->mutable_topick();  // the default kind
-      if (tp->preset().empty()) tp->set_preset("topick");
-      RETURN_IF_ERROR(FillFromPreset(tp, &devices::TopickPreset, *scenario,
-                                     "cluster.attention_pool.topick.topick"));
-      shape(pool->mutable_topick()->mutable_model());
-      channels = tp->hbm_channels();
-    }
-    if (!pool->has_units()) pool->set_units(8);
-    // One 8 GiB (8-Hi, 8 Gb dies) HBM2 stack per 8 channels.
-    if (!pool->has_memory_bytes_per_unit()) {
-      pool->set_memory_bytes_per_unit(8.0 * (1 << 30) * std::max(1, channels / 8));
-    }
-    if (pool->link().preset().empty() && !pool->link().has_bandwidth_bytes_per_s()) {
-      pool->mutable_link()->set_preset("pcie4");
-    }
-    RETURN_IF_ERROR(FillFromPreset(pool->mutable_link(), &devices::LinkPreset, *scenario,
-                                   "cluster.attention_pool.link"));
-    if (!pool->link().has_latency_s()) pool->mutable_link()->set_latency_s(0);
-    if (!pool->link().has_energy_pj_per_byte()) pool->mutable_link()->set_energy_pj_per_byte(0);
-    if (c->overlap() == servesim::v1::OVERLAP_POLICY_UNSPECIFIED) {
-      c->set_overlap(servesim::v1::OVERLAP_POLICY_SERIAL);
-    }
-    if (!c->has_head_groups()) c->set_head_groups(8);
+  RETURN_IF_ERROR(
+      FillFromPreset(a->mutable_link(), &devices::LinkPreset, *scenario, "cluster.attacc.link"));
+  if (!a->link().has_latency_s()) a->mutable_link()->set_latency_s(0);
+  if (!a->link().has_energy_pj_per_byte()) a->mutable_link()->set_energy_pj_per_byte(0);
+  if (c->overlap() == servesim::v1::OVERLAP_POLICY_UNSPECIFIED) {
+    c->set_overlap(servesim::v1::OVERLAP_POLICY_SERIAL);
   }
+  if (!c->has_head_groups()) c->set_head_groups(8);
+  if (!c->has_ff_min_batch()) c->set_ff_min_batch(1);
+  return absl::OkStatus();
+}
+
+// cluster.attention_pool: the device kind's preset and model shape, the
+// units, their memory and link, and the overlap settings it uses.
+absl::Status NormalizeAttentionPool(LoadedScenario* scenario) {
+  const auto* m = &scenario->proto.model();
+  auto* c = scenario->proto.mutable_cluster();
+  auto* pool = c->mutable_attention_pool();
+  // The device's model shape comes from the model (FULL fidelity runs
+  // every head of every layer).
+  auto shape = [&](servesim::v1::AttentionShape* s) {
+    if (!s->has_layers()) s->set_layers(static_cast<int32_t>(m->num_layers()));
+    if (!s->has_heads()) s->set_heads(static_cast<int32_t>(m->num_heads()));
+    if (!s->has_d_head()) s->set_d_head(static_cast<int32_t>(m->d_head()));
+  };
+  int channels = 8;
+  if (pool->has_spatten()) {
+    auto* sp = pool->mutable_spatten()->mutable_spatten();
+    if (sp->preset().empty()) sp->set_preset("spatten");
+    RETURN_IF_ERROR(FillFromPreset(sp, &devices::SpattenPreset, *scenario,
+                                   "cluster.attention_pool.spatten.spatten"));
+    shape(pool->mutable_spatten()->mutable_model());
+    channels = sp->hbm_channels();
+  } else if (pool->has_cta()) {
+    auto* ct = pool->mutable_cta()->mutable_cta();
+    if (ct->preset().empty()) ct->set_preset("cta_0");
+    RETURN_IF_ERROR(
+        FillFromPreset(ct, &devices::CtaPreset, *scenario, "cluster.attention_pool.cta.cta"));
+    shape(pool->mutable_cta()->mutable_model());
+    channels = ct->hbm_channels();
+  } else if (pool->has_lad()) {
+    auto* ld = pool->mutable_lad()->mutable_lad();
+    if (ld->preset().empty()) ld->set_preset("lad_1.5");
+    RETURN_IF_ERROR(
+        FillFromPreset(ld, &devices::LadPreset, *scenario, "cluster.attention_pool.lad.lad"));
+    shape(pool->mutable_lad()->mutable_model());
+    // 5 HBM2 cubes of 8 GiB: 40 channels' worth (the A100-40GB's 40 GiB).
+    channels = 40;
+  } else {
+    auto* tp = pool->mutable_topick()->mutable_topick();  // the default kind
+    if (tp->preset().empty()) tp->set_preset("topick");
+    RETURN_IF_ERROR(FillFromPreset(tp, &devices::TopickPreset, *scenario,
+                                   "cluster.attention_pool.topick.topick"));
+    shape(pool->mutable_topick()->mutable_model());
+    channels = tp->hbm_channels();
+  }
+  if (!pool->has_units()) pool->set_units(8);
+  // One 8 GiB (8-Hi, 8 Gb dies) HBM2 stack per 8 channels.
+  if (!pool->has_memory_bytes_per_unit()) {
+    pool->set_memory_bytes_per_unit(8.0 * (1 << 30) * std::max(1, channels / 8));
+  }
+  if (pool->link().preset().empty() && !pool->link().has_bandwidth_bytes_per_s()) {
+    pool->mutable_link()->set_preset("pcie4");
+  }
+  RETURN_IF_ERROR(FillFromPreset(pool->mutable_link(), &devices::LinkPreset, *scenario,
+                                 "cluster.attention_pool.link"));
+  if (!pool->link().has_latency_s()) pool->mutable_link()->set_latency_s(0);
+  if (!pool->link().has_energy_pj_per_byte()) pool->mutable_link()->set_energy_pj_per_byte(0);
+  if (c->overlap() == servesim::v1::OVERLAP_POLICY_UNSPECIFIED) {
+    c->set_overlap(servesim::v1::OVERLAP_POLICY_SERIAL);
+  }
+  if (!c->has_head_groups()) c->set_head_groups(8);
+  return absl::OkStatus();
+}
+
+// The cluster's presets and defaults (a colocated cluster, or one pool).
+absl::Status NormalizeCluster(LoadedScenario* scenario) {
+  auto& p = scenario->proto;
+  auto* c = p.mutable_cluster();
+  if (!c->has_replicas()) c->set_replicas(1);
+  if (!c->has_tensor_parallel()) c->set_tensor_parallel(1);
+  if (!c->has_memory_utilization()) c->set_memory_utilization(0.9);
+  if (c->has_node()) RETURN_IF_ERROR(NormalizeNode(scenario));
+  RETURN_IF_ERROR(NormalizeXpuAndLinks(scenario));
+  if (c->has_kv_tiers()) RETURN_IF_ERROR(NormalizeKvTiers(scenario));
+  NormalizeXpuDefaults(c->mutable_xpu());
+  if (c->has_attacc()) RETURN_IF_ERROR(NormalizeAttAcc(scenario));
+  if (c->has_attention_pool()) RETURN_IF_ERROR(NormalizeAttentionPool(scenario));
   if (c->xpus_per_node() > 0) {
     if (!c->internode().has_latency_s()) c->mutable_internode()->set_latency_s(0);
     if (!c->internode().has_energy_pj_per_byte()) c->mutable_internode()->set_energy_pj_per_byte(0);

@@ -79,6 +79,16 @@ inline constexpr char kExplicitModel[] =
     "}\n"                           // 10
     "cluster { xpu { preset: \"a100-80gb\" } }\n";
 
+// Llama-3.1-8B on one RTX PRO 6000 under vLLM v1's batching: the vLLM
+// memory plan's worked example, and a pair the example profile bundles
+// (examples/vllm/profiles) measure.
+inline constexpr char kLlama31OnRtxPro[] =
+    "model { preset: \"llama3.1-8b\" }\n"
+    "cluster { xpu { preset: \"rtx-pro-6000\" } }\n"
+    "scheduler { batching: BATCHING_POLICY_VLLM_V1 max_batch_size: 128 "
+    "max_tokens_per_iteration: 2048 }\n"
+    "workload { saturated { num_requests: 4 input_tokens: 128 output_tokens: 16 } }\n";
+
 }  // namespace servesim::scenario::test
 
 #endif  // SERVESIM_TESTS_SCENARIO_SCENARIO_TEST_UTIL_H_
