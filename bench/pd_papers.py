@@ -214,33 +214,43 @@ def splitwise_designs(budget, step):
         yield "Splitwise-HA", m("h100", p), m("a100", int(POWER["h100"] * (budget - p) // POWER["a100"]))
 
 
+def splitwise_reference(binary, work, name):
+    """A trace's pairs that fit, the share that did not, and each distinct
+    pair's (ttft, tbt, e2e) alone on one DGX-A100."""
+    pairs, dropped = pairs_from(AZURE[name], "ContextTokens", "GeneratedTokens", LLAMA2_CONTEXT)
+    distinct = sorted(set(pairs))
+    rows = simulate(binary, work, f"solo_{name}",
+                    [(k * SOLO_GAP_S, i, o) for k, (i, o) in enumerate(distinct)],
+                    "llama2-70b", "BATCHING_POLICY_VLLM_V1", (DGX["a100"], 1, 8))
+    solo = {distinct[int(r["id"])]: times(r) for r in rows}
+    assert len(solo) == len(distinct) and None not in solo.values()
+    return pairs, dropped, solo
+
+
+def splitwise_probe(binary, work, pairs, solo, seed, duration, prefill, decode, tag, rate):
+    """The SLOs a design misses at `rate` (Poisson arrivals for `duration` s)."""
+    reqs = poisson(pairs, rate, seed, duration=duration)
+    rows = simulate(binary, work, f"{tag}_{rate:.4f}", reqs, "llama2-70b",
+                    "BATCHING_POLICY_VLLM_V1", prefill, decode)
+    return splitwise_missed(rows, solo)
+
+
+# 5 req/s per DGX-H100 of power is near every design's reach on these
+# traces; 40 is far beyond it: the rate search's start and cap.
+SPLITWISE_START, SPLITWISE_CAP = 5.0, 40.0
+
+
 def splitwise(args, binary, work):
     kind = {DGX[k]: k for k in DGX}
     for name in args.traces.split(","):
-        pairs, dropped = pairs_from(AZURE[name], "ContextTokens", "GeneratedTokens",
-                                    LLAMA2_CONTEXT)
-        # The reference: each distinct (prompt, answer) alone on one DGX-A100.
-        distinct = sorted(set(pairs))
-        rows = simulate(binary, work, f"solo_{name}",
-                        [(k * SOLO_GAP_S, i, o) for k, (i, o) in enumerate(distinct)],
-                        "llama2-70b", "BATCHING_POLICY_VLLM_V1", (DGX["a100"], 1, 8))
-        solo = {distinct[int(r["id"])]: times(r) for r in rows}
-        assert len(solo) == len(distinct) and None not in solo.values()
-
-        def probe(prefill, decode, tag, rate):
-            reqs = poisson(pairs, rate, args.seed, duration=args.duration)
-            rows = simulate(binary, work, f"{tag}_{rate:.4f}", reqs, "llama2-70b",
-                            "BATCHING_POLICY_VLLM_V1", prefill, decode)
-            return splitwise_missed(rows, solo)
-
+        pairs, dropped, solo = splitwise_reference(binary, work, name)
         step = args.split_step or max(1, args.budget // 8)
         with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
             jobs = [(label, prefill, decode, pool.submit(
-                        # 5 req/s per DGX-H100 of power is near every design's
-                        # reach on these traces; 40 is far beyond it.
-                        max_rate, functools.partial(probe, prefill, decode,
+                        max_rate, functools.partial(splitwise_probe, binary, work, pairs, solo,
+                                                    args.seed, args.duration, prefill, decode,
                                                     f"{name}_{label}_{prefill[1]}"),
-                        5.0 * args.budget, 40.0 * args.budget))
+                        SPLITWISE_START * args.budget, SPLITWISE_CAP * args.budget))
                     for label, prefill, decode in splitwise_designs(args.budget, step)
                     if decode is None or decode[1] >= 1]
         best = {}
@@ -283,7 +293,9 @@ def distserve_missed(runs):
     return [] if share >= DISTSERVE_ATTAINMENT else [f"{100 * share:.1f}% within SLO"]
 
 
-def distserve(args, binary, work):
+def distserve_rates(args, binary, work):
+    """[(label, GPUs, best rate per GPU, what the rate above it missed)] for
+    each system, and the share of ShareGPT pairs longer than the context."""
     pairs, dropped = pairs_from(SHAREGPT, "num_prefill_tokens", "num_decode_tokens", OPT_CONTEXT)
     # (label, prefill pool, decode pool or None); a pool is (node, replicas, TP).
     systems = [
@@ -307,21 +319,24 @@ def distserve(args, binary, work):
             for seed in range(args.seed, args.seed + args.seeds)])
 
     with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
-        jobs = [(label, prefill, decode, pool.submit(
+        jobs = [(label, gpus(prefill, decode), pool.submit(
                     max_rate, functools.partial(probe, prefill, decode, batching, f"ds{k}"),
                     1.0, 64.0))
                 for k, (label, prefill, decode, batching) in enumerate(systems)]
+        return [(label, n, *fut.result()) for label, n, fut in jobs], dropped
+
+
+def distserve(args, binary, work):
+    rates, dropped = distserve_rates(args, binary, work)
     print(f"\ndistserve: OPT-13B on A100-80GB, ShareGPT ({100 * dropped:.1f}% longer than the "
           f"context left out), Poisson arrivals, {args.seeds} runs of {args.requests_per_gpu} requests per GPU; "
           f"TTFT <= {DISTSERVE_TTFT_S} s, TPOT <= {DISTSERVE_TPOT_S} s for "
           f"{100 * DISTSERVE_ATTAINMENT:.0f}%")
     print(f"{'system':<28} {'GPUs':>4} {'req/s/GPU':>9} {'vs vLLM':>8}  above it")
     base = None
-    for label, prefill, decode, fut in jobs:
-        rate, missed = fut.result()
+    for label, gpus, rate, missed in rates:
         base = base or rate
-        print(f"{label:<28} {gpus(prefill, decode):>4} {rate:>9.3f} {rate / base:>7.2f}x  "
-              f"{', '.join(missed)}")
+        print(f"{label:<28} {gpus:>4} {rate:>9.3f} {rate / base:>7.2f}x  {', '.join(missed)}")
 
 
 def main():

@@ -43,8 +43,10 @@ export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1:suppressions=$root/test
 # (and keeps SimGrid from logging that configuration change on stderr)
 export SERVESIM_SIMGRID_ARGS="--cfg=contexts/factory:thread --log=xbt_cfg.thres:warning"
 # DocFiguresTest reruns the docs' examples to pin their figures (minutes of
-# FULL-fidelity kernels, an hour under ASan): it checks figures, not memory.
-ctest --test-dir build-asan --output-on-failure -j"$jobs" -LE 'dashboards|browser|prometheus' \
+# FULL-fidelity kernels, an hour under ASan), and the tests labelled figures
+# the bench scripts' (minutes at the papers' scale): they check figures, not
+# memory.
+ctest --test-dir build-asan --output-on-failure -j"$jobs" -LE 'dashboards|browser|prometheus|figures' \
   -E '^DocFiguresTest\.' \
   --output-junit ctest-results.xml "$@"
 scripts/check_skips.sh build-asan/ctest-results.xml

@@ -81,11 +81,25 @@ TEST(ExpertRoutingTest, SkewKeepsTopKPerTokenAndIsDrawnFromTheSeed) {
   }
   EXPECT_EQ(a->pick_probability(), b->pick_probability());
   EXPECT_NE(a->pick_probability(), c->pick_probability());
-  // Zipf(1.2): the hottest expert is picked 2^1.2 = 2.3 times as often as
-  // the second, unless capped at 1.
+  // Zipf(1.2) over 64 experts, 6 picks a token: the hottest's share, 6 /
+  // sum_j j^-1.2 = 1.76, caps at 1, and the other 5 picks spread over the
+  // rest in proportion to j^-1.2: the second is picked 5 x 2^-1.2 /
+  // sum_{j>=2} j^-1.2 = 0.900 of the time, (3/2)^1.2 = 1.63 times as often
+  // as the third.
   std::vector<double> sorted = q;
   std::sort(sorted.rbegin(), sorted.rend());
-  EXPECT_TRUE(sorted[0] == 1 || sorted[0] / sorted[1] > 1.5);
+  double rest = 0;
+  for (int j = 2; j <= 64; ++j) rest += std::pow(j, -1.2);
+  EXPECT_EQ(sorted[0], 1);
+  EXPECT_NEAR(sorted[1], 5 * std::pow(2, -1.2) / rest, 1e-12);
+  EXPECT_NEAR(sorted[1] / sorted[2], std::pow(1.5, 1.2), 1e-12);
+  // With one pick a token none caps: the hottest expert is picked 2^1.2 =
+  // 2.30 times as often as the second.
+  auto top1 = ExpertRouting::Create(64, 1, 1.2, 7, 4);
+  ASSERT_TRUE(top1.ok());
+  std::vector<double> q1 = top1->pick_probability();
+  std::sort(q1.rbegin(), q1.rend());
+  EXPECT_NEAR(q1[0] / q1[1], std::pow(2, 1.2), 1e-12);
   // The busiest rank carries at least the mean load.
   double best = 0;
   for (int r = 0; r < 4; ++r) best = std::max(best, a->Rank(r, 100).assignments);

@@ -7,6 +7,7 @@
 // head of every decode step: up to ~100 s) are in their own test, so ctest
 // spreads them over the cores. scripts/test_sanitized.sh leaves this suite
 // out: it checks figures, not memory, and would take an hour under ASan.
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <string>
@@ -14,6 +15,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "devices/presets.h"
@@ -41,10 +43,37 @@ class Figures {
   std::map<std::string, std::string> f_;
 };
 
-// Runs examples/`scenario` with `sets` (only summary.json written).
-Figures RunExample(const std::string& scenario, const std::vector<std::string>& sets = {}) {
+// summary.json's lists of named objects (`kv_tiers`, `links`) as
+// "list.name.field": "kv_tiers": [{"name": "ssd", "hit_rate": 0.3}] gives
+// "kv_tiers.ssd.hit_rate".
+void AddNamedItems(std::map<std::string, std::string>* figures) {
+  std::map<std::string, std::string> items;
+  for (const auto& [list, text] : *figures) {
+    absl::string_view v = text;
+    if (!absl::ConsumePrefix(&v, "[{") || !absl::ConsumeSuffix(&v, "}]")) continue;
+    for (absl::string_view item : absl::StrSplit(v, "}, {")) {
+      std::map<std::string, std::string> fields;
+      for (absl::string_view field : absl::StrSplit(item, ", \"")) {
+        field = absl::StripPrefix(field, "\"");
+        const size_t colon = field.find("\": ");
+        if (colon != absl::string_view::npos) {
+          fields[std::string(field.substr(0, colon))] = std::string(field.substr(colon + 3));
+        }
+      }
+      auto name = fields.find("name");
+      if (name == fields.end()) continue;
+      const std::string prefix = absl::StrCat(
+          list, ".", absl::StripSuffix(absl::StripPrefix(name->second, "\""), "\""), ".");
+      for (const auto& [field, value] : fields) items[prefix + field] = value;
+    }
+  }
+  figures->insert(items.begin(), items.end());
+}
+
+// Runs the scenario at `path` with `sets` (only summary.json written).
+Figures RunScenario(const std::string& path, const std::vector<std::string>& sets = {}) {
   const std::string dir = test_util::FreshDir("figures");
-  std::vector<std::string> args = {"run", kExamples + scenario, "--quiet", "--out", dir};
+  std::vector<std::string> args = {"run", path, "--quiet", "--out", dir};
   for (const std::string& s : sets) args.insert(args.end(), {"--set", s});
   for (const char* off : {"output.requests_csv=false", "output.iterations_csv=false",
                           "output.timeline=false", "output.report_html=false"}) {
@@ -54,7 +83,14 @@ Figures RunExample(const std::string& scenario, const std::vector<std::string>& 
   EXPECT_EQ(r.code, 0) << r.out;
   auto figures = studies::ReadSummaryFigures(dir);
   EXPECT_TRUE(figures.ok()) << figures.status();
-  return Figures(figures.ok() ? *figures : std::map<std::string, std::string>{});
+  if (!figures.ok()) return Figures({});
+  AddNamedItems(&*figures);
+  return Figures(*figures);
+}
+
+// Runs examples/`scenario` with `sets`.
+Figures RunExample(const std::string& scenario, const std::vector<std::string>& sets = {}) {
+  return RunScenario(kExamples + scenario, sets);
 }
 
 // Published `want` (as printed, so rounded) within `rel` of `got`.
@@ -485,16 +521,37 @@ TEST(DocFiguresTest, CalibrateTable) {
   EXPECT_NEAR(100 * (tpot / 0.032458 - 1), 25.9, 0.15);  // truth.csv's mean TPOT
 }
 
-}  // namespace
-}  // namespace servesim
+constexpr char kKvTiersExample[] = "llama3.1_70b_kv_tiers_dgx_h100_mooncake.pbtxt";
 
-namespace servesim {
-namespace {
+// docs/kv_tiers.md, "Throughput under the SLO": `servesim search`'s
+// largest rate scale at which the scenario meets the page's SLO (as its
+// answer prints it) and the goodput there (requests/s).
+struct KvTiersMaxRate {
+  std::string rate_scale;
+  double goodput = NAN;
+};
+KvTiersMaxRate SearchKvTiersMaxRate(const std::string& scenario) {
+  const test_util::CommandResult r = test_util::RunServesim(
+      {"search", scenario, "--vary-rate", "--slo", "ttft_p90=5s,tbt_p90=100ms", "--tolerance",
+       "0.05", "-j", "1", "--out", test_util::FreshDir("kv_tiers_search")});
+  EXPECT_EQ(r.code, 0) << r.out;
+  KvTiersMaxRate max;
+  const std::string answer = "max workload.rate_scale = ", goodput = "at it: goodput ";
+  const size_t a = r.out.find(answer), g = r.out.find(goodput);
+  if (a == std::string::npos || g == std::string::npos) {
+    ADD_FAILURE() << r.out;
+    return max;
+  }
+  auto word_after = [&](size_t at) { return r.out.substr(at, r.out.find(' ', at) - at); };
+  max.rate_scale = word_after(a + answer.size());
+  EXPECT_TRUE(absl::SimpleAtod(word_after(g + goodput.size()), &max.goodput)) << r.out;
+  return max;
+}
 
 // docs/kv_tiers.md: the example's row of "What the tiers buy on the
 // Mooncake trace", and its largest rate scale under the SLO.
 TEST(DocFiguresTest, KvTiersMooncakeExample) {
-  const std::string sc = "llama3.1_70b_kv_tiers_dgx_h100_mooncake.pbtxt";
+  const std::string sc = kKvTiersExample;
   const Figures f = RunExample(sc);
   EXPECT_FIGURE(f["ttft_s.p50"], 0.192, 0.02);
   EXPECT_FIGURE(f["ttft_s.p99"], 5.584, 0.02);
@@ -502,12 +559,340 @@ TEST(DocFiguresTest, KvTiersMooncakeExample) {
   EXPECT_FIGURE(f["slo_attainment"], 0.957, 0.01);
   EXPECT_FIGURE(f["energy_per_token_j"], 21.41, 0.02);
   EXPECT_FIGURE(f["prefix_cache_hit_rate"], 0.128 + 0.164 + 0.327, 0.02);
-  const std::string out = test_util::FreshDir("kv_tiers_search");
-  const test_util::CommandResult r = test_util::RunServesim(
-      {"search", kExamples + sc, "--vary-rate", "--slo", "ttft_p90=5s,tbt_p90=100ms", "--tolerance",
-       "0.05", "-j", "1", "--out", out});
-  ASSERT_EQ(r.code, 0) << r.out;
-  EXPECT_NE(r.out.find("max workload.rate_scale = 0.359375 "), std::string::npos) << r.out;
+  const KvTiersMaxRate max = SearchKvTiersMaxRate(kExamples + sc);
+  EXPECT_EQ(max.rate_scale, "0.359375");
+  EXPECT_FIGURE(max.goodput, 1.297, 0.002);
+}
+
+// docs/kv_tiers.md, "What the tiers buy on the Mooncake trace"
+// (bench/kv_tiers.sh): the example with other tiers and routing, written
+// as `name`. `tiers`: the kv_tiers block's tier lines ("" for none: no
+// kv_tiers at all).
+std::string KvTiersVariant(const std::string& name, const std::string& tiers,
+                           const std::string& routing = "") {
+  std::string text = test_util::ReadFile(kExamples + std::string(kKvTiersExample));
+  const size_t start = text.find("  kv_tiers {"), end = text.find("\n  }\n", start) + 5;
+  const std::string block = text.substr(start, end - start);
+  const size_t first = block.find("    tier"), policy = block.find("    write:");
+  text.replace(start, end - start,
+               tiers.empty() ? "" : block.substr(0, first) + tiers + block.substr(policy));
+  if (!routing.empty()) {
+    text = absl::StrReplaceAll(text, {{"ROUTING_POLICY_PREFIX_AFFINITY", routing}});
+  }
+  text = absl::StrReplaceAll(text,
+                             {{"path: \"traces/", absl::StrCat("path: \"", kExamples, "traces/")}});
+  const std::string path = test_util::FreshDir(name) + "/s.pbtxt";
+  test_util::WriteFile(path, text);
+  return path;
+}
+
+const std::string kDramTier =
+    "    tier { kind: KV_TIER_HOST_DRAM capacity_bytes_per_xpu: 200e9 "
+    "link { preset: \"pcie5\" } }\n";
+const std::string kStoreTier =
+    "    tier { kind: KV_TIER_CLUSTER_STORE capacity_bytes_per_xpu: 50e9 "
+    "link { preset: \"roce-400g\" } }\n";
+
+// A row: TTFT p50 / p99 ms, TPOT p99 ms, SLO %, J/token, TB loaded, and the
+// share of prompt tokens found in HBM and in each tier (%), by tier name.
+struct KvTiersRow {
+  double ttft_p50_ms, ttft_p99_ms, tpot_p99_ms, slo_pct, j_per_token, tb_loaded, hbm_pct;
+  std::vector<std::pair<const char*, double>> tier_pct;
+};
+
+void ExpectKvTiersRow(const std::string& scenario, const std::vector<std::string>& sets,
+                      const KvTiersRow& w) {
+  const Figures f = RunScenario(scenario, sets);
+  EXPECT_FIGURE(f["ttft_s.p50"] * 1e3, w.ttft_p50_ms, 0.01);
+  EXPECT_FIGURE(f["ttft_s.p99"] * 1e3, w.ttft_p99_ms, 0.005);
+  EXPECT_FIGURE(f["tpot_s.p99"] * 1e3, w.tpot_p99_ms, 0.005);
+  EXPECT_FIGURE(f["slo_attainment"] * 100, w.slo_pct, 0.005);
+  EXPECT_FIGURE(f["energy_per_token_j"], w.j_per_token, 0.005);
+  double loaded = 0, tier_hits = 0;
+  for (const auto& [tier, pct] : w.tier_pct) {
+    loaded += f[absl::StrCat("kv_tiers.", tier, ".loaded_bytes")];
+    tier_hits += f[absl::StrCat("kv_tiers.", tier, ".hit_tokens")];
+    EXPECT_FIGURE(f[absl::StrCat("kv_tiers.", tier, ".hit_rate")] * 100, pct, 0.01) << tier;
+  }
+  EXPECT_FIGURE(loaded / 1e12, w.tb_loaded, 0.01);
+  EXPECT_FIGURE((f["prefix_cache_hit_tokens"] - tier_hits) / f["prefix_cache_query_tokens"] * 100,
+                w.hbm_pct, 0.01);
+}
+
+TEST(DocFiguresTest, KvTiersMooncakeTable) {
+  const std::string dram = KvTiersVariant("dram", kDramTier);
+  {
+    SCOPED_TRACE("HBM only");
+    ExpectKvTiersRow(KvTiersVariant("none", ""), {}, {1316, 8348, 158.7, 79.8, 28.33, 0, 13.9, {}});
+  }
+  {
+    SCOPED_TRACE("+ host DRAM (blocking)");
+    ExpectKvTiersRow(dram, {}, {426, 6663, 146.2, 90.9, 24.66, 5.03, 14.3, {{"host_dram", 25.9}}});
+  }
+  {
+    SCOPED_TRACE("+ host DRAM (layer-wise)");
+    ExpectKvTiersRow(dram, {"cluster.kv_tiers.load=LAYERWISE"},
+                     {405, 6441, 145.5, 91.0, 24.62, 5.10, 14.2, {{"host_dram", 26.2}}});
+  }
+  {
+    SCOPED_TRACE("+ host DRAM (async)");
+    ExpectKvTiersRow(dram, {"cluster.kv_tiers.load=ASYNC"},
+                     {400, 6564, 146.5, 90.8, 24.66, 5.05, 14.2, {{"host_dram", 26.0}}});
+  }
+  {
+    SCOPED_TRACE("+ host DRAM (write-on-evict)");
+    ExpectKvTiersRow(dram, {"cluster.kv_tiers.write=ON_EVICT"},
+                     {363, 6625, 147.1, 90.8, 24.31, 5.40, 14.1, {{"host_dram", 27.8}}});
+  }
+  // + host DRAM + NVMe (blocking), the example: KvTiersMooncakeExample.
+  {
+    SCOPED_TRACE("+ host DRAM + NVMe (async)");
+    ExpectKvTiersRow(
+        kExamples + std::string(kKvTiersExample), {"cluster.kv_tiers.load=ASYNC"},
+        {192, 5567, 140.1, 96.2, 21.01, 9.79, 12.9, {{"host_dram", 16.2}, {"ssd", 34.2}}});
+  }
+  {
+    SCOPED_TRACE("least-outstanding, + host DRAM 250 GB");
+    ExpectKvTiersRow(KvTiersVariant("lo_dram", absl::StrReplaceAll(kDramTier, {{"200e9", "250e9"}}),
+                                    "ROUTING_POLICY_LEAST_OUTSTANDING"),
+                     {}, {752, 7725, 149.3, 88.7, 27.75, 4.09, 8.5, {{"host_dram", 21.0}}});
+  }
+  {
+    SCOPED_TRACE("least-outstanding, + host DRAM 200 GB + cluster store 50 GB");
+    ExpectKvTiersRow(
+        KvTiersVariant("lo_store", kDramTier + kStoreTier, "ROUTING_POLICY_LEAST_OUTSTANDING"), {},
+        {690, 7339, 148.0, 89.9, 27.58, 4.39, 8.6, {{"host_dram", 16.4}, {"cluster_store", 6.2}}});
+  }
+}
+
+// docs/kv_tiers.md, the cluster store's network with 2, 4 and 8 replicas at
+// the same load per replica (bench/kv_tiers.sh's last table).
+TEST(DocFiguresTest, KvTiersClusterStoreNetwork) {
+  const std::string lo_store =
+      KvTiersVariant("lo_store", kDramTier + kStoreTier, "ROUTING_POLICY_LEAST_OUTSTANDING");
+  struct Row {
+    int replicas;
+    double rate, network_gb, steps, lost_ms, ttft_p50_ms, ttft_p99_ms;
+  };
+  for (const Row& w : {Row{2, 0.25, 449, 77, 0, 690, 7339}, Row{4, 0.5, 1581, 201, 0, 312, 6361},
+                       Row{8, 1.0, 2506, 313, 120, 268, 6170}}) {
+    SCOPED_TRACE(w.replicas);
+    const Figures f = RunScenario(lo_store, {absl::StrCat("cluster.replicas=", w.replicas),
+                                             absl::StrCat("workload.rate_scale=", w.rate)});
+    EXPECT_FIGURE(f["kv_tiers.cluster_store.network_bytes"] / 1e9, w.network_gb, 0.005);
+    EXPECT_EQ(f["kv_tiers.cluster_store.network_steps"], w.steps);
+    if (w.lost_ms == 0) {
+      EXPECT_LT(f["kv_tiers.cluster_store.contention_s"] * 1e3, 0.5);
+    } else {
+      EXPECT_FIGURE(f["kv_tiers.cluster_store.contention_s"] * 1e3, w.lost_ms, 0.01);
+    }
+    EXPECT_FIGURE(f["ttft_s.p50"] * 1e3, w.ttft_p50_ms, 0.01);
+    EXPECT_FIGURE(f["ttft_s.p99"] * 1e3, w.ttft_p99_ms, 0.005);
+  }
+}
+
+// docs/kv_tiers.md, "Throughput under the SLO": the other configurations'
+// largest rate scale, goodput and goodput against HBM only's (the
+// example's row is KvTiersMooncakeExample's).
+TEST(DocFiguresTest, KvTiersMaxRateUnderTheSlo) {
+  const KvTiersMaxRate hbm = SearchKvTiersMaxRate(KvTiersVariant("none", ""));
+  EXPECT_EQ(hbm.rate_scale, "0.09375");
+  EXPECT_FIGURE(hbm.goodput, 0.330, 0.002);
+  struct Row {
+    const char* name;
+    std::string scenario;
+    const char* rate_scale;
+    double goodput, vs_hbm;
+  };
+  const std::vector<Row> rows = {
+      {"+ host DRAM", KvTiersVariant("dram", kDramTier), "0.2578125", 0.911, 2.76},
+      {"least-outstanding, + host DRAM 250 GB",
+       KvTiersVariant("lo_dram", absl::StrReplaceAll(kDramTier, {{"200e9", "250e9"}}),
+                      "ROUTING_POLICY_LEAST_OUTSTANDING"),
+       "0.2109375", 0.750, 2.27},
+      {"least-outstanding, + host DRAM 200 GB + cluster store 50 GB",
+       KvTiersVariant("lo_store", kDramTier + kStoreTier, "ROUTING_POLICY_LEAST_OUTSTANDING"),
+       "0.2265625", 0.800, 2.43}};
+  for (const Row& w : rows) {
+    SCOPED_TRACE(w.name);
+    const KvTiersMaxRate max = SearchKvTiersMaxRate(w.scenario);
+    EXPECT_EQ(max.rate_scale, w.rate_scale);
+    EXPECT_FIGURE(max.goodput, w.goodput, 0.002);
+    EXPECT_FIGURE(max.goodput / hbm.goodput, w.vs_hbm, 0.002);
+  }
+}
+
+// docs/disaggregation.md, "Collectives on the fabric": DeepSeek-V3's decode
+// pool over two racks (the example), one rack, and uplinks 1:1, 2:1, 4:1.
+TEST(DocFiguresTest, DisaggregationCollectivesOnTheFabric) {
+  struct Row {
+    const char* set;
+    double shared_steps, lost_s, tpot_p50_ms, tpot_p99_ms;
+  };
+  for (const Row& w :
+       {Row{"cluster.disaggregation.fabric.nodes_per_rack=0", 37076, 0.029, 22.64, 23.80},
+        Row{"cluster.disaggregation.fabric.oversubscription=1", 78568, 0.120, 22.65, 23.80},
+        Row{"cluster.disaggregation.fabric.oversubscription=2", 77730, 16.2, 22.90, 24.15},
+        Row{"cluster.disaggregation.fabric.oversubscription=4", 76039, 48.5, 23.42, 24.86}}) {
+    SCOPED_TRACE(w.set);
+    const Figures f = RunExample("deepseek_v3_pd_ep_racks_azure_conv.pbtxt", {w.set});
+    EXPECT_FIGURE(f["collective_nic_bytes"] / 1e12, 12.7, 0.005);
+    EXPECT_EQ(f["collective_shared_steps"], w.shared_steps);
+    // Printed to 0.001 s, and to three digits.
+    EXPECT_NEAR(f["collective_contention_s"], w.lost_s, std::max(0.0006, 0.005 * w.lost_s));
+    EXPECT_FIGURE(f["tpot_s.p50"] * 1e3, w.tpot_p50_ms, 0.002);
+    EXPECT_FIGURE(f["tpot_s.p99"] * 1e3, w.tpot_p99_ms, 0.002);
+  }
+}
+
+// docs/disaggregation.md, "What disaggregation buys, and when"
+// (bench/disaggregation.sh study): Llama-3.1-70B on 16 H100s, colocated
+// or split into pools (the example), TTFT <= 2 s and TPOT <= 50 ms.
+const std::string kPdExample =
+    kExamples + std::string("llama3.1_70b_pd_2xdgx_h100_azure_conv.pbtxt");
+
+// Each GPU's host keeps 200 GB of KV in DRAM and gives 50 GB to a store
+// its pool shares over the NICs.
+const std::string kPdTiers =
+    "kv_tiers { tier { kind: KV_TIER_HOST_DRAM capacity_bytes_per_xpu: 200e9 link { preset: "
+    "\"pcie5\" } } tier { kind: KV_TIER_CLUSTER_STORE capacity_bytes_per_xpu: 50e9 link { preset: "
+    "\"infiniband-ndr\" } } }";
+
+// The script's colocated scenario: the example without its pools, as 4
+// TP4 replicas; with `tiers`, the tiers above and prefix-aware routing.
+std::string PdStudyColocated(bool tiers) {
+  std::string text = test_util::ReadFile(kPdExample);
+  const size_t from = text.find("  disaggregation {"), to = text.find("\n  }\n", from) + 5;
+  text.erase(from, to - from);
+  text = absl::StrReplaceAll(text, {{"tensor_parallel: 4", "tensor_parallel: 4\n  replicas: 4"}});
+  if (tiers) {
+    text = absl::StrReplaceAll(
+        text, {{"replicas: 4", "replicas: 4\n  " + kPdTiers},
+               {"BATCHING_POLICY_VLLM_V1 }",
+                "BATCHING_POLICY_VLLM_V1 routing: ROUTING_POLICY_PREFIX_AFFINITY }"}});
+  }
+  const std::string path =
+      test_util::FreshDir(tiers ? "colocated_tiers" : "colocated") + "/s.pbtxt";
+  test_util::WriteFile(path, text);
+  return path;
+}
+
+// The script's 3 + 1 split with the tiers in the prefill pool.
+std::string PdStudyPrefillTiers() {
+  const std::string text = absl::StrReplaceAll(
+      test_util::ReadFile(kPdExample),
+      {{"prefill { cluster { replicas: 2 } }",
+        "prefill { cluster { replicas: 3 " + kPdTiers +
+            " } scheduler { routing: ROUTING_POLICY_PREFIX_AFFINITY } }"},
+       {"decode { cluster { replicas: 2 } }", "decode { cluster { replicas: 1 } }"}});
+  const std::string path = test_util::FreshDir("pd_tiers") + "/s.pbtxt";
+  test_util::WriteFile(path, text);
+  return path;
+}
+
+// A configuration: its scenario and --set overrides.
+struct PdStudyConfig {
+  const char* name;
+  std::string scenario;
+  std::vector<std::string> sets;
+};
+
+// The five configurations of every workload: colocated, 2 + 2 and 3 + 1,
+// each split with AttAcc beside its decode replicas or not.
+std::vector<PdStudyConfig> PdStudyConfigs() {
+  const std::string attacc = "cluster.disaggregation.decode.cluster.attacc.preset=attacc_bank";
+  auto pools = [&](int prefill, int decode, bool with_attacc) {
+    std::vector<std::string> sets = {
+        absl::StrCat("cluster.disaggregation.prefill.cluster.replicas=", prefill),
+        absl::StrCat("cluster.disaggregation.decode.cluster.replicas=", decode)};
+    if (with_attacc) sets.push_back(attacc);
+    return sets;
+  };
+  return {{"colocated 4 x TP4", PdStudyColocated(false), {}},
+          {"P/D 2 + 2", kPdExample, pools(2, 2, false)},
+          {"P/D 2 + 2, AttAcc decode", kPdExample, pools(2, 2, true)},
+          {"P/D 3 + 1", kPdExample, pools(3, 1, false)},
+          {"P/D 3 + 1, AttAcc decode", kPdExample, pools(3, 1, true)}};
+}
+
+// A row's figures: tok/s, goodput req/s, SLO met %, TTFT p50 / p99 ms,
+// TPOT p99 ms, the transfer's share of TTFT % (< 0: colocated, none),
+// J/token.
+struct PdStudyRow {
+  double tput, goodput, slo_pct, ttft_p50_ms, ttft_p99_ms, tpot_p99_ms, xfer_pct, j_per_token;
+};
+
+// Runs `c` on `load` (the trace and its rate) and checks the row.
+Figures ExpectPdStudyRow(const PdStudyConfig& c, const std::vector<std::string>& load,
+                         const PdStudyRow& w) {
+  SCOPED_TRACE(c.name);
+  std::vector<std::string> sets = load;
+  sets.insert(sets.end(), {"slo.ttft_s=2", "slo.tpot_s=0.05"});
+  sets.insert(sets.end(), c.sets.begin(), c.sets.end());
+  const Figures f = RunScenario(c.scenario, sets);
+  EXPECT_FIGURE(f["throughput_tokens_per_s"], w.tput, 0.005);
+  EXPECT_FIGURE(f["goodput_requests_per_s"], w.goodput, 0.01);
+  EXPECT_FIGURE(f["slo_attainment"] * 100, w.slo_pct, 0.002);
+  EXPECT_FIGURE(f["ttft_s.p50"] * 1e3, w.ttft_p50_ms, 0.01);
+  EXPECT_FIGURE(f["ttft_s.p99"] * 1e3, w.ttft_p99_ms, 0.005);
+  EXPECT_FIGURE(f["tpot_s.p99"] * 1e3, w.tpot_p99_ms, 0.005);
+  if (w.xfer_pct >= 0) {
+    EXPECT_NEAR(f["ttft_kv_transfer_share"] * 100, w.xfer_pct, 0.05);
+  }
+  EXPECT_FIGURE(f["energy_per_token_j"], w.j_per_token, 0.002);
+  return f;
+}
+
+// The five configurations on `load`, `rows` in their order.
+void ExpectPdStudyRows(const std::vector<std::string>& load, const std::vector<PdStudyRow>& rows) {
+  const std::vector<PdStudyConfig> configs = PdStudyConfigs();
+  ASSERT_EQ(rows.size(), configs.size());
+  for (size_t i = 0; i < rows.size(); ++i) ExpectPdStudyRow(configs[i], load, rows[i]);
+}
+
+std::vector<std::string> AzureConv(const char* rate) {
+  return {absl::StrCat("workload.trace.path=", kExamples, "traces/AzureLLMInferenceTrace_conv.csv"),
+          absl::StrCat("workload.rate_scale=", rate)};
+}
+
+TEST(DocFiguresTest, DisaggregationStudyAzureX2) {
+  ExpectPdStudyRows(AzureConv("2"), {{2325, 11.01, 100.0, 79, 418, 36.7, -1, 3.441},
+                                     {2325, 11.01, 100.0, 107, 859, 20.6, 0.0, 2.880},
+                                     {2324, 11.01, 100.0, 111, 865, 25.1, 0.0, 2.745},
+                                     {2325, 11.01, 100.0, 102, 489, 22.8, 0.0, 2.385},
+                                     {2324, 11.01, 100.0, 106, 495, 26.3, 0.0, 2.310}});
+}
+
+TEST(DocFiguresTest, DisaggregationStudyAzureX4) {
+  ExpectPdStudyRows(AzureConv("4"), {{4619, 19.11, 87.4, 89, 794, 92.9, -1, 2.017},
+                                     {4622, 10.42, 47.6, 6042, 59676, 23.6, 0.0, 1.939},
+                                     {4614, 10.40, 47.6, 6047, 59685, 26.4, 0.0, 1.862},
+                                     {4615, 21.05, 96.3, 124, 2584, 27.6, 0.0, 1.708},
+                                     {4611, 21.03, 96.3, 125, 2586, 28.4, 0.0, 1.668}});
+}
+
+TEST(DocFiguresTest, DisaggregationStudyMooncake) {
+  const std::vector<std::string> load = {
+      absl::StrCat("workload.trace.path=", kExamples, "traces/synthetic_trace.jsonl"),
+      "workload.rate_scale=0.25"};
+  ExpectPdStudyRows(load, {{145, 0.74, 75.7, 907, 6336, 145.5, -1, 45.263},
+                           {145, 0.58, 59.5, 1388, 10918, 21.0, 0.0, 42.030},
+                           {145, 0.53, 54.6, 1409, 10959, 88.1, 0.0, 38.647},
+                           {145, 0.70, 71.5, 1068, 7455, 21.9, 0.1, 37.581},
+                           {145, 0.57, 58.6, 1103, 7481, 103.3, 0.1, 34.350}});
+  ExpectPdStudyRow(
+      {"colocated 4 x TP4, host DRAM + cluster store, prefix-aware", PdStudyColocated(true), {}},
+      load, {145, 0.77, 79.2, 109, 5727, 141.3, -1, 30.569});
+  const Figures f =
+      ExpectPdStudyRow({"P/D 3 + 1, prefill pool with host DRAM + cluster store, prefix-aware",
+                        PdStudyPrefillTiers(),
+                        {}},
+                       load, {145, 0.81, 83.0, 145, 5752, 22.1, 0.2, 30.008});
+  // The text's store loads: 543 GB from other nodes in 78 steps, 135 ms
+  // lost to links they shared with the KV hand-offs.
+  EXPECT_FIGURE(f["kv_tiers.cluster_store.network_bytes"] / 1e9, 543, 0.002);
+  EXPECT_EQ(f["kv_tiers.cluster_store.network_steps"], 78);
+  EXPECT_FIGURE(f["kv_tiers.cluster_store.contention_s"] * 1e3, 135, 0.005);
 }
 
 }  // namespace

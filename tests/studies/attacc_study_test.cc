@@ -145,7 +145,10 @@ TEST_F(StudyTest, FfCoProcessingEnergyAsTheAuthorsCountItAndWithTheRereads) {
   // The authors charge co-processed FF layers as the GPUs' (energy taken
   // before the split): the point's energy is within 5% of hl_pipe's, whose
   // batch is 0-3 requests larger. servesim's count adds
-  // the stacks re-reading their FF slice once per request: 10-30% more.
+  // the stacks re-reading their FF slice once per request: 12-27% more
+  // (docs/energy.md), least for LLaMA-65B at 128 tokens, most for GPT-3 at
+  // 2048 tokens under the 30 ms SLO.
+  double least = 2, most = 0;
   for (const auto& [key, p] : *points_) {
     SCOPED_TRACE(p.model + " " + p.system + " " + p.policy + " " + std::to_string(p.lout) + " " +
                  std::to_string(p.slo_ms));
@@ -154,13 +157,15 @@ TEST_F(StudyTest, FfCoProcessingEnergyAsTheAuthorsCountItAndWithTheRereads) {
       continue;
     }
     if (p.max_batch < 1) continue;
-    EXPECT_GT(p.energy_j_per_token_ff_rereads, 1.1 * p.energy_j_per_token);
-    EXPECT_LT(p.energy_j_per_token_ff_rereads, 1.4 * p.energy_j_per_token);
+    least = std::min(least, p.energy_j_per_token_ff_rereads / p.energy_j_per_token);
+    most = std::max(most, p.energy_j_per_token_ff_rereads / p.energy_j_per_token);
     if (p.slo_ms == 0) {
       const double hl = At(p.model, "dgx_attacc", "hl_pipe", p.lout).energy_j_per_token;
       EXPECT_NEAR(p.energy_j_per_token, hl, 0.05 * hl);
     }
   }
+  EXPECT_NEAR(least, 1.122, 0.003);
+  EXPECT_NEAR(most, 1.267, 0.003);
 }
 
 // docs/devices/attacc.md's headline table, pinned: a model change that moves
