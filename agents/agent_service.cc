@@ -1,17 +1,23 @@
+// AgentService's core (agents/agent_service.h): the header's free functions
+// (CheckToken, DeviceKey, SpecKindName, AgentPresetSpec), creating the
+// service and its own device, authorization, the devices it hosts (bound by
+// spec, at most max_devices), and the stateless methods: Describe,
+// Estimate (with its lookahead steps and expected ops), Measure and
+// Execute, whose kernels poll the call's cancellation, deadline and budget.
+// Estimate streams and sessions are agents/agent_service_streams.cc and
+// agents/agent_service_sessions.cc.
 #include "agents/agent_service.h"
-
-#include <sys/random.h>
 
 #include <algorithm>
 #include <chrono>
 #include <deque>
 #include <limits>
-#include <random>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "agents/agent_service_internal.h"
 #include "agents/convert.h"
 #include "common/status_macros.h"
 #include "devices/attacc/attacc_device.h"
@@ -93,18 +99,15 @@ absl::StatusOr<v1::DeviceSpec> AgentPresetSpec(const std::string& kind, std::str
     g->set_dtype(v1::DTYPE_FP16);
   } else if (kind == "attacc") {
     if (preset.empty()) preset = "attacc_bank";
-    ASSIGN_OR_RETURN(*spec.mutable_attacc()->mutable_attacc(),
-                     devices::AttAccPreset(preset));
+    ASSIGN_OR_RETURN(*spec.mutable_attacc()->mutable_attacc(), devices::AttAccPreset(preset));
     spec.mutable_attacc()->set_dtype(v1::DTYPE_FP16);
   } else if (kind == "topick") {
     if (preset.empty()) preset = "topick";
-    ASSIGN_OR_RETURN(*spec.mutable_topick()->mutable_topick(),
-                     devices::TopickPreset(preset));
+    ASSIGN_OR_RETURN(*spec.mutable_topick()->mutable_topick(), devices::TopickPreset(preset));
     spec.mutable_topick()->set_fidelity(v1::PRUNE_FIDELITY_ANALYTIC);
   } else if (kind == "spatten") {
     if (preset.empty()) preset = "spatten";
-    ASSIGN_OR_RETURN(*spec.mutable_spatten()->mutable_spatten(),
-                     devices::SpattenPreset(preset));
+    ASSIGN_OR_RETURN(*spec.mutable_spatten()->mutable_spatten(), devices::SpattenPreset(preset));
     spec.mutable_spatten()->set_fidelity(v1::PRUNE_FIDELITY_ANALYTIC);
   } else if (kind == "cta") {
     if (preset.empty()) preset = "cta_0";
@@ -115,14 +118,20 @@ absl::StatusOr<v1::DeviceSpec> AgentPresetSpec(const std::string& kind, std::str
     ASSIGN_OR_RETURN(*spec.mutable_lad()->mutable_lad(), devices::LadPreset(preset));
     spec.mutable_lad()->set_fidelity(v1::PRUNE_FIDELITY_ANALYTIC);
   } else {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--device ", kind, ": unknown kind; registered: ",
-                     absl::StrJoin(devices::RegisteredDeviceKinds(), ", ")));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--device ", kind,
+        ": unknown kind; registered: ", absl::StrJoin(devices::RegisteredDeviceKinds(), ", ")));
   }
   return spec;
 }
 
-namespace {
+namespace internal {
+
+int64_t SteadyNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
 
 // heads x q_len x kv_len x d_head of q [heads, q_len, d_head] over a K of
 // kv_len positions, saturating; 0 for shapes the kernel refuses anyway.
@@ -140,37 +149,20 @@ grpc::Status TooMuchWork(int64_t macs, int64_t max_macs) {
                    " multiply-accumulates; this agent runs at most ", max_macs, " per call"));
 }
 
-}  // namespace
+}  // namespace internal
+
+using internal::AttentionMacs;
+using internal::SteadyNs;
+using internal::TooMuchWork;
 
 AgentService::AgentService(AgentServiceOptions options) : options_(std::move(options)) {
   kind_ = SpecKindName(options_.spec);
 }
 
-namespace {
-
-int64_t SteadyNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
-// 128 bits from the kernel's generator, as 32 hex digits.
-std::string RandomSessionId() {
-  uint64_t r[2] = {0, 0};
-  size_t got = 0;
-  while (got < sizeof r) {
-    const ssize_t n = getrandom(reinterpret_cast<char*>(r) + got, sizeof r - got, 0);
-    if (n > 0) got += static_cast<size_t>(n);
-  }
-  return absl::StrFormat("%016x%016x", r[0], r[1]);
-}
-
-}  // namespace
-
 absl::StatusOr<std::unique_ptr<AgentService>> AgentService::Create(AgentServiceOptions options) {
   if (options.max_tensor_bytes < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "max_tensor_bytes = ", options.max_tensor_bytes, "; expected >= 1"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_tensor_bytes = ", options.max_tensor_bytes, "; expected >= 1"));
   }
   if (options.max_sessions_per_client < 1 || !(options.session_idle_s > 0) ||
       !(options.call_budget_s > 0)) {
@@ -197,6 +189,15 @@ absl::StatusOr<std::unique_ptr<AgentService>> AgentService::Create(AgentServiceO
   own->device = std::move(device);
   s->own_ = std::move(own);
   return s;
+}
+
+AgentService::~AgentService() {
+  {
+    std::lock_guard<std::mutex> lock(streams_mu_);
+    stop_watch_ = true;
+  }
+  streams_cv_.notify_all();
+  if (watch_.joinable()) watch_.join();
 }
 
 grpc::Status AgentService::Authorize(grpc::ServerContextBase* ctx) {
@@ -289,17 +290,18 @@ absl::StatusOr<std::shared_ptr<const AgentService::Hosted>> AgentService::Find(
   for (const auto& h : devices_) {
     if (h->key == key) return h;
   }
-  return absl::NotFoundError(absl::StrCat(
-      "device_key ", key, " is not bound on this agent (restarted?); call Describe with its "
-      "spec"));
+  return absl::NotFoundError(
+      absl::StrCat("device_key ", key,
+                   " is not bound on this agent (restarted?); call Describe with its "
+                   "spec"));
 }
 
 absl::StatusOr<std::shared_ptr<const AgentService::Hosted>> AgentService::Bind(
     const v1::DeviceSpec& spec) {
   if (spec.kind_case() != options_.spec.kind_case()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "spec: this agent hosts '", kind_, "' devices; the spec is '",
-        SpecKindName(spec).empty() ? "(none)" : SpecKindName(spec), "'"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("spec: this agent hosts '", kind_, "' devices; the spec is '",
+                     SpecKindName(spec).empty() ? "(none)" : SpecKindName(spec), "'"));
   }
   const std::string key = DeviceKey(spec);
   std::lock_guard<std::mutex> lock(mu_);
@@ -336,191 +338,129 @@ grpc::Status AgentService::Describe(grpc::ServerContext* ctx, const v1::Describe
   return grpc::Status::OK;
 }
 
-AgentService::~AgentService() {
-  {
-    std::lock_guard<std::mutex> lock(streams_mu_);
-    stop_watch_ = true;
-  }
-  streams_cv_.notify_all();
-  if (watch_.joinable()) watch_.join();
-}
-
-absl::StatusOr<std::shared_ptr<AgentService::OpenStream>> AgentService::AdmitStream(
-    grpc::ServerContextBase* ctx, const std::string& caller) {
-  std::lock_guard<std::mutex> lock(streams_mu_);
-  if (streams_ended_) return absl::UnavailableError("this agent is shutting down");
-  const int mine = static_cast<int>(std::count_if(
-      streams_.begin(), streams_.end(),
-      [&](const std::shared_ptr<OpenStream>& s) { return s->caller == caller; }));
-  if (mine >= options_.estimate_streams_per_client) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "this caller holds ", mine, " estimate streams, the most one caller may "
-        "(servesim-agent --estimate-streams-per-client); call Estimate instead"));
-  }
-  if (static_cast<int>(streams_.size()) >= options_.max_estimate_streams) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("this agent holds ", streams_.size(),
-                     " estimate streams, its most (a quarter of --max-threads); call "
-                     "Estimate instead"));
-  }
-  auto s = std::make_shared<OpenStream>();
-  s->ctx = ctx;
-  s->caller = caller;
-  s->last_ns = SteadyNs();
-  streams_.push_back(s);
-  if (!watch_.joinable()) watch_ = std::thread([this] { WatchStreams(); });
-  return s;
-}
-
-void AgentService::EndStreams() {
-  std::lock_guard<std::mutex> lock(streams_mu_);
-  streams_ended_ = true;
-  for (const std::shared_ptr<OpenStream>& s : streams_) s->ctx->TryCancel();
-}
-
-void AgentService::ForgetStream(const std::shared_ptr<OpenStream>& s) {
-  std::lock_guard<std::mutex> lock(streams_mu_);
-  streams_.erase(std::remove(streams_.begin(), streams_.end(), s), streams_.end());
-}
-
-void AgentService::WatchStreams() {
-  const int64_t idle_ns = static_cast<int64_t>(options_.estimate_stream_idle_s * 1e9);
-  // Looks at most ten times per idle period, and at least once a second.
-  const auto period = std::chrono::nanoseconds(std::clamp<int64_t>(idle_ns / 10, 1, 1000000000));
-  std::unique_lock<std::mutex> lock(streams_mu_);
-  while (!streams_cv_.wait_for(lock, period, [this] { return stop_watch_; })) {
-    const int64_t now = SteadyNs();
-    for (const std::shared_ptr<OpenStream>& s : streams_) {
-      // Its handler waits in Read: cancelling the call ends the wait, and
-      // the handler forgets the stream.
-      if (now - s->last_ns.load() > idle_ns) s->ctx->TryCancel();
-    }
-  }
-}
-
-// One estimate stream on ServeStreams' queue: reads a request, answers it,
-// writes the answer, reads the next. A request Estimate refuses ends the
-// stream with its status; a cancelled stream (its client, the idle watch,
-// EndStreams) ends when its read fails. Each call, once it starts, asks for
-// the next stream. It is deleted when both its own operations and the
-// call's end (AsyncNotifyWhenDone) have come back.
-class AgentService::StreamCall {
- public:
-  StreamCall(AgentService* service, grpc::ServerCompletionQueue* cq)
-      : service_(service), cq_(cq), rw_(&ctx_) {
-    ctx_.AsyncNotifyWhenDone(&done_tag_);
-    service_->RequestEstimateStream(&ctx_, &rw_, cq_, cq_, &op_tag_);
-  }
-
-  // What the queue hands back: this call's next operation, or its end.
-  struct Tag {
-    StreamCall* call;
-    bool done;
-  };
-  void Proceed(bool done, bool ok) {
-    if (done) {
-      ended_ = true;
-    } else {
-      Step(ok);
-    }
-    if (ended_ && state_ == State::kFinished) delete this;
-  }
-
- private:
-  enum class State { kWaiting, kReading, kWriting, kFinishing, kFinished };
-
-  void Step(bool ok) {
-    switch (state_) {
-      case State::kWaiting: {
-        if (!ok) {  // the server is shutting down: no call came
-          state_ = State::kFinished;
-          ended_ = true;  // no call, so no end to wait for
-          return;
-        }
-        new StreamCall(service_, cq_);
-        if (grpc::Status st = service_->Authorize(&ctx_); !st.ok()) {
-          Finish(st);
-          return;
-        }
-        auto admitted = service_->AdmitStream(&ctx_, CallerOf(&ctx_));
-        if (!admitted.ok()) {
-          Finish(ToGrpcStatus(admitted.status()));
-          return;
-        }
-        stream_ = *std::move(admitted);
-        Read();
-        return;
-      }
-      case State::kReading: {
-        if (!ok) {  // the client is done writing, or the call was cancelled
-          Finish(grpc::Status::OK);
-          return;
-        }
-        stream_->last_ns = SteadyNs();
-        service_->calls_.fetch_add(1);
-        resp_.Clear();
-        if (grpc::Status st = service_->EstimateAuthorized(&req_, &resp_); !st.ok()) {
-          Finish(st);
-          return;
-        }
-        state_ = State::kWriting;
-        rw_.Write(resp_, &op_tag_);
-        return;
-      }
-      case State::kWriting:
-        if (!ok) {
-          Finish(grpc::Status::OK);
-          return;
-        }
-        Read();
-        return;
-      case State::kFinishing:
-        state_ = State::kFinished;
-        return;
-      case State::kFinished:
-        return;
-    }
-  }
-  void Read() {
-    state_ = State::kReading;
-    rw_.Read(&req_, &op_tag_);
-  }
-  void Finish(const grpc::Status& st) {
-    if (stream_ != nullptr) {
-      service_->ForgetStream(stream_);
-      stream_ = nullptr;
-    }
-    state_ = State::kFinishing;
-    rw_.Finish(st, &op_tag_);
-  }
-
-  AgentService* service_;
-  grpc::ServerCompletionQueue* cq_;
-  grpc::ServerContext ctx_;
-  grpc::ServerAsyncReaderWriter<v1::EstimateResponse, v1::EstimateRequest> rw_;
-  Tag op_tag_{this, false}, done_tag_{this, true};
-  State state_ = State::kWaiting;
-  bool ended_ = false;
-  std::shared_ptr<OpenStream> stream_;
-  v1::EstimateRequest req_;
-  v1::EstimateResponse resp_;
-};
-
-void AgentService::ServeStreams(grpc::ServerCompletionQueue* cq) {
-  new StreamCall(this, cq);
-  void* tag = nullptr;
-  bool ok = false;
-  while (cq->Next(&tag, &ok)) {
-    auto* t = static_cast<StreamCall::Tag*>(tag);
-    t->call->Proceed(t->done, ok);
-  }
-}
-
 grpc::Status AgentService::Estimate(grpc::ServerContext* ctx, const v1::EstimateRequest* req,
                                     v1::EstimateResponse* resp) {
   if (auto st = Authorize(ctx); !st.ok()) return st;
   return EstimateAuthorized(req, resp);
 }
+
+namespace {
+
+bool Accepted(const std::vector<devices::OpKind>& accepts, const devices::Op& op) {
+  return std::find(accepts.begin(), accepts.end(), op.kind) != accepts.end();
+}
+
+// Checks a request's expected ops (the last `expected` of its `ops` ops)
+// and their steps.
+grpc::Status CheckExpected(const v1::EstimateRequest& req, size_t ops) {
+  const int expected = req.expected();
+  if (expected < 0 || expected > static_cast<int>(ops)) {
+    return grpc::Status(
+        grpc::StatusCode::INVALID_ARGUMENT,
+        absl::StrCat("expected = ", expected, "; expected 0..", ops, " (the ops sent)"));
+  }
+  if (req.expected_steps_size() != 0 && req.expected_steps_size() != expected) {
+    return grpc::Status(
+        grpc::StatusCode::INVALID_ARGUMENT,
+        absl::StrCat("expected_steps: ", req.expected_steps_size(),
+                     " values; expected none or one per expected op (", expected, ")"));
+  }
+  for (int i = 0; i < req.expected_steps_size(); ++i) {
+    if (req.expected_steps(i) < 0 || req.expected_steps(i) > kMaxLookahead) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          absl::StrCat("expected_steps[", i, "] = ", req.expected_steps(i),
+                                       "; expected 0..", kMaxLookahead));
+    }
+  }
+  return grpc::Status::OK;
+}
+
+// The lookahead steps: each predictable op again, its sequences j steps
+// later. Ops that shared a sequence list share its shifted copy, as they
+// would in the iteration that sends them. A step the device refuses (a
+// context past its capacity) ends the lookahead; the ops' own answer
+// stands.
+// The steps together cost at most kMaxOpSequences sequences, as the
+// request itself may: past that the answer is shorter.
+// Appends the steps' costs to `costs`; returns how many steps they are.
+int CostLookahead(const devices::Device& device, bool lookahead_ok,
+                  absl::Span<const devices::Op> asked, int lookahead,
+                  std::vector<devices::Cost>* costs) {
+  int answered = 0;
+  int64_t step_sequences = 0;
+  for (const devices::Op& op : asked) {
+    if (Predictable(op)) step_sequences += static_cast<int64_t>(op.seqs.size());
+  }
+  const int64_t affordable = kMaxOpSequences / std::max<int64_t>(step_sequences, 1);
+  std::vector<devices::Op> step;
+  std::deque<std::vector<devices::AttentionSeq>> shifted;
+  std::vector<devices::Cost> step_costs;
+  for (int j = 1; j <= lookahead && j <= affordable && lookahead_ok; ++j) {
+    LookaheadStep(asked, j, &step, &shifted);
+    if (step.empty()) break;
+    step_costs.assign(step.size(), devices::Cost{});
+    if (!device.Estimate(step, absl::MakeSpan(step_costs)).ok()) break;
+    costs->insert(costs->end(), step_costs.begin(), step_costs.end());
+    answered = j;
+  }
+  return answered;
+}
+
+// The expected ops, by blocks with their steps (see agent.proto). A
+// block is costed at once; when the device refuses it, a block without
+// steps is answered one op at a time up to the refused op, and the answer
+// ends there. So does it at the first op of a kind the device does not
+// take. The steps of all blocks together cost at most kMaxOpSequences
+// sequences.
+// Appends their costs to `costs`; returns how many expected ops they answer.
+int CostExpected(const devices::Device& device, const std::vector<devices::OpKind>& accepts,
+                 absl::Span<const devices::Op> hinted, absl::Span<const int32_t> steps,
+                 std::vector<devices::Cost>* costs) {
+  int expected_answered = 0;
+  std::vector<devices::Op> step;
+  std::deque<std::vector<devices::AttentionSeq>> shifted;
+  std::vector<devices::Cost> step_costs;
+  int64_t budget = kMaxOpSequences;
+  bool stop = false;
+  ForEachExpectedBlock(hinted.size(), steps, [&](size_t b, size_t e, int32_t n) {
+    if (stop) return;
+    size_t usable = b;
+    while (usable < e && Accepted(accepts, hinted[usable])) ++usable;
+    stop = usable < e;
+    const auto block = hinted.subspan(b, usable - b);
+    if (block.empty()) return;
+    const size_t at = costs->size();
+    costs->resize(at + block.size());
+    if (!device.Estimate(block, absl::MakeSpan(*costs).subspan(at)).ok()) {
+      costs->resize(at);
+      stop = true;
+      if (n > 0) return;
+      for (size_t i = 0; i < block.size(); ++i) {
+        devices::Cost c;
+        if (!device.Estimate(block.subspan(i, 1), absl::MakeSpan(&c, 1)).ok()) break;
+        costs->push_back(c);
+        ++expected_answered;
+      }
+      return;
+    }
+    for (int32_t j = 1; j <= n; ++j) {
+      LookaheadStep(block, j, &step, &shifted);
+      if (step.empty()) break;
+      for (const devices::Op& op : step) budget -= static_cast<int64_t>(op.seqs.size());
+      step_costs.assign(step.size(), devices::Cost{});
+      if (budget < 0 || !device.Estimate(step, absl::MakeSpan(step_costs)).ok()) {
+        costs->resize(at);
+        stop = true;
+        return;
+      }
+      costs->insert(costs->end(), step_costs.begin(), step_costs.end());
+    }
+    expected_answered += static_cast<int>(block.size());
+  });
+  return expected_answered;
+}
+
+}  // namespace
 
 grpc::Status AgentService::EstimateAuthorized(const v1::EstimateRequest* req,
                                               v1::EstimateResponse* resp) {
@@ -528,34 +468,14 @@ grpc::Status AgentService::EstimateAuthorized(const v1::EstimateRequest* req,
   if (!h.ok()) return ToGrpcStatus(h.status());
   DecodedOps ops;
   if (absl::Status st = DecodeOps(*req, &ops); !st.ok()) return ToGrpcStatus(st);
+  if (grpc::Status st = CheckExpected(*req, ops.ops.size()); !st.ok()) return st;
   const int expected = req->expected();
-  if (expected < 0 || expected > static_cast<int>(ops.ops.size())) {
-    return grpc::Status(
-        grpc::StatusCode::INVALID_ARGUMENT,
-        absl::StrCat("expected = ", expected, "; expected 0..", ops.ops.size(), " (the ops sent)"));
-  }
-  if (req->expected_steps_size() != 0 && req->expected_steps_size() != expected) {
-    return grpc::Status(
-        grpc::StatusCode::INVALID_ARGUMENT,
-        absl::StrCat("expected_steps: ", req->expected_steps_size(),
-                     " values; expected none or one per expected op (", expected, ")"));
-  }
-  for (int i = 0; i < req->expected_steps_size(); ++i) {
-    if (req->expected_steps(i) < 0 || req->expected_steps(i) > kMaxLookahead) {
-      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                          absl::StrCat("expected_steps[", i, "] = ", req->expected_steps(i),
-                                       "; expected 0..", kMaxLookahead));
-    }
-  }
   const absl::Span<const devices::Op> asked =
       absl::MakeConstSpan(ops.ops).first(ops.ops.size() - static_cast<size_t>(expected));
   const absl::Span<const devices::Op> hinted = absl::MakeConstSpan(ops.ops).subspan(asked.size());
   const auto& accepts = (*h)->accepts;
-  auto accepted = [&](const devices::Op& op) {
-    return std::find(accepts.begin(), accepts.end(), op.kind) != accepts.end();
-  };
   for (size_t i = 0; i < asked.size(); ++i) {
-    if (!accepted(asked[i])) {
+    if (!Accepted(accepts, asked[i])) {
       return grpc::Status(
           grpc::StatusCode::UNIMPLEMENTED,
           absl::StrCat("ops[", i, "]: device '", kind_, "' does not implement op kind ",
@@ -577,77 +497,11 @@ grpc::Status AgentService::EstimateAuthorized(const v1::EstimateRequest* req,
   if (absl::Status st = (*h)->device->Estimate(asked, absl::MakeSpan(costs)); !st.ok()) {
     return ToGrpcStatus(st);
   }
-  // The lookahead steps: each predictable op again, its sequences j steps
-  // later. Ops that shared a sequence list share its shifted copy, as they
-  // would in the iteration that sends them. A step the device refuses (a
-  // context past its capacity) ends the lookahead; the ops' own answer
-  // stands.
-  // The steps together cost at most kMaxOpSequences sequences, as the
-  // request itself may: past that the answer is shorter.
-  int answered = 0;
-  int64_t step_sequences = 0;
-  for (const devices::Op& op : asked) {
-    if (Predictable(op)) step_sequences += static_cast<int64_t>(op.seqs.size());
-  }
-  const int64_t affordable = kMaxOpSequences / std::max<int64_t>(step_sequences, 1);
-  std::vector<devices::Op> step;
-  std::deque<std::vector<devices::AttentionSeq>> shifted;
-  std::vector<devices::Cost> step_costs;
-  for (int j = 1; j <= lookahead && j <= affordable && (*h)->lookahead_ok; ++j) {
-    LookaheadStep(asked, j, &step, &shifted);
-    if (step.empty()) break;
-    step_costs.assign(step.size(), devices::Cost{});
-    if (!(*h)->device->Estimate(step, absl::MakeSpan(step_costs)).ok()) break;
-    costs.insert(costs.end(), step_costs.begin(), step_costs.end());
-    answered = j;
-  }
-  resp->set_lookahead_answered(answered);
-  // The expected ops, by blocks with their steps (see agent.proto). A
-  // block is costed at once; when the device refuses it, a block without
-  // steps is answered one op at a time up to the refused op, and the answer
-  // ends there. So does it at the first op of a kind the device does not
-  // take. The steps of all blocks together cost at most kMaxOpSequences
-  // sequences.
+  resp->set_lookahead_answered(
+      CostLookahead(*(*h)->device, (*h)->lookahead_ok, asked, lookahead, &costs));
   int expected_answered = 0;
   if ((*h)->lookahead_ok && !hinted.empty()) {
-    const absl::Span<const int32_t> steps = req->expected_steps();
-    int64_t budget = kMaxOpSequences;
-    bool stop = false;
-    ForEachExpectedBlock(hinted.size(), steps, [&](size_t b, size_t e, int32_t n) {
-      if (stop) return;
-      size_t usable = b;
-      while (usable < e && accepted(hinted[usable])) ++usable;
-      stop = usable < e;
-      const auto block = hinted.subspan(b, usable - b);
-      if (block.empty()) return;
-      const size_t at = costs.size();
-      costs.resize(at + block.size());
-      if (!(*h)->device->Estimate(block, absl::MakeSpan(costs).subspan(at)).ok()) {
-        costs.resize(at);
-        stop = true;
-        if (n > 0) return;
-        for (size_t i = 0; i < block.size(); ++i) {
-          devices::Cost c;
-          if (!(*h)->device->Estimate(block.subspan(i, 1), absl::MakeSpan(&c, 1)).ok()) break;
-          costs.push_back(c);
-          ++expected_answered;
-        }
-        return;
-      }
-      for (int32_t j = 1; j <= n; ++j) {
-        LookaheadStep(block, j, &step, &shifted);
-        if (step.empty()) break;
-        for (const devices::Op& op : step) budget -= static_cast<int64_t>(op.seqs.size());
-        step_costs.assign(step.size(), devices::Cost{});
-        if (budget < 0 || !(*h)->device->Estimate(step, absl::MakeSpan(step_costs)).ok()) {
-          costs.resize(at);
-          stop = true;
-          return;
-        }
-        costs.insert(costs.end(), step_costs.begin(), step_costs.end());
-      }
-      expected_answered += static_cast<int>(block.size());
-    });
+    expected_answered = CostExpected(*(*h)->device, accepts, hinted, req->expected_steps(), &costs);
   }
   resp->set_expected_answered(expected_answered);
   EncodeCosts(costs, resp->mutable_cost_table());
@@ -699,9 +553,9 @@ grpc::Status AgentService::Execute(grpc::ServerContext* ctx, const v1::ExecuteRe
   auto h = Find(req->device_key());
   if (!h.ok()) return ToGrpcStatus(h.status());
   devices::AttentionCall call;
-  for (auto [field, src, dst] : {std::tuple{"q", &req->q(), &call.q},
-                                 std::tuple{"k", &req->k(), &call.k},
-                                 std::tuple{"v", &req->v(), &call.v}}) {
+  for (auto [field, src, dst] :
+       {std::tuple{"q", &req->q(), &call.q}, std::tuple{"k", &req->k(), &call.k},
+        std::tuple{"v", &req->v(), &call.v}}) {
     auto t = DecodeTensor(*src, options_.max_tensor_bytes, field);
     if (!t.ok()) return ToGrpcStatus(t.status());
     *dst = std::move(*t);
@@ -717,206 +571,6 @@ grpc::Status AgentService::Execute(grpc::ServerContext* ctx, const v1::ExecuteRe
   if (!r.ok()) return ToGrpcStatus(r.status());
   EncodeTensor(r->out, resp->mutable_out());
   EncodeStats(r->stats, resp->mutable_stats());
-  return grpc::Status::OK;
-}
-
-void AgentService::EraseLocked(std::map<std::string, std::shared_ptr<Session>>::iterator it) {
-  auto owner = sessions_per_caller_.find(it->second->owner);
-  if (owner != sessions_per_caller_.end() && --owner->second <= 0) {
-    sessions_per_caller_.erase(owner);
-  }
-  sessions_.erase(it);
-}
-
-void AgentService::ExpireLocked(int64_t now_ns) {
-  if (now_ns - last_expiry_ns_ < 1'000'000'000) return;
-  last_expiry_ns_ = now_ns;
-  const int64_t idle_ns = static_cast<int64_t>(std::min(options_.session_idle_s, 1e9) * 1e9);
-  for (auto it = sessions_.begin(); it != sessions_.end();) {
-    auto next = std::next(it);
-    if (now_ns - it->second->last_used_ns.load() > idle_ns) EraseLocked(it);
-    it = next;
-  }
-}
-
-absl::StatusOr<std::shared_ptr<AgentService::Session>> AgentService::FindSession(
-    const std::string& id, const std::string& caller) {
-  const int64_t now = SteadyNs();
-  std::lock_guard<std::mutex> lock(mu_);
-  ExpireLocked(now);
-  auto it = sessions_.find(id);
-  // Another caller's session reads as absent: its id tells nothing.
-  if (it == sessions_.end() || it->second->owner != caller) {
-    return absl::NotFoundError(
-        absl::StrCat("session_id ", id,
-                     " is not open on this agent for this caller (closed, idle for more than ",
-                     options_.session_idle_s,
-                     " s, or the agent restarted); open a new session and append the "
-                     "KV history"));
-  }
-  it->second->last_used_ns.store(now);
-  return it->second;
-}
-
-grpc::Status AgentService::OpenSession(grpc::ServerContext* ctx,
-                                       const v1::OpenSessionRequest* req,
-                                       v1::OpenSessionResponse* resp) {
-  if (auto st = Authorize(ctx); !st.ok()) return st;
-  auto h = Find(req->device_key());
-  if (!h.ok()) return ToGrpcStatus(h.status());
-  // A model's ranges (num_kv_heads <= num_heads <= 4096, d_head <= 4096):
-  // the session holds one K and one V list per KV head (2^40 heads made
-  // the agent's vector resize throw and terminate it).
-  if (req->kv_heads() < 1 || req->kv_heads() > 4096 || req->d_head() < 1 ||
-      req->d_head() > devices::kMaxAttentionDHead) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                        absl::StrCat("kv_heads = ", req->kv_heads(), ", d_head = ", req->d_head(),
-                                     "; expected both in [1, 4096]"));
-  }
-  if (req->type() != v1::ELEMENT_TYPE_FP16 && req->type() != v1::ELEMENT_TYPE_FP32) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                        "type: expected ELEMENT_TYPE_FP16 (1) or ELEMENT_TYPE_FP32 (2)");
-  }
-  auto s = std::make_shared<Session>();
-  s->device = *h;
-  s->kv_heads = req->kv_heads();
-  s->d_head = req->d_head();
-  s->type = req->type() == v1::ELEMENT_TYPE_FP16 ? devices::ElementType::kFp16
-                                                 : devices::ElementType::kFp32;
-  s->k.resize(s->kv_heads);
-  s->v.resize(s->kv_heads);
-  s->held = &kv_bytes_held_;
-  s->number = next_session_.fetch_add(1);
-  s->owner = CallerOf(ctx);
-  const int64_t now = SteadyNs();
-  s->last_used_ns.store(now);
-  const std::string id = RandomSessionId();
-  std::lock_guard<std::mutex> lock(mu_);
-  ExpireLocked(now);
-  if (static_cast<int>(sessions_.size()) >= options_.max_sessions) {
-    return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                        absl::StrCat("this agent holds ", sessions_.size(),
-                                     " sessions, its limit; close some first"));
-  }
-  int& mine = sessions_per_caller_[s->owner];
-  if (mine >= options_.max_sessions_per_client) {
-    return grpc::Status(
-        grpc::StatusCode::RESOURCE_EXHAUSTED,
-        absl::StrCat("this caller (", s->owner, ") holds ", mine,
-                     " sessions, its limit (servesim-agent --sessions-per-client); close some "
-                     "first"));
-  }
-  ++mine;
-  sessions_.emplace(id, std::move(s));
-  resp->set_session_id(id);
-  return grpc::Status::OK;
-}
-
-grpc::Status AgentService::AppendKv(grpc::ServerContext* ctx, const v1::AppendKvRequest* req,
-                                    v1::AppendKvResponse* resp) {
-  if (auto st = Authorize(ctx); !st.ok()) return st;
-  auto s = FindSession(req->session_id(), CallerOf(ctx));
-  if (!s.ok()) return ToGrpcStatus(s.status());
-  Session& ss = **s;
-  auto k = DecodeTensor(req->k(), options_.max_tensor_bytes, "k");
-  if (!k.ok()) return ToGrpcStatus(k.status());
-  auto v = DecodeTensor(req->v(), options_.max_tensor_bytes, "v");
-  if (!v.ok()) return ToGrpcStatus(v.status());
-  std::lock_guard<std::mutex> lock(ss.mu);
-  if (k->type != ss.type || v->type != ss.type || k->shape != v->shape ||
-      k->shape.size() != 3 || k->shape[0] != ss.kv_heads || k->shape[2] != ss.d_head) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                        absl::StrCat("k and v must both be [kv_heads = ", ss.kv_heads,
-                                     ", n, d_head = ", ss.d_head, "] of the session's type; got [",
-                                     absl::StrJoin(k->shape, ", "), "] and [",
-                                     absl::StrJoin(v->shape, ", "), "]"));
-  }
-  if (req->expected_kv_len() != ss.len) {
-    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                        absl::StrCat("expected_kv_len = ", req->expected_kv_len(),
-                                     " but the session holds ", ss.len, " positions"));
-  }
-  const int64_t n = k->shape[1];
-  const size_t row = static_cast<size_t>(ss.d_head * devices::Tensor::ElementSize(ss.type));
-  if (static_cast<int64_t>((ss.len + n) * row * ss.kv_heads) > options_.max_tensor_bytes) {
-    return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                        absl::StrCat("the session's KV would exceed ", options_.max_tensor_bytes,
-                                     " bytes per tensor (servesim-agent --max-tensor-bytes)"));
-  }
-  // The agent's budget over all sessions: reserved before copying.
-  const int64_t add = 2 * n * static_cast<int64_t>(row) * ss.kv_heads;
-  int64_t held = kv_bytes_held_.load();
-  do {
-    if (held + add > options_.max_kv_bytes) {
-      return grpc::Status(
-          grpc::StatusCode::RESOURCE_EXHAUSTED,
-          absl::StrCat("this agent's sessions hold ", held, " bytes of K and V; ", add,
-                       " more would pass its budget of ", options_.max_kv_bytes,
-                       " bytes (servesim-agent --max-kv-bytes); close sessions first"));
-    }
-  } while (!kv_bytes_held_.compare_exchange_weak(held, held + add));
-  ss.bytes += add;
-  for (int64_t h = 0; h < ss.kv_heads; ++h) {
-    const uint8_t* kb = k->bytes.data() + h * n * row;
-    const uint8_t* vb = v->bytes.data() + h * n * row;
-    ss.k[h].insert(ss.k[h].end(), kb, kb + n * row);
-    ss.v[h].insert(ss.v[h].end(), vb, vb + n * row);
-  }
-  ss.len += n;
-  resp->set_kv_len(ss.len);
-  return grpc::Status::OK;
-}
-
-grpc::Status AgentService::Step(grpc::ServerContext* ctx, const v1::StepRequest* req,
-                                v1::StepResponse* resp) {
-  if (auto st = Authorize(ctx); !st.ok()) return st;
-  auto s = FindSession(req->session_id(), CallerOf(ctx));
-  if (!s.ok()) return ToGrpcStatus(s.status());
-  Session& ss = **s;
-  auto q = DecodeTensor(req->q(), options_.max_tensor_bytes, "q");
-  if (!q.ok()) return ToGrpcStatus(q.status());
-  devices::AttentionCall call;
-  call.q = std::move(*q);
-  call.scale = req->scale();
-  call.session = ss.number;
-  {
-    std::lock_guard<std::mutex> lock(ss.mu);
-    if (req->expected_kv_len() != ss.len) {
-      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                          absl::StrCat("expected_kv_len = ", req->expected_kv_len(),
-                                       " but the session holds ", ss.len, " positions"));
-    }
-    if (const int64_t macs = AttentionMacs(call.q.shape, ss.len);
-        macs > options_.max_execute_macs) {
-      return TooMuchWork(macs, options_.max_execute_macs);
-    }
-    for (auto [src, dst] : {std::pair{&ss.k, &call.k}, std::pair{&ss.v, &call.v}}) {
-      dst->type = ss.type;
-      dst->shape = {ss.kv_heads, ss.len, ss.d_head};
-      dst->bytes.clear();
-      for (const auto& head : *src) dst->bytes.insert(dst->bytes.end(), head.begin(), head.end());
-    }
-  }
-  auto r = RunKernel(ctx, *ss.device->device, call);
-  if (!r.ok()) return ToGrpcStatus(r.status());
-  EncodeTensor(r->out, resp->mutable_out());
-  EncodeStats(r->stats, resp->mutable_stats());
-  return grpc::Status::OK;
-}
-
-grpc::Status AgentService::CloseSession(grpc::ServerContext* ctx,
-                                        const v1::CloseSessionRequest* req,
-                                        v1::CloseSessionResponse* resp) {
-  if (auto st = Authorize(ctx); !st.ok()) return st;
-  const std::string caller = CallerOf(ctx);
-  std::lock_guard<std::mutex> lock(mu_);
-  auto it = sessions_.find(req->session_id());
-  if (it == sessions_.end() || it->second->owner != caller) {
-    return grpc::Status(grpc::StatusCode::NOT_FOUND,
-                        absl::StrCat("session_id ", req->session_id(),
-                                     " is not open on this agent for this caller"));
-  }
-  EraseLocked(it);
   return grpc::Status::OK;
 }
 

@@ -45,6 +45,8 @@
 //    estimate_stream_idle_s is cancelled by a watch thread (started with the
 //    first stream). EndStreams ends them all before a shutdown.
 // Thread-safe: gRPC calls handlers from many threads.
+// The definitions are split by job: agents/agent_service.cc (the core),
+// agent_service_streams.cc and agent_service_sessions.cc.
 #ifndef SERVESIM_AGENTS_AGENT_SERVICE_H_
 #define SERVESIM_AGENTS_AGENT_SERVICE_H_
 
@@ -141,15 +143,13 @@ class AgentService final : public servesim::v1::DeviceAgent::WithAsyncMethod_Est
                        servesim::v1::ExecuteResponse* resp) override;
   grpc::Status Measure(grpc::ServerContext* ctx, const servesim::v1::MeasureRequest* req,
                        servesim::v1::MeasureResponse* resp) override;
-  grpc::Status OpenSession(grpc::ServerContext* ctx,
-                           const servesim::v1::OpenSessionRequest* req,
+  grpc::Status OpenSession(grpc::ServerContext* ctx, const servesim::v1::OpenSessionRequest* req,
                            servesim::v1::OpenSessionResponse* resp) override;
   grpc::Status AppendKv(grpc::ServerContext* ctx, const servesim::v1::AppendKvRequest* req,
                         servesim::v1::AppendKvResponse* resp) override;
   grpc::Status Step(grpc::ServerContext* ctx, const servesim::v1::StepRequest* req,
                     servesim::v1::StepResponse* resp) override;
-  grpc::Status CloseSession(grpc::ServerContext* ctx,
-                            const servesim::v1::CloseSessionRequest* req,
+  grpc::Status CloseSession(grpc::ServerContext* ctx, const servesim::v1::CloseSessionRequest* req,
                             servesim::v1::CloseSessionResponse* resp) override;
 
   ~AgentService() override;

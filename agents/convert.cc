@@ -99,8 +99,9 @@ void EncodeOps(absl::Span<const Op> ops, v1::EstimateRequest* request) {
     o->set_seq_list(-1);
     o->set_stack_list(-1);
     if (!op.seqs.empty()) {
-      auto [it, added] = seq_index.try_emplace(SpanKey<devices::AttentionSeq>{op.seqs.data(), op.seqs.size()},
-                                               request->seq_lists_size());
+      auto [it, added] =
+          seq_index.try_emplace(SpanKey<devices::AttentionSeq>{op.seqs.data(), op.seqs.size()},
+                                request->seq_lists_size());
       if (added) {
         v1::SeqList* l = request->add_seq_lists();
         l->mutable_new_tokens()->Reserve(op.seqs.size());
@@ -127,10 +128,10 @@ void EncodeOps(absl::Span<const Op> ops, v1::EstimateRequest* request) {
   }
 }
 
-absl::Status DecodeOps(const v1::EstimateRequest& request, DecodedOps* out) {
-  out->ops.clear();
-  out->seq_lists.clear();
-  out->stack_lists.clear();
+namespace {
+
+// The request's size limits: ops, sequences and stack entries in all.
+absl::Status CheckRequestSize(const v1::EstimateRequest& request) {
   if (request.ops_size() > kMaxOps) {
     return absl::InvalidArgumentError(absl::StrCat(
         "ops: ", request.ops_size(), " ops; expected at most ", kMaxOps, " per request"));
@@ -148,13 +149,20 @@ absl::Status DecodeOps(const v1::EstimateRequest& request, DecodedOps* out) {
                                                    " entries in all; expected at most ",
                                                    kMaxStackEntries, " per request"));
   }
+  return absl::OkStatus();
+}
+
+// The request's sequence and stack lists, checked, into `out`.
+absl::Status DecodeLists(const v1::EstimateRequest& request, DecodedOps* out) {
   for (int i = 0; i < request.seq_lists_size(); ++i) {
     const v1::SeqList& l = request.seq_lists(i);
     const int n = l.new_tokens_size();
     if (l.past_tokens_size() != n || l.request_id_size() != n) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "seq_lists[", i, "]: new_tokens, past_tokens and request_id must have one entry per "
-          "sequence; got ", n, ", ", l.past_tokens_size(), " and ", l.request_id_size()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("seq_lists[", i,
+                       "]: new_tokens, past_tokens and request_id must have one entry per "
+                       "sequence; got ",
+                       n, ", ", l.past_tokens_size(), " and ", l.request_id_size()));
     }
     auto& seqs = out->seq_lists.emplace_back(n);
     for (int s = 0; s < n; ++s) {
@@ -172,6 +180,154 @@ absl::Status DecodeOps(const v1::EstimateRequest& request, DecodedOps* out) {
     const auto& st = request.stack_lists(i).stack();
     out->stack_lists.emplace_back(st.begin(), st.end());
   }
+  return absl::OkStatus();
+}
+
+// ops[i]'s kind, or UNIMPLEMENTED for one this protocol version does not know.
+absl::Status DecodeKind(const v1::Op& o, int i, Op* op) {
+  switch (o.kind()) {
+    case v1::OP_KIND_GEMM:
+      op->kind = OpKind::kGemm;
+      break;
+    case v1::OP_KIND_ATTENTION:
+      op->kind = OpKind::kAttention;
+      break;
+    case v1::OP_KIND_ELEMENTWISE:
+      op->kind = OpKind::kElementwise;
+      break;
+    case v1::OP_KIND_ALL_REDUCE:
+      op->kind = OpKind::kAllReduce;
+      break;
+    case v1::OP_KIND_MOE:
+      op->kind = OpKind::kMoe;
+      break;
+    default:
+      return absl::UnimplementedError(
+          absl::StrCat("ops[", i, "].kind = ", static_cast<int>(o.kind()),
+                       ": unknown op kind; this agent implements GEMM (1), ATTENTION (2), "
+                       "ELEMENTWISE (3), ALL_REDUCE (4) and MOE (5)"));
+  }
+  return absl::OkStatus();
+}
+
+// ops[i]'s stage and the sizes every kind has, checked against the limits.
+absl::Status DecodeSizes(const v1::Op& o, int i, Op* op) {
+  if (o.stage() < 0 || o.stage() >= devices::kNumStages) {
+    return absl::InvalidArgumentError(absl::StrCat("ops[", i, "].stage = ", o.stage(),
+                                                   "; expected 0..", devices::kNumStages - 1));
+  }
+  op->stage = static_cast<devices::Stage>(o.stage());
+  if (o.m() < 0 || o.n() < 0 || o.k() < 0 || o.heads() < 0 || o.kv_heads() < 0 || o.d_head() < 0 ||
+      o.elements() < 0 || o.participants() < 0 || o.bytes() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ops[", i,
+        "]: m, n, k, heads, kv_heads, d_head, elements, bytes and participants "
+        "must be >= 0 (got m = ",
+        o.m(), ", n = ", o.n(), ", k = ", o.k(), ", heads = ", o.heads(),
+        ", kv_heads = ", o.kv_heads(), ", d_head = ", o.d_head(), ", elements = ", o.elements(),
+        ", bytes = ", o.bytes(), ", participants = ", o.participants(), ")"));
+  }
+  if (o.heads() > kMaxHeads || o.kv_heads() > kMaxHeads || o.d_head() > kMaxDHead ||
+      o.head_begin() < -kMaxHeads || o.head_begin() > kMaxHeads || o.head_end() < -kMaxHeads ||
+      o.head_end() > kMaxHeads) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ops[", i, "]: heads = ", o.heads(), ", kv_heads = ", o.kv_heads(),
+        ", d_head = ", o.d_head(), ", head_begin = ", o.head_begin(), ", head_end = ", o.head_end(),
+        "; expected heads and kv_heads 0..", kMaxHeads, ", d_head 0..", kMaxDHead,
+        ", head_begin and head_end -", kMaxHeads, "..", kMaxHeads));
+  }
+  if (o.m() > kMaxGemmDim || o.n() > kMaxGemmDim || o.k() > kMaxGemmDim ||
+      o.elements() > kMaxElements) {
+    return absl::InvalidArgumentError(absl::StrCat("ops[", i, "]: m = ", o.m(), ", n = ", o.n(),
+                                                   ", k = ", o.k(), ", elements = ", o.elements(),
+                                                   "; expected m, n and k 0..", kMaxGemmDim,
+                                                   ", elements 0..", kMaxElements));
+  }
+  // !(x <= max) also refuses NaN.
+  if (!(o.bytes_per_element() >= 0 && o.bytes_per_element() <= kMaxPerElement) ||
+      !(o.flops_per_element() >= 0 && o.flops_per_element() <= kMaxPerElement) ||
+      !(o.bytes() <= kMaxAllReduceBytes)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ops[", i, "]: bytes_per_element = ", o.bytes_per_element(),
+                     ", flops_per_element = ", o.flops_per_element(), ", bytes = ", o.bytes(),
+                     "; expected bytes_per_element and flops_per_element 0..", kMaxPerElement,
+                     ", bytes 0..", kMaxAllReduceBytes));
+  }
+  op->m = o.m();
+  op->n = o.n();
+  op->k = o.k();
+  op->heads = o.heads();
+  op->kv_heads = o.kv_heads();
+  op->d_head = o.d_head();
+  op->head_begin = o.head_begin();
+  op->head_end = o.head_end();
+  op->elements = o.elements();
+  op->bytes_per_element = o.bytes_per_element();
+  op->flops_per_element = o.flops_per_element();
+  op->bytes = o.bytes();
+  op->participants = o.participants();
+  if (o.tokens() < 0 || o.tokens() > kMaxGemmDim || o.sequences() < 0 ||
+      o.sequences() > kMaxGemmDim) {
+    return absl::InvalidArgumentError(absl::StrCat("ops[", i, "]: tokens = ", o.tokens(),
+                                                   ", sequences = ", o.sequences(),
+                                                   "; expected 0..", kMaxGemmDim));
+  }
+  op->tokens = o.tokens();
+  op->sequences = o.sequences();
+  return absl::OkStatus();
+}
+
+// ops[i]'s fields of some kinds only: MoE's routing, MLA's latent widths
+// and the sliding window (attention).
+absl::Status DecodeKindFields(const v1::Op& o, int i, Op* op) {
+  if (op->kind == OpKind::kMoe) {
+    if (!(o.routed() >= 0 && o.routed() <= kMaxAllReduceBytes) ||
+        !(o.experts_touched() >= 0 && o.experts_touched() <= kMaxGemmDim) ||
+        o.experts_total() < 1 || o.experts_total() > kMaxGemmDim || o.top_k() < 1 ||
+        o.top_k() > o.experts_total() || o.expert_matrices() < 2 || o.expert_matrices() > 3) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "ops[", i, "] (moe): routed = ", o.routed(), ", experts_touched = ", o.experts_touched(),
+          ", experts_total = ", o.experts_total(), ", top_k = ", o.top_k(), ", expert_matrices = ",
+          o.expert_matrices(), "; expected routed >= 0, experts_touched 0..", kMaxGemmDim,
+          ", experts_total 1..", kMaxGemmDim, ", top_k 1..experts_total, expert_matrices 2 or 3"));
+    }
+    op->routed = o.routed();
+    op->experts_touched = o.experts_touched();
+    op->experts_total = o.experts_total();
+    op->top_k = o.top_k();
+    op->expert_matrices = o.expert_matrices();
+  }
+  if (o.kv_latent() != 0 || o.d_rope() != 0 || o.d_value() != 0) {
+    if (op->kind != OpKind::kAttention || o.kv_latent() < 1 || o.kv_latent() > kMaxDHead ||
+        o.d_rope() < 0 || o.d_rope() > kMaxDHead || o.d_value() < 0 || o.d_value() > kMaxDHead) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "ops[", i, "]: kv_latent = ", o.kv_latent(), ", d_rope = ", o.d_rope(),
+          ", d_value = ", o.d_value(), "; expected on attention ops only, kv_latent 1..", kMaxDHead,
+          ", d_rope and d_value 0..", kMaxDHead));
+    }
+    op->kv_latent = o.kv_latent();
+    op->d_rope = o.d_rope();
+    op->d_value = o.d_value();
+  }
+  if (o.window() != 0) {
+    if (op->kind != OpKind::kAttention || o.window() < 0 || o.window() > kMaxGemmDim) {
+      return absl::InvalidArgumentError(absl::StrCat("ops[", i, "]: window = ", o.window(),
+                                                     "; expected on attention ops only, 0..",
+                                                     kMaxGemmDim));
+    }
+    op->window = o.window();
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status DecodeOps(const v1::EstimateRequest& request, DecodedOps* out) {
+  out->ops.clear();
+  out->seq_lists.clear();
+  out->stack_lists.clear();
+  RETURN_IF_ERROR(CheckRequestSize(request));
+  RETURN_IF_ERROR(DecodeLists(request, out));
   // Query tokens of each list, for the work an op naming it asks for.
   std::vector<int64_t> list_tokens;
   list_tokens.reserve(out->seq_lists.size());
@@ -185,127 +341,9 @@ absl::Status DecodeOps(const v1::EstimateRequest& request, DecodedOps* out) {
   for (int i = 0; i < request.ops_size(); ++i) {
     const v1::Op& o = request.ops(i);
     Op& op = out->ops[i];
-    switch (o.kind()) {
-      case v1::OP_KIND_GEMM:
-        op.kind = OpKind::kGemm;
-        break;
-      case v1::OP_KIND_ATTENTION:
-        op.kind = OpKind::kAttention;
-        break;
-      case v1::OP_KIND_ELEMENTWISE:
-        op.kind = OpKind::kElementwise;
-        break;
-      case v1::OP_KIND_ALL_REDUCE:
-        op.kind = OpKind::kAllReduce;
-        break;
-      case v1::OP_KIND_MOE:
-        op.kind = OpKind::kMoe;
-        break;
-      default:
-        return absl::UnimplementedError(
-            absl::StrCat("ops[", i, "].kind = ", static_cast<int>(o.kind()),
-                         ": unknown op kind; this agent implements GEMM (1), ATTENTION (2), "
-                         "ELEMENTWISE (3), ALL_REDUCE (4) and MOE (5)"));
-    }
-    if (o.stage() < 0 || o.stage() >= devices::kNumStages) {
-      return absl::InvalidArgumentError(absl::StrCat("ops[", i, "].stage = ", o.stage(),
-                                                     "; expected 0..", devices::kNumStages - 1));
-    }
-    op.stage = static_cast<devices::Stage>(o.stage());
-    if (o.m() < 0 || o.n() < 0 || o.k() < 0 || o.heads() < 0 || o.kv_heads() < 0 ||
-        o.d_head() < 0 || o.elements() < 0 || o.participants() < 0 || o.bytes() < 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "ops[", i, "]: m, n, k, heads, kv_heads, d_head, elements, bytes and participants "
-          "must be >= 0 (got m = ", o.m(), ", n = ", o.n(), ", k = ", o.k(), ", heads = ",
-          o.heads(), ", kv_heads = ", o.kv_heads(), ", d_head = ", o.d_head(),
-          ", elements = ", o.elements(), ", bytes = ", o.bytes(),
-          ", participants = ", o.participants(), ")"));
-    }
-    if (o.heads() > kMaxHeads || o.kv_heads() > kMaxHeads || o.d_head() > kMaxDHead ||
-        o.head_begin() < -kMaxHeads || o.head_begin() > kMaxHeads ||
-        o.head_end() < -kMaxHeads || o.head_end() > kMaxHeads) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "ops[", i, "]: heads = ", o.heads(), ", kv_heads = ", o.kv_heads(),
-          ", d_head = ", o.d_head(), ", head_begin = ", o.head_begin(), ", head_end = ",
-          o.head_end(), "; expected heads and kv_heads 0..", kMaxHeads, ", d_head 0..",
-          kMaxDHead, ", head_begin and head_end -", kMaxHeads, "..", kMaxHeads));
-    }
-    if (o.m() > kMaxGemmDim || o.n() > kMaxGemmDim || o.k() > kMaxGemmDim ||
-        o.elements() > kMaxElements) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "ops[", i, "]: m = ", o.m(), ", n = ", o.n(), ", k = ", o.k(), ", elements = ",
-          o.elements(), "; expected m, n and k 0..", kMaxGemmDim, ", elements 0..",
-          kMaxElements));
-    }
-    // !(x <= max) also refuses NaN.
-    if (!(o.bytes_per_element() >= 0 && o.bytes_per_element() <= kMaxPerElement) ||
-        !(o.flops_per_element() >= 0 && o.flops_per_element() <= kMaxPerElement) ||
-        !(o.bytes() <= kMaxAllReduceBytes)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "ops[", i, "]: bytes_per_element = ", o.bytes_per_element(),
-          ", flops_per_element = ", o.flops_per_element(), ", bytes = ", o.bytes(),
-          "; expected bytes_per_element and flops_per_element 0..", kMaxPerElement,
-          ", bytes 0..", kMaxAllReduceBytes));
-    }
-    op.m = o.m();
-    op.n = o.n();
-    op.k = o.k();
-    op.heads = o.heads();
-    op.kv_heads = o.kv_heads();
-    op.d_head = o.d_head();
-    op.head_begin = o.head_begin();
-    op.head_end = o.head_end();
-    op.elements = o.elements();
-    op.bytes_per_element = o.bytes_per_element();
-    op.flops_per_element = o.flops_per_element();
-    op.bytes = o.bytes();
-    op.participants = o.participants();
-    if (o.tokens() < 0 || o.tokens() > kMaxGemmDim || o.sequences() < 0 ||
-        o.sequences() > kMaxGemmDim) {
-      return absl::InvalidArgumentError(absl::StrCat("ops[", i, "]: tokens = ", o.tokens(),
-                                                     ", sequences = ", o.sequences(),
-                                                     "; expected 0..", kMaxGemmDim));
-    }
-    op.tokens = o.tokens();
-    op.sequences = o.sequences();
-    if (op.kind == OpKind::kMoe) {
-      if (!(o.routed() >= 0 && o.routed() <= kMaxAllReduceBytes) ||
-          !(o.experts_touched() >= 0 && o.experts_touched() <= kMaxGemmDim) ||
-          o.experts_total() < 1 || o.experts_total() > kMaxGemmDim || o.top_k() < 1 ||
-          o.top_k() > o.experts_total() || o.expert_matrices() < 2 || o.expert_matrices() > 3) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "ops[", i, "] (moe): routed = ", o.routed(),
-            ", experts_touched = ", o.experts_touched(), ", experts_total = ", o.experts_total(),
-            ", top_k = ", o.top_k(), ", expert_matrices = ", o.expert_matrices(),
-            "; expected routed >= 0, experts_touched 0..", kMaxGemmDim, ", experts_total 1..",
-            kMaxGemmDim, ", top_k 1..experts_total, expert_matrices 2 or 3"));
-      }
-      op.routed = o.routed();
-      op.experts_touched = o.experts_touched();
-      op.experts_total = o.experts_total();
-      op.top_k = o.top_k();
-      op.expert_matrices = o.expert_matrices();
-    }
-    if (o.kv_latent() != 0 || o.d_rope() != 0 || o.d_value() != 0) {
-      if (op.kind != OpKind::kAttention || o.kv_latent() < 1 || o.kv_latent() > kMaxDHead ||
-          o.d_rope() < 0 || o.d_rope() > kMaxDHead || o.d_value() < 0 || o.d_value() > kMaxDHead) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "ops[", i, "]: kv_latent = ", o.kv_latent(), ", d_rope = ", o.d_rope(),
-            ", d_value = ", o.d_value(), "; expected on attention ops only, kv_latent 1..",
-            kMaxDHead, ", d_rope and d_value 0..", kMaxDHead));
-      }
-      op.kv_latent = o.kv_latent();
-      op.d_rope = o.d_rope();
-      op.d_value = o.d_value();
-    }
-    if (o.window() != 0) {
-      if (op.kind != OpKind::kAttention || o.window() < 0 || o.window() > kMaxGemmDim) {
-        return absl::InvalidArgumentError(absl::StrCat("ops[", i, "]: window = ", o.window(),
-                                                       "; expected on attention ops only, 0..",
-                                                       kMaxGemmDim));
-      }
-      op.window = o.window();
-    }
+    RETURN_IF_ERROR(DecodeKind(o, i, &op));
+    RETURN_IF_ERROR(DecodeSizes(o, i, &op));
+    RETURN_IF_ERROR(DecodeKindFields(o, i, &op));
     // Lists belong to attention ops; other kinds ignore them (proto3
     // leaves an unset index at 0).
     if (op.kind == OpKind::kAttention && o.seq_list() >= 0) {
@@ -491,9 +529,9 @@ absl::StatusOr<devices::Tensor> DecodeTensor(const v1::Tensor& o, int64_t max_by
       t.type = devices::ElementType::kFp32;
       break;
     default:
-      return absl::InvalidArgumentError(absl::StrCat(
-          field, ".type = ", static_cast<int>(o.type()), "; expected ELEMENT_TYPE_FP16 (1) or "
-          "ELEMENT_TYPE_FP32 (2)"));
+      return absl::InvalidArgumentError(absl::StrCat(field, ".type = ", static_cast<int>(o.type()),
+                                                     "; expected ELEMENT_TYPE_FP16 (1) or "
+                                                     "ELEMENT_TYPE_FP32 (2)"));
   }
   const int64_t elem = devices::Tensor::ElementSize(t.type);
   // Size from the shape, saturating, so a huge shape is RESOURCE_EXHAUSTED
@@ -512,19 +550,21 @@ absl::StatusOr<devices::Tensor> DecodeTensor(const v1::Tensor& o, int64_t max_by
     extent = d > 0 && extent > kMax / d ? kMax : extent * std::max<int64_t>(d, 1);
   }
   if (bytes > max_bytes || extent > max_bytes) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        field, ": ", extent, " bytes by its shape (0 dimensions counted as 1); this agent "
-        "accepts tensors of at most ", max_bytes, " bytes (servesim-agent --max-tensor-bytes)"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat(field, ": ", extent,
+                     " bytes by its shape (0 dimensions counted as 1); this agent "
+                     "accepts tensors of at most ",
+                     max_bytes, " bytes (servesim-agent --max-tensor-bytes)"));
   }
   if (static_cast<int64_t>(o.data().size()) != bytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        field, ".data has ", o.data().size(), " bytes; its shape and type give ", bytes));
+    return absl::InvalidArgumentError(absl::StrCat(field, ".data has ", o.data().size(),
+                                                   " bytes; its shape and type give ", bytes));
   }
   if (const int64_t i = devices::FirstNonFinite(
           t.type, reinterpret_cast<const uint8_t*>(o.data().data()), o.data().size());
       i >= 0) {
-    return absl::InvalidArgumentError(absl::StrCat(field, ".data: element ", i,
-                                                   " is NaN or infinite; expected finite values"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ".data: element ", i, " is NaN or infinite; expected finite values"));
   }
   t.shape.assign(o.shape().begin(), o.shape().end());
   t.bytes.assign(o.data().begin(), o.data().end());
@@ -573,8 +613,7 @@ absl::StatusOr<devices::DeviceDescription> DecodeDescription(const v1::DescribeR
   for (const v1::Parameter& p : o.parameters()) d.parameters.emplace_back(p.name(), p.value());
   for (int k : o.accepts()) {
     if (k < v1::OP_KIND_GEMM || k > v1::OP_KIND_MOE) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("describe: accepts has unknown op kind ", k));
+      return absl::InvalidArgumentError(absl::StrCat("describe: accepts has unknown op kind ", k));
     }
     d.accepts.push_back(static_cast<OpKind>(k - 1));
   }

@@ -111,6 +111,8 @@
 //    must chain to that CA); tls_cert_file/tls_key_file add a client
 //    certificate. token adds `authorization: Bearer <token>` to every call.
 // Thread-safe.
+// The definitions are split by job over agents/remote_device*.cc and
+// agents/remote_session.cc (agents/remote_device_internal.h lists them).
 #ifndef SERVESIM_AGENTS_REMOTE_DEVICE_H_
 #define SERVESIM_AGENTS_REMOTE_DEVICE_H_
 
@@ -129,6 +131,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "agents/client_options.h"
 #include "devices/device.h"
@@ -140,20 +143,19 @@
 
 namespace servesim::agents {
 
-
 struct RemoteStats {
   std::vector<std::string> endpoints;
   int64_t estimate_calls = 0;  // Estimate() calls made by the simulator
   int64_t estimate_rpcs = 0;   // of them, how many went to an agent
   int64_t ops_memo_hits = 0;
   int64_t ops_memo_misses = 0;
-  int64_t predicted_ops = 0;  // costs received ahead (lookahead) into the memo
-  int64_t prefetch_rpcs = 0;  // of estimate_rpcs, asynchronous prediction extensions
+  int64_t predicted_ops = 0;      // costs received ahead (lookahead) into the memo
+  int64_t prefetch_rpcs = 0;      // of estimate_rpcs, asynchronous prediction extensions
   int64_t prefetch_failures = 0;  // of them, failed (ignored: a later call asks again)
-  int64_t other_rpcs = 0;  // Describe (binds), Execute, sessions
-  int64_t retries = 0;     // re-sent after UNAVAILABLE / DEADLINE_EXCEEDED
-  int64_t failovers = 0;   // moved to another endpoint
-  int64_t rebinds = 0;     // agent had forgotten the device (restart)
+  int64_t other_rpcs = 0;         // Describe (binds), Execute, sessions
+  int64_t retries = 0;            // re-sent after UNAVAILABLE / DEADLINE_EXCEEDED
+  int64_t failovers = 0;          // moved to another endpoint
+  int64_t rebinds = 0;            // agent had forgotten the device (restart)
   int64_t session_rebuilds = 0;
   // Spread measurement (measures_steps devices over several endpoints):
   // Measure calls, and the steps each endpoint measured.
@@ -179,9 +181,10 @@ class RemoteDevice : public devices::Device {
  public:
   // `label` names the device in errors, e.g. "attention device (attacc)".
   // Validates the endpoints and reads the TLS files; does not connect.
-  static absl::StatusOr<std::unique_ptr<RemoteDevice>> Create(
-      servesim::v1::DeviceSpec spec, std::vector<std::string> endpoints, ClientOptions options,
-      std::string label);
+  static absl::StatusOr<std::unique_ptr<RemoteDevice>> Create(servesim::v1::DeviceSpec spec,
+                                                              std::vector<std::string> endpoints,
+                                                              ClientOptions options,
+                                                              std::string label);
 
   // Asks an agent; if none answers, the last description seen (or the kind
   // alone), as the contract says Describe never fails.
@@ -227,13 +230,12 @@ class RemoteDevice : public devices::Device {
     // Guarded by mu_.
     std::string device_key;
     bool bound = false;
-    bool binding = false;  // a first bind (BindAllOnce) is in flight
+    bool binding = false;    // a first bind (BindAllOnce) is in flight
     bool no_stream = false;  // an estimate stream ended unanswered: unary prefetches
     std::chrono::steady_clock::time_point down_until{};
   };
   using Rpc = std::function<grpc::Status(servesim::v1::DeviceAgent::Stub* stub,
-                                         const std::string& device_key,
-                                         grpc::ClientContext* ctx)>;
+                                         const std::string& device_key, grpc::ClientContext* ctx)>;
 
   RemoteDevice(servesim::v1::DeviceSpec spec, ClientOptions options, std::string label);
   // Runs `rpc` with binding, retries and fail-over; `preferred` >= 0 starts
@@ -241,6 +243,9 @@ class RemoteDevice : public devices::Device {
   // answered.
   absl::Status Call(const char* method, const Rpc& rpc, int preferred = -1,
                     int* used = nullptr) const;
+  // The endpoints a call tries, in order: `preferred` (or the next up,
+  // round-robin), the others that are up, then those marked down at `now`.
+  std::vector<int> CallOrder(int preferred, std::chrono::steady_clock::time_point now) const;
   absl::Status BindLocked(Endpoint* ep, grpc::ClientContext* ctx = nullptr) const;
   // The first time a device with several endpoints calls: binds every
   // endpoint at once, each on its own thread, and returns without waiting
@@ -260,6 +265,17 @@ class RemoteDevice : public devices::Device {
   absl::Status MeasureSpread(absl::Span<const devices::Op> ops,
                              std::vector<devices::StepMeasurement>* absorb,
                              std::vector<devices::StepKey>* steps) const;
+  // MeasureSpread's parts. PlaceRequestsLocked gives each step the home does
+  // not hold to its request's endpoint's `share`, placing the requests not
+  // seen yet by the work they have left (mu_ held). MeasureShare measures
+  // endpoint e's share on e (or the next endpoint up) and appends to `*got`
+  // what the home must absorb.
+  void PlaceRequestsLocked(absl::Span<const devices::StepKey> steps,
+                           const absl::flat_hash_map<int64_t, int64_t>& final_of,
+                           std::vector<std::vector<devices::StepKey>>* share) const;
+  absl::Status MeasureShare(int e, absl::Span<const devices::StepKey> share, bool layers,
+                            const absl::flat_hash_map<int64_t, int64_t>& final_of,
+                            std::vector<devices::StepMeasurement>* got) const;
   // Measuring ahead: the endpoints' threads start once (whole requests
   // spread over them); Busy marks a call of the run's in flight to an
   // endpoint (its thread waits meanwhile); Hold tells endpoint `e` the
@@ -337,8 +353,7 @@ class RemoteDevice : public devices::Device {
   };
   // Takes a stream operation's completion: the prefetches it answered, or
   // failed if the stream ended. mu_ held.
-  void OnStreamEventLocked(CqTag* t, bool ok,
-                           std::vector<std::shared_ptr<Prefetch>>* done) const;
+  void OnStreamEventLocked(CqTag* t, bool ok, std::vector<std::shared_ptr<Prefetch>>* done) const;
   // Writes the next prefetch and reads the next answer, where none is in
   // progress. mu_ held.
   void StreamSendLocked(Stream* s) const;
@@ -411,6 +426,47 @@ class RemoteDevice : public devices::Device {
   // Empties the memo and the lists if they hold more than memo_bytes. mu_
   // held.
   void TrimLocked() const;
+  // Estimate's parts (agents/remote_device_estimate.cc).
+  // Answers the ops of `ops` a run or the memo holds into `costs`, keys the
+  // others (`keys`, by op) and lists them in `missed` and `missed_ops`;
+  // returns the extension of a prediction near its end to start, or null.
+  // mu_ held.
+  std::shared_ptr<Prefetch> LookUpLocked(absl::Span<const devices::Op> ops,
+                                         absl::Span<devices::Cost> costs,
+                                         std::vector<MemoKey>* keys, std::vector<size_t>* missed,
+                                         std::vector<devices::Op>* missed_ops) const;
+  // After a wait for answers in flight: answers the missed ops that are now
+  // in the memo and keeps the others (`keys` then holds the missed ops').
+  // mu_ held.
+  void LookUpMissedLocked(absl::Span<devices::Cost> costs, std::vector<MemoKey>* keys,
+                          std::vector<size_t>* missed, std::vector<devices::Op>* missed_ops) const;
+  // Drops from `extra` the expected ops without steps that the call asks
+  // anyway. mu_ held.
+  void DropAskedLocked(absl::Span<const devices::Op> missed_ops, OwnedOps* extra) const;
+  // The blocking request: the missed ops, the expected ops riding along,
+  // the lookahead asked and the steps the home absorbs.
+  static void EncodeMissed(absl::Span<const devices::Op> missed_ops, const OwnedOps& extra,
+                           int lookahead, absl::Span<const devices::StepMeasurement> absorb,
+                           servesim::v1::EstimateRequest* req);
+  // Decodes an answer to that request into `unique` and `index` (as
+  // DecodeCostTable gives them) and checks that it holds `missed` ops'
+  // costs, their lookahead steps and the expected ops it says it answered.
+  static grpc::Status TakeAnswer(const servesim::v1::EstimateResponse& resp, int lookahead,
+                                 const OwnedOps& extra, size_t missed, size_t predictable,
+                                 std::vector<devices::Cost>* unique, std::vector<uint32_t>* index);
+  // Asks `*req` on the endpoint's estimate stream, if it is bound, up and
+  // takes streams; true if the answer came and `take` accepted it. `*req`
+  // comes back (with the endpoint's device key), for a plain call to ask
+  // again.
+  bool AskOnStream(servesim::v1::EstimateRequest* req, servesim::v1::EstimateResponse* resp,
+                   int* used, absl::FunctionRef<grpc::Status()> take) const;
+  // Memoises the missed ops' costs and, where the answer holds lookahead
+  // steps, a prediction (window) with them. mu_ held.
+  void MemoiseAnswerLocked(absl::Span<const devices::Op> missed_ops,
+                           absl::Span<const size_t> missed, absl::Span<const MemoKey> keys,
+                           absl::Span<const devices::Cost> costs,
+                           absl::Span<const devices::Cost> answer, int answered,
+                           size_t predictable) const;
 
   mutable std::mutex mu_;  // endpoint state, memo, stats, last description
   mutable std::once_flag bind_all_;
@@ -461,9 +517,9 @@ class RemoteDevice : public devices::Device {
     uint64_t epoch = 0;
   };
   mutable std::array<RecentShape, 64> recent_shapes_;
-  mutable absl::flat_hash_map<ShapeKey, uint32_t> shapes_;    // shape -> id
-  mutable size_t memo_bytes_ = 0;       // lists' content plus entries
-  mutable uint64_t memo_epoch_ = 0;     // bumped when the memo is emptied
+  mutable absl::flat_hash_map<ShapeKey, uint32_t> shapes_;  // shape -> id
+  mutable size_t memo_bytes_ = 0;                           // lists' content plus entries
+  mutable uint64_t memo_epoch_ = 0;                         // bumped when the memo is emptied
   mutable absl::flat_hash_map<uint64_t, std::shared_ptr<Window>> windows_;
   mutable uint64_t next_window_ = 1;
   mutable int last_endpoint_ = 0;  // that answered an Estimate; prefetches go there
@@ -531,7 +587,10 @@ class RemoteSession {
   friend class RemoteDevice;
   RemoteSession(const RemoteDevice* device, int64_t request_id, int64_t kv_heads, int64_t d_head,
                 devices::ElementType type)
-      : device_(device), request_id_(request_id), kv_heads_(kv_heads), d_head_(d_head),
+      : device_(device),
+        request_id_(request_id),
+        kv_heads_(kv_heads),
+        d_head_(d_head),
         type_(type) {}
   // Opens a session and replays the history (on `endpoint` if >= 0).
   absl::Status Rebuild(int endpoint);

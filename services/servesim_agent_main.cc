@@ -9,6 +9,7 @@
 #include <chrono>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -113,32 +114,19 @@ absl::StatusOr<std::string> ReadText(const std::string& path, const char* flag) 
   return ss.str();
 }
 
-
-}  // namespace
-
-int main(int argc, char** argv) {
-  // Debian's Abseil is built without NDEBUG, which leaves absl::Mutex's
-  // deadlock detection on: every lock of gRPC's mutexes updates a graph of
-  // lock orders (2-4% of an agent's and its client's CPU). servesim's own
-  // locking is std::mutex, which never had it.
-  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
-  // gRPC's poll() engine instead of its default epoll1, unless the caller
-  // chose one: with the synchronous server's threads, epoll1 hands every
-  // call between threads; poll() took the loopback AttAcc hour from
-  // 8.61-8.77 s to 7.63-8.03 s (docs/agents.md, Cost). Its per-wake-up scan
-  // of every descriptor stays small under --max-connections.
-  setenv("GRPC_POLL_STRATEGY", "poll", /*overwrite=*/0);
-  std::vector<std::string> args(argv + 1, argv + argc);
-  // --log-level: gRPC's own log lines (quiet by default).
-  if (absl::Status st = servesim::agents::TakeLogLevelFlag(&args); !st.ok()) {
-    return UsageError(std::string(st.message()));
-  }
+// What the command line asks for.
+struct AgentFlags {
   std::string kind, preset, config, token_file;
   servesim::agents::AgentServerOptions server;
-  server.listen = "127.0.0.1:50051";
   servesim::agents::AgentServiceOptions service;
   double grace_s = 30;
   int max_connections = 1024;
+};
+
+// Parses the options into `f`; an exit status where the command ends here
+// (--help, a usage error).
+std::optional<int> ParseFlags(const std::vector<std::string>& args, AgentFlags* f) {
+  f->server.listen = "127.0.0.1:50051";
   for (size_t i = 0; i < args.size(); ++i) {
     std::string a = args[i], v;
     const size_t eq = a.find('=');
@@ -159,79 +147,79 @@ int main(int argc, char** argv) {
       return 0;
     } else if (flag == "--device") {
       if (!get()) return UsageError("--device needs a kind");
-      kind = v;
+      f->kind = v;
     } else if (flag == "--preset") {
       if (!get()) return UsageError("--preset needs a name");
-      preset = v;
+      f->preset = v;
     } else if (flag == "--config") {
       if (!get()) return UsageError("--config needs a file");
-      config = v;
+      f->config = v;
     } else if (flag == "--listen") {
       const size_t colon = get() ? v.rfind(':') : std::string::npos;
       int port = -1;
       if (colon == std::string::npos || colon == 0 ||
           !absl::SimpleAtoi(v.substr(colon + 1), &port) || port < 0 || port > 65535) {
-        return UsageError(absl::StrCat("--listen ", v,
-                                       ": expected HOST:PORT with PORT in [0, 65535]"));
+        return UsageError(
+            absl::StrCat("--listen ", v, ": expected HOST:PORT with PORT in [0, 65535]"));
       }
-      server.listen = v;
+      f->server.listen = v;
     } else if (flag == "--tls-cert") {
       if (!get()) return UsageError("--tls-cert needs a file");
-      server.tls_cert_file = v;
+      f->server.tls_cert_file = v;
     } else if (flag == "--tls-key") {
       if (!get()) return UsageError("--tls-key needs a file");
-      server.tls_key_file = v;
+      f->server.tls_key_file = v;
     } else if (flag == "--tls-client-ca") {
       if (!get()) return UsageError("--tls-client-ca needs a file");
-      server.tls_client_ca_file = v;
+      f->server.tls_client_ca_file = v;
     } else if (flag == "--token-file") {
       if (!get()) return UsageError("--token-file needs a file");
-      token_file = v;
+      f->token_file = v;
     } else if (flag == "--max-message-bytes") {
       if (!get() || !absl::SimpleAtoi(v, &n) || n < 1024 || n > (int64_t{1} << 31) - 1) {
         return UsageError("--max-message-bytes needs an integer in [1024, 2147483647]");
       }
-      server.max_message_bytes = static_cast<int>(n);
+      f->server.max_message_bytes = static_cast<int>(n);
     } else if (flag == "--max-tensor-bytes") {
       if (!get() || !absl::SimpleAtoi(v, &n) || n < 1) {
         return UsageError("--max-tensor-bytes needs an integer >= 1");
       }
-      service.max_tensor_bytes = n;
+      f->service.max_tensor_bytes = n;
     } else if (flag == "--max-kv-bytes") {
       if (!get() || !absl::SimpleAtoi(v, &n) || n < 1) {
         return UsageError("--max-kv-bytes needs an integer >= 1");
       }
-      service.max_kv_bytes = n;
+      f->service.max_kv_bytes = n;
     } else if (flag == "--max-connections") {
       if (!get() || !absl::SimpleAtoi(v, &n) || n < 1 || n > (1 << 20)) {
         return UsageError("--max-connections needs an integer in [1, 1048576]");
       }
-      max_connections = static_cast<int>(n);
+      f->max_connections = static_cast<int>(n);
     } else if (flag == "--max-streams") {
       if (!get() || !absl::SimpleAtoi(v, &n) || n < 1 || n > 65536) {
         return UsageError("--max-streams needs an integer in [1, 65536]");
       }
-      server.max_streams_per_connection = static_cast<int>(n);
+      f->server.max_streams_per_connection = static_cast<int>(n);
     } else if (flag == "--max-threads") {
       if (!get() || !absl::SimpleAtoi(v, &n) || n < 2 || n > 4096) {
         return UsageError("--max-threads needs an integer in [2, 4096]");
       }
-      server.max_threads = static_cast<int>(n);
+      f->server.max_threads = static_cast<int>(n);
     } else if (flag == "--stream-threads") {
       if (!get() || !absl::SimpleAtoi(v, &n) || n < 1 || n > 64) {
         return UsageError("--stream-threads needs an integer in [1, 64]");
       }
-      server.stream_threads = static_cast<int>(n);
+      f->server.stream_threads = static_cast<int>(n);
     } else if (flag == "--sessions-per-client") {
       if (!get() || !absl::SimpleAtoi(v, &n) || n < 1 || n > 4096) {
         return UsageError("--sessions-per-client needs an integer in [1, 4096]");
       }
-      service.max_sessions_per_client = static_cast<int>(n);
+      f->service.max_sessions_per_client = static_cast<int>(n);
     } else if (flag == "--estimate-streams-per-client") {
       if (!get() || !absl::SimpleAtoi(v, &n) || n < 1 || n > 4096) {
         return UsageError("--estimate-streams-per-client needs an integer in [1, 4096]");
       }
-      service.estimate_streams_per_client = static_cast<int>(n);
+      f->service.estimate_streams_per_client = static_cast<int>(n);
     } else if (flag == "--handshake-timeout-s" || flag == "--idle-connection-s" ||
                flag == "--call-budget-s" || flag == "--session-idle-s" ||
                flag == "--estimate-stream-idle-s") {
@@ -240,58 +228,113 @@ int main(int argc, char** argv) {
       if (!get() || !absl::SimpleAtod(v, &s) || !(s > 0 && s <= hi)) {
         return UsageError(absl::StrCat(flag, " needs seconds in (0, ", hi, "]"));
       }
-      (flag == "--handshake-timeout-s" ? server.handshake_timeout_s
-       : flag == "--idle-connection-s" ? server.idle_connection_s
-       : flag == "--call-budget-s"     ? service.call_budget_s
-       : flag == "--session-idle-s"    ? service.session_idle_s
-                                       : service.estimate_stream_idle_s) = s;
+      (flag == "--handshake-timeout-s" ? f->server.handshake_timeout_s
+       : flag == "--idle-connection-s" ? f->server.idle_connection_s
+       : flag == "--call-budget-s"     ? f->service.call_budget_s
+       : flag == "--session-idle-s"    ? f->service.session_idle_s
+                                       : f->service.estimate_stream_idle_s) = s;
     } else if (flag == "--grace") {
-      if (!get() || !absl::SimpleAtod(v, &grace_s) || !(grace_s >= 0 && grace_s <= 86400)) {
+      if (!get() || !absl::SimpleAtod(v, &f->grace_s) ||
+          !(f->grace_s >= 0 && f->grace_s <= 86400)) {
         return UsageError("--grace needs seconds in [0, 86400]");
       }
     } else {
       return UsageError(absl::StrCat("unknown option ", a));
     }
   }
-  if (kind.empty()) return UsageError("--device KIND is required");
-  if (!preset.empty() && !config.empty()) return UsageError("give --preset or --config, not both");
+  if (f->kind.empty()) return UsageError("--device KIND is required");
+  if (!f->preset.empty() && !f->config.empty()) {
+    return UsageError("give --preset or --config, not both");
+  }
+  return std::nullopt;
+}
 
+// The device served to callers that send no spec: --config's, else the
+// kind's preset.
+absl::Status LoadSpec(AgentFlags* f) {
+  const std::string& kind = f->kind;
+  const std::string& config = f->config;
+  servesim::agents::AgentServiceOptions& service = f->service;
   if (!config.empty()) {
-    auto text = ReadText(config, "--config");
-    if (!text.ok()) return Fail(text.status());
-    if (!google::protobuf::TextFormat::ParseFromString(*text, &service.spec)) {
-      return Fail(absl::InvalidArgumentError(
-          absl::StrCat("--config ", config, ": not a servesim.v1.DeviceSpec in text format")));
+    ASSIGN_OR_RETURN(const std::string text, ReadText(config, "--config"));
+    if (!google::protobuf::TextFormat::ParseFromString(text, &service.spec)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--config ", config, ": not a servesim.v1.DeviceSpec in text format"));
     }
     if (servesim::agents::SpecKindName(service.spec) != kind) {
-      return Fail(absl::InvalidArgumentError(absl::StrCat(
-          "--config ", config, " describes a '",
-          servesim::agents::SpecKindName(service.spec), "' device; --device is ", kind)));
+      return absl::InvalidArgumentError(absl::StrCat("--config ", config, " describes a '",
+                                                     servesim::agents::SpecKindName(service.spec),
+                                                     "' device; --device is ", kind));
     }
   } else {
-    auto spec = servesim::agents::AgentPresetSpec(kind, preset);
-    if (!spec.ok()) return Fail(spec.status());
-    service.spec = std::move(*spec);
+    ASSIGN_OR_RETURN(service.spec, servesim::agents::AgentPresetSpec(kind, f->preset));
   }
+  return absl::OkStatus();
+}
+
+// The token every call must carry: --token-file's first line, else
+// SERVESIM_AGENT_TOKEN; none if neither is given.
+absl::Status LoadToken(AgentFlags* f) {
+  const std::string& token_file = f->token_file;
+  servesim::agents::AgentServiceOptions& service = f->service;
   if (!token_file.empty()) {
-    auto text = ReadText(token_file, "--token-file");
-    if (!text.ok()) return Fail(text.status());
-    service.token = text->substr(0, text->find('\n'));
+    ASSIGN_OR_RETURN(const std::string text, ReadText(token_file, "--token-file"));
+    service.token = text.substr(0, text.find('\n'));
     if (absl::EndsWith(service.token, "\r")) service.token.pop_back();
-    if (absl::Status st = servesim::agents::CheckToken(
-            service.token, absl::StrCat("--token-file ", token_file, " (first line)"));
-        !st.ok()) {
-      return Fail(st);
-    }
+    RETURN_IF_ERROR(servesim::agents::CheckToken(
+        service.token, absl::StrCat("--token-file ", token_file, " (first line)")));
   } else if (const char* env = std::getenv("SERVESIM_AGENT_TOKEN"); env != nullptr) {
     // Set but empty is a mistake (an unset shell variable), not "no token".
     service.token = env;
-    if (absl::Status st = servesim::agents::CheckToken(service.token, "SERVESIM_AGENT_TOKEN");
-        !st.ok()) {
-      return Fail(st);
-    }
+    RETURN_IF_ERROR(servesim::agents::CheckToken(service.token, "SERVESIM_AGENT_TOKEN"));
   }
+  return absl::OkStatus();
+}
 
+// Says where the agent serves, warning first when it serves other hosts
+// without TLS or a token.
+void ReportServing(const AgentFlags& f, int port) {
+  const servesim::agents::AgentServerOptions& server = f.server;
+  const servesim::agents::AgentServiceOptions& service = f.service;
+  const std::string host = server.listen.substr(0, server.listen.rfind(':'));
+  const bool loopback = absl::StartsWith(host, "127.") || host == "localhost" || host == "[::1]" ||
+                        host == "::1" || host == "ip6-localhost";
+  if (!loopback && (server.tls_cert_file.empty() || service.token.empty())) {
+    std::cerr << "servesim-agent: warning: serving " << host << " without "
+              << (server.tls_cert_file.empty() && service.token.empty() ? "TLS or a token"
+                  : server.tls_cert_file.empty()                        ? "TLS"
+                                                                        : "a token")
+              << ": any host that reaches this port can use the agent"
+              << (server.tls_cert_file.empty() ? " and read its traffic" : "")
+              << " (--tls-cert/--tls-key, --token-file)" << std::endl;
+  }
+  std::cerr << "servesim-agent: serving " << f.kind << " on " << host << ":" << port
+            << (server.tls_cert_file.empty() ? "" : " (TLS)")
+            << (service.token.empty() ? "" : " (token)") << std::endl;
+}
+
+// Ends the estimate streams, then lets in-flight calls finish for up to
+// grace_s before the server stops.
+void Shutdown(servesim::agents::AgentService* svc, servesim::agents::RunningAgent* running,
+              double grace_s) {
+  // An open estimate stream is a call in flight until its client closes it:
+  // end them now (their clients call Estimate meanwhile, or another agent).
+  svc->EndStreams();
+  running->health->Shutdown();
+  running->server->Shutdown(std::chrono::system_clock::now() +
+                            std::chrono::duration_cast<std::chrono::system_clock::duration>(
+                                std::chrono::duration<double>(grace_s)));
+  std::cerr << "servesim-agent: stopped after " << svc->calls() << " calls";
+  if (const int64_t refused = servesim::services::RefusedConnections(); refused > 0) {
+    std::cerr << "; " << refused << " connections refused over --max-connections";
+  }
+  std::cerr << std::endl;
+}
+
+// Serves until SIGTERM or SIGINT, then shuts down; the exit status.
+int Serve(AgentFlags* f) {
+  servesim::agents::AgentServerOptions& server = f->server;
+  servesim::agents::AgentServiceOptions& service = f->service;
   // Signals are taken by sigwait below, never by a handler: block them
   // before gRPC starts its threads so they inherit the mask.
   sigset_t stop;
@@ -306,38 +349,39 @@ int main(int argc, char** argv) {
   if (!svc.ok()) return Fail(svc.status());
   auto running = servesim::agents::StartAgentServer(svc->get(), server);
   if (!running.ok()) return Fail(running.status());
-  auto guard = servesim::services::InstallAcceptGuard(max_connections);
+  auto guard = servesim::services::InstallAcceptGuard(f->max_connections);
   if (!guard.ok()) return Fail(guard.status());
   if (!guard->note.empty()) std::cerr << "servesim-agent: warning: " << guard->note << std::endl;
-  const std::string host = server.listen.substr(0, server.listen.rfind(':'));
-  const bool loopback = absl::StartsWith(host, "127.") || host == "localhost" || host == "[::1]" ||
-                        host == "::1" || host == "ip6-localhost";
-  if (!loopback && (server.tls_cert_file.empty() || service.token.empty())) {
-    std::cerr << "servesim-agent: warning: serving " << host << " without "
-              << (server.tls_cert_file.empty() && service.token.empty() ? "TLS or a token"
-                  : server.tls_cert_file.empty()                        ? "TLS"
-                                                                        : "a token")
-              << ": any host that reaches this port can use the agent"
-              << (server.tls_cert_file.empty() ? " and read its traffic" : "")
-              << " (--tls-cert/--tls-key, --token-file)" << std::endl;
-  }
-  std::cerr << "servesim-agent: serving " << kind << " on " << host << ":" << running->port
-            << (server.tls_cert_file.empty() ? "" : " (TLS)")
-            << (service.token.empty() ? "" : " (token)") << std::endl;
+  ReportServing(*f, running->port);
   int sig = 0;
   sigwait(&stop, &sig);
   std::cerr << "servesim-agent: signal " << sig << ", finishing in-flight calls" << std::endl;
-  // An open estimate stream is a call in flight until its client closes it:
-  // end them now (their clients call Estimate meanwhile, or another agent).
-  (*svc)->EndStreams();
-  running->health->Shutdown();
-  running->server->Shutdown(std::chrono::system_clock::now() +
-                            std::chrono::duration_cast<std::chrono::system_clock::duration>(
-                                std::chrono::duration<double>(grace_s)));
-  std::cerr << "servesim-agent: stopped after " << (*svc)->calls() << " calls";
-  if (const int64_t refused = servesim::services::RefusedConnections(); refused > 0) {
-    std::cerr << "; " << refused << " connections refused over --max-connections";
-  }
-  std::cerr << std::endl;
+  Shutdown(svc->get(), &*running, f->grace_s);
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // Debian's Abseil is built without NDEBUG, which leaves absl::Mutex's
+  // deadlock detection on: every lock of gRPC's mutexes updates a graph of
+  // lock orders (2-4% of an agent's and its client's CPU). servesim's own
+  // locking is std::mutex, which never had it.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  // gRPC's poll() engine instead of its default epoll1, unless the caller
+  // chose one: with the synchronous server's threads, epoll1 hands every
+  // call between threads; poll() took the loopback AttAcc hour from
+  // 8.61-8.77 s to 7.63-8.03 s (docs/agents.md, Cost). Its per-wake-up scan
+  // of every descriptor stays small under --max-connections.
+  setenv("GRPC_POLL_STRATEGY", "poll", /*overwrite=*/0);
+  std::vector<std::string> args(argv + 1, argv + argc);
+  // --log-level: gRPC's own log lines (quiet by default).
+  if (absl::Status st = servesim::agents::TakeLogLevelFlag(&args); !st.ok()) {
+    return UsageError(std::string(st.message()));
+  }
+  AgentFlags flags;
+  if (std::optional<int> exit_status = ParseFlags(args, &flags)) return *exit_status;
+  if (absl::Status st = LoadSpec(&flags); !st.ok()) return Fail(st);
+  if (absl::Status st = LoadToken(&flags); !st.ok()) return Fail(st);
+  return Serve(&flags);
 }

@@ -1,6 +1,6 @@
-// What the device-agent tests share: device specs, a sample iteration's ops,
-// an agent started in this process, bit-level cost comparison, throw-away
-// TLS certificates.
+// What the device-agent tests share: device specs, a sample iteration's ops
+// and its decode steps, an agent started in this process, bit-level cost
+// comparison, throw-away TLS certificates.
 #ifndef SERVESIM_TESTS_AGENTS_AGENT_TEST_UTIL_H_
 #define SERVESIM_TESTS_AGENTS_AGENT_TEST_UTIL_H_
 
@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <memory>
 #include <string>
 #include <vector>
@@ -18,10 +19,12 @@
 #include "agents/client_options.h"
 #include "agents/convert.h"
 #include "agents/remote_device.h"
+#include "devices/attacc/attacc_device.h"
 #include "devices/device.h"
 #include "devices/presets.h"
 #include "devices/registry.h"
 #include "devices/tensor.h"
+#include "devices/topick/topick_device.h"
 #include "gtest/gtest.h"
 #include "tests/test_util.h"
 
@@ -127,7 +130,7 @@ struct LocalAgent {
 };
 
 inline std::unique_ptr<LocalAgent> StartLocal(v1::DeviceSpec spec, AgentServiceOptions opts = {},
-                                       AgentServerOptions server = {}) {
+                                              AgentServerOptions server = {}) {
   auto a = std::make_unique<LocalAgent>();
   opts.spec = std::move(spec);
   auto svc = AgentService::Create(opts);
@@ -213,6 +216,57 @@ inline AgentServerOptions MutualTlsServer(const std::string& dir) {
   server.tls_client_ca_file = dir + "/ca.crt";
   return server;
 }
+
+// A one-layer, two-head ToPick of the given fidelity, and one decode
+// attention op over its heads.
+inline v1::DeviceSpec SmallTopick(v1::PruneFidelity fidelity) {
+  v1::DeviceSpec spec;
+  *spec.mutable_topick()->mutable_topick() = *devices::TopickPreset("topick");
+  spec.mutable_topick()->set_fidelity(fidelity);
+  auto* m = spec.mutable_topick()->mutable_model();
+  m->set_layers(1), m->set_heads(2), m->set_d_head(64);
+  return spec;
+}
+
+inline Op SmallTopickOp(absl::Span<const AttentionSeq> seqs) {
+  Op op;
+  op.kind = OpKind::kAttention;
+  op.stage = devices::Stage::kAttention;
+  op.heads = 2, op.kv_heads = 2, op.d_head = 64;
+  op.seqs = seqs;
+  return op;
+}
+
+// Decode step j of SampleOps' batch (every past_tokens + j; the last
+// sequence leaves after step `leaves_after`, -1: never), and a check of a
+// remote device's costs for a step against the in-process device's, bit for
+// bit (waiting for each asynchronous call, so counts do not depend on
+// timing).
+struct DecodeSteps {
+  DecodeSteps(bool gemm_and_elementwise, int leaves_after)
+      : s(gemm_and_elementwise), leaves_after(leaves_after) {}
+  std::vector<Op> Ops(int j) {
+    std::vector<AttentionSeq>& seqs = lists.emplace_back(s.seqs);
+    if (leaves_after >= 0 && j > leaves_after) seqs.pop_back();
+    for (AttentionSeq& q : seqs) q.past_tokens += j;
+    std::vector<Op> ops = s.ops;
+    for (Op& op : ops) {
+      if (op.kind == OpKind::kAttention) op.seqs = seqs;
+    }
+    return ops;
+  }
+  static void Check(const devices::Device* local, const RemoteDevice* remote,
+                    const std::vector<Op>& ops) {
+    std::vector<Cost> want(ops.size()), got(ops.size());
+    ASSERT_TRUE(local->Estimate(ops, absl::MakeSpan(want)).ok());
+    ASSERT_TRUE(remote->Estimate(ops, absl::MakeSpan(got)).ok());
+    remote->WaitForPrefetches();
+    for (size_t i = 0; i < want.size(); ++i) ExpectSameBits(want[i], got[i]);
+  }
+  SampleOps s;
+  int leaves_after;
+  std::deque<std::vector<AttentionSeq>> lists;  // the ops' sequence lists
+};
 
 }  // namespace servesim::agents::test
 
