@@ -49,7 +49,10 @@ const std::set<std::string>& Internal() {
       // The simulation's parts: only cluster/simulation.h is public.
       "cluster/actors.h", "cluster/device_hints.h", "cluster/engine.h", "cluster/fabric.h",
       "cluster/fabric_flows.h", "cluster/kv_transfer.h", "cluster/platform.h",
-      "cluster/power.h", "cluster/rank.h", "cluster/run_state.h"};
+      "cluster/power.h", "cluster/rank.h", "cluster/run_state.h",
+      // Parts of one class or one step shared by a library's files.
+      "agents/agent_service_internal.h", "agents/remote_device_internal.h",
+      "scenario/resolve_internal.h", "studies/replay_files.h", "studies/replay_workload.h"};
   return *kInternal;
 }
 

@@ -87,9 +87,9 @@ absl::StatusOr<Csv> ReadCsv(const std::string& path, const std::string& text,
       for (const std::string& c : columns) {
         const auto it = std::find(f.begin(), f.end(), c);
         if (it == f.end()) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              path, ":", line_no, ": header has no column ", c, " (expected columns ",
-              absl::StrJoin(columns, ","), ")"));
+          return absl::InvalidArgumentError(
+              absl::StrCat(path, ":", line_no, ": header has no column ", c, " (expected columns ",
+                           absl::StrJoin(columns, ","), ")"));
         }
         index.push_back(static_cast<size_t>(it - f.begin()));
       }
@@ -97,8 +97,8 @@ absl::StatusOr<Csv> ReadCsv(const std::string& path, const std::string& text,
       continue;
     }
     if (f.size() != width) {
-      return absl::InvalidArgumentError(absl::StrCat(path, ":", line_no, ": ", f.size(),
-                                                     " fields; the header has ", width));
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ":", line_no, ": ", f.size(), " fields; the header has ", width));
     }
     std::vector<std::string> row;
     for (size_t i : index) row.emplace_back(f[i]);
@@ -136,10 +136,10 @@ absl::Status ReadCurves(const std::string& path, const std::string& text,
     ASSIGN_OR_RETURN(const double us, Number(csv, r, 2, "time_us"));
     ProfileCurve& c = (*out)[csv.rows[r][0]];
     if (!c.x.empty() && !(x > c.x.back())) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          path, ":", csv.lines[r], ": column ", count_column, " is ", csv.rows[r][1],
-          " after ", c.x.back(), " for layer ", csv.rows[r][0],
-          "; expected each layer's grid points ascending and unique"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ":", csv.lines[r], ": column ", count_column, " is ", csv.rows[r][1],
+                       " after ", c.x.back(), " for layer ", csv.rows[r][0],
+                       "; expected each layer's grid points ascending and unique"));
     }
     c.x.push_back(x);
     c.t.push_back(us * 1e-6);
@@ -204,16 +204,19 @@ absl::StatusOr<std::shared_ptr<const GpuProfile>> GpuProfile::Load(const std::st
   p->dir_ = tp_dir;
   const std::string base = fs::path(tp_dir).filename().string();
   if (!absl::StartsWith(base, "tp") || !absl::SimpleAtoi(base.substr(2), &p->tp_) || p->tp_ < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        tp_dir, ": not a profile bundle's tp<N> folder (expected <root>/<gpu>/<org>/<model>/"
-        "<variant>/tp<N>, N >= 1)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(tp_dir,
+                     ": not a profile bundle's tp<N> folder (expected <root>/<gpu>/<org>/<model>/"
+                     "<variant>/tp<N>, N >= 1)"));
   }
+  // The fingerprint: every file read, name and bytes, in the order read.
   uint64_t h = 0xcbf29ce484222325ULL;
   auto file = [&](const char* name, bool required) -> absl::StatusOr<std::string> {
     const std::string path = (fs::path(tp_dir) / name).string();
     if (!fs::exists(path)) {
       if (!required) return std::string();
-      return absl::NotFoundError(absl::StrCat(path, ": not found (a profile bundle's tp<N> folder "
+      return absl::NotFoundError(absl::StrCat(path,
+                                              ": not found (a profile bundle's tp<N> folder "
                                               "holds dense.csv, attention.csv and "
                                               "per_sequence.csv)"));
     }
@@ -222,15 +225,33 @@ absl::StatusOr<std::shared_ptr<const GpuProfile>> GpuProfile::Load(const std::st
     return text;
   };
   ASSIGN_OR_RETURN(const std::string dense, file("dense.csv", true));
-  RETURN_IF_ERROR(ReadCurves((fs::path(tp_dir) / "dense.csv").string(), dense, "tokens", &p->dense_));
+  RETURN_IF_ERROR(
+      ReadCurves((fs::path(tp_dir) / "dense.csv").string(), dense, "tokens", &p->dense_));
   ASSIGN_OR_RETURN(const std::string per_seq, file("per_sequence.csv", true));
-  RETURN_IF_ERROR(ReadCurves((fs::path(tp_dir) / "per_sequence.csv").string(), per_seq,
-                             "sequences", &p->per_sequence_));
-
-  // attention.csv: rows strictly ascending in (prefill_chunk, kv_prefill,
-  // n_decode, kv_decode), as the profiler writes them.
+  RETURN_IF_ERROR(ReadCurves((fs::path(tp_dir) / "per_sequence.csv").string(), per_seq, "sequences",
+                             &p->per_sequence_));
   ASSIGN_OR_RETURN(const std::string att, file("attention.csv", true));
-  const std::string att_path = (fs::path(tp_dir) / "attention.csv").string();
+  RETURN_IF_ERROR(p->LoadAttention((fs::path(tp_dir) / "attention.csv").string(), att));
+  RETURN_IF_ERROR(p->LoadMoe(tp_dir, &h));
+
+  // Optional: the skew fit and its bins (meta.yaml, one level up).
+  ASSIGN_OR_RETURN(const std::string skew, file("skew_fit.csv", false));
+  const std::string meta_path = (fs::path(tp_dir).parent_path() / "meta.yaml").string();
+  std::string meta;
+  if (fs::exists(meta_path)) {
+    ASSIGN_OR_RETURN(meta, ReadAll(meta_path));
+    h = Fnv1a(Fnv1a(h, "meta.yaml"), meta);
+  }
+  const auto yaml = ReadYamlScalars(meta);
+  if (auto it = yaml.find("gpu"); it != yaml.end()) p->gpu_name_ = it->second;
+  RETURN_IF_ERROR(p->LoadSkewFit(tp_dir, skew, meta_path, yaml));
+  p->fingerprint_ = absl::StrFormat("%016x", h);
+  return std::shared_ptr<const GpuProfile>(std::move(p));
+}
+
+// attention.csv: rows strictly ascending in (prefill_chunk, kv_prefill,
+// n_decode, kv_decode), as the profiler writes them.
+absl::Status GpuProfile::LoadAttention(const std::string& att_path, const std::string& att) {
   const std::vector<std::string> cols = {"prefill_chunk", "kv_prefill", "n_decode", "kv_decode",
                                          "time_us"};
   ASSIGN_OR_RETURN(Csv csv, ReadCsv(att_path, att, cols));
@@ -244,22 +265,22 @@ absl::StatusOr<std::shared_ptr<const GpuProfile>> GpuProfile::Load(const std::st
     }
     const auto key = std::make_tuple(v[0], v[1], v[2], v[3]);
     if (!(key > last)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          att_path, ":", csv.lines[r], ": grid point (", csv.rows[r][0], ", ", csv.rows[r][1], ", ",
-          csv.rows[r][2], ", ", csv.rows[r][3],
-          ") is not after the previous row's; expected rows ascending and unique in "
-          "(prefill_chunk, kv_prefill, n_decode, kv_decode)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(att_path, ":", csv.lines[r], ": grid point (", csv.rows[r][0], ", ",
+                       csv.rows[r][1], ", ", csv.rows[r][2], ", ", csv.rows[r][3],
+                       ") is not after the previous row's; expected rows ascending and unique in "
+                       "(prefill_chunk, kv_prefill, n_decode, kv_decode)"));
     }
     last = key;
-    p->attention_points_.push_back({v[0], v[1], v[2], v[3], v[4] * 1e-6});
+    attention_points_.push_back({v[0], v[1], v[2], v[3], v[4] * 1e-6});
     ProfileCurve& c = leaves[{v[0], v[2], v[1]}];
     c.x.push_back(v[3]);
     c.t.push_back(v[4] * 1e-6);
   }
-  p->attention_ = std::make_shared<Node>();
+  attention_ = std::make_shared<Node>();
   for (auto& [k, curve] : leaves) {
     const auto [pc, nd, kvp] = k;
-    Node* n = p->attention_.get();
+    Node* n = attention_.get();
     for (double key : {pc, nd, kvp}) {
       if (n->keys.empty() || n->keys.back() != key) {
         n->keys.push_back(key);
@@ -269,98 +290,93 @@ absl::StatusOr<std::shared_ptr<const GpuProfile>> GpuProfile::Load(const std::st
     }
     n->leaf = std::move(curve);
   }
+  return absl::OkStatus();
+}
 
-  // Optional: the MoE block, measured at TP 1 (a tp<N> folder without one
-  // takes its sibling tp1's; docs/profiles.md).
-  {
-    std::string moe_path = (fs::path(tp_dir) / "moe.csv").string();
-    if (!fs::exists(moe_path))
-      moe_path = (fs::path(tp_dir).parent_path() / "tp1" / "moe.csv").string();
-    if (fs::exists(moe_path)) {
-      ASSIGN_OR_RETURN(const std::string moe, ReadAll(moe_path));
-      h = Fnv1a(Fnv1a(h, "moe.csv"), moe);
-      const std::vector<std::string> mcols = {"tokens", "activated_experts", "time_us"};
-      ASSIGN_OR_RETURN(Csv mcsv, ReadCsv(moe_path, moe, mcols));
-      std::pair<double, double> prev{-1, -1};
-      for (size_t r = 0; r < mcsv.rows.size(); ++r) {
-        double v[3];
-        for (size_t i = 0; i < 3; ++i) {
-          ASSIGN_OR_RETURN(v[i], Number(mcsv, r, i, mcols[i]));
-        }
-        if (!(std::make_pair(v[0], v[1]) > prev) || v[0] < 1 || v[1] < 1) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              moe_path, ":", mcsv.lines[r], ": grid point (", mcsv.rows[r][0], ", ",
-              mcsv.rows[r][1],
-              ") is not after the previous row's or below 1; expected rows ascending and "
-              "unique in (tokens, activated_experts), both >= 1"));
-        }
-        prev = {v[0], v[1]};
-        ProfileCurve& c = p->moe_[v[0]];
-        c.x.push_back(v[1]);
-        c.t.push_back(v[2] * 1e-6);
-        p->moe_max_experts_ = std::max(p->moe_max_experts_, v[1]);
-      }
+// Optional: the MoE block, measured at TP 1 (a tp<N> folder without one
+// takes its sibling tp1's; docs/profiles.md).
+absl::Status GpuProfile::LoadMoe(const std::string& tp_dir, uint64_t* h) {
+  namespace fs = std::filesystem;
+  std::string moe_path = (fs::path(tp_dir) / "moe.csv").string();
+  if (!fs::exists(moe_path))
+    moe_path = (fs::path(tp_dir).parent_path() / "tp1" / "moe.csv").string();
+  if (!fs::exists(moe_path)) return absl::OkStatus();
+  ASSIGN_OR_RETURN(const std::string moe, ReadAll(moe_path));
+  *h = Fnv1a(Fnv1a(*h, "moe.csv"), moe);
+  const std::vector<std::string> mcols = {"tokens", "activated_experts", "time_us"};
+  ASSIGN_OR_RETURN(Csv mcsv, ReadCsv(moe_path, moe, mcols));
+  std::pair<double, double> prev{-1, -1};
+  for (size_t r = 0; r < mcsv.rows.size(); ++r) {
+    double v[3];
+    for (size_t i = 0; i < 3; ++i) {
+      ASSIGN_OR_RETURN(v[i], Number(mcsv, r, i, mcols[i]));
     }
+    if (!(std::make_pair(v[0], v[1]) > prev) || v[0] < 1 || v[1] < 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          moe_path, ":", mcsv.lines[r], ": grid point (", mcsv.rows[r][0], ", ", mcsv.rows[r][1],
+          ") is not after the previous row's or below 1; expected rows ascending and "
+          "unique in (tokens, activated_experts), both >= 1"));
+    }
+    prev = {v[0], v[1]};
+    ProfileCurve& c = moe_[v[0]];
+    c.x.push_back(v[1]);
+    c.t.push_back(v[2] * 1e-6);
+    moe_max_experts_ = std::max(moe_max_experts_, v[1]);
   }
+  return absl::OkStatus();
+}
 
-  // Optional: the skew fit and its bins (meta.yaml, one level up).
-  ASSIGN_OR_RETURN(const std::string skew, file("skew_fit.csv", false));
-  const std::string meta_path = (fs::path(tp_dir).parent_path() / "meta.yaml").string();
-  std::string meta;
-  if (fs::exists(meta_path)) {
-    ASSIGN_OR_RETURN(meta, ReadAll(meta_path));
-    h = Fnv1a(Fnv1a(h, "meta.yaml"), meta);
-  }
-  const auto yaml = ReadYamlScalars(meta);
-  if (auto it = yaml.find("gpu"); it != yaml.end()) p->gpu_name_ = it->second;
-  // A bundle whose meta.yaml says the skew fit is off keeps alpha 0 even
-  // if a skew_fit.csv lies in the folder.
+// A bundle whose meta.yaml says the skew fit is off keeps alpha 0 even if a
+// skew_fit.csv lies in the folder.
+absl::Status GpuProfile::LoadSkewFit(const std::string& tp_dir, const std::string& skew,
+                                     const std::string& meta_path,
+                                     const std::map<std::string, std::string>& yaml) {
+  namespace fs = std::filesystem;
   const auto enabled = yaml.find("skew_fit.enabled");
-  if (!skew.empty() && (enabled == yaml.end() || enabled->second != "false")) {
-    const std::string skew_path = (fs::path(tp_dir) / "skew_fit.csv").string();
-    auto bins = [&](const char* edges, const char* labels, Bins* out) -> absl::Status {
-      const std::string e = absl::StrCat("skew_fit.bucket_axes.", edges);
-      const std::string l = absl::StrCat("skew_fit.bucket_axes.", labels);
-      if (yaml.count(e) == 0 || yaml.count(l) == 0) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            meta_path, ": no ", e, " and ", l, " (skew_fit.csv's buckets need them)"));
-      }
-      for (const std::string& s : YamlList(yaml.at(e))) {
-        double v = 0;
-        if (!absl::SimpleAtod(s, &v)) {
-          return absl::InvalidArgumentError(absl::StrCat(meta_path, ": ", e, " has \"", s,
-                                                         "\"; expected numbers"));
-        }
-        out->edges.push_back(v);
-      }
-      out->labels = YamlList(yaml.at(l));
-      return absl::OkStatus();
-    };
-    RETURN_IF_ERROR(bins("n_bins", "n_labels", &p->n_bins_));
-    RETURN_IF_ERROR(bins("skew_rate_bins", "skew_rate_labels", &p->sr_bins_));
-    RETURN_IF_ERROR(bins("kv_big_bins", "kv_big_labels", &p->kvb_bins_));
-    RETURN_IF_ERROR(bins("kp_bins", "kp_labels", &p->kp_bins_));
-    if (auto it = yaml.find(absl::StrCat("skew_fit.per_tp.", p->tp_, ".alpha_default"));
-        it != yaml.end() && !absl::SimpleAtod(it->second, &p->alpha_default_)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(meta_path, ": alpha_default \"", it->second, "\" is not a number"));
-    }
-    ASSIGN_OR_RETURN(Csv fit, ReadCsv(skew_path, skew,
-                                      {"pc", "n_label", "skew_rate_label", "kv_big_label",
-                                       "kp_label", "alpha"}));
-    for (size_t r = 0; r < fit.rows.size(); ++r) {
-      double alpha = 0;
-      const std::string& a = fit.rows[r][5];
-      if (!absl::SimpleAtod(a, &alpha) || !std::isfinite(alpha)) {
-        return absl::InvalidArgumentError(absl::StrCat(skew_path, ":", fit.lines[r],
-                                                       ": column alpha is \"", a,
-                                                       "\"; expected a finite number"));
-      }
-      p->alpha_[absl::StrJoin(fit.rows[r].begin(), fit.rows[r].begin() + 5, "|")] = alpha;
-    }
+  if (skew.empty() || (enabled != yaml.end() && enabled->second == "false")) {
+    return absl::OkStatus();
   }
-  p->fingerprint_ = absl::StrFormat("%016x", h);
-  return std::shared_ptr<const GpuProfile>(std::move(p));
+  const std::string skew_path = (fs::path(tp_dir) / "skew_fit.csv").string();
+  auto bins = [&](const char* edges, const char* labels, Bins* out) -> absl::Status {
+    const std::string e = absl::StrCat("skew_fit.bucket_axes.", edges);
+    const std::string l = absl::StrCat("skew_fit.bucket_axes.", labels);
+    if (yaml.count(e) == 0 || yaml.count(l) == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(meta_path, ": no ", e, " and ", l, " (skew_fit.csv's buckets need them)"));
+    }
+    for (const std::string& s : YamlList(yaml.at(e))) {
+      double v = 0;
+      if (!absl::SimpleAtod(s, &v)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(meta_path, ": ", e, " has \"", s, "\"; expected numbers"));
+      }
+      out->edges.push_back(v);
+    }
+    out->labels = YamlList(yaml.at(l));
+    return absl::OkStatus();
+  };
+  RETURN_IF_ERROR(bins("n_bins", "n_labels", &n_bins_));
+  RETURN_IF_ERROR(bins("skew_rate_bins", "skew_rate_labels", &sr_bins_));
+  RETURN_IF_ERROR(bins("kv_big_bins", "kv_big_labels", &kvb_bins_));
+  RETURN_IF_ERROR(bins("kp_bins", "kp_labels", &kp_bins_));
+  if (auto it = yaml.find(absl::StrCat("skew_fit.per_tp.", tp_, ".alpha_default"));
+      it != yaml.end() && !absl::SimpleAtod(it->second, &alpha_default_)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(meta_path, ": alpha_default \"", it->second, "\" is not a number"));
+  }
+  ASSIGN_OR_RETURN(
+      Csv fit, ReadCsv(skew_path, skew,
+                       {"pc", "n_label", "skew_rate_label", "kv_big_label", "kp_label", "alpha"}));
+  for (size_t r = 0; r < fit.rows.size(); ++r) {
+    double alpha = 0;
+    const std::string& a = fit.rows[r][5];
+    if (!absl::SimpleAtod(a, &alpha) || !std::isfinite(alpha)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          skew_path, ":", fit.lines[r], ": column alpha is \"", a, "\"; expected a finite number"));
+    }
+    alpha_[absl::StrJoin(fit.rows[r].begin(), fit.rows[r].begin() + 5, "|")] = alpha;
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::shared_ptr<const GpuProfile>> GpuProfile::Get(const std::string& tp_dir) {
@@ -412,8 +428,8 @@ double GpuProfile::SkewAlpha(const AttentionShapeQuery& q) const {
   if (q.n_decode <= 1 || !(q.kv_decode_max > q.kv_decode_mean)) return 0;
   if (alpha_.empty() && alpha_default_ == 0) return 0;
   const double span = q.kv_decode_max - q.kv_decode_min;
-  const double rate = span > 0 ? std::clamp((q.kv_decode_mean - q.kv_decode_min) / span, 0.0, 1.0)
-                               : 0.0;
+  const double rate =
+      span > 0 ? std::clamp((q.kv_decode_mean - q.kv_decode_min) / span, 0.0, 1.0) : 0.0;
   const std::string* n = n_bins_.Label(q.n_decode);
   const std::string* sr = sr_bins_.Label(rate);
   const std::string* kvb = kvb_bins_.Label(q.kv_decode_max);

@@ -136,6 +136,14 @@ class GpuProfile {
  private:
   struct Node;  // one level of the attention tree
   double Interp(const Node& node, int depth, const double* query, double* clamped) const;
+  // Load's parts: attention.csv's grid and tree; the optional MoE block
+  // (its file's bytes into the fingerprint `*h`); the optional skew fit
+  // (skew_fit.csv's text `skew`, meta.yaml's scalars `yaml` at `meta_path`).
+  absl::Status LoadAttention(const std::string& path, const std::string& text);
+  absl::Status LoadMoe(const std::string& tp_dir, uint64_t* h);
+  absl::Status LoadSkewFit(const std::string& tp_dir, const std::string& skew,
+                           const std::string& meta_path,
+                           const std::map<std::string, std::string>& yaml);
 
   std::string dir_, fingerprint_, gpu_name_;
   int tp_ = 1;

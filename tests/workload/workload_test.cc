@@ -16,10 +16,7 @@
 #include "absl/strings/string_view.h"
 #include "gtest/gtest.h"
 #include "servesim/v1/scenario.pb.h"
-
-#ifndef SERVESIM_SOURCE_DIR
-#error "SERVESIM_SOURCE_DIR must name the repository root"
-#endif
+#include "tests/workload/workload_test_util.h"
 
 namespace servesim::workload {
 namespace {
@@ -27,40 +24,9 @@ namespace {
 using scheduler::RequestSpec;
 using servesim::v1::WorkloadSpec;
 
-#define SERVESIM_TRACES_ SERVESIM_SOURCE_DIR "/examples/traces/"
-constexpr char kAzureConv[] =
-    SERVESIM_TRACES_ "AzureLLMInferenceTrace_conv.csv";
-constexpr char kAzureCode[] =
-    SERVESIM_TRACES_ "AzureLLMInferenceTrace_code.csv";
-constexpr char kMooncake[] = SERVESIM_TRACES_ "synthetic_trace.jsonl";
-constexpr char kBurstGpt[] = SERVESIM_TRACES_ "burstgpt_slice.csv";
-constexpr char kShareGpt[] =
-    SERVESIM_TRACES_ "sharegpt_8k_filtered_stats_llama2_tokenizer.csv";
-#undef SERVESIM_TRACES_
-
-// `status` has `code` and its message contains every piece.
-::testing::AssertionResult IsError(
-    const absl::Status& status, absl::StatusCode code,
-    std::initializer_list<absl::string_view> pieces) {
-  if (status.code() != code) {
-    return ::testing::AssertionFailure()
-           << "code " << absl::StatusCodeToString(status.code())
-           << ", expected " << absl::StatusCodeToString(code) << ": "
-           << status.message();
-  }
-  for (absl::string_view piece : pieces) {
-    if (!absl::StrContains(status.message(), piece)) {
-      return ::testing::AssertionFailure() << "message \"" << status.message()
-                                           << "\" lacks \"" << piece << "\"";
-    }
-  }
-  return ::testing::AssertionSuccess();
-}
-
 // Writes `content` to a fresh file under the test temp dir; returns its path.
 std::string WriteTemp(absl::string_view name, absl::string_view content) {
-  const std::string path =
-      absl::StrCat(::testing::TempDir(), "workload_test_", name);
+  const std::string path = absl::StrCat(::testing::TempDir(), "workload_test_", name);
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   out.write(content.data(), static_cast<std::streamsize>(content.size()));
   return path;
@@ -90,10 +56,10 @@ std::string Ids(int shared, int tail, int from) {
 }
 
 TEST(PlainCsvTraceTest, ColumnsInAnyOrderAndPrefixGroups) {
-  const std::string path = WriteTemp(
-      "plain.csv",
-      "input_tokens,arrival_s,output_tokens,prefix_tokens,prefix_group\n"
-      "100,0,5,40,sys\n64,0.5,3,64,sys\n30,1.25,2,,\n");
+  const std::string path =
+      WriteTemp("plain.csv",
+                "input_tokens,arrival_s,output_tokens,prefix_tokens,prefix_group\n"
+                "100,0,5,40,sys\n64,0.5,3,64,sys\n30,1.25,2,,\n");
   WorkloadSpec spec;
   spec.mutable_trace()->set_path(path);
   const auto w = LoadWorkload(spec, "", "", 1, /*prefix_block_tokens=*/16);
@@ -118,15 +84,16 @@ TEST(PlainCsvTraceTest, ColumnsInAnyOrderAndPrefixGroups) {
 }
 
 TEST(PlainCsvTraceTest, BadRowsNameTheLineAndColumn) {
-  const std::string one = WriteTemp("plain_one.csv",
-                                    "arrival_s,input_tokens,output_tokens,prefix_group\n0,10,1,a\n");
+  const std::string one =
+      WriteTemp("plain_one.csv", "arrival_s,input_tokens,output_tokens,prefix_group\n0,10,1,a\n");
   EXPECT_TRUE(IsError(ReadCsvTrace(one).status(), absl::StatusCode::kInvalidArgument,
                       {one, ":1:", "has one of prefix_group and prefix_tokens"}));
-  const std::string longer = WriteTemp(
-      "plain_long.csv",
-      "arrival_s,input_tokens,output_tokens,prefix_group,prefix_tokens\n0,100,1,a,200\n");
-  EXPECT_TRUE(IsError(ReadCsvTrace(longer).status(), absl::StatusCode::kInvalidArgument,
-                      {longer, ":2:", "prefix_tokens is 200; expected at most input_tokens (100)"}));
+  const std::string longer =
+      WriteTemp("plain_long.csv",
+                "arrival_s,input_tokens,output_tokens,prefix_group,prefix_tokens\n0,100,1,a,200\n");
+  EXPECT_TRUE(
+      IsError(ReadCsvTrace(longer).status(), absl::StatusCode::kInvalidArgument,
+              {longer, ":2:", "prefix_tokens is 200; expected at most input_tokens (100)"}));
   const std::string negative =
       WriteTemp("plain_neg.csv", "arrival_s,input_tokens,output_tokens\n-1,10,1\n");
   EXPECT_TRUE(IsError(ReadCsvTrace(negative).status(), absl::StatusCode::kInvalidArgument,
@@ -162,9 +129,9 @@ TEST(TokenIdsTraceTest, PromptsHashPerBlockAndGzipIsRead) {
 }
 
 TEST(TokenIdsTraceTest, BadLinesNameTheLineAndKey) {
-  const std::string mismatch = WriteTemp(
-      "ids_mismatch.jsonl",
-      "{\"input_toks\": 4, \"output_toks\": 1, \"arrival_time_ns\": 0, \"input_tok_ids\": [1, 2, 3]}\n");
+  const std::string mismatch = WriteTemp("ids_mismatch.jsonl",
+                                         "{\"input_toks\": 4, \"output_toks\": 1, "
+                                         "\"arrival_time_ns\": 0, \"input_tok_ids\": [1, 2, 3]}\n");
   EXPECT_TRUE(IsError(ReadTokenIdsTrace(mismatch).status(), absl::StatusCode::kInvalidArgument,
                       {mismatch, ":1:", "input_tok_ids has 3 tokens but input_toks is 4"}));
   const std::string missing =
@@ -253,17 +220,15 @@ TEST(AzureTraceTest, CodeFile) {
 TEST(AzureTraceTest, LoadWorkloadInfersFormat) {
   WorkloadSpec spec;
   spec.mutable_trace()->set_path("traces/AzureLLMInferenceTrace_conv.csv");
-  const auto workload =
-      LoadWorkload(spec, SERVESIM_SOURCE_DIR "/examples", "", 1);
+  const auto workload = LoadWorkload(spec, SERVESIM_SOURCE_DIR "/examples", "", 1);
   ASSERT_TRUE(workload.ok()) << workload.status();
   EXPECT_EQ(workload->requests.size(), 19366u);
   EXPECT_EQ(workload->rows_read, 19366);
   EXPECT_EQ(workload->skipped_failed, 0);
   EXPECT_EQ(workload->outside_window, 0);
-  EXPECT_EQ(workload->description,
-            absl::StrCat("azure trace ", SERVESIM_SOURCE_DIR,
-                         "/examples/traces/AzureLLMInferenceTrace_conv.csv "
-                         "(19366 rows)"));
+  EXPECT_EQ(workload->description, absl::StrCat("azure trace ", SERVESIM_SOURCE_DIR,
+                                                "/examples/traces/AzureLLMInferenceTrace_conv.csv "
+                                                "(19366 rows)"));
   EXPECT_EQ(workload->requests[0].arrival_s, 0.0);
   EXPECT_NEAR(workload->requests[1].arrival_s, 4.3145790, 1e-9);
   EXPECT_NEAR(workload->requests.back().arrival_s, 3501.7219370, 1e-9);
@@ -321,8 +286,7 @@ TEST(BurstGptTraceTest, LoadWorkloadCountsRowsAndShifts) {
   EXPECT_EQ(workload->requests[0].arrival_s, 0.0);
   EXPECT_EQ(workload->requests.back().arrival_s, 37269.0);
   EXPECT_EQ(workload->description,
-            absl::StrCat("burstgpt trace ", kBurstGpt,
-                         " (400 rows, 17 failed skipped)"));
+            absl::StrCat("burstgpt trace ", kBurstGpt, " (400 rows, 17 failed skipped)"));
 }
 
 TEST(LengthCsvTest, ShareGptFile) {
@@ -345,13 +309,12 @@ TEST(LengthCsvTest, ShareGptFile) {
 // ------------------------------------------------------- format details --
 
 TEST(AzureTraceTest, CrlfBlankLinesAndFractionWidths) {
-  const std::string path =
-      WriteTemp("azure_widths.csv",
-                "TIMESTAMP,ContextTokens,GeneratedTokens\r\n"
-                "2024-02-28 23:59:59,10,1\r\n"            // no fraction
-                "2024-02-29 00:00:00.5,20,2\r\n"          // leap day, 1 digit
-                "2024-03-01 00:00:00.123456789,30,3\r\n"  // 9 digits
-                "\r\n");
+  const std::string path = WriteTemp("azure_widths.csv",
+                                     "TIMESTAMP,ContextTokens,GeneratedTokens\r\n"
+                                     "2024-02-28 23:59:59,10,1\r\n"            // no fraction
+                                     "2024-02-29 00:00:00.5,20,2\r\n"          // leap day, 1 digit
+                                     "2024-03-01 00:00:00.123456789,30,3\r\n"  // 9 digits
+                                     "\r\n");
   const auto trace = ReadAzureTrace(path);
   ASSERT_TRUE(trace.ok()) << trace.status();
   ASSERT_EQ(trace->rows.size(), 3u);
@@ -362,12 +325,12 @@ TEST(AzureTraceTest, CrlfBlankLinesAndFractionWidths) {
 }
 
 TEST(AzureTraceTest, YearAndMonthBoundaries) {
-  const std::string path = WriteTemp(
-      "azure_years.csv",
-      "TIMESTAMP,ContextTokens,GeneratedTokens\n"
-      "1999-12-31 23:59:59.0,1,1\n"
-      "2000-03-01 00:00:00.0,1,1\n"  // 2000 is a leap year: 61 days later
-      "2100-03-01 00:00:00.0,1,1");  // 2100 is not; no final newline
+  const std::string path =
+      WriteTemp("azure_years.csv",
+                "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                "1999-12-31 23:59:59.0,1,1\n"
+                "2000-03-01 00:00:00.0,1,1\n"  // 2000 is a leap year: 61 days later
+                "2100-03-01 00:00:00.0,1,1");  // 2100 is not; no final newline
   const auto trace = ReadAzureTrace(path);
   ASSERT_TRUE(trace.ok()) << trace.status();
   ASSERT_EQ(trace->rows.size(), 3u);
@@ -401,16 +364,16 @@ TEST(AzureTraceTest, EarlierRowsAreSortedAndShifted) {
 }
 
 TEST(MooncakeTraceTest, BucketsSpreadInFileOrderAndUnknownKeysIgnored) {
-  const std::string path = WriteTemp(
-      "mooncake_buckets.jsonl",
-      "{\"timestamp\": 5, \"input_length\": 1, \"output_length\": 1, "
-      "\"hash_ids\": [1, 2, 3]}\n"
-      "\n"
-      "{\"input_length\": 2, \"output_length\": 2, \"timestamp\": 3, "
-      "\"note\": \"a, \\\"b\\\"\", \"x\": {\"y\": [true, null]}}\n"
-      "{\"timestamp\": 5, \"input_length\": 3, \"output_length\": 3}\n"
-      "{\"timestamp\": 5, \"input_length\": 4, \"output_length\": 4, "
-      "\"hash_ids\": []}\n");
+  const std::string path =
+      WriteTemp("mooncake_buckets.jsonl",
+                "{\"timestamp\": 5, \"input_length\": 1, \"output_length\": 1, "
+                "\"hash_ids\": [1, 2, 3]}\n"
+                "\n"
+                "{\"input_length\": 2, \"output_length\": 2, \"timestamp\": 3, "
+                "\"note\": \"a, \\\"b\\\"\", \"x\": {\"y\": [true, null]}}\n"
+                "{\"timestamp\": 5, \"input_length\": 3, \"output_length\": 3}\n"
+                "{\"timestamp\": 5, \"input_length\": 4, \"output_length\": 4, "
+                "\"hash_ids\": []}\n");
   const auto trace = ReadMooncakeTrace(path);
   ASSERT_TRUE(trace.ok()) << trace.status();
   ASSERT_EQ(trace->rows.size(), 4u);
@@ -422,12 +385,11 @@ TEST(MooncakeTraceTest, BucketsSpreadInFileOrderAndUnknownKeysIgnored) {
 }
 
 TEST(BurstGptTraceTest, ColumnsByNameFloatTimestamps) {
-  const std::string path =
-      WriteTemp("burstgpt_cols.csv",
-                "Log Type,Response tokens,Timestamp,Request tokens\r\n"
-                "API log,7,1.5,100\r\n"
-                "API log,0,2,0\r\n"
-                "API log,9,2.25,200\r\n");
+  const std::string path = WriteTemp("burstgpt_cols.csv",
+                                     "Log Type,Response tokens,Timestamp,Request tokens\r\n"
+                                     "API log,7,1.5,100\r\n"
+                                     "API log,0,2,0\r\n"
+                                     "API log,9,2.25,200\r\n");
   const auto trace = ReadBurstGptTrace(path);
   ASSERT_TRUE(trace.ok()) << trace.status();
   ASSERT_EQ(trace->rows.size(), 2u);
@@ -439,10 +401,9 @@ TEST(BurstGptTraceTest, ColumnsByNameFloatTimestamps) {
 }
 
 TEST(BurstGptTraceTest, InferredFromHeader) {
-  const std::string path =
-      WriteTemp("burstgpt_infer.txt",
-                "Timestamp,Model,Request tokens,Response tokens\n"
-                "3,GPT-4,10,20\n");
+  const std::string path = WriteTemp("burstgpt_infer.txt",
+                                     "Timestamp,Model,Request tokens,Response tokens\n"
+                                     "3,GPT-4,10,20\n");
   WorkloadSpec spec;
   spec.mutable_trace()->set_path(path);
   const auto workload = LoadWorkload(spec, "", "", 1);
@@ -458,20 +419,19 @@ TEST(BadInputTest, NonNumericTokenCount) {
                                      "TIMESTAMP,ContextTokens,GeneratedTokens\n"
                                      "2023-11-16 18:15:46.6805900,374,44\n"
                                      "2023-11-16 18:15:47.0,12x,44\n");
-  EXPECT_TRUE(IsError(
-      ReadAzureTrace(path).status(), absl::StatusCode::kInvalidArgument,
-      {path, ":3:", "ContextTokens is \"12x\"", "expected an integer in [1, 2147483647]"}));
+  EXPECT_TRUE(
+      IsError(ReadAzureTrace(path).status(), absl::StatusCode::kInvalidArgument,
+              {path, ":3:", "ContextTokens is \"12x\"", "expected an integer in [1, 2147483647]"}));
 }
 
 TEST(BadInputTest, NegativeTokenCount) {
   const std::string path = WriteTemp("bad_negative.csv",
                                      "TIMESTAMP,ContextTokens,GeneratedTokens\n"
                                      "2023-11-16 18:15:46.6805900,374,-3\n");
-  EXPECT_TRUE(
-      IsError(ReadAzureTrace(path).status(), absl::StatusCode::kInvalidArgument,
-              {absl::StrCat(path,
-                            ":2: GeneratedTokens is \"-3\"; expected an "
-                            "integer in [1, 2147483647]")}));
+  EXPECT_TRUE(IsError(ReadAzureTrace(path).status(), absl::StatusCode::kInvalidArgument,
+                      {absl::StrCat(path,
+                                    ":2: GeneratedTokens is \"-3\"; expected an "
+                                    "integer in [1, 2147483647]")}));
 }
 
 TEST(BadInputTest, TokenCountPastTwoToTheThirtyOne) {
@@ -488,67 +448,53 @@ TEST(BadInputTest, TokenCountPastTwoToTheThirtyOne) {
 }
 
 TEST(BadInputTest, ZeroTokenCount) {
-  const std::string azure =
-      WriteTemp("bad_zero.csv",
-                "TIMESTAMP,ContextTokens,GeneratedTokens\n"
-                "2023-11-16 18:15:46.6805900,374,1\n"
-                "2023-11-16 18:15:47.6805900,374,0\n");
-  EXPECT_TRUE(IsError(ReadAzureTrace(azure).status(),
-                      absl::StatusCode::kInvalidArgument,
+  const std::string azure = WriteTemp("bad_zero.csv",
+                                      "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                                      "2023-11-16 18:15:46.6805900,374,1\n"
+                                      "2023-11-16 18:15:47.6805900,374,0\n");
+  EXPECT_TRUE(IsError(ReadAzureTrace(azure).status(), absl::StatusCode::kInvalidArgument,
                       {azure, ":3:", "GeneratedTokens is \"0\""}));
-  const std::string lengths = WriteTemp(
-      "bad_zero_lengths.csv", "num_prefill_tokens,num_decode_tokens\n0,5\n");
-  EXPECT_TRUE(IsError(ReadLengthCsv(lengths).status(),
-                      absl::StatusCode::kInvalidArgument,
+  const std::string lengths =
+      WriteTemp("bad_zero_lengths.csv", "num_prefill_tokens,num_decode_tokens\n0,5\n");
+  EXPECT_TRUE(IsError(ReadLengthCsv(lengths).status(), absl::StatusCode::kInvalidArgument,
                       {lengths, ":2:", "num_prefill_tokens is \"0\""}));
 }
 
 TEST(BadInputTest, BadTimestamps) {
   for (const char* timestamp :
-       {"2023-11-16 25:00:00.0", "2023-02-29 00:00:00.0",
-        "2023-11-16 18:15:46.1234567890", "2023-11-16 18:15:46.",
-        "2023/11/16 18:15:46.0", "1700000000", "2023-11-16 18:15:4a.0"}) {
+       {"2023-11-16 25:00:00.0", "2023-02-29 00:00:00.0", "2023-11-16 18:15:46.1234567890",
+        "2023-11-16 18:15:46.", "2023/11/16 18:15:46.0", "1700000000", "2023-11-16 18:15:4a.0"}) {
     const std::string path =
         WriteTemp("bad_timestamp.csv",
-                  absl::StrCat("TIMESTAMP,ContextTokens,GeneratedTokens\n",
-                               timestamp, ",1,1\n"));
-    EXPECT_TRUE(IsError(ReadAzureTrace(path).status(),
-                        absl::StatusCode::kInvalidArgument,
+                  absl::StrCat("TIMESTAMP,ContextTokens,GeneratedTokens\n", timestamp, ",1,1\n"));
+    EXPECT_TRUE(IsError(ReadAzureTrace(path).status(), absl::StatusCode::kInvalidArgument,
                         {path, ":2:", "TIMESTAMP is", "YYYY-MM-DD HH:MM:SS"}))
         << timestamp;
   }
-  const std::string burst =
-      WriteTemp("bad_burst_timestamp.csv",
-                "Timestamp,Request tokens,Response tokens\n1,2,3\nnan,2,3\n");
-  EXPECT_TRUE(IsError(ReadBurstGptTrace(burst).status(),
-                      absl::StatusCode::kInvalidArgument,
+  const std::string burst = WriteTemp("bad_burst_timestamp.csv",
+                                      "Timestamp,Request tokens,Response tokens\n1,2,3\nnan,2,3\n");
+  EXPECT_TRUE(IsError(ReadBurstGptTrace(burst).status(), absl::StatusCode::kInvalidArgument,
                       {burst, ":3:", "Timestamp is \"nan\""}));
 }
 
 TEST(BadInputTest, MissingColumn) {
-  const std::string path =
-      WriteTemp("bad_missing_column.csv",
-                "TIMESTAMP,ContextTokens\n2023-11-16 18:15:46.6805900,374\n");
-  EXPECT_TRUE(
-      IsError(ReadAzureTrace(path).status(), absl::StatusCode::kInvalidArgument,
-              {path, ":1:", "no \"GeneratedTokens\" column",
-               "expected columns TIMESTAMP,ContextTokens,GeneratedTokens"}));
+  const std::string path = WriteTemp("bad_missing_column.csv",
+                                     "TIMESTAMP,ContextTokens\n2023-11-16 18:15:46.6805900,374\n");
+  EXPECT_TRUE(IsError(ReadAzureTrace(path).status(), absl::StatusCode::kInvalidArgument,
+                      {path, ":1:", "no \"GeneratedTokens\" column",
+                       "expected columns TIMESTAMP,ContextTokens,GeneratedTokens"}));
 }
 
 TEST(BadInputTest, WrongHeader) {
-  const std::string path =
-      WriteTemp("bad_header.csv", "time,req,resp\n1,2,3\n");
-  EXPECT_TRUE(IsError(
-      ReadBurstGptTrace(path).status(), absl::StatusCode::kInvalidArgument,
-      {path,
-       ":1:", "expected columns Timestamp,Request tokens,Response tokens"}));
+  const std::string path = WriteTemp("bad_header.csv", "time,req,resp\n1,2,3\n");
+  EXPECT_TRUE(IsError(ReadBurstGptTrace(path).status(), absl::StatusCode::kInvalidArgument,
+                      {path, ":1:", "expected columns Timestamp,Request tokens,Response tokens"}));
   // Nothing to infer the format from either.
   WorkloadSpec spec;
   spec.mutable_trace()->set_path(path);
-  EXPECT_TRUE(IsError(LoadWorkload(spec, "", "", 1).status(),
-                      absl::StatusCode::kInvalidArgument,
-                      {path, ":1:", "cannot infer the trace format", "azure",
-                       "burstgpt", "mooncake"}));
+  EXPECT_TRUE(
+      IsError(LoadWorkload(spec, "", "", 1).status(), absl::StatusCode::kInvalidArgument,
+              {path, ":1:", "cannot infer the trace format", "azure", "burstgpt", "mooncake"}));
 }
 
 TEST(BadInputTest, WrongFieldCountAndQuotes) {
@@ -556,38 +502,31 @@ TEST(BadInputTest, WrongFieldCountAndQuotes) {
       WriteTemp("bad_count.csv",
                 "Timestamp,Model,Request tokens,Response tokens\n1,GPT-4,2,3\n"
                 "2,GPT,4,2,3\n");
-  EXPECT_TRUE(IsError(ReadBurstGptTrace(count).status(),
-                      absl::StatusCode::kInvalidArgument,
+  EXPECT_TRUE(IsError(ReadBurstGptTrace(count).status(), absl::StatusCode::kInvalidArgument,
                       {count, ":3:", "row has 5 fields; expected 4"}));
-  const std::string quoted =
-      WriteTemp("bad_quoted.csv",
-                "Timestamp,Model,Request tokens,Response tokens\n"
-                "1,\"GPT, 4\",2,3\n");
-  EXPECT_TRUE(IsError(ReadBurstGptTrace(quoted).status(),
-                      absl::StatusCode::kInvalidArgument,
+  const std::string quoted = WriteTemp("bad_quoted.csv",
+                                       "Timestamp,Model,Request tokens,Response tokens\n"
+                                       "1,\"GPT, 4\",2,3\n");
+  EXPECT_TRUE(IsError(ReadBurstGptTrace(quoted).status(), absl::StatusCode::kInvalidArgument,
                       {quoted, ":2:", "quoted CSV fields are not supported"}));
 }
 
 TEST(BadInputTest, EmptyFileAndHeaderOnly) {
   const std::string empty = WriteTemp("bad_empty.csv", "");
-  EXPECT_TRUE(IsError(ReadAzureTrace(empty).status(),
-                      absl::StatusCode::kInvalidArgument,
+  EXPECT_TRUE(IsError(ReadAzureTrace(empty).status(), absl::StatusCode::kInvalidArgument,
                       {empty, ":1:", "file is empty"}));
-  const std::string header = WriteTemp(
-      "bad_header_only.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\r\n");
-  EXPECT_TRUE(IsError(ReadAzureTrace(header).status(),
-                      absl::StatusCode::kInvalidArgument,
+  const std::string header =
+      WriteTemp("bad_header_only.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\r\n");
+  EXPECT_TRUE(IsError(ReadAzureTrace(header).status(), absl::StatusCode::kInvalidArgument,
                       {header, ":2:", "no data rows"}));
   const std::string jsonl = WriteTemp("bad_empty.jsonl", "\n\n");
-  EXPECT_TRUE(IsError(ReadMooncakeTrace(jsonl).status(),
-                      absl::StatusCode::kInvalidArgument,
+  EXPECT_TRUE(IsError(ReadMooncakeTrace(jsonl).status(), absl::StatusCode::kInvalidArgument,
                       {jsonl, ":3:", "no data rows"}));
 }
 
 TEST(BadInputTest, MissingFile) {
   const std::string path = ::testing::TempDir() + "workload_test_nope.csv";
-  EXPECT_TRUE(IsError(ReadAzureTrace(path).status(),
-                      absl::StatusCode::kNotFound, {path}));
+  EXPECT_TRUE(IsError(ReadAzureTrace(path).status(), absl::StatusCode::kNotFound, {path}));
   WorkloadSpec spec;
   spec.mutable_trace()->set_path("workload_test_nope.csv");
   EXPECT_TRUE(IsError(LoadWorkload(spec, ::testing::TempDir(), "", 1).status(),
@@ -598,316 +537,40 @@ TEST(BadInputTest, MissingFile) {
 }
 
 TEST(BadInputTest, MooncakeMissingKeyAndMalformed) {
-  const std::string missing = WriteTemp(
-      "bad_missing_key.jsonl",
-      "{\"timestamp\": 0, \"input_length\": 5, \"output_length\": 1}\n"
-      "{\"timestamp\": 1, \"input_length\": 5, \"hash_ids\": [1]}\n");
-  EXPECT_TRUE(IsError(ReadMooncakeTrace(missing).status(),
-                      absl::StatusCode::kInvalidArgument,
+  const std::string missing =
+      WriteTemp("bad_missing_key.jsonl",
+                "{\"timestamp\": 0, \"input_length\": 5, \"output_length\": 1}\n"
+                "{\"timestamp\": 1, \"input_length\": 5, \"hash_ids\": [1]}\n");
+  EXPECT_TRUE(IsError(ReadMooncakeTrace(missing).status(), absl::StatusCode::kInvalidArgument,
                       {missing, ":2:", "no \"output_length\" key"}));
   const std::string malformed = WriteTemp(
-      "bad_malformed.jsonl",
-      "{\"timestamp\": 0, \"input_length\": 5 \"output_length\": 1}\n");
-  EXPECT_TRUE(IsError(ReadMooncakeTrace(malformed).status(),
-                      absl::StatusCode::kInvalidArgument,
+      "bad_malformed.jsonl", "{\"timestamp\": 0, \"input_length\": 5 \"output_length\": 1}\n");
+  EXPECT_TRUE(IsError(ReadMooncakeTrace(malformed).status(), absl::StatusCode::kInvalidArgument,
                       {malformed, ":1:", "malformed JSON"}));
   const std::string negative = WriteTemp(
-      "bad_negative_ts.jsonl",
-      "{\"timestamp\": -1, \"input_length\": 5, \"output_length\": 1}\n");
-  EXPECT_TRUE(IsError(ReadMooncakeTrace(negative).status(),
-                      absl::StatusCode::kInvalidArgument,
+      "bad_negative_ts.jsonl", "{\"timestamp\": -1, \"input_length\": 5, \"output_length\": 1}\n");
+  EXPECT_TRUE(IsError(ReadMooncakeTrace(negative).status(), absl::StatusCode::kInvalidArgument,
                       {negative, ":1:", "timestamp is \"-1\""}));
 }
 
 TEST(BadInputTest, BurstGptZeroRequestTokens) {
-  const std::string path = WriteTemp(
-      "bad_burst_zero.csv",
-      "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
-      "5,ChatGPT,472,18,490,Conversation log\n"
-      "6,ChatGPT,0,0,0,Conversation log\n"
-      "7,ChatGPT,0,12,12,Conversation log\n");
-  EXPECT_TRUE(IsError(
-      ReadBurstGptTrace(path).status(), absl::StatusCode::kInvalidArgument,
-      {path, ":4:", "Request tokens is \"0\"", "Response tokens is 12"}));
+  const std::string path =
+      WriteTemp("bad_burst_zero.csv",
+                "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+                "5,ChatGPT,472,18,490,Conversation log\n"
+                "6,ChatGPT,0,0,0,Conversation log\n"
+                "7,ChatGPT,0,12,12,Conversation log\n");
+  EXPECT_TRUE(IsError(ReadBurstGptTrace(path).status(), absl::StatusCode::kInvalidArgument,
+                      {path, ":4:", "Request tokens is \"0\"", "Response tokens is 12"}));
 }
 
 TEST(BadInputTest, AllBurstGptRowsFailed) {
   const std::string path =
-      WriteTemp("bad_all_failed.csv",
-                "Timestamp,Request tokens,Response tokens\n1,5,0\n2,6,0\n");
+      WriteTemp("bad_all_failed.csv", "Timestamp,Request tokens,Response tokens\n1,5,0\n2,6,0\n");
   WorkloadSpec spec;
   spec.mutable_trace()->set_path(path);
-  EXPECT_TRUE(IsError(LoadWorkload(spec, "", "", 1).status(),
-                      absl::StatusCode::kInvalidArgument,
+  EXPECT_TRUE(IsError(LoadWorkload(spec, "", "", 1).status(), absl::StatusCode::kInvalidArgument,
                       {path, "all 2 rows are failed requests"}));
-}
-
-// ------------------------------------------------------------ synthetic --
-
-WorkloadSpec Poisson(double rate, int64_t n) {
-  WorkloadSpec spec;
-  auto* synthetic = &spec;
-  synthetic->mutable_poisson()->set_rate_rps(rate);
-  synthetic->set_num_requests(n);
-  synthetic->mutable_lengths()->mutable_fixed()->set_input_tokens(512);
-  synthetic->mutable_lengths()->mutable_fixed()->set_output_tokens(128);
-  return spec;
-}
-
-WorkloadSpec Constant(double rate, int64_t n) {
-  WorkloadSpec spec = Poisson(rate, n);
-  spec.mutable_constant()->set_rate_rps(rate);
-  return spec;
-}
-
-bool SameRequests(const std::vector<RequestSpec>& a,
-                  const std::vector<RequestSpec>& b) {
-  if (a.size() != b.size()) return false;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (a[i].id != b[i].id || a[i].arrival_s != b[i].arrival_s ||
-        a[i].input_tokens != b[i].input_tokens ||
-        a[i].output_tokens != b[i].output_tokens) {
-      return false;
-    }
-  }
-  return true;
-}
-
-// Mean and coefficient of variation of the gaps between arrivals.
-std::pair<double, double> GapStats(const std::vector<RequestSpec>& requests) {
-  double sum = 0, sum_sq = 0;
-  const double n = static_cast<double>(requests.size() - 1);
-  for (size_t i = 1; i < requests.size(); ++i) {
-    const double gap = requests[i].arrival_s - requests[i - 1].arrival_s;
-    sum += gap;
-    sum_sq += gap * gap;
-  }
-  const double mean = sum / n;
-  const double variance = sum_sq / n - mean * mean;
-  return {mean, std::sqrt(variance) / mean};
-}
-
-TEST(SyntheticTest, PoissonIsDeterministicPerSeed) {
-  const WorkloadSpec spec = Poisson(8, 1000);
-  const auto a = LoadWorkload(spec, "", "", 1);
-  const auto b = LoadWorkload(spec, "", "", 1);
-  const auto c = LoadWorkload(spec, "", "", 2);
-  ASSERT_TRUE(a.ok() && b.ok() && c.ok()) << a.status();
-  EXPECT_TRUE(SameRequests(a->requests, b->requests));
-  EXPECT_FALSE(SameRequests(a->requests, c->requests));
-  EXPECT_EQ(a->requests.size(), 1000u);
-  EXPECT_EQ(a->rows_read, 1000);
-  EXPECT_EQ(a->requests[0].arrival_s, 0.0);
-  EXPECT_EQ(a->requests[999].id, 999);
-  EXPECT_EQ(a->requests[5].input_tokens, 512);
-  EXPECT_EQ(a->requests[5].output_tokens, 128);
-  EXPECT_EQ(a->description,
-            "poisson 8 req/s, 1000 requests, lengths 512 in / 128 out tokens");
-}
-
-TEST(SyntheticTest, PoissonMeanGap) {
-  const auto workload = LoadWorkload(Poisson(8, 20000), "", "", 1);
-  ASSERT_TRUE(workload.ok()) << workload.status();
-  const auto [mean, cv] = GapStats(workload->requests);
-  EXPECT_NEAR(mean, 0.125, 0.02 * 0.125);
-  EXPECT_NEAR(cv, 1.0, 0.05);
-}
-
-TEST(SyntheticTest, GammaCv) {
-  WorkloadSpec spec = Poisson(8, 200000);
-  spec.mutable_gamma()->set_rate_rps(8);
-  spec.mutable_gamma()->set_cv(2);
-  const auto workload = LoadWorkload(spec, "", "", 1);
-  ASSERT_TRUE(workload.ok()) << workload.status();
-  const auto [mean, cv] = GapStats(workload->requests);
-  EXPECT_NEAR(mean, 0.125, 0.02 * 0.125);
-  EXPECT_NEAR(cv, 2.0, 0.05 * 2.0);
-  EXPECT_TRUE(absl::StartsWith(workload->description, "gamma 8 req/s cv 2, "));
-}
-
-TEST(SyntheticTest, ConstantArrivalsAreExact) {
-  const auto workload = LoadWorkload(Constant(8, 100), "", "", 1);
-  ASSERT_TRUE(workload.ok()) << workload.status();
-  ASSERT_EQ(workload->requests.size(), 100u);
-  for (size_t i = 0; i < 100; ++i) {
-    EXPECT_EQ(workload->requests[i].arrival_s, static_cast<double>(i) / 8);
-  }
-}
-
-TEST(SyntheticTest, SampledLengthsComeFromTheFile) {
-  WorkloadSpec spec = Poisson(8, 1000);
-  spec.mutable_lengths()->set_sampled_from(
-      "traces/sharegpt_8k_filtered_stats_llama2_tokenizer.csv");
-  const auto workload =
-      LoadWorkload(spec, SERVESIM_SOURCE_DIR "/examples", "", 1);
-  ASSERT_TRUE(workload.ok()) << workload.status();
-  const auto pairs = ReadLengthCsv(kShareGpt);
-  ASSERT_TRUE(pairs.ok());
-  std::set<std::pair<int64_t, int64_t>> known;
-  for (const LengthPair& p : *pairs)
-    known.insert({p.input_tokens, p.output_tokens});
-  std::set<std::pair<int64_t, int64_t>> drawn;
-  for (const RequestSpec& r : workload->requests) {
-    ASSERT_TRUE(known.count({r.input_tokens, r.output_tokens}))
-        << r.input_tokens << "," << r.output_tokens;
-    drawn.insert({r.input_tokens, r.output_tokens});
-  }
-  EXPECT_GT(drawn.size(), 900u);  // with replacement, from 30,731 rows
-  EXPECT_EQ(workload->description,
-            absl::StrCat("poisson 8 req/s, 1000 requests, lengths from ",
-                         SERVESIM_SOURCE_DIR,
-                         "/examples/traces/"
-                         "sharegpt_8k_filtered_stats_llama2_tokenizer.csv"));
-  // Lengths and arrivals are separate streams: fixed lengths, same arrivals.
-  const auto fixed = LoadWorkload(Poisson(8, 1000), "", "", 1);
-  ASSERT_TRUE(fixed.ok());
-  for (size_t i = 0; i < 1000; ++i) {
-    ASSERT_EQ(fixed->requests[i].arrival_s, workload->requests[i].arrival_s);
-  }
-}
-
-TEST(SyntheticTest, Saturated) {
-  WorkloadSpec spec;
-  spec.mutable_saturated()->set_num_requests(64);
-  spec.mutable_saturated()->set_input_tokens(2048);
-  spec.mutable_saturated()->set_output_tokens(256);
-  const auto workload = LoadWorkload(spec, "", "", 1);
-  ASSERT_TRUE(workload.ok()) << workload.status();
-  ASSERT_EQ(workload->requests.size(), 64u);
-  for (size_t i = 0; i < 64; ++i) {
-    EXPECT_EQ(workload->requests[i].id, static_cast<int64_t>(i));
-    EXPECT_EQ(workload->requests[i].arrival_s, 0.0);
-    EXPECT_EQ(workload->requests[i].input_tokens, 2048);
-    EXPECT_EQ(workload->requests[i].output_tokens, 256);
-  }
-  EXPECT_EQ(workload->description,
-            "saturated 64 requests at t=0, 2048 in / 256 out tokens");
-}
-
-TEST(SyntheticTest, RateScaleHalvesArrivals) {
-  WorkloadSpec spec = Poisson(8, 500);
-  const auto base = LoadWorkload(spec, "", "", 3);
-  spec.set_rate_scale(2);
-  const auto scaled = LoadWorkload(spec, "", "", 3);
-  ASSERT_TRUE(base.ok() && scaled.ok());
-  for (size_t i = 0; i < 500; ++i) {
-    ASSERT_DOUBLE_EQ(scaled->requests[i].arrival_s,
-                     base->requests[i].arrival_s / 2);
-  }
-  EXPECT_TRUE(absl::StrContains(scaled->description, "rate_scale 2"));
-}
-
-TEST(SyntheticTest, WindowAndMaxRequests) {
-  // Arrivals 0, 0.1, ..., 9.9 s.
-  WorkloadSpec spec = Constant(10, 100);
-  spec.set_window_start_s(2);
-  spec.set_window_end_s(5);
-  auto workload = LoadWorkload(spec, "", "", 1);
-  ASSERT_TRUE(workload.ok()) << workload.status();
-  EXPECT_EQ(workload->requests.size(), 30u);  // 2.0 .. 4.9
-  EXPECT_EQ(workload->outside_window, 70);
-  EXPECT_EQ(workload->requests[0].arrival_s, 0.0);
-  EXPECT_NEAR(workload->requests.back().arrival_s, 2.9, 1e-12);
-
-  spec.set_max_requests(10);
-  workload = LoadWorkload(spec, "", "", 1);
-  ASSERT_TRUE(workload.ok()) << workload.status();
-  ASSERT_EQ(workload->requests.size(), 10u);
-  EXPECT_EQ(workload->outside_window, 90);
-  EXPECT_EQ(workload->rows_read, 100);
-  EXPECT_EQ(workload->requests[9].id, 9);
-  EXPECT_NEAR(workload->requests[9].arrival_s, 0.9, 1e-12);
-
-  // rate_scale applies first: arrivals 0 .. 4.95 s, window [2, 5) keeps 60.
-  spec.clear_max_requests();
-  spec.set_rate_scale(2);
-  workload = LoadWorkload(spec, "", "", 1);
-  ASSERT_TRUE(workload.ok()) << workload.status();
-  EXPECT_EQ(workload->requests.size(), 60u);
-  EXPECT_EQ(workload->outside_window, 40);
-}
-
-TEST(SyntheticTest, MaxRequestsOnTrace) {
-  WorkloadSpec spec;
-  spec.mutable_trace()->set_path(kAzureConv);
-  spec.set_max_requests(100);
-  const auto workload = LoadWorkload(spec, "", "", 1);
-  ASSERT_TRUE(workload.ok()) << workload.status();
-  EXPECT_EQ(workload->requests.size(), 100u);
-  EXPECT_EQ(workload->outside_window, 19266);
-  EXPECT_EQ(workload->rows_read, 19366);
-}
-
-TEST(SyntheticTest, EmptyWindowIsAnError) {
-  WorkloadSpec spec = Constant(10, 100);
-  spec.set_window_start_s(50);
-  spec.set_window_end_s(60);
-  EXPECT_TRUE(IsError(LoadWorkload(spec, "", "", 1).status(),
-                      absl::StatusCode::kInvalidArgument,
-                      {"kept none of the 100 requests"}));
-}
-
-TEST(SyntheticTest, TraceOverrideReplacesSource) {
-  const auto workload =
-      LoadWorkload(Poisson(8, 10), "/elsewhere", kBurstGpt, 1);
-  ASSERT_TRUE(workload.ok()) << workload.status();
-  EXPECT_EQ(workload->requests.size(), 383u);
-  WorkloadSpec spec;
-  spec.mutable_trace()->set_path("missing.csv");
-  const auto overridden = LoadWorkload(spec, "/elsewhere", kMooncake, 1);
-  ASSERT_TRUE(overridden.ok()) << overridden.status();
-  EXPECT_EQ(overridden->requests.size(), 3993u);
-}
-
-TEST(SyntheticTest, SpecValidation) {
-  const auto expect_invalid = [](const WorkloadSpec& spec,
-                                 absl::string_view message) {
-    EXPECT_TRUE(IsError(LoadWorkload(spec, "", "", 1).status(),
-                        absl::StatusCode::kInvalidArgument, {message}))
-        << spec.ShortDebugString();
-  };
-  expect_invalid(Poisson(0, 10),
-                 "workload.poisson.rate_rps = 0; expected > 0");
-  expect_invalid(Constant(-1, 10),
-                 "workload.constant.rate_rps = -1; expected > 0");
-  WorkloadSpec spec = Poisson(8, 10);
-  spec.mutable_gamma()->set_rate_rps(8);
-  expect_invalid(spec, "workload.gamma.cv = 0; expected > 0");
-  expect_invalid(Poisson(8, 0), "workload.num_requests = 0");
-  spec = Poisson(8, 10);
-  spec.mutable_lengths()
-      ->mutable_fixed()
-      ->set_output_tokens(0);
-  expect_invalid(spec,
-                 "workload.lengths.fixed.output_tokens = 0; "
-                 "expected 1..2147483647");
-  spec = Poisson(8, 10);
-  spec.clear_lengths();
-  expect_invalid(spec, "workload.lengths is not set");
-  spec = Poisson(8, 10);
-  spec.clear_poisson();
-  expect_invalid(spec, "workload has no source");
-  spec = Poisson(8, 10);
-  spec.set_rate_scale(0);
-  expect_invalid(spec, "workload.rate_scale = 0; expected > 0");
-  spec = Poisson(8, 10);
-  spec.set_window_start_s(10);
-  spec.set_window_end_s(10);
-  expect_invalid(spec,
-                 "workload.window_end_s = 10; expected > "
-                 "workload.window_start_s (10)");
-  spec = Poisson(8, 10);
-  spec.set_max_requests(0);
-  expect_invalid(spec, "workload.max_requests = 0; expected >= 1");
-  spec.Clear();
-  spec.mutable_saturated()->set_num_requests(4);
-  spec.mutable_saturated()->set_input_tokens(0);
-  spec.mutable_saturated()->set_output_tokens(1);
-  expect_invalid(spec, "workload.saturated.input_tokens = 0; expected 1..2147483647");
-  spec.mutable_saturated()->set_input_tokens(int64_t{5'000'000'000'000'000'000});
-  expect_invalid(spec,
-                 "workload.saturated.input_tokens = 5000000000000000000; expected 1..2147483647");
-  expect_invalid(WorkloadSpec(), "workload has no source");
 }
 
 }  // namespace
