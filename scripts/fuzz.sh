@@ -8,7 +8,8 @@
 #   --merge    afterwards, merge the inputs that found new coverage into
 #              tests/fuzz/corpus/TARGET (otherwise the repository is never
 #              written: new inputs go to a scratch folder)
-#   --jobs N   build with N jobs (default: the number of cores)
+#   --jobs N   build with N jobs and run N targets at a time (default: the
+#              number of cores)
 # Installs what is missing (scripts/setup.sh --sanitizers --no-build),
 # configures and builds build-asan/ (scripts/configure_sanitized.sh) if
 # needed. Each run has -timeout (a single input slower than 10 s is a
@@ -57,13 +58,17 @@ scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
 failed=0
 printf '%-24s %12s %8s %10s  %s\n' target executions seconds exec/s result
-for t in "${targets[@]}"; do
-  corpus=tests/fuzz/corpus/$t
-  artifacts=build-asan/fuzz-artifacts/$t
+# One target's run: its row of the table into $scratch/$t.row, its report
+# (if it failed) into $scratch/$t.report, exit 1 if it failed.
+run_target() {
+  local t=$1
+  local corpus=tests/fuzz/corpus/$t
+  local artifacts=build-asan/fuzz-artifacts/$t
   mkdir -p "$scratch/$t" "$artifacts"
-  limit=(-max_total_time="$time_s")
+  local limit=(-max_total_time="$time_s")
   [ -n "$runs" ] && limit=(-runs="$runs")
-  log=$scratch/$t.log
+  local log=$scratch/$t.log
+  local start end rc execs secs rate result unit
   start=$(date +%s.%N)
   set +e
   build-asan/tests/fuzz/$t "${limit[@]}" -timeout=10 -rss_limit_mb=2048 -max_len=16384 \
@@ -79,21 +84,43 @@ for t in "${targets[@]}"; do
     result=ok
   else
     result="FAILED (exit $rc; input in $artifacts/)"
-    failed=1
-    grep -E "ERROR|runtime error|SUMMARY|Test unit written" "$log" | head -20 >&2 || true
+    {
+      grep -E "ERROR|runtime error|SUMMARY|Test unit written" "$log" | head -20 || true
+      # The input itself, so that a CI log (whose machine is gone) keeps it:
+      # echo '...' | base64 -d > input; build-asan/tests/fuzz/TARGET input
+      unit=$(sed -n 's/.*Test unit written to //p' "$log" | tail -1)
+      if [ -n "$unit" ] && [ -f "$unit" ] && [ "$(stat -c %s "$unit")" -le 65536 ]; then
+        echo "failing input (base64): $(base64 -w0 "$unit")"
+      fi
+    } >"$scratch/$t.report"
     cp "$log" "$artifacts/last.log"
-    # The input itself, so that a CI log (whose machine is gone) keeps it:
-    # echo '...' | base64 -d > input; build-asan/tests/fuzz/TARGET input
-    unit=$(sed -n 's/.*Test unit written to //p' "$log" | tail -1)
-    if [ -n "$unit" ] && [ -f "$unit" ] && [ "$(stat -c %s "$unit")" -le 65536 ]; then
-      echo "failing input (base64): $(base64 -w0 "$unit")" >&2
-    fi
   fi
-  printf '%-24s %12s %8s %10s  %s\n' "$t" "$execs" "$secs" "$rate" "$result"
+  printf '%-24s %12s %8s %10s  %s\n' "$t" "$execs" "$secs" "$rate" "$result" >"$scratch/$t.row"
   if [ $merge -eq 1 ] && [ $rc -eq 0 ]; then
     build-asan/tests/fuzz/$t -merge=1 -timeout=10 -rss_limit_mb=2048 -max_len=16384 \
       "$corpus" "$scratch/$t" >"$scratch/$t.merge.log" 2>&1
-    echo "  merged into $corpus: $(ls "$corpus" | wc -l) inputs"
+    echo "  merged into $corpus: $(ls "$corpus" | wc -l) inputs" >>"$scratch/$t.row"
+  fi
+  [ $rc -eq 0 ]
+}
+
+# The targets run --jobs at a time (each is one process on one core), the
+# table printed in the targets' order.
+running=0
+for t in "${targets[@]}"; do
+  if [ "$running" -ge "$jobs" ]; then
+    wait -n || true
+    running=$((running - 1))
+  fi
+  run_target "$t" &
+  running=$((running + 1))
+done
+wait || true
+for t in "${targets[@]}"; do
+  cat "$scratch/$t.row"
+  if [ -f "$scratch/$t.report" ]; then
+    cat "$scratch/$t.report" >&2
+    failed=1
   fi
 done
 exit $failed
