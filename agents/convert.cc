@@ -490,7 +490,16 @@ absl::Status DecodeCostTable(const v1::CostTable& t, std::vector<devices::Cost>*
     index->push_back(static_cast<uint32_t>(unique->size()));
     devices::Cost& c = unique->emplace_back();
     for (uint32_t m = entry & kFieldMask; m != 0; m &= m - 1) {
-      c.*kCostFields[std::countr_zero(m)] = t.values(at++);
+      // Costs are times, counts, bytes and energies: an agent's NaN, infinity
+      // or negative figure would poison every sum it enters.
+      const double v = t.values(at);
+      if (!std::isfinite(v) || v < 0) {
+        return fail(absl::InvalidArgumentError(
+            absl::StrCat("cost_table.values[", at, "] is ", v, " (field ", std::countr_zero(m) + 1,
+                         " of cost ", i, "): a cost must be finite and >= 0")));
+      }
+      c.*kCostFields[std::countr_zero(m)] = v;
+      ++at;
     }
   }
   if (at != t.values_size()) {

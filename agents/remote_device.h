@@ -287,8 +287,9 @@ class RemoteDevice : public devices::Device {
   void Hold(int e, absl::Span<const devices::StepKey> asked,
             const absl::flat_hash_map<int64_t, int64_t>& final_of) const;
   void AheadLoop(int e) const;
-  // What a failed connection's error suggests checking ("" if nothing).
-  std::string ConnectHint(const grpc::Status& st) const;
+  // What a failed connection suggests checking ("" if nothing): what
+  // listens at `address` (agents/endpoint_probe.h), else the error's words.
+  std::string ConnectHint(const grpc::Status& st, const std::string& address) const;
   void PrepareContext(grpc::ClientContext* ctx, double deadline_s) const;
 
   servesim::v1::DeviceSpec spec_;

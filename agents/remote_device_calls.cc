@@ -4,8 +4,9 @@
 // endpoint down and fails over to the next, and goes round them all again
 // until retry_s have passed (the header's PARAMETERS AND BEHAVIOUR). Owns
 // no state of its own: the endpoints' (bound, key, down_until) and the stats
-// are RemoteDevice's, under mu_. ConnectHint reads a failed connection's
-// error for the flag to check.
+// are RemoteDevice's, under mu_. ConnectHint asks what listens at a failed
+// endpoint (agents/endpoint_probe.h) and reads its error for the flag to
+// check.
 #include <algorithm>
 #include <chrono>
 #include <thread>
@@ -18,6 +19,7 @@
 #include "absl/strings/str_split.h"
 #include "agents/agent_service.h"
 #include "agents/convert.h"
+#include "agents/endpoint_probe.h"
 #include "agents/remote_device.h"
 
 namespace servesim::agents {
@@ -133,7 +135,7 @@ absl::Status RemoteDevice::Call(const char* method, const Rpc& rpc, int preferre
                                  std::chrono::duration<double>(options_.retry_s));
   const std::vector<int> order = CallOrder(preferred, now);
   std::vector<std::string> tried;
-  std::string last_error;
+  std::string last_error, last_address;
   grpc::Status last_status;
   double round_backoff = options_.backoff_initial_s;
   int rounds = 0;
@@ -202,6 +204,7 @@ absl::Status RemoteDevice::Call(const char* method, const Rpc& rpc, int preferre
             absl::StrCat(label_, ": agent ", ep->address, ": ", method, ": ", st.error_message()));
       }
       last_status = st;
+      last_address = ep->address;
       last_error = absl::StrCat(
           ep->address, ": ",
           st.error_code() == grpc::StatusCode::UNAVAILABLE ? "UNAVAILABLE" : "DEADLINE_EXCEEDED",
@@ -226,15 +229,39 @@ absl::Status RemoteDevice::Call(const char* method, const Rpc& rpc, int preferre
     if (order[j] == 0) home_holds_.clear();
     if (n > 1) ++stats_.failovers;
   }
-  return absl::UnavailableError(absl::StrCat(
-      label_, ": ", method, ": no agent endpoint answered in ", rounds,
-      rounds == 1 ? " round" : " rounds", " over ", options_.retry_s, " s (--agent-retry-s; tried ",
-      absl::StrJoin(tried, ", "), "); last error from ", last_error, ConnectHint(last_status)));
+  return absl::UnavailableError(
+      absl::StrCat(label_, ": ", method, ": no agent endpoint answered in ", rounds,
+                   rounds == 1 ? " round" : " rounds", " over ", options_.retry_s,
+                   " s (--agent-retry-s; tried ", absl::StrJoin(tried, ", "), "); last error from ",
+                   last_error, ConnectHint(last_status, last_address)));
 }
 
-std::string RemoteDevice::ConnectHint(const grpc::Status& st) const {
-  const std::string m = absl::AsciiStrToLower(st.error_message());
+std::string RemoteDevice::ConnectHint(const grpc::Status& st, const std::string& address) const {
   const bool tls = !options_.tls_ca_file.empty();
+  // gRPC's words read alike for several causes: ask the other end first.
+  switch (ProbeEndpoint(address, 1.0)) {
+    case Listener::kNothing:
+      return ". Nothing accepts connections there: is the agent running, and on that HOST:PORT?";
+    case Listener::kHttp1:
+      return ". Something answers HTTP/1 there (a web server, or a servesim --metrics "
+             "dashboard), not a servesim agent: check HOST:PORT";
+    case Listener::kTls:
+      return tls ? ". The agent serves TLS but the handshake failed: it may require a client "
+                   "certificate (--agent-tls-cert and --agent-tls-key) signed by its "
+                   "--tls-client-ca, or present a certificate that does not chain to "
+                   "--agent-tls-ca or does not name this HOST"
+                 : ". The agent serves TLS: give --agent-tls-ca (and a client certificate if it "
+                   "asks for one)";
+    case Listener::kPlaintext:
+      if (tls) {
+        return ". The agent serves plaintext, not TLS: drop --agent-tls-ca (and "
+               "--agent-tls-cert, --agent-tls-key), or start it with --tls-cert and --tls-key";
+      }
+      break;
+    case Listener::kUnknown:
+      break;
+  }
+  const std::string m = absl::AsciiStrToLower(st.error_message());
   // A TCP connect still pending when its attempt ends (no thread took its
   // refusal yet, or nothing answered) is no TLS matter.
   const bool connecting = absl::StrContains(m, "tcp handshaker shutdown");

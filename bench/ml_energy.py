@@ -95,11 +95,13 @@ def steady_state(out_dir, gpus, batch):
 
 def run(servesim, out, key, batch, lin, lout):
     d = os.path.join(out, f"{key}_{batch}")
-    os.makedirs(d, exist_ok=True)
-    with open(os.path.join(d, "scenario.pbtxt"), "w") as f:
+    os.makedirs(out, exist_ok=True)
+    # The scenario beside its output folder: servesim writes no outputs
+    # where its inputs lie.
+    path = d + ".pbtxt"
+    with open(path, "w") as f:
         f.write(scenario(key, batch, lin, lout))
-    subprocess.run([servesim, "run", os.path.join(d, "scenario.pbtxt"), "--out", d, "--quiet"],
-                   check=True)
+    subprocess.run([servesim, "run", path, "--out", d, "--quiet"], check=True)
     return steady_state(d, MEASURED[key][0], batch)
 
 

@@ -1,9 +1,14 @@
 #include "cluster/platform.h"
 
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdint>
+#include <cstdio>
 #include <string>
 #include <utility>
 
@@ -11,6 +16,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "cluster/run_state.h"
 #include "cluster/simulation.h"
 #include "common/status_macros.h"
@@ -427,12 +434,81 @@ class PlatformBuilder {
   std::vector<sg4::Link*> uplinks_, pod_uplinks_, nvlinks_;
 };
 
+// SimGrid ends the process (xbt_die: SIGABRT and a backtrace) on some
+// well-formed but inconsistent platforms (a fat tree whose parameters need
+// more hosts than it has, say). The file is therefore loaded first in a
+// child process: whatever SimGrid does there, this one reports it as an
+// error naming the field, with SimGrid's own words. The child loads it
+// into its copy of the caller's engine (SimGrid allows one per process).
+absl::Status ProbePlatformFile(const sg4::Engine& engine, const std::string& file,
+                               const std::string& field) {
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0) return absl::OkStatus();  // no probe; load as before
+  std::fflush(nullptr);
+  const pid_t pid = ::fork();
+  if (pid < 0) {
+    ::close(fds[0]);
+    ::close(fds[1]);
+    return absl::OkStatus();
+  }
+  if (pid == 0) {
+    ::dup2(fds[1], STDOUT_FILENO);
+    ::dup2(fds[1], STDERR_FILENO);
+    // The caller's engine, in this process's copy of memory: the parent's
+    // stays as it was.
+    int rc = 0;
+    try {
+      engine.load_platform(file);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "%s\n", e.what());
+      rc = 2;
+    }
+    std::fflush(nullptr);
+    ::_exit(rc);
+  }
+  ::close(fds[1]);
+  std::string said;
+  char buf[4096];
+  ssize_t n;
+  while ((n = ::read(fds[0], buf, sizeof buf)) != 0) {
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) break;
+    if (said.size() < (size_t{64} << 10)) said.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fds[0]);
+  int st = 0;
+  while (::waitpid(pid, &st, 0) < 0 && errno == EINTR) {
+  }
+  if (WIFEXITED(st) && (WEXITSTATUS(st) == 0 || WEXITSTATUS(st) == 2)) {
+    // 0: loads; 2: an exception, which the load in this process reports.
+    return absl::OkStatus();
+  }
+  // SimGrid's message: its first line at a critical or error level, without
+  // the "[time] [category/LEVEL]" prefix; the backtrace left out.
+  std::string why;
+  for (absl::string_view line : absl::StrSplit(said, '\n', absl::SkipWhitespace())) {
+    if (absl::StrContains(line, "CRITICAL]") || absl::StrContains(line, "ERROR]")) {
+      const size_t at = line.rfind("] ");
+      why = std::string(
+          absl::StripAsciiWhitespace(at == absl::string_view::npos ? line : line.substr(at + 2)));
+      break;
+    }
+  }
+  if (why.empty()) {
+    why = WIFSIGNALED(st) ? absl::StrCat("SimGrid stopped with signal ", WTERMSIG(st))
+                          : absl::StrCat("SimGrid exited with status ", WEXITSTATUS(st));
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat(field, ": ", file, ": SimGrid cannot build this platform: ", why));
+}
+
 }  // namespace
 
 absl::StatusOr<FilePlatform> LoadPlatformFile(const ResolvedScenario& sc,
                                               const sg4::Engine& engine) {
   const std::string field = "cluster.disaggregation.fabric.platform_file";
   const std::string& file = sc.platform_file;
+  RETURN_IF_ERROR(ProbePlatformFile(engine, file, field));
   try {
     engine.load_platform(file);
   } catch (const std::exception& e) {

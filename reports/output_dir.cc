@@ -4,6 +4,7 @@
 #include <sys/file.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -11,6 +12,7 @@
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 
 namespace servesim::reports {
@@ -55,15 +57,72 @@ const std::vector<std::string>& OutputDir::RunOutputs() {
   return *names;
 }
 
-absl::StatusOr<std::unique_ptr<OutputDir>> OutputDir::Acquire(
-    const std::string& dir, const std::string& holder, const std::vector<std::string>& also_clear) {
+absl::StatusOr<std::unique_ptr<OutputDir>> OutputDir::Acquire(const std::string& dir,
+                                                              const std::string& holder,
+                                                              const Options& options) {
   std::error_code ec;
   const fs::file_status st = fs::status(dir, ec);
-  if (!ec && fs::exists(st) && !fs::is_directory(st)) {
+  const bool exists = !ec && fs::exists(st);
+  if (exists && !fs::is_directory(st)) {
     return absl::InvalidArgumentError(
         absl::StrCat(dir, ": is ", KindOf(st),
                      ", not a folder; the outputs need a folder (new, or one an "
                      "earlier servesim run wrote)"));
+  }
+  // A folder that holds one of the command's inputs: its outputs would sit
+  // beside them, and could replace them.
+  const fs::path canonical_dir = fs::weakly_canonical(fs::absolute(dir, ec), ec);
+  for (const std::string& input : options.inputs) {
+    if (input.empty()) continue;
+    std::error_code ec2;
+    const fs::path in = fs::weakly_canonical(fs::absolute(input, ec2), ec2);
+    if (!ec2 && in.parent_path() == canonical_dir) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          dir, ": holds ", input,
+          ", which this command reads; give another output folder (servesim writes its "
+          "outputs only where none of its inputs lies)"));
+    }
+  }
+  std::vector<std::string> names;
+  if (options.run_outputs) names = RunOutputs();
+  names.insert(names.end(), options.also_clear.begin(), options.also_clear.end());
+  // A folder that exists, holds anything and has no lock file was not
+  // written by servesim.
+  std::vector<std::string> forced;
+  if (exists && !fs::exists(fs::path(dir) / kLockName, ec)) {
+    std::vector<std::string> entries;
+    for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+      entries.push_back(it->path().filename().string());
+    }
+    if (ec) {
+      return absl::UnavailableError(absl::StrCat(dir, ": cannot read the folder: ", ec.message()));
+    }
+    std::sort(entries.begin(), entries.end());
+    if (!entries.empty() && !options.force) {
+      const size_t shown = std::min<size_t>(entries.size(), 3);
+      return absl::FailedPreconditionError(absl::StrCat(
+          dir, ": holds ", entries.size(), " entr", entries.size() == 1 ? "y" : "ies", " (",
+          absl::StrJoin(entries.begin(), entries.begin() + shown, ", "),
+          entries.size() > shown ? ", ..." : "", ") and no ", kLockName,
+          ", so servesim did not write it; give a new or empty folder, or add --force to "
+          "replace only servesim's own file names there"));
+    }
+    for (const std::string& name : names) {
+      if (std::binary_search(entries.begin(), entries.end(), name)) forced.push_back(name);
+    }
+  }
+  // Every output's name must be free, a file or a link before anything is
+  // removed.
+  for (const std::string& name : names) {
+    for (const fs::path& path :
+         {fs::path(dir) / name, fs::path(dir) / absl::StrCat(".", name, ".partial")}) {
+      const fs::file_status ls = fs::symlink_status(path, ec);
+      if (ec || !fs::exists(ls) || fs::is_regular_file(ls) || fs::is_symlink(ls)) continue;
+      return absl::InvalidArgumentError(absl::StrCat(
+          path.string(), ": is ", fs::is_directory(ls) ? "a folder" : KindOf(ls),
+          " under the name of an output servesim writes; servesim removes only files it wrote: "
+          "move it away or give another output folder"));
+    }
   }
   fs::create_directories(dir, ec);
   if (ec) {
@@ -71,7 +130,7 @@ absl::StatusOr<std::unique_ptr<OutputDir>> OutputDir::Acquire(
         absl::StrCat(dir, ": cannot create the output folder: ", ec.message()));
   }
   const std::string lock_path = (fs::path(dir) / kLockName).string();
-  const int fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  const int fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
   if (fd < 0) {
     return absl::UnavailableError(absl::StrCat(dir, ": cannot write in the output folder (",
                                                lock_path, ": ", std::strerror(errno), ")"));
@@ -89,13 +148,12 @@ absl::StatusOr<std::unique_ptr<OutputDir>> OutputDir::Acquire(
     return absl::UnavailableError(absl::StrCat(lock_path, ": cannot lock: ", std::strerror(err)));
   }
   auto out = std::unique_ptr<OutputDir>(new OutputDir(dir, fd));
+  out->forced_ = std::move(forced);
   const std::string text = absl::StrCat("pid ", ::getpid(), ": ", holder, "\n");
   if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, text.data(), text.size(), 0) < 0) {
     return absl::UnavailableError(absl::StrCat(dir, ": cannot write in the output folder (",
                                                lock_path, ": ", std::strerror(errno), ")"));
   }
-  std::vector<std::string> names = RunOutputs();
-  names.insert(names.end(), also_clear.begin(), also_clear.end());
   for (const std::string& name : names) {
     for (const std::string& path : {out->Path(name), out->TempPath(name)}) {
       if (!fs::remove(path, ec) && ec && ec != std::errc::no_such_file_or_directory) {
@@ -105,6 +163,20 @@ absl::StatusOr<std::unique_ptr<OutputDir>> OutputDir::Acquire(
     }
   }
   return out;
+}
+
+absl::Status OutputDir::MarkOwned(const std::string& dir) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) return absl::UnavailableError(absl::StrCat(dir, ": cannot create: ", ec.message()));
+  const std::string lock_path = (fs::path(dir) / kLockName).string();
+  const int fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+  if (fd < 0) {
+    return absl::UnavailableError(
+        absl::StrCat(lock_path, ": cannot write: ", std::strerror(errno)));
+  }
+  ::close(fd);
+  return absl::OkStatus();
 }
 
 OutputDir::~OutputDir() {

@@ -56,11 +56,6 @@ absl::Status WriteOutputs(const OutputDir& dir, const scenario::ResolvedScenario
                           const workload::Workload& wl, const metrics::MetricsCollector& metrics,
                           const metrics::Summary& s, const RunInfo& info) {
   const std::string partial = info.partial ? info.error : std::string();
-  if (absl::Status st =
-          dir.Write("summary.json", SummaryJson(sc, wl, s, info.simulated_s, info.partial));
-      !st.ok()) {
-    return st;
-  }
   if (absl::Status st = dir.Write(
           "run_info.json",
           absl::StrCat(
@@ -101,7 +96,9 @@ absl::Status WriteOutputs(const OutputDir& dir, const scenario::ResolvedScenario
       return st;
     }
   }
-  return absl::OkStatus();
+  // Last: a folder with summary.json holds the whole set (a second signal
+  // before it renames the others back to their temporary names).
+  return dir.Write("summary.json", SummaryJson(sc, wl, s, info.simulated_s, info.partial));
 }
 
 }  // namespace servesim::reports

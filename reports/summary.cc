@@ -6,6 +6,7 @@
 // same run gives the same bytes.
 #include "reports/summary.h"
 
+#include <cmath>
 #include <string>
 
 #include "absl/strings/ascii.h"
@@ -428,7 +429,10 @@ void AppendEnergyLine(const Summary& s, std::string* out) {
 
 }  // namespace
 
-std::string FormatFigure(double v) { return absl::StrFormat("%.9g", v); }
+std::string FormatFigure(double v) {
+  if (!std::isfinite(v)) return "null";
+  return absl::StrFormat("%.9g", v);
+}
 
 std::string JsonString(const std::string& s) {
   std::string out = "\"";

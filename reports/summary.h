@@ -51,8 +51,10 @@ std::string FormatSummaryTable(const scenario::ResolvedScenario& sc, const workl
 std::string SummaryJson(const scenario::ResolvedScenario& sc, const workload::Workload& wl,
                         const metrics::Summary& s, double simulated_s, bool partial = false);
 
-// A figure as the outputs print it: "%.9g" (nine significant digits keep
-// every figure meaningful and the text stable).
+// A figure as the JSON outputs print it: "%.9g" (nine significant digits
+// keep every figure meaningful and the text stable); `null` for NaN or an
+// infinity, which JSON has no token for (the run's checks keep them out;
+// this keeps the file valid JSON should one slip through).
 std::string FormatFigure(double v);
 
 }  // namespace servesim::reports

@@ -1,8 +1,5 @@
 // Loading scenario files: protobuf text with every field's location kept,
 // and `--set field.path=value` overrides.
-#include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -13,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/read_text.h"
 #include "common/status_macros.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/io/tokenizer.h"
@@ -128,21 +126,19 @@ absl::StatusOr<LoadedScenario> ParseScenarioText(const std::string& text,
 }
 
 absl::StatusOr<LoadedScenario> LoadScenarioFile(const std::string& path) {
-  std::error_code ec;
-  if (std::filesystem::is_directory(path, ec)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        path, ": is a folder; expected a scenario file (protobuf text, e.g. examples/*.pbtxt)"));
+  auto text = ReadTextFile(path, kMaxScenarioBytes,
+                           "a scenario file (protobuf text, e.g. examples/*.pbtxt)");
+  if (!text.ok()) {
+    // A missing scenario keeps its NOT_FOUND; every other refusal says why.
+    return absl::IsNotFound(text.status())
+               ? absl::NotFoundError(absl::StrCat(path, ": cannot open scenario file"))
+               : text.status();
   }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    return absl::NotFoundError(absl::StrCat(path, ": cannot open scenario file"));
-  }
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  ASSIGN_OR_RETURN(LoadedScenario loaded, ParseScenarioText(buffer.str(), path));
+  const std::string& buffer = *text;
+  ASSIGN_OR_RETURN(LoadedScenario loaded, ParseScenarioText(buffer, path));
   if (loaded.proto.ByteSizeLong() == 0) {
     return absl::InvalidArgumentError(absl::StrCat(
-        path, ": ", buffer.str().empty() ? "is empty" : "sets nothing (only comments)",
+        path, ": ", buffer.empty() ? "is empty" : "sets nothing (only comments)",
         "; expected a scenario (protobuf text, schema proto/servesim/v1/scenario.proto, e.g. "
         "examples/*.pbtxt)"));
   }

@@ -65,6 +65,10 @@ struct LoadedScenario {
   std::string Where(absl::string_view field_path) const;
 };
 
+// A scenario is a few kilobytes of text; a file past this cap (or a device,
+// a pipe, a folder) is refused before it is read (common/read_text.h).
+inline constexpr int64_t kMaxScenarioBytes = int64_t{16} << 20;
+
 absl::StatusOr<LoadedScenario> LoadScenarioFile(const std::string& path);
 absl::StatusOr<LoadedScenario> ParseScenarioText(const std::string& text,
                                                  const std::string& path);

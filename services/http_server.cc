@@ -43,6 +43,10 @@ std::string MimeTypes() {
 
 }  // namespace
 
+bool HttpServer::loopback() const {
+  return absl::StartsWith(numeric_host_, "127.") || numeric_host_ == "::1";
+}
+
 std::string ContentTypeFor(const std::string& path) {
   if (absl::EndsWith(path, ".html")) return "text/html; charset=utf-8";
   if (absl::EndsWith(path, ".js") || absl::EndsWith(path, ".mjs")) {

@@ -39,6 +39,8 @@ class HttpServer {
 
   int port() const { return port_; }
   const std::string& host() const { return host_; }
+  // Whether it listens on a loopback address only (127.0.0.0/8, ::1).
+  bool loopback() const;
 
  private:
   HttpServer() = default;

@@ -17,12 +17,19 @@ namespace servesim::studies {
 // initialised, which a new program would spend about 30 ms on. The caller
 // must hold no threads, no SimGrid engine and no gRPC state (a child
 // builds its own). Returns per-job exit statuses (0 = success; -1: could
-// not start). `on_done(job, status)` is called as each ends (in completion
+// not start). Each job runs in its own process group and gets SIGTERM if
+// this process dies. `on_done(job, status)` is called as each ends (in completion
 // order).
 std::vector<int> RunForked(const std::function<int(const std::vector<std::string>&)>& run,
                            const std::vector<std::vector<std::string>>& args,
                            const std::vector<std::string>& logs, int parallel,
                            const std::function<void(size_t, int)>& on_done);
+
+// The signal (SIGINT, SIGTERM) that stopped the last RunForked, 0 if none:
+// it was passed to every running job, no further job started (their
+// statuses are -1), and the running ones were waited for. The caller
+// reports and exits 128 + the signal.
+int StoppedBySignal();
 
 // Cores this process may use (sched affinity).
 int AvailableCores();

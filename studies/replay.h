@@ -56,6 +56,10 @@ struct CompareRow {
   double error_pct() const;  // 100 (simulated - measured) / measured
 };
 
+// truth.csv read and checked against the trace as CompareWithTruth does,
+// before a replay simulates: a bad truth.csv fails before any output.
+absl::Status CheckTruth(const std::string& truth_path, const std::string& trace_path);
+
 // The measured (truth.csv) and simulated (requests.csv) runs compared:
 // ttft_s, tpot_s, e2e_s x mean, p50, p90, p99 (percentiles as numpy's
 // default, over requests with a TPOT: more than one output token), then

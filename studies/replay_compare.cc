@@ -31,12 +31,19 @@ double CompareRow::error_pct() const {
   return measured != 0 ? 100.0 * (simulated - measured) / measured : 0.0;
 }
 
-absl::StatusOr<std::vector<CompareRow>> CompareWithTruth(const std::string& truth_path,
-                                                         const std::string& trace_path,
-                                                         const std::string& requests_path) {
+namespace {
+
+// The measured run: truth.csv checked against the trace.
+struct Measured {
+  std::vector<double> ttft, tpot, e2e;
+  double tokens = 0, end = 0;
+  size_t requests = 0;
+};
+
+absl::StatusOr<Measured> ReadMeasured(const std::string& truth_path,
+                                      const std::string& trace_path) {
   ASSIGN_OR_RETURN(const Table truth, ReadTable(truth_path));
   ASSIGN_OR_RETURN(const Table trace, ReadTable(trace_path));
-  ASSIGN_OR_RETURN(const Table sim, ReadTable(requests_path));
   if (truth.rows.size() != trace.rows.size()) {
     return absl::InvalidArgumentError(absl::StrCat(truth_path, ": ", truth.rows.size(),
                                                    " requests but ", trace_path, " has ",
@@ -50,15 +57,8 @@ absl::StatusOr<std::vector<CompareRow>> CompareWithTruth(const std::string& trut
   ASSIGN_OR_RETURN(const size_t m_tok, truth.Column("tokens"));
   ASSIGN_OR_RETURN(const size_t t_arr, trace.Column("arrival_s"));
   ASSIGN_OR_RETURN(const size_t t_in, trace.Column("input_tokens"));
-  ASSIGN_OR_RETURN(const size_t s_id, sim.Column("id"));
-  ASSIGN_OR_RETURN(const size_t s_ttft, sim.Column("ttft_s"));
-  ASSIGN_OR_RETURN(const size_t s_tpot, sim.Column("tpot_s"));
-  ASSIGN_OR_RETURN(const size_t s_e2e, sim.Column("e2e_s"));
-  ASSIGN_OR_RETURN(const size_t s_out, sim.Column("output_tokens"));
-  ASSIGN_OR_RETURN(const size_t s_fin, sim.Column("finish_s"));
-  ASSIGN_OR_RETURN(const size_t s_status, sim.Column("status"));
-  std::vector<double> mt, ms, me, st, ss, se;
-  double m_tokens = 0, m_end = 0, s_tokens = 0, s_end = 0;
+  Measured m;
+  m.requests = truth.rows.size();
   for (size_t r = 0; r < truth.rows.size(); ++r) {
     ASSIGN_OR_RETURN(const double a, truth.Number(r, m_arr));
     ASSIGN_OR_RETURN(const double b, trace.Number(r, t_arr));
@@ -74,19 +74,44 @@ absl::StatusOr<std::vector<CompareRow>> CompareWithTruth(const std::string& trut
     ASSIGN_OR_RETURN(const double ttft, truth.Number(r, m_ttft));
     ASSIGN_OR_RETURN(const double e2e, truth.Number(r, m_e2e));
     ASSIGN_OR_RETURN(const double tokens, truth.Number(r, m_tok));
-    mt.push_back(ttft);
-    me.push_back(e2e);
+    m.ttft.push_back(ttft);
+    m.e2e.push_back(e2e);
     if (tokens > 1) {
       ASSIGN_OR_RETURN(const double tpot, truth.Number(r, m_tpot));
-      ms.push_back(tpot);
+      m.tpot.push_back(tpot);
     }
-    m_tokens += tokens;
-    m_end = std::max(m_end, a + e2e);
+    m.tokens += tokens;
+    m.end = std::max(m.end, a + e2e);
   }
-  if (sim.rows.size() != truth.rows.size()) {
+  return m;
+}
+
+}  // namespace
+
+absl::Status CheckTruth(const std::string& truth_path, const std::string& trace_path) {
+  return ReadMeasured(truth_path, trace_path).status();
+}
+
+absl::StatusOr<std::vector<CompareRow>> CompareWithTruth(const std::string& truth_path,
+                                                         const std::string& trace_path,
+                                                         const std::string& requests_path) {
+  ASSIGN_OR_RETURN(Measured measured, ReadMeasured(truth_path, trace_path));
+  ASSIGN_OR_RETURN(const Table sim, ReadTable(requests_path));
+  ASSIGN_OR_RETURN(const size_t s_id, sim.Column("id"));
+  ASSIGN_OR_RETURN(const size_t s_ttft, sim.Column("ttft_s"));
+  ASSIGN_OR_RETURN(const size_t s_tpot, sim.Column("tpot_s"));
+  ASSIGN_OR_RETURN(const size_t s_e2e, sim.Column("e2e_s"));
+  ASSIGN_OR_RETURN(const size_t s_out, sim.Column("output_tokens"));
+  ASSIGN_OR_RETURN(const size_t s_fin, sim.Column("finish_s"));
+  ASSIGN_OR_RETURN(const size_t s_status, sim.Column("status"));
+  std::vector<double>&mt = measured.ttft, &ms = measured.tpot, &me = measured.e2e;
+  const double m_tokens = measured.tokens, m_end = measured.end;
+  std::vector<double> st, ss, se;
+  double s_tokens = 0, s_end = 0;
+  if (sim.rows.size() != measured.requests) {
     return absl::InvalidArgumentError(absl::StrCat(requests_path, ": ", sim.rows.size(),
                                                    " requests but ", truth_path, " has ",
-                                                   truth.rows.size()));
+                                                   measured.requests));
   }
   for (size_t r = 0; r < sim.rows.size(); ++r) {
     if (sim.rows[r][s_id] != absl::StrCat(r)) {

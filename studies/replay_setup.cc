@@ -102,6 +102,112 @@ Knob ReadKnob(const Struct& setup, absl::string_view name) {
   return k;
 }
 
+// The JSON type each field servesim reads must have; null (or absent)
+// always means "not recorded". A value of another type is an error naming
+// the field, never taken for "not recorded".
+enum Kind { kNumber, kString, kBool };
+struct Typed {
+  const char* path;
+  Kind kind;
+};
+constexpr Typed kSetupTypes[] = {
+    {"engine", kString},
+    {"run", kString},
+    {"dtype", kString},
+    {"kv_cache_dtype", kString},
+    {"workload_profile_yaml", kString},
+    {"workload.file", kString},
+    {"model.name", kString},
+    {"model.hidden_act", kString},
+    {"model.moe", kBool},
+    {"model.tie_word_embeddings", kBool},
+    {"model.qk_norm", kBool},
+    {"model.max_position_embeddings", kNumber},
+    {"model.num_layers", kNumber},
+    {"model.hidden_size", kNumber},
+    {"model.num_attention_heads", kNumber},
+    {"model.num_kv_heads", kNumber},
+    {"model.head_dim", kNumber},
+    {"model.ffn_intermediate_size", kNumber},
+    {"model.vocab_size", kNumber},
+    {"model.num_experts", kNumber},
+    {"model.n_routed_experts", kNumber},
+    {"model.num_local_experts", kNumber},
+    {"model.num_experts_per_tok", kNumber},
+    {"model.experts_per_token", kNumber},
+    {"model.top_k", kNumber},
+    {"model.moe_intermediate_size", kNumber},
+    {"model.expert_intermediate_size", kNumber},
+    {"model.n_shared_experts", kNumber},
+    {"model.shared_experts", kNumber},
+    {"model.first_k_dense_replace", kNumber},
+    {"model.dense_layers", kNumber},
+    {"hardware.gpu.name", kString},
+    {"hardware.gpu.note", kString},
+    {"hardware.gpu.memory_GB", kNumber},
+    {"hardware.gpu_count", kNumber},
+    {"parallelism.tp", kNumber},
+    {"parallelism.dp", kNumber},
+    {"parallelism.pp", kNumber},
+    {"parallelism.ep", kNumber},
+    {"parallelism.enable_expert_parallel", kBool},
+};
+// engine_knobs.NAME: a scalar, or {"value": scalar, "recorded": bool, "basis":
+// string}, where an unrecorded value may be a note in words.
+constexpr Typed kKnobTypes[] = {
+    {"enforce_eager", kBool},   {"cudagraph_capture_max", kNumber},
+    {"max_num_seqs", kNumber},  {"max_num_batched_tokens", kNumber},
+    {"block_size", kNumber},    {"gpu_memory_utilization", kNumber},
+    {"prefix_caching", kBool},  {"num_gpu_blocks", kNumber},
+    {"max_model_len", kNumber}, {"long_prefill_token_threshold", kNumber},
+    {"chunked_prefill", kBool}, {"scheduler_policy", kString},
+};
+
+absl::Status CheckType(const Value* v, Kind kind, absl::string_view path,
+                       const std::string& setup_path) {
+  if (v == nullptr || v->kind_case() == Value::kNullValue) return absl::OkStatus();
+  const Value::KindCase want = kind == kNumber   ? Value::kNumberValue
+                               : kind == kString ? Value::kStringValue
+                                                 : Value::kBoolValue;
+  if (v->kind_case() == want) {
+    if (kind == kNumber && !std::isfinite(v->number_value())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(setup_path, ": ", path, " is not a finite number"));
+    }
+    return absl::OkStatus();
+  }
+  const char* name = kind == kNumber ? "a number" : kind == kString ? "a string" : "true or false";
+  return absl::InvalidArgumentError(absl::StrCat(setup_path, ": ", path, " is ", Describe(v),
+                                                 "; expected ", name, " (or null: not recorded)"));
+}
+
+absl::Status CheckSetupTypes(const Struct& setup, const std::string& setup_path) {
+  for (const Typed& t : kSetupTypes) {
+    RETURN_IF_ERROR(CheckType(Field(setup, t.path), t.kind, t.path, setup_path));
+  }
+  for (const Typed& t : kKnobTypes) {
+    const std::string path = absl::StrCat("engine_knobs.", t.path);
+    const Value* v = Field(setup, path);
+    if (v != nullptr && v->kind_case() == Value::kStructValue) {
+      // An unrecorded knob's value may be a note ("model max (not
+      // recorded)"): read as not recorded.
+      const Value* recorded = Field(setup, path + ".recorded");
+      const Value* value = Field(setup, path + ".value");
+      const bool note = recorded != nullptr && recorded->kind_case() == Value::kBoolValue &&
+                        !recorded->bool_value() && value != nullptr &&
+                        value->kind_case() == Value::kStringValue;
+      if (!note) RETURN_IF_ERROR(CheckType(value, t.kind, path + ".value", setup_path));
+      RETURN_IF_ERROR(
+          CheckType(Field(setup, path + ".recorded"), kBool, path + ".recorded", setup_path));
+      RETURN_IF_ERROR(
+          CheckType(Field(setup, path + ".basis"), kString, path + ".basis", setup_path));
+    } else {
+      RETURN_IF_ERROR(CheckType(v, t.kind, path, setup_path));
+    }
+  }
+  return absl::OkStatus();
+}
+
 // The xPU preset of a GPU name as engines and nvidia-smi print it.
 std::string XpuPresetOf(const std::string& gpu_name, double memory_gb) {
   std::string n = absl::AsciiStrToLower(gpu_name);
@@ -645,6 +751,7 @@ absl::StatusOr<ReplaySetup> PrepareReplay(const std::string& run_dir, const std:
     return absl::InvalidArgumentError(
         absl::StrCat(setup_path, ": not a JSON object: ", std::string(st.message())));
   }
+  RETURN_IF_ERROR(CheckSetupTypes(setup, setup_path));
   ReplaySetup out;
   servesim::v1::Scenario sc;
 

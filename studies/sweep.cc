@@ -16,6 +16,8 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/status_macros.h"
+#include "reports/output_dir.h"
 #include "reports/summary.h"
 
 namespace servesim::studies {
@@ -307,9 +309,9 @@ bool PointFinished(const std::string& dir, const PointSpec& p) {
 }
 
 absl::Status PreparePoint(const std::string& dir, const PointSpec& p) {
+  // Marked as servesim's, so that its run takes it with point.json in it.
+  RETURN_IF_ERROR(reports::OutputDir::MarkOwned(dir));
   std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) return absl::UnavailableError(absl::StrCat(dir, ": cannot create: ", ec.message()));
   fs::remove(dir + "/summary.json", ec);
   return WriteText(dir + "/point.json", PointJson(p));
 }
@@ -346,6 +348,7 @@ absl::StatusOr<SweepTable> MergePoints(const std::vector<std::string>& dirs) {
   std::vector<Row> rows;
   std::vector<std::string> fields;
   std::string fields_from;
+  PointSpec first;  // the first folder's point: every other must share its scenario
   std::set<int64_t> seen;
   for (const std::string& folder : folders) {
     bool ok = false;
@@ -360,9 +363,25 @@ absl::StatusOr<SweepTable> MergePoints(const std::vector<std::string>& dirs) {
     if (!figures.ok()) return figures.status();
     std::vector<std::string> these;
     for (const auto& fv : spec->vary) these.push_back(fv.first);
+    // What the point ran besides its varied values: the scenario and the
+    // --set list the sweep started from.
+    const std::vector<std::string> base(
+        spec->overrides.begin(),
+        spec->overrides.end() - std::min(spec->overrides.size(), spec->vary.size()));
     if (fields_from.empty()) {
       fields = these;
       fields_from = folder;
+      first = *spec;
+      first.overrides = base;
+    } else if (spec->scenario_hash != first.scenario_hash) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          folder, ": ran ", spec->scenario, " (hash ", spec->scenario_hash, ") but ", fields_from,
+          " ran ", first.scenario, " (hash ", first.scenario_hash, "); merge points of one sweep"));
+    } else if (base != first.overrides) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          folder, ": ran with --set ", absl::StrJoin(base, " "), " but ", fields_from, " with ",
+          first.overrides.empty() ? "none" : absl::StrJoin(first.overrides, " "),
+          "; merge points of one sweep"));
     } else if (these != fields) {
       return absl::InvalidArgumentError(absl::StrCat(
           folder, ": varies ", absl::StrJoin(these, ", "), " but ", fields_from, " varies ",

@@ -1,5 +1,6 @@
 // The stream a run pulls its requests from: a source (trace or generator)
 // shaped by the workload's window, request limit and repeat.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
@@ -313,14 +314,48 @@ absl::StatusOr<Workload> ScanWorkload(const servesim::v1::WorkloadSpec& spec,
                                       const std::string& base_dir,
                                       const std::string& trace_override,
                                       uint64_t seed) {
+  // Every pass of workload.repeat is the same sequence shifted by one
+  // period, so one pass is read and the rest follow by arithmetic: a long
+  // trace repeated 10,000 times is read once, and a repeat that would pass
+  // the simulated-time limit is refused after that one pass.
   ASSIGN_OR_RETURN(std::unique_ptr<RequestStream> stream,
                    OpenWorkload(spec, base_dir, trace_override, seed, 0));
+  const int64_t repeat = spec.has_repeat() ? spec.repeat() : 1;
+  if (repeat > 1) {
+    servesim::v1::WorkloadSpec one = spec;
+    one.clear_repeat();
+    ASSIGN_OR_RETURN(stream, OpenWorkload(one, base_dir, trace_override, seed, 0));
+  }
   RequestSpec request;
   while (true) {
     ASSIGN_OR_RETURN(const bool more, stream->Next(&request));
     if (!more) break;
   }
-  return stream->summary();
+  Workload w = stream->summary();
+  if (repeat == 1) return w;
+  // As WorkloadStream counts them: the span plus one mean gap.
+  const double span = w.last_arrival_s;
+  const double period =
+      w.num_requests > 1 ? span + span / static_cast<double>(w.num_requests - 1) : 0.0;
+  const double last = span + static_cast<double>(repeat - 1) * period;
+  if (!(last <= kMaxSimulatedSeconds)) {
+    // One pass fitted (it was read), so the period is positive here; the
+    // passes 0 .. fit - 1 end within the limit.
+    const int64_t fit = static_cast<int64_t>(std::floor((kMaxSimulatedSeconds - span) / period)) + 1;
+    return absl::OutOfRangeError(absl::StrFormat(
+        "workload: with workload.repeat %d (period %g s, %d requests a pass) the last request "
+        "arrives at t = %g s, past the simulated-time limit of %g s, beyond which time loses "
+        "sub-microsecond resolution; lower workload.repeat to at most %d, or end the workload "
+        "sooner (workload.window_end_s, workload.max_requests)",
+        repeat, period, w.num_requests, last, kMaxSimulatedSeconds, std::max<int64_t>(1, fit)));
+  }
+  w.num_requests *= repeat;
+  w.rows_read *= repeat;
+  w.skipped_failed *= repeat;
+  w.outside_window *= repeat;
+  w.last_arrival_s = last;
+  absl::StrAppend(&w.description, "; repeat ", repeat, " (period ", Num(period), " s)");
+  return w;
 }
 
 absl::StatusOr<Workload> LoadWorkload(const servesim::v1::WorkloadSpec& spec,

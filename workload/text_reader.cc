@@ -41,6 +41,10 @@ absl::StatusOr<std::FILE*> OpenForReading(const std::string& path) {
   if (file == nullptr) {
     const int err = errno;
     // ENOENT maps to NOT_FOUND, EACCES to PERMISSION_DENIED, and so on.
+    if (err == ELOOP) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": a loop of symbolic links; expected a trace file"));
+    }
     return absl::Status(
         absl::ErrnoToStatusCode(err),
         absl::StrCat(path, ": cannot open: ",
@@ -48,11 +52,16 @@ absl::StatusOr<std::FILE*> OpenForReading(const std::string& path) {
   }
   struct stat info;
   // A directory opens fine with fopen on Linux; say what is wrong rather
-  // than let a read fail with EISDIR.
-  if (fstat(fileno(file), &info) == 0 && S_ISDIR(info.st_mode)) {
+  // than let a read fail with EISDIR. A device (/dev/zero) would be read
+  // without end: refused by name too. Pipes stream like files.
+  if (fstat(fileno(file), &info) == 0 && (S_ISDIR(info.st_mode) || S_ISCHR(info.st_mode) ||
+                                          S_ISBLK(info.st_mode) || S_ISSOCK(info.st_mode))) {
     std::fclose(file);
-    return absl::InvalidArgumentError(
-        absl::StrCat(path, ": is a directory; expected a trace file"));
+    const char* kind = S_ISDIR(info.st_mode)   ? "a directory"
+                       : S_ISCHR(info.st_mode) ? "a character device"
+                       : S_ISBLK(info.st_mode) ? "a block device"
+                                               : "a socket";
+    return absl::InvalidArgumentError(absl::StrCat(path, ": is ", kind, "; expected a trace file"));
   }
   return file;
 }

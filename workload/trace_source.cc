@@ -9,6 +9,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/status_macros.h"
 #include "workload/row_reader.h"
@@ -39,6 +40,13 @@ absl::StatusOr<servesim::v1::TraceFormat> InferFormat(const std::string& path,
     return LineError(path, 1,
                      absl::StrCat("file is empty (", kKnownFormats, ")"));
   }
+  // A compressed file whose name does not say so.
+  if (absl::StartsWith(header, "\x1f\x8b")) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path,
+        ": is gzip-compressed but its name does not end in .gz; rename it (servesim reads "
+        "NAME.csv.gz and NAME.jsonl.gz as they are) or gunzip it"));
+  }
   if (absl::EndsWith(lower, ".jsonl") || absl::EndsWith(lower, ".json") ||
       absl::EndsWith(lower, ".jsonl.gz") || absl::EndsWith(lower, ".json.gz")) {
     return absl::StrContains(header, "\"input_toks\"") ? servesim::v1::TRACE_FORMAT_TOKEN_IDS
@@ -60,6 +68,28 @@ absl::StatusOr<servesim::v1::TraceFormat> InferFormat(const std::string& path,
   }
   if (has("arrival_s") && has("input_tokens") && has("output_tokens")) {
     return servesim::v1::TRACE_FORMAT_CSV;
+  }
+  // A header with some of a format's columns: the missing ones named.
+  struct Known {
+    const char* format;
+    std::vector<absl::string_view> columns;
+  };
+  const Known known[] = {
+      {"azure", {kAzureColumns[0], kAzureColumns[1], kAzureColumns[2]}},
+      {"burstgpt", {"Timestamp", "Request tokens", "Response tokens"}},
+      {"csv", {"arrival_s", "input_tokens", "output_tokens"}},
+  };
+  for (const Known& k : known) {
+    std::vector<absl::string_view> missing;
+    for (absl::string_view c : k.columns) {
+      if (!has(c)) missing.push_back(c);
+    }
+    if (!missing.empty() && missing.size() < k.columns.size()) {
+      return LineError(path, lines.line_number(),
+                       absl::StrCat("header ", Quoted(header), " looks like a ", k.format,
+                                    " trace but lacks the column", missing.size() > 1 ? "s " : " ",
+                                    absl::StrJoin(missing, ", "), " (", kKnownFormats, ")"));
+    }
   }
   return LineError(path, lines.line_number(),
                    absl::StrCat("cannot infer the trace format from header ",

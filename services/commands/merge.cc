@@ -8,6 +8,7 @@
 #include "absl/strings/str_format.h"
 #include "services/commands/commands.h"
 #include "services/commands/points.h"
+#include "services/commands/run.h"
 #include "studies/sweep.h"
 
 namespace servesim::services {
@@ -17,6 +18,7 @@ struct MergeFlags {
   std::vector<std::string> merge_dirs;
   std::string out;
   bool quiet = false;
+  bool force = false;
 };
 
 }  // namespace
@@ -30,6 +32,7 @@ int MergeCommand(const Args& args) {
   });
   flags.String("--out", &o.out, "--out needs a folder");
   flags.Switch("--quiet", [&o] { o.quiet = true; });
+  flags.Switch("--force", [&o] { o.force = true; });
   if (auto exit = ParseFlags(flags, args)) return *exit;
   if (o.merge_dirs.empty())
     return UsageError("merge needs one or more sweep folders (or point folders)");
@@ -38,8 +41,11 @@ int MergeCommand(const Args& args) {
   auto table = studies::MergePoints(dirs);
   if (!table.ok()) return Fail(table.status());
   const std::string out = o.out.empty() ? o.merge_dirs[0] : o.out;
-  std::error_code ec;
-  std::filesystem::create_directories(out, ec);
+  reports::OutputDir::Options options;
+  options.run_outputs = false;
+  options.also_clear = {"sweep.csv"};
+  auto claimed = AcquireOutputs(out, "servesim merge", o.force, options);
+  if (!claimed.ok()) return Fail(claimed.status());
   if (absl::Status w = WriteTextFile(out + "/sweep.csv", studies::TableCsv(*table)); !w.ok()) {
     return Fail(w);
   }

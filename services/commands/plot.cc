@@ -2,18 +2,23 @@
 // servesim wrote (reports/plot.h).
 #include "reports/plot.h"
 
+#include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
-#include <sstream>
 #include <string>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/read_text.h"
 #include "services/commands/commands.h"
 
 namespace servesim::services {
 namespace {
+
+// A table to plot is read whole: sweeps and searches write kilobytes.
+constexpr int64_t kMaxPlotTableBytes = int64_t{256} << 20;
 
 struct PlotFlags {
   std::string table;
@@ -31,7 +36,7 @@ int PlotCommand(const Args& args) {
     o.table = a;
     return "";
   });
-  flags.String("--out", &o.out, "--out needs a folder");
+  flags.String("--out", &o.out, "--out needs a file");
   flags.String("--x", &o.plot.x, "--x needs a column name");
   flags.String("--y", &o.plot.y, "--y needs a column name");
   flags.Value("--group", "--group needs column names", [&o](const std::string& v) {
@@ -48,20 +53,33 @@ int PlotCommand(const Args& args) {
   if (o.table.empty() || o.plot.x.empty() || o.plot.y.empty()) {
     return UsageError("plot needs a CSV table, --x COLUMN and --y COLUMN");
   }
-  std::ifstream in(o.table, std::ios::binary);
-  if (!in) return Fail(absl::NotFoundError(absl::StrCat(o.table, ": cannot read")));
-  std::stringstream text;
-  text << in.rdbuf();
-  auto svg = reports::PlotCsv(text.str(), o.table, o.plot);
+  auto text = ReadTextFile(o.table, kMaxPlotTableBytes, "a CSV table");
+  if (!text.ok()) return Fail(text.status());
+  auto svg = reports::PlotCsv(*text, o.table, o.plot);
   if (!svg.ok()) return Fail(svg.status());
   std::string out = o.out;
   if (out.empty()) {
     out = absl::EndsWith(o.table, ".csv") ? o.table.substr(0, o.table.size() - 4) : o.table;
     out += ".svg";
   }
-  std::ofstream f(out, std::ios::binary);
-  f << *svg;
-  if (!f.good()) return Fail(absl::InternalError(absl::StrCat(out, ": cannot write")));
+  // Never over its own input; written whole (a temporary name, renamed).
+  namespace fs = std::filesystem;
+  std::error_code ec1, ec2;
+  if (fs::weakly_canonical(fs::absolute(out), ec1) ==
+      fs::weakly_canonical(fs::absolute(o.table), ec2)) {
+    return Fail(absl::InvalidArgumentError(
+        absl::StrCat(out, ": is the table plotted; give --out another file")));
+  }
+  const std::string tmp = absl::StrCat(out, ".partial");
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    f << *svg;
+    f.close();
+    if (!f.good() || std::rename(tmp.c_str(), out.c_str()) != 0) {
+      std::remove(tmp.c_str());
+      return Fail(absl::UnavailableError(absl::StrCat(out, ": cannot write")));
+    }
+  }
   std::cerr << "wrote " << out << "\n";
   return 0;
 }

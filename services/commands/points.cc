@@ -1,6 +1,7 @@
 #include "services/commands/points.h"
 
 #include <chrono>
+#include <csignal>
 #include <fstream>
 #include <iostream>
 
@@ -52,9 +53,29 @@ absl::Status RunPoints(const std::vector<studies::PointSpec>& specs,
             "[%d/%d] %s %s (%.1f s)\n", finished, args.size(), names[i],
             st == 0                    ? "done"
             : st == kExitNothingServed ? "done, served no request"
-                                       : absl::StrCat("FAILED, exit ", st),
+            : studies::StoppedBySignal() != 0 && st == 128 + studies::StoppedBySignal()
+                ? absl::StrCat("stopped by ", st == 128 + SIGINT ? "SIGINT" : "SIGTERM")
+                : absl::StrCat("FAILED, exit ", st),
             std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
       });
+  if (const int sig = studies::StoppedBySignal(); sig != 0) {
+    // Stopped: the points that ran to the end are kept, the ones the signal
+    // reached wrote partial outputs (and run again on the next try).
+    int done = 0, stopped = 0, not_started = 0;
+    for (int st : status) {
+      if (st == 0 || st == kExitNothingServed) {
+        ++done;
+      } else if (st == -1) {
+        ++not_started;
+      } else {
+        ++stopped;
+      }
+    }
+    return absl::CancelledError(absl::StrCat(
+        "interrupted by ", sig == SIGINT ? "SIGINT" : "SIGTERM", ": ", done, " of ", args.size(),
+        " runs finished, ", stopped, " stopped partway (partial outputs, marked so), ", not_started,
+        " not started; the same command resumes"));
+  }
   std::vector<std::string> failed;
   for (size_t i = 0; i < status.size(); ++i) {
     // A point that served nothing wrote its outputs (null latencies): a
@@ -69,6 +90,14 @@ absl::Status RunPoints(const std::vector<studies::PointSpec>& specs,
                                             " runs failed: ", absl::StrJoin(failed, "; ")));
   }
   return absl::OkStatus();
+}
+
+int FailPoints(const absl::Status& status) {
+  if (absl::IsCancelled(status) && studies::StoppedBySignal() != 0) {
+    std::cerr << "servesim: " << status.message() << "\n";
+    return 128 + studies::StoppedBySignal();
+  }
+  return Fail(status);
 }
 
 void AddJobsFlag(FlagParser& flags, int* jobs) {

@@ -26,19 +26,34 @@ int ReplayCommand(const Args& args) {
   flags.Repeated("--set", &o.scenario.sets, "--set needs path=value");
   flags.String("--profiles", &o.scenario.profiles, "--profiles needs a folder");
   flags.String("--out", &o.out, "--out needs a folder");
+  flags.Switch("--force", [&o] { o.force = true; });
   flags.Switch("--quiet", [&o] { o.quiet = true; });
   if (auto exit = ParseFlags(flags, args)) return *exit;
   if (run_dir.empty()) return UsageError("replay needs a run folder (with setup.json, trace.csv)");
   if (o.out.empty()) return UsageError("replay needs --out DIR");
 
   // The folder is locked and cleared of an earlier replay's files before
-  // the workload and scenario are written into it.
+  // the workload and scenario are written into it; the measured run's
+  // files are inputs, so a folder holding them is refused.
+  reports::OutputDir::Options options;
+  options.also_clear = {"scenario.pbtxt",     "workload.jsonl", "trace.csv",
+                        "replay_compare.csv", "replay_e2e.svg", "replay_queue.svg"};
+  for (const char* name : {"setup.json", "trace.csv", "truth.csv", "timeseries.csv"}) {
+    options.inputs.push_back((fs::path(run_dir) / name).string());
+  }
   auto dir =
-      reports::OutputDir::Acquire(o.out, absl::StrCat("servesim replay ", run_dir),
-                                  {"scenario.pbtxt", "workload.jsonl", "trace.csv",
-                                   "replay_compare.csv", "replay_e2e.svg", "replay_queue.svg"});
+      AcquireOutputs(o.out, absl::StrCat("servesim replay ", run_dir), o.force, std::move(options));
   if (!dir.ok()) return Fail(dir.status());
   o.output_dir = dir->get();
+  // The measurement is checked before anything is written, so that a bad
+  // truth.csv fails with the folder as it was.
+  if (const std::string truth = (fs::path(run_dir) / "truth.csv").string();
+      fs::is_regular_file(truth)) {
+    if (absl::Status st = studies::CheckTruth(truth, (fs::path(run_dir) / "trace.csv").string());
+        !st.ok()) {
+      return Fail(st);
+    }
+  }
   auto setup = studies::PrepareReplay(run_dir, o.out, o.scenario.sets);
   if (!setup.ok()) return Fail(setup.status());
   if (absl::Status st = (*dir)->Write("scenario.pbtxt", setup->scenario_text); !st.ok()) {

@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -37,6 +38,7 @@
 #include "reports/summary.h"
 #include "services/commands/commands.h"
 #include "services/commands/scenario_args.h"
+#include "services/commands/stop_signals.h"
 #include "services/http_server.h"
 #include "services/live_metrics.h"
 #include "services/progress.h"
@@ -99,48 +101,10 @@ std::string ProfileJson(const scenario::ResolvedScenario& sc,
       reports::JsonString(sc.xpu_endpoints.empty() ? "this process" : "the xPU agents"));
 }
 
-// SIGINT / SIGTERM: the first asks the run to stop (the simulation sees
-// the flag at its next step, then the partial outputs are written); a
-// second one ends the process at once.
-std::atomic<int> g_stop_signal{0};
-
 // Below this many completed requests a warning says how little the
 // percentiles rest on: with fewer than 10 samples, p90 and p99 both lie
 // between the two largest.
 constexpr int64_t kFewRequests = 10;
-
-extern "C" void OnStopSignal(int sig) {
-  if (g_stop_signal.exchange(sig) != 0) {
-    ::signal(sig, SIG_DFL);
-    ::raise(sig);
-  }
-}
-
-// Installs OnStopSignal for the scope; restores the previous handlers.
-class StopSignals {
- public:
-  StopSignals() {
-    g_stop_signal.store(0);
-    struct sigaction sa = {};
-    sa.sa_handler = OnStopSignal;
-    sigemptyset(&sa.sa_mask);
-    ::sigaction(SIGINT, &sa, &old_int_);
-    ::sigaction(SIGTERM, &sa, &old_term_);
-  }
-  ~StopSignals() {
-    ::sigaction(SIGINT, &old_int_, nullptr);
-    ::sigaction(SIGTERM, &old_term_, nullptr);
-  }
-  StopSignals(const StopSignals&) = delete;
-  StopSignals& operator=(const StopSignals&) = delete;
-
- private:
-  struct sigaction old_int_ = {}, old_term_ = {};
-};
-
-const char* SignalName(int sig) {
-  return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "a signal";
-}
 
 // The SimGrid arguments: the log level, SERVESIM_SIMGRID_ARGS, then the
 // command line's --cfg and --log.
@@ -174,6 +138,12 @@ absl::Status StartLiveMetrics(const RunFlags& o, const scenario::ResolvedScenari
   mc.xpu_kind = "gpu";
   if (sc.has_attention_device) mc.device_kind = sc.attention_kind;
   mc.trace_s = wl.last_arrival_s;
+  std::error_code ec;
+  if (!o.web_dir.empty() && !std::filesystem::is_directory(o.web_dir, ec)) {
+    return absl::NotFoundError(absl::StrCat(
+        "--web-dir ", o.web_dir,
+        ": no such folder (the dashboard's files, dashboards/web in the source tree)"));
+  }
   *live = std::make_unique<LiveMetrics>(mc);
   auto started = HttpServer::Start(o.metrics, o.web_dir, [m = live->get()] { return m->Render(); });
   if (!started.ok()) return started.status();
@@ -182,6 +152,12 @@ absl::Status StartLiveMetrics(const RunFlags& o, const scenario::ResolvedScenari
   const std::string& host = server->host();
   std::cerr << "metrics: http://" << (host.find(':') != std::string::npos ? "[" + host + "]" : host)
             << ":" << server->port() << "/" << std::endl;
+  if (!server->loopback()) {
+    std::cerr << "servesim: warning: --metrics " << o.metrics
+              << " listens beyond this machine: anyone who can reach it sees the run's live "
+                 "metrics and dashboard (no authentication); give 127.0.0.1:PORT to keep it "
+                 "local\n";
+  }
   return absl::OkStatus();
 }
 
@@ -267,7 +243,40 @@ int ServedExitStatus(const metrics::Summary& summary) {
   return 0;
 }
 
+// The files a run reads: its scenario, trace and platform files.
+std::vector<std::string> InputsOf(const Scenario& s) {
+  const scenario::ResolvedScenario& sc = s.resolved;
+  // Relative paths are the scenario folder's, as the workload and the
+  // platform read them.
+  auto resolve = [&sc](const std::string& path) {
+    const std::filesystem::path p(path);
+    return p.is_relative() && !sc.base_dir.empty()
+               ? (std::filesystem::path(sc.base_dir) / p).string()
+               : path;
+  };
+  std::vector<std::string> inputs = {s.loaded.path};
+  if (sc.proto.workload().has_trace())
+    inputs.push_back(resolve(sc.proto.workload().trace().path()));
+  const std::string& platform = sc.proto.cluster().disaggregation().fabric().platform_file();
+  if (!platform.empty()) inputs.push_back(resolve(platform));
+  return inputs;
+}
+
 }  // namespace
+
+absl::StatusOr<std::unique_ptr<reports::OutputDir>> AcquireOutputs(
+    const std::string& out, const std::string& holder, bool force,
+    reports::OutputDir::Options options) {
+  options.force = force;
+  auto dir = reports::OutputDir::Acquire(out, holder, options);
+  if (dir.ok() && !(*dir)->forced().empty()) {
+    std::cerr << "servesim: --force: " << out << " was not written by servesim; replacing only "
+              << absl::StrJoin((*dir)->forced(), ", ") << " there\n";
+  } else if (dir.ok() && force) {
+    std::cerr << "servesim: --force: " << out << " holds none of servesim's file names\n";
+  }
+  return dir;
+}
 
 int RunCommand(const Args& args) {
   RunFlags o;
@@ -275,6 +284,7 @@ int RunCommand(const Args& args) {
   AddScenarioFlags(flags, &o.scenario);
   AddAgentFlags(flags, &o.scenario);
   flags.String("--out", &o.out, "--out needs a folder");
+  flags.Switch("--force", [&o] { o.force = true; });
   flags.Switch("--quiet", [&o] { o.quiet = true; });
   flags.Value("--metrics", "--metrics needs [HOST:]PORT (e.g. 9464 or 127.0.0.1:9464; 0: any free)",
               [&o](const std::string& v) -> std::string {
@@ -310,6 +320,12 @@ int RunWithFlags(const RunFlags& o) {
   const auto wall_start = std::chrono::steady_clock::now();
   auto loaded = LoadAndResolve(o.scenario);
   if (!loaded.ok()) return Fail(loaded.status());
+  // A field the workload would ignore is refused: the run would not be
+  // the one the file describes.
+  if (const std::vector<std::string> ignored = InapplicableFields(*loaded); !ignored.empty()) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+        absl::StrJoin(ignored, "; "), " (remove the field; `servesim validate` lists them)")));
+  }
   auto wl = ScanWorkloadOf(*loaded);
   if (!wl.ok()) return Fail(wl.status());
   const scenario::ResolvedScenario* sc = &loaded->resolved;
@@ -346,8 +362,10 @@ int RunWithFlags(const RunFlags& o) {
   std::unique_ptr<reports::OutputDir> owned_dir;
   const reports::OutputDir* dir = o.output_dir;
   if (dir == nullptr && !out.empty()) {
-    auto acquired =
-        reports::OutputDir::Acquire(out, absl::StrCat("servesim run ", o.scenario.scenario));
+    reports::OutputDir::Options options;
+    options.inputs = InputsOf(*loaded);
+    auto acquired = AcquireOutputs(out, absl::StrCat("servesim run ", o.scenario.scenario), o.force,
+                                   std::move(options));
     if (!acquired.ok()) return Fail(acquired.status());
     owned_dir = std::move(*acquired);
     dir = owned_dir.get();
@@ -355,6 +373,7 @@ int RunWithFlags(const RunFlags& o) {
   // From here on SIGINT / SIGTERM stop the run cleanly (the simulation sees
   // the flag at its first step if it came earlier).
   StopSignals stop_signals;
+  stop_signals.Watch(dir);
   run_options.interrupt = &g_stop_signal;
   // requests.csv and iterations.csv are written as the run goes.
   std::unique_ptr<reports::CsvRecordWriter> csv;

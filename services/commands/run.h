@@ -3,9 +3,11 @@
 #ifndef SERVESIM_SERVICES_COMMANDS_RUN_H_
 #define SERVESIM_SERVICES_COMMANDS_RUN_H_
 
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "reports/output_dir.h"
 #include "services/commands/scenario_args.h"
 
@@ -14,6 +16,7 @@ namespace servesim::services {
 struct RunFlags {
   ScenarioArgs scenario;
   std::string out;
+  bool force = false;  // --force: take a folder servesim did not write
   bool quiet = false;
   std::string metrics;  // --metrics [HOST:]PORT
   std::string web_dir = SERVESIM_WEB_DIR;
@@ -28,6 +31,12 @@ struct RunFlags {
   // the scenario has loaded, before the simulation starts.
   const reports::OutputDir* output_dir = nullptr;
 };
+
+// Acquires `out` (reports/output_dir.h) with --force as given, and says on
+// stderr which of servesim's file names a forced folder held.
+absl::StatusOr<std::unique_ptr<reports::OutputDir>> AcquireOutputs(
+    const std::string& out, const std::string& holder, bool force,
+    reports::OutputDir::Options options);
 
 // Runs the scenario: prints the summary table (unless quiet), writes the
 // outputs. SIGINT and SIGTERM stop the run cleanly: complete rows, partial

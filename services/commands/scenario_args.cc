@@ -175,6 +175,45 @@ std::vector<std::string> BaseOverrides(const ScenarioArgs& a) {
   return sets;
 }
 
+std::vector<std::string> InapplicableFields(const Scenario& s) {
+  const scenario::LoadedScenario& ls = s.loaded;
+  const auto& w = ls.proto.workload();
+  for (const std::string& o : ls.overridden) {
+    if (absl::StartsWith(o, "workload.") && o != "workload.lengths" &&
+        !absl::StartsWith(o, "workload.lengths.") && o != "workload.num_requests" &&
+        !absl::StartsWith(o, "workload.window_") && o != "workload.max_requests" &&
+        o != "workload.rate_scale" && o != "workload.repeat") {
+      return {};  // the source came from the command line
+    }
+  }
+  std::string source, instead_n, instead_len;
+  if (w.has_trace()) {
+    source = "reads a trace";
+    instead_n = "workload.max_requests caps a trace";
+    instead_len = "the trace gives each request's lengths";
+  } else if (w.has_saturated()) {
+    source = "is the saturated source";
+    instead_n = "set workload.saturated.num_requests";
+    instead_len = "set workload.saturated.input_tokens and output_tokens";
+  } else {
+    return {};
+  }
+  std::vector<std::string> out;
+  if (w.has_lengths()) {
+    out.push_back(absl::StrCat(ls.Where("workload.lengths"),
+                               ": workload.lengths applies to synthetic arrivals only (poisson, "
+                               "gamma, constant); this workload ",
+                               source, ": ", instead_len));
+  }
+  if (w.has_num_requests()) {
+    out.push_back(absl::StrCat(ls.Where("workload.num_requests"),
+                               ": workload.num_requests applies to synthetic arrivals only "
+                               "(poisson, gamma, constant); this workload ",
+                               source, ": ", instead_n));
+  }
+  return out;
+}
+
 absl::StatusOr<Scenario> CheckPoint(const std::string& scenario_path,
                                     const std::vector<std::string>& base,
                                     const std::vector<std::pair<std::string, std::string>>& vary) {
@@ -200,6 +239,9 @@ absl::StatusOr<Scenario> CheckPoint(const std::string& scenario_path,
   auto resolved = scenario::Resolve(ls);
   if (!resolved.ok()) return annotate(resolved.status());
   Scenario out{std::move(ls), std::move(*resolved)};
+  if (const std::vector<std::string> ignored = InapplicableFields(out); !ignored.empty()) {
+    return annotate(absl::InvalidArgumentError(absl::StrJoin(ignored, "; ")));
+  }
   auto wl = ScanWorkloadOf(out);
   if (!wl.ok()) return annotate(wl.status());
   return out;

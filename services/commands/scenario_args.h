@@ -56,6 +56,13 @@ absl::StatusOr<Scenario> LoadAndResolve(const ScenarioArgs& args);
 absl::StatusOr<workload::Workload> ScanWorkloadOf(const Scenario& s);
 absl::StatusOr<std::unique_ptr<workload::RequestStream>> OpenWorkloadOf(const Scenario& s);
 
+// Workload fields the scenario file sets that its own source ignores
+// (workload.lengths or num_requests with a trace or the saturated source),
+// each "FILE:LINE: workload.X ...why"; empty when --trace or --set changed
+// the source (the file's lengths were for its own). `run` and sweeps refuse
+// them, `validate` warns.
+std::vector<std::string> InapplicableFields(const Scenario& s);
+
 // The --set list a study's every run starts from: --set, then --seed,
 // --trace and --profiles as the fields they set.
 std::vector<std::string> BaseOverrides(const ScenarioArgs& args);

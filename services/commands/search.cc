@@ -20,6 +20,7 @@
 #include "common/status_macros.h"
 #include "services/commands/commands.h"
 #include "services/commands/points.h"
+#include "services/commands/run.h"
 #include "services/commands/scenario_args.h"
 #include "studies/processes.h"
 #include "studies/sweep.h"
@@ -36,6 +37,7 @@ struct SearchFlags {
   int64_t max_replicas = 1024;
   int max_probes = 40;
   int jobs = 0;  // -j; 0: the cores available
+  bool force = false;
 };
 
 // Stops the search from on_step (a probe of the sequential algorithm), with
@@ -46,6 +48,7 @@ void AddSearchFlags(FlagParser& flags, SearchFlags* options) {
   SearchFlags& o = *options;
   AddScenarioFlags(flags, &o.scenario_args);
   flags.String("--out", &o.out, "--out needs a folder");
+  flags.Switch("--force", [&o] { o.force = true; });
   flags.String("--slo", &o.slo, "--slo needs e.g. ttft_p99=2s,tbt_p99=50ms");
   flags.Switch("--vary-rate", [&o] { o.vary_rate = true; });
   flags.Switch("--vary-replicas", [&o] { o.vary_replicas = true; });
@@ -323,6 +326,13 @@ int SearchCommand(const Args& args) {
   std::string field;
   double start = 0;
   if (auto exit = ChooseVariedField(o, *checked, &field, &start)) return *exit;
+  // The folder is servesim's, held for the search's life.
+  reports::OutputDir::Options options;
+  options.run_outputs = false;
+  options.also_clear = {"search.csv"};
+  options.inputs = {scenario, o.scenario_args.trace};
+  auto claimed = AcquireOutputs(out, absl::StrCat("servesim search ", scenario), o.force, options);
+  if (!claimed.ok()) return Fail(claimed.status());
   ProbeSearch search;
   search.scenario = scenario;
   search.scenario_hash = *hash;
@@ -366,7 +376,7 @@ int SearchCommand(const Args& args) {
   std::cout << studies::TableText(table);
   if (!result.ok()) {
     std::cout << "  wrote " << out << "/search.csv (probes in " << out << "/probes/)\n";
-    return Fail(result.status());
+    return FailPoints(result.status());
   }
   PrintAnswer(o, search, *result, start);
   return 0;

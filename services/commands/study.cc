@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "services/commands/commands.h"
+#include "services/commands/run.h"
 #include "services/commands/scenario_args.h"
 #include "studies/attacc_study.h"
 
@@ -13,7 +14,7 @@ namespace servesim::services {
 
 int StudyCommand(const Args& args) {
   std::string study, out_flag, trace_flag;
-  bool no_trace = false;
+  bool no_trace = false, force = false;
   FlagParser flags;
   flags.Positional([&study](const std::string& a) -> std::string {
     if (!study.empty()) return "unexpected argument " + a;
@@ -23,6 +24,7 @@ int StudyCommand(const Args& args) {
   flags.String("--out", &out_flag, "--out needs a folder");
   flags.String("--trace", &trace_flag, "--trace needs a file");
   flags.Switch("--no-trace", [&no_trace] { no_trace = true; });
+  flags.Switch("--force", [&force] { force = true; });
   std::string rules = "authors";
   flags.String("--rules", &rules, "--rules needs authors or servesim");
   if (auto exit = ParseFlags(flags, args)) return *exit;
@@ -31,6 +33,14 @@ int StudyCommand(const Args& args) {
     return UsageError("--rules takes authors (the AttAcc simulator's batch count and pipelining "
                       "rule, the default) or servesim (its own)");
   }
+  // The folder is checked and held before the study's minutes of work.
+  const std::string out = out_flag.empty() ? "out/attacc_study" : out_flag;
+  reports::OutputDir::Options claim;
+  claim.run_outputs = false;
+  claim.also_clear = {"attacc_study.csv", "attacc_trace.csv"};
+  claim.inputs = {trace_flag};
+  auto claimed = AcquireOutputs(out, "servesim study attacc", force, claim);
+  if (!claimed.ok()) return Fail(claimed.status());
   studies::StudyOptions options;
   options.authors_rules = rules == "authors";
   auto points = studies::RunAttAccStudy(options);
@@ -39,7 +49,6 @@ int StudyCommand(const Args& args) {
                "at the same model, lengths and SLO; e2e xB: whole requests, prefill included, "
                "over DGX_Base)\n"
             << studies::StudyTable(*points) << std::flush;
-  const std::string out = out_flag.empty() ? "out/attacc_study" : out_flag;
   std::error_code ec;
   std::filesystem::create_directories(out, ec);
   {

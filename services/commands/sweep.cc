@@ -12,6 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "services/commands/commands.h"
 #include "services/commands/points.h"
+#include "services/commands/run.h"
 #include "services/commands/scenario_args.h"
 #include "studies/processes.h"
 
@@ -24,6 +25,7 @@ struct SweepFlags {
   std::string out;
   std::string emit_jobs;
   bool quiet = false;
+  bool force = false;
   int jobs = 0;  // -j; 0: the cores available
 };
 
@@ -41,6 +43,7 @@ int SweepCommand(const Args& args) {
     return "";
   });
   flags.Switch("--quiet", [&o] { o.quiet = true; });
+  flags.Switch("--force", [&o] { o.force = true; });
   AddJobsFlag(flags, &o.jobs);
   if (auto exit = ParseFlags(flags, args)) return *exit;
   if (o.jobs == 0) o.jobs = studies::AvailableCores();
@@ -83,6 +86,14 @@ int SweepCommand(const Args& args) {
     dirs.push_back(absl::StrCat(out, "/points/", p.name));
     absl::StrAppend(&list, p.name, "\n");
   }
+  // The folder is servesim's, held for the sweep's life; its table and
+  // point list are rewritten.
+  reports::OutputDir::Options options;
+  options.run_outputs = false;
+  options.also_clear = {"points.txt", "sweep.csv"};
+  options.inputs = {scenario, o.scenario_args.trace};
+  auto claimed = AcquireOutputs(out, absl::StrCat("servesim sweep ", scenario), o.force, options);
+  if (!claimed.ok()) return Fail(claimed.status());
   std::error_code ec;
   std::filesystem::create_directories(out + "/points", ec);
   if (ec) return Fail(absl::UnavailableError(absl::StrCat(out, ": cannot create: ", ec.message())));
@@ -106,7 +117,7 @@ int SweepCommand(const Args& args) {
   }
   int ran = 0;
   const absl::Status st = RunPoints(specs, dirs, o.jobs, &ran);
-  if (!st.ok()) return Fail(st);
+  if (!st.ok()) return FailPoints(st);
   auto table = studies::MergePoints({out});
   if (!table.ok()) return Fail(table.status());
   if (absl::Status w = WriteTextFile(out + "/sweep.csv", studies::TableCsv(*table)); !w.ok()) {

@@ -64,7 +64,14 @@ Options of run (validate takes --set, --seed, --trace and --profiles too):
                         iterations.csv, timeline.json and report.html into
                         DIR (overrides output.dir). DIR is locked for the run
                         (a second run into it fails at once) and an earlier
-                        run's outputs there are removed first
+                        run's outputs there are removed first. A folder
+                        that holds anything and that servesim did not write
+                        (no .servesim.lock) is refused, as is one that holds
+                        the scenario, trace or platform file
+  --force               take a folder servesim did not write: only
+                        servesim's file names there are replaced (listed on
+                        stderr first); run, replay, sweep, search, merge and
+                        study take it
   --seed N              master seed (overrides the scenario's seed)
   --trace FILE          replay FILE instead of the scenario's workload source
                         (format inferred from its name and header)

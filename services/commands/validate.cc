@@ -22,6 +22,9 @@ int ValidateCommand(const Args& args) {
   if (o.scenario.empty()) return UsageError("validate needs a scenario file");
   auto loaded = LoadAndResolve(o);
   if (!loaded.ok()) return Fail(loaded.status());
+  for (const std::string& f : InapplicableFields(*loaded)) {
+    std::cerr << "servesim: warning: " << f << " (ignored here; `servesim run` refuses it)\n";
+  }
   auto wl = ScanWorkloadOf(*loaded);
   if (!wl.ok()) return Fail(wl.status());
   const scenario::ResolvedScenario* sc = &loaded->resolved;

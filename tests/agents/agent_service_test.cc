@@ -317,7 +317,7 @@ TEST(AgentServiceTest, TlsWithServerAndClientCertificates) {
   ASSERT_TRUE(plain.ok());
   const absl::Status plain_st = (*plain)->Estimate(s.ops, absl::MakeSpan(c));
   EXPECT_EQ(plain_st.code(), absl::StatusCode::kUnavailable);
-  EXPECT_TRUE(absl::StrContains(plain_st.message(), "probably serves TLS (give --agent-tls-ca)"))
+  EXPECT_TRUE(absl::StrContains(plain_st.message(), "The agent serves TLS: give --agent-tls-ca"))
       << plain_st;
   // Missing files are named.
   ClientOptions missing = o;

@@ -37,7 +37,7 @@ TEST(PlotTest, OneLinePerGroupSortedByX) {
             "t.csv: --x column 'tbt' not in the header; columns: trace, system, slo, rate");
   spec.x = "slo";
   bad = PlotCsv(csv + "conv,base,x,1\n", "t.csv", spec);
-  EXPECT_EQ(bad.status().message(), "t.csv:7: column 'slo' = 'x' is not a number");
+  EXPECT_EQ(bad.status().message(), "t.csv:7: column 'slo' = 'x' is not a finite number");
   bad = PlotCsv(csv + "conv,base\n", "t.csv", spec);
   EXPECT_EQ(bad.status().message(), "t.csv:7: 2 fields; the header has 4");
 }

@@ -55,8 +55,10 @@ TEST(OutputFolderTest, NotAFolderFailsBeforeAnySimulation) {
 }
 
 TEST(OutputFolderTest, UnwritableFolderFailsBeforeAnySimulation) {
-  // procfs takes no new files, even from root.
-  const test_util::CommandResult r = test_util::RunServesim({"run", kExample, "--out", "/proc"});
+  // procfs takes no new files, even from root (--force: servesim did not
+  // write /proc, which is refused on that ground first).
+  const test_util::CommandResult r =
+      test_util::RunServesim({"run", kExample, "--out", "/proc", "--force"});
   EXPECT_EQ(r.code, 1) << r.out;
   EXPECT_TRUE(absl::StrContains(r.out, "/proc: cannot write in the output folder")) << r.out;
   EXPECT_FALSE(absl::StrContains(r.out, "throughput")) << r.out;
@@ -82,11 +84,12 @@ TEST(OutputFolderTest, ASecondRunIntoALockedFolderFailsAtOnceNamingTheHolder) {
 
 TEST(OutputFolderTest, ARerunLeavesOnlyItsOwnOutputs) {
   const std::string dir = test_util::FreshDir("rerun");
-  test_util::WriteFile(dir + "/notes.txt", "the user's\n");
   ASSERT_EQ(test_util::RunServesim(
                 {"run", kExample, "--out", dir, "--quiet", "--set", "workload.window_end_s=60"})
                 .code,
             0);
+  // The user's own file beside servesim's.
+  test_util::WriteFile(dir + "/notes.txt", "the user's\n");
   for (const char* f : {"summary.json", "run_info.json", "requests.csv", "iterations.csv",
                         "timeline.json", "report.html"}) {
     EXPECT_TRUE(Exists(dir + "/" + f)) << f;

@@ -278,6 +278,16 @@ TEST(RequestStreamTest, RepeatReplaysPassesBackToBack) {
                                              period)))
       << summary.description;
 
+  // A scan reads one pass and multiplies: the same summary as the stream's.
+  auto scanned = ScanWorkload(spec, "", "", 1);
+  ASSERT_TRUE(scanned.ok()) << scanned.status();
+  EXPECT_EQ(scanned->num_requests, summary.num_requests);
+  EXPECT_EQ(scanned->rows_read, summary.rows_read);
+  EXPECT_EQ(scanned->outside_window, summary.outside_window);
+  EXPECT_EQ(scanned->skipped_failed, summary.skipped_failed);
+  EXPECT_EQ(scanned->last_arrival_s, summary.last_arrival_s);
+  EXPECT_EQ(scanned->description, summary.description);
+
   // Synthetic sources replay the same random sequence.
   WorkloadSpec poisson;
   poisson.mutable_poisson()->set_rate_rps(5);
