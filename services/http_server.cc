@@ -15,6 +15,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "services/http_guard.h"
 
 namespace servesim::services {
 namespace {
@@ -61,7 +62,8 @@ std::string ContentTypeFor(const std::string& path) {
 
 absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const std::string& address,
                                                               const std::string& web_dir,
-                                                              MetricsFn metrics) {
+                                                              MetricsFn metrics,
+                                                              const std::string& token) {
   // "PORT" and ":PORT" mean loopback.
   const size_t colon = address.rfind(':');
   std::string host =
@@ -103,13 +105,22 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const std::string&
   s->numeric_host_ = numeric;
   s->v6_ = v6;
   s->metrics_ = std::move(metrics);
+  s->token_ = token;
   mg_init_library(0);
   const std::string mime = MimeTypes();
   std::vector<const char*> options = {
       "listening_ports",
       listen.c_str(),
       "num_threads",
-      "2",
+      "8",
+      // Accepting never waits for a worker (the queue holds more than the
+      // connection limits allow), so the limits see every new connection
+      // and idle ones give way at once (http_guard.h); bursts wait in the
+      // kernel's queue rather than being dropped.
+      "connection_queue",
+      "256",
+      "listen_backlog",
+      "1024",
       "request_timeout_ms",
       "2000",  // a stalled client cannot hold a worker
       "enable_keep_alive",
@@ -128,6 +139,20 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const std::string&
   options.push_back(nullptr);
   mg_callbacks callbacks{};
   callbacks.log_message = LogMessage;
+  // The connection limits (http_guard.h) learn when a request has been
+  // read and when a connection closes.
+  callbacks.begin_request = [](mg_connection* conn) {
+    if (const mg_request_info* r = mg_get_request_info(conn); r != nullptr) {
+      http_guard::BeginRequest(r->remote_addr, r->remote_port);
+    }
+    return 0;  // civetweb goes on with the request
+  };
+  callbacks.connection_close = [](const mg_connection* conn) {
+    if (const mg_request_info* r = mg_get_request_info(conn); r != nullptr) {
+      http_guard::Closed(r->remote_addr, r->remote_port);
+    }
+  };
+  http_guard::Enable(http_guard::Limits{});
   std::string start_log;
   {
     std::lock_guard<std::mutex> lock(g_start_mu);
@@ -136,6 +161,7 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const std::string&
     g_start_log = nullptr;
   }
   if (s->ctx_ == nullptr) {
+    http_guard::Disable();
     return absl::UnavailableError(absl::StrCat("--metrics: cannot listen on ", address, ": ",
                                                start_log.empty() ? "unknown error" : start_log));
   }
@@ -151,6 +177,7 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const std::string&
 
 HttpServer::~HttpServer() {
   if (ctx_ == nullptr) return;
+  http_guard::Disable();
   // civetweb's listening thread polls in 2 s quanta and sees mg_stop's flag
   // only when it wakes: a connection wakes it at once.
   std::atomic<bool> stopped{false};
@@ -178,6 +205,23 @@ HttpServer::~HttpServer() {
 
 int HttpServer::HandleMetrics(mg_connection* conn, void* self) {
   const mg_request_info* req = mg_get_request_info(conn);
+  if (const std::string& token = static_cast<HttpServer*>(self)->token_; !token.empty()) {
+    // Compared in time independent of where a wrong token differs.
+    const char* got = mg_get_header(conn, "Authorization");
+    const std::string want = "Bearer " + token;
+    const std::string have = got != nullptr ? got : "";
+    unsigned diff = have.size() != want.size() ? 1u : 0u;
+    for (size_t i = 0; i < want.size(); ++i) {
+      diff |= static_cast<unsigned>(want[i] ^ (i < have.size() ? have[i] : 0));
+    }
+    if (diff != 0) {
+      mg_printf(conn,
+                "HTTP/1.1 401 Unauthorized\r\nWWW-Authenticate: Bearer\r\nContent-Type: "
+                "text/plain\r\nContent-Length: 42\r\nConnection: close\r\n\r\n"
+                "/metrics wants Authorization: Bearer TOKEN");
+      return 401;
+    }
+  }
   const std::string method =
       req != nullptr && req->request_method != nullptr ? req->request_method : "";
   if (method != "GET" && method != "HEAD") {

@@ -233,11 +233,17 @@
     return sum;
   }
 
+  // A run started with --metrics-token-file wants the token on /metrics:
+  // the page takes it from its address (#token=...; a fragment never
+  // reaches the server's logs).
+  const token = new URLSearchParams(location.hash.slice(1)).get('token');
+  const headers = token ? { Authorization: `Bearer ${token}` } : {};
+
   let failures = 0;
   async function poll() {
     let delay = POLL_MS;
     try {
-      const res = await fetch('metrics', { cache: 'no-store' });
+      const res = await fetch('metrics', { cache: 'no-store', headers });
       if (!res.ok) throw new Error(`GET /metrics: HTTP ${res.status}`);
       const sum = ingest(await res.text());
       failures = 0;

@@ -31,6 +31,7 @@
 #include "agents/logging.h"
 #include "agents/remote_device.h"
 #include "cluster/simulation.h"
+#include "common/status_macros.h"
 #include "devices/registry.h"
 #include "metrics/collector.h"
 #include "reports/csv_writer.h"
@@ -144,19 +145,25 @@ absl::Status StartLiveMetrics(const RunFlags& o, const scenario::ResolvedScenari
         "--web-dir ", o.web_dir,
         ": no such folder (the dashboard's files, dashboards/web in the source tree)"));
   }
+  std::string token;
+  if (!o.metrics_token_file.empty()) {
+    ASSIGN_OR_RETURN(token, ReadTokenFile(o.metrics_token_file, "--metrics-token-file"));
+  }
   *live = std::make_unique<LiveMetrics>(mc);
-  auto started = HttpServer::Start(o.metrics, o.web_dir, [m = live->get()] { return m->Render(); });
+  auto started = HttpServer::Start(
+      o.metrics, o.web_dir, [m = live->get()] { return m->Render(); }, token);
   if (!started.ok()) return started.status();
   std::unique_ptr<HttpServer>& server = *server_out;
   server = std::move(*started);
   const std::string& host = server->host();
   std::cerr << "metrics: http://" << (host.find(':') != std::string::npos ? "[" + host + "]" : host)
-            << ":" << server->port() << "/" << std::endl;
-  if (!server->loopback()) {
+            << ":" << server->port() << "/"
+            << (token.empty() ? "" : " (open it as .../#token=TOKEN)") << std::endl;
+  if (!server->loopback() && token.empty()) {
     std::cerr << "servesim: warning: --metrics " << o.metrics
               << " listens beyond this machine: anyone who can reach it sees the run's live "
-                 "metrics and dashboard (no authentication); give 127.0.0.1:PORT to keep it "
-                 "local\n";
+                 "metrics (no authentication); give 127.0.0.1:PORT to keep it local, or "
+                 "--metrics-token-file FILE to require a token\n";
   }
   return absl::OkStatus();
 }
@@ -295,6 +302,7 @@ int RunCommand(const Args& args) {
                 return "";
               });
   flags.String("--web-dir", &o.web_dir, "--web-dir needs a folder");
+  flags.String("--metrics-token-file", &o.metrics_token_file, "--metrics-token-file needs a file");
   flags.Value("--pace", "--pace needs simulated seconds per wall second, > 0",
               [&o](const std::string& v) -> std::string {
                 if (!absl::SimpleAtod(v, &o.pace) || !(o.pace > 0) || !std::isfinite(o.pace)) {

@@ -19,6 +19,7 @@ struct RunFlags {
   bool force = false;  // --force: take a folder servesim did not write
   bool quiet = false;
   std::string metrics;  // --metrics [HOST:]PORT
+  std::string metrics_token_file;  // --metrics-token-file: /metrics wants its token
   std::string web_dir = SERVESIM_WEB_DIR;
   double pace = 0;
   double linger_s = 0;

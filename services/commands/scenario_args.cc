@@ -12,6 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "agents/client_options.h"
+#include "common/read_text.h"
 #include "common/status_macros.h"
 #include "devices/registry.h"
 
@@ -129,18 +130,8 @@ absl::StatusOr<Scenario> LoadAndResolve(const ScenarioArgs& a) {
   sc.agent_endpoints = a.agents;
   sc.agent_client = a.agent_client;
   if (!a.agent_token_file.empty()) {
-    std::ifstream in(a.agent_token_file);
-    std::stringstream text;
-    text << in.rdbuf();
-    std::string token = text.str().substr(0, text.str().find('\n'));
-    if (!in) {
-      return absl::NotFoundError(
-          absl::StrCat("--agent-token-file ", a.agent_token_file, ": cannot read"));
-    }
-    if (absl::EndsWith(token, "\r")) token.pop_back();
-    RETURN_IF_ERROR(agents::CheckToken(
-        token, absl::StrCat("--agent-token-file ", a.agent_token_file, " (first line)")));
-    sc.agent_client.token = token;
+    ASSIGN_OR_RETURN(sc.agent_client.token,
+                     ReadTokenFile(a.agent_token_file, "--agent-token-file"));
   }
   RETURN_IF_ERROR(scenario::Normalize(&sc));
   ASSIGN_OR_RETURN(auto resolved, scenario::Resolve(sc));
@@ -173,6 +164,17 @@ std::vector<std::string> BaseOverrides(const ScenarioArgs& a) {
                                 std::filesystem::absolute(a.profiles).string()));
   }
   return sets;
+}
+
+absl::StatusOr<std::string> ReadTokenFile(const std::string& path, const std::string& flag) {
+  auto text = ReadTextFile(path, 64 << 10, "a token file (the token on its first line)");
+  if (!text.ok()) {
+    return absl::Status(text.status().code(), absl::StrCat(flag, " ", text.status().message()));
+  }
+  std::string token = text->substr(0, text->find('\n'));
+  if (absl::EndsWith(token, "\r")) token.pop_back();
+  RETURN_IF_ERROR(agents::CheckToken(token, absl::StrCat(flag, " ", path, " (first line)")));
+  return token;
 }
 
 std::vector<std::string> InapplicableFields(const Scenario& s) {

@@ -56,6 +56,10 @@ absl::StatusOr<Scenario> LoadAndResolve(const ScenarioArgs& args);
 absl::StatusOr<workload::Workload> ScanWorkloadOf(const Scenario& s);
 absl::StatusOr<std::unique_ptr<workload::RequestStream>> OpenWorkloadOf(const Scenario& s);
 
+// The token on the first line of `path` (a CR before the newline dropped),
+// checked as the agents check theirs; errors name `flag` and the file.
+absl::StatusOr<std::string> ReadTokenFile(const std::string& path, const std::string& flag);
+
 // Workload fields the scenario file sets that its own source ignores
 // (workload.lengths or num_requests with a trace or the saturated source),
 // each "FILE:LINE: workload.X ...why"; empty when --trace or --set changed

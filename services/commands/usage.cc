@@ -91,6 +91,10 @@ Options of run (validate takes --set, --seed, --trace and --profiles too):
   --linger S            with --metrics: keep serving S wall seconds after the
                         run ends
   --web-dir DIR         the dashboard's files (default: dashboards/web)
+  --metrics-token-file FILE
+                        /metrics answers only requests with the token on
+                        FILE's first line (Authorization: Bearer TOKEN);
+                        open the page as http://HOST:PORT/#token=TOKEN
   --cfg=NAME:VALUE      passed to SimGrid (e.g. --cfg=network/model:CM02)
   --log=SPEC            passed to SimGrid's logging
                         (SERVESIM_SIMGRID_ARGS, space-separated, come first)

@@ -266,6 +266,22 @@ TEST(BordersTest, AMissingWebDirIsRefusedBeforeTheRun) {
   EXPECT_TRUE(absl::StrContains(r.out, "--web-dir /nonexistent/web: no such folder")) << r.out;
 }
 
+TEST(BordersTest, AMetricsTokenFileIsCheckedBeforeTheRun) {
+  const std::string dir = test_util::FreshDir("token");
+  test_util::WriteFile(dir + "/blank", "\n");
+  test_util::CommandResult r = test_util::RunServesim(
+      {"run", kExample, "--quiet", "--metrics", "0", "--metrics-token-file", dir + "/blank"});
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_TRUE(absl::StrContains(
+      r.out, "--metrics-token-file " + dir + "/blank (first line): the token is empty"))
+      << r.out;
+  r = test_util::RunServesim(
+      {"run", kExample, "--quiet", "--metrics", "0", "--metrics-token-file", "/dev/zero"});
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_TRUE(absl::StrContains(r.out, "--metrics-token-file /dev/zero: is a character device"))
+      << r.out;
+}
+
 TEST(BordersTest, MergeRefusesPointsOfDifferentScenarios) {
   const std::string a = test_util::FreshDir("merge_a"), b = test_util::FreshDir("merge_b");
   ASSERT_EQ(test_util::RunServesim({"sweep", kExample, "--out", a, "--quiet", "--set",

@@ -89,6 +89,42 @@ TEST(HttpServerTest, ServesMetricsAndFilesAndNothingElse) {
   EXPECT_EQ(scrapes, 1);
 }
 
+TEST(HttpServerTest, ATokenGuardsMetricsAndLeavesThePageOpen) {
+  const std::string dir = std::filesystem::temp_directory_path() / "servesim_http_token_test";
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/index.html") << "<html>dash</html>";
+  int scrapes = 0;
+  auto server = HttpServer::Start(
+      "127.0.0.1:0", dir,
+      [&] {
+        ++scrapes;
+        return std::string("servesim_up 1\n");
+      },
+      "s3cret-token");
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int port = (*server)->port();
+  EXPECT_TRUE((*server)->loopback());
+  const std::string none = Get(port, "/metrics");
+  EXPECT_TRUE(absl::StartsWith(none, "HTTP/1.1 401 Unauthorized\r\n")) << none;
+  EXPECT_TRUE(absl::StrContains(none, "WWW-Authenticate: Bearer")) << none;
+  for (const char* wrong : {"Bearer s3cret-tokeN", "Bearer s3cret-token2", "Bearer s3cret",
+                            "s3cret-token", "Basic s3cret-token"}) {
+    const std::string r = Http(port, absl::StrCat("GET /metrics HTTP/1.1\r\nHost: x\r\n"
+                                                  "Authorization: ",
+                                                  wrong, "\r\n\r\n"));
+    EXPECT_TRUE(absl::StartsWith(r, "HTTP/1.1 401")) << wrong << ": " << r;
+  }
+  EXPECT_EQ(scrapes, 0);
+  const std::string ok = Http(port,
+                              "GET /metrics HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+                              "s3cret-token\r\n\r\n");
+  EXPECT_TRUE(absl::StartsWith(ok, "HTTP/1.1 200 OK\r\n")) << ok;
+  EXPECT_TRUE(absl::EndsWith(ok, "servesim_up 1\n")) << ok;
+  EXPECT_EQ(scrapes, 1);
+  // The page itself holds no data.
+  EXPECT_TRUE(absl::StartsWith(Get(port, "/"), "HTTP/1.1 200 OK\r\n"));
+}
+
 TEST(HttpServerTest, BadAddressesNameTheFlag) {
   for (const char* bad : {"127.0.0.1:", "127.0.0.1:70000", "-1", "x", "host:port"}) {
     auto s = HttpServer::Start(bad, "", [] { return std::string(); });
