@@ -1,6 +1,7 @@
-// A progress line on stderr for runs longer than a second, when stderr is a
-// terminal: simulated time against the trace's length, requests done,
-// real-time factor and ETA. Silent otherwise (pipes, CI logs, --quiet).
+// Progress on stderr: simulated time against the trace's length, requests
+// done, real-time factor and ETA. On a terminal one line redrawn in place
+// (runs longer than a second); with --progress always into a log (Slurm,
+// nohup) a new line every `every_s` wall seconds.
 #ifndef SERVESIM_SERVICES_PROGRESS_H_
 #define SERVESIM_SERVICES_PROGRESS_H_
 
@@ -16,8 +17,9 @@ namespace servesim::services {
 class ProgressBar : public metrics::LiveSink {
  public:
   // `out` null: silent. `trace_s`: arrival time of the last request.
-  ProgressBar(std::FILE* out, int64_t requests, double trace_s)
-      : out_(out), requests_(requests), trace_s_(trace_s) {}
+  // `every_s` > 0: lines every that many wall seconds instead of a bar.
+  ProgressBar(std::FILE* out, int64_t requests, double trace_s, double every_s = 0)
+      : out_(out), requests_(requests), trace_s_(trace_s), every_s_(every_s) {}
 
   // The line shown at simulated time `sim_s` after `wall_s` (for tests).
   std::string Line(double sim_s, double wall_s) const;
@@ -35,6 +37,7 @@ class ProgressBar : public metrics::LiveSink {
   std::FILE* out_;
   int64_t requests_;
   double trace_s_;
+  double every_s_;
   int64_t done_ = 0;
   double last_draw_s_ = -1;
   bool drawn_ = false;

@@ -1,5 +1,6 @@
 // servesim: the command-line front end. Dispatches to one subcommand
 // (services/commands/); no model logic lives here.
+#include <iostream>
 #include <map>
 #include <string>
 #include <vector>
@@ -24,6 +25,13 @@ int main(int argc, char** argv) {
   if (args.empty()) return svc::UsageError("no command given");
   const std::string& command = args[0];
   if (command == "help" || command == "--help" || command == "-h") return svc::PrintUsage();
+  if (command == "--version" || command == "version") {
+    // The revision is the source tree's when the build was configured.
+    std::cout << "servesim " << SERVESIM_VERSION << " (git " << SERVESIM_GIT_REVISION << ", "
+              << (std::string(SERVESIM_BUILD_TYPE).empty() ? "default" : SERVESIM_BUILD_TYPE)
+              << " build)\n";
+    return 0;
+  }
   static const std::map<std::string, int (*)(const svc::Args&)> kCommands = {
       {"run", svc::RunCommand},         {"validate", svc::ValidateCommand},
       {"presets", svc::PresetsCommand}, {"study", svc::StudyCommand},

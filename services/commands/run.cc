@@ -129,7 +129,7 @@ double WallSecondsSince(std::chrono::steady_clock::time_point wall_start) {
 }
 
 // Live metrics and the dashboard, for --metrics: started before the run
-// (kept up for --linger seconds after it by the caller).
+// (kept up for --linger seconds after the outputs by the caller).
 absl::Status StartLiveMetrics(const RunFlags& o, const scenario::ResolvedScenario& sc,
                               const workload::Workload& wl, std::unique_ptr<LiveMetrics>* live,
                               std::unique_ptr<HttpServer>* server_out) {
@@ -293,6 +293,14 @@ int RunCommand(const Args& args) {
   flags.String("--out", &o.out, "--out needs a folder");
   flags.Switch("--force", [&o] { o.force = true; });
   flags.Switch("--quiet", [&o] { o.quiet = true; });
+  flags.Value("--progress", "--progress needs auto, always or never",
+              [&o](const std::string& v) -> std::string {
+                if (v != "auto" && v != "always" && v != "never") {
+                  return absl::StrCat("--progress ", v, ": expected auto, always or never");
+                }
+                o.progress = v;
+                return "";
+              });
   flags.Value("--metrics", "--metrics needs [HOST:]PORT (e.g. 9464 or 127.0.0.1:9464; 0: any free)",
               [&o](const std::string& v) -> std::string {
                 if (v.empty()) {
@@ -355,10 +363,18 @@ int RunWithFlags(const RunFlags& o) {
   }
   // The progress line: on a terminal, unless --quiet. Sinks are attached
   // only when something listens (the hot path then makes no calls at all).
-  const bool show_progress = !o.quiet && ::isatty(::fileno(stderr));
-  ProgressBar progress(show_progress ? stderr : nullptr, wl->num_requests, wl->last_arrival_s);
+  // Progress: a bar on a terminal unless --quiet; with --progress always,
+  // also elsewhere, as a line every 10 wall seconds. Not by default off a
+  // terminal: a listening sink makes the engines report every step, which
+  // costs the speed of engines that would run ahead (results identical).
+  const bool terminal = ::isatty(::fileno(stderr));
+  const bool progress_on = o.progress == "always" || (o.progress == "auto" && !o.quiet && terminal);
+  const bool show_progress = progress_on && terminal;  // the bar, redrawn in place
+  constexpr double kProgressEveryS = 10;
+  ProgressBar progress(progress_on ? stderr : nullptr, wl->num_requests, wl->last_arrival_s,
+                       terminal ? 0.0 : kProgressEveryS);
   std::vector<metrics::LiveSink*> sinks;
-  if (show_progress) sinks.push_back(&progress);
+  if (progress_on) sinks.push_back(&progress);
   if (live != nullptr) sinks.push_back(live.get());
   FanoutSink fanout(sinks);
   run_options.live = sinks.empty() ? nullptr : sinks.size() == 1 ? sinks[0] : &fanout;
@@ -397,9 +413,6 @@ int RunWithFlags(const RunFlags& o) {
   auto result = cluster::RunSimulation(*sc, **stream, run_options);
   const int stopped_by = g_stop_signal.load();
   absl::Status csv_status = csv != nullptr ? csv->Close() : absl::OkStatus();
-  if (server != nullptr && o.linger_s > 0 && stopped_by == 0) {
-    std::this_thread::sleep_for(std::chrono::duration<double>(o.linger_s));
-  }
   reports::RunInfo info;
   info.agents_json = AgentsJson(*sc);
   info.profile_json = ProfileJson(*sc, profile_before);
@@ -424,7 +437,20 @@ int RunWithFlags(const RunFlags& o) {
     }
     if (!o.quiet) std::cout << "  outputs    " << dir->dir() << "/\n";
   }
-  return ServedExitStatus(summary);
+  const int rc = ServedExitStatus(summary);
+  // --linger: the table and the files are out (and the speed printed was
+  // the simulation's); the dashboard stays up, until SIGINT or SIGTERM.
+  if (server != nullptr && o.linger_s > 0 && g_stop_signal.load() == 0) {
+    std::cerr << "servesim: the dashboard stays up " << o.linger_s << " s (--linger; ^C ends it)"
+              << std::endl;
+    const auto until = std::chrono::steady_clock::now() +
+                       std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                           std::chrono::duration<double>(o.linger_s));
+    while (g_stop_signal.load() == 0 && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  }
+  return rc;
 }
 
 }  // namespace servesim::services

@@ -18,6 +18,7 @@ struct RunFlags {
   std::string out;
   bool force = false;  // --force: take a folder servesim did not write
   bool quiet = false;
+  std::string progress = "auto";  // --progress auto|always|never
   std::string metrics;  // --metrics [HOST:]PORT
   std::string metrics_token_file;  // --metrics-token-file: /metrics wants its token
   std::string web_dir = SERVESIM_WEB_DIR;

@@ -207,11 +207,6 @@ std::vector<std::string> InapplicableFields(const Scenario& s) {
                                "gamma, constant); this workload ",
                                source, ": ", instead_len));
   }
-  if (w.has_saturated() && w.has_rate_scale()) {
-    out.push_back(absl::StrCat(ls.Where("workload.rate_scale"),
-                               ": workload.rate_scale scales arrival times; the saturated "
-                               "source's requests all arrive at t = 0"));
-  }
   if (w.has_num_requests()) {
     out.push_back(absl::StrCat(ls.Where("workload.num_requests"),
                                ": workload.num_requests applies to synthetic arrivals only "

@@ -61,8 +61,7 @@ absl::StatusOr<std::unique_ptr<workload::RequestStream>> OpenWorkloadOf(const Sc
 absl::StatusOr<std::string> ReadTokenFile(const std::string& path, const std::string& flag);
 
 // Workload fields the scenario file sets that its own source ignores
-// (workload.lengths or num_requests with a trace or the saturated source,
-// rate_scale with the saturated source),
+// (workload.lengths or num_requests with a trace or the saturated source),
 // each "FILE:LINE: workload.X ...why"; empty when --trace or --set changed
 // the source (the file's lengths were for its own). `run` and sweeps refuse
 // them, `validate` warns.

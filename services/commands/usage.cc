@@ -58,6 +58,7 @@ Usage:
                                           a profile bundle's tp<N> folder;
                                           print the fit error per op class
   servesim help | --help                  this text
+  servesim --version                      version, git revision, build type
 
 Options of run (validate takes --set, --seed, --trace and --profiles too):
   --out DIR             write summary.json, run_info.json, requests.csv,
@@ -89,7 +90,10 @@ Options of run (validate takes --set, --seed, --trace and --profiles too):
   --pace X              run at most X simulated seconds per wall second
                         (default: as fast as possible); never changes results
   --linger S            with --metrics: keep serving S wall seconds after the
-                        run ends
+                        table and the outputs are written (^C ends it)
+  --progress WHEN       auto (default: on a terminal, unless --quiet), always
+                        (also into logs: a line every 10 s; the engines then
+                        report every step, slower, results identical) or never
   --web-dir DIR         the dashboard's files (default: dashboards/web)
   --metrics-token-file FILE
                         /metrics answers only requests with the token on

@@ -222,15 +222,6 @@ TEST(BordersTest, WorkloadFieldsTheSourceIgnoresAreRefusedByRunAndFlaggedByValid
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_TRUE(absl::StrContains(r.out, "servesim: warning: ")) << r.out;
   EXPECT_TRUE(absl::StrContains(r.out, "(ignored here; `servesim run` refuses it)")) << r.out;
-  // The saturated source's requests all arrive at t = 0: no rate to scale.
-  r = test_util::RunServesim({"run",
-                              SERVESIM_SOURCE_DIR "/examples/gpt3_175b_saturated_attacc.pbtxt",
-                              "--quiet", "--set", "workload.rate_scale=2"});
-  EXPECT_EQ(r.code, 1) << r.out;
-  EXPECT_TRUE(absl::StrContains(r.out, "(--set workload.rate_scale): workload.rate_scale scales "
-                                       "arrival times; the saturated source's requests all "
-                                       "arrive at t = 0"))
-      << r.out;
   // A source from the command line makes the file's lengths moot.
   r = test_util::RunServesim({"validate", kShareGpt, "--trace",
                               SERVESIM_SOURCE_DIR
