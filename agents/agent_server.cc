@@ -162,6 +162,7 @@ absl::StatusOr<RunningAgent> StartAgentServer(AgentService* service,
               "shows gRPC's reason)",
         ")"));
   }
+  running.service = service;
   for (const auto& q : running.stream_queues) {
     running.stream_threads.emplace_back(
         [service, queue = q.get()] { service->ServeStreams(queue); });
@@ -172,7 +173,11 @@ absl::StatusOr<RunningAgent> StartAgentServer(AgentService* service,
 RunningAgent::~RunningAgent() {
   if (health != nullptr) health->Shutdown();  // ends its watches, which Shutdown waits for
   if (server != nullptr) server->Shutdown();  // no-op if already shut down
-  for (const auto& q : stream_queues) q->Shutdown();
+  if (service != nullptr && !stream_queues.empty()) {  // (a moved-from one has none)
+    service->CloseStreamQueues(stream_queues);
+  } else {
+    for (const auto& q : stream_queues) q->Shutdown();
+  }
   for (std::thread& t : stream_threads) t.join();
   if (stream_threads.empty()) {  // the server never started: drain the queues here
     for (const auto& q : stream_queues) {

@@ -85,6 +85,7 @@ struct RunningAgent {
   RunningAgent& operator=(RunningAgent&&) = default;  // onto an empty one only
   ~RunningAgent();
 
+  AgentService* service = nullptr;  // closes the stream queues
   std::unique_ptr<HealthService> health;
   std::vector<std::unique_ptr<grpc::ServerCompletionQueue>> stream_queues;
   std::unique_ptr<grpc::Server> server;  // after the queues and health: destroyed before them

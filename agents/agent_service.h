@@ -156,6 +156,12 @@ class AgentService final : public servesim::v1::DeviceAgent::WithAsyncMethod_Est
   // Ends every open estimate stream (CANCELLED) and admits none after:
   // before a shutdown, whose grace would otherwise wait for their clients.
   void EndStreams();
+  // Shuts the stream queues down (the server's own shutdown first). A
+  // stream handler issues each operation under the same lock and issues
+  // none once the queues are closed: gRPC aborts the process when an
+  // operation is started on a queue already shut down, which a handler
+  // acting on an event taken just before could otherwise do.
+  void CloseStreamQueues(const std::vector<std::unique_ptr<grpc::ServerCompletionQueue>>& queues);
 
   int64_t calls() const { return calls_.load(); }
   // Execute / Step kernels stopped by a cancellation, deadline or the budget.
@@ -243,6 +249,8 @@ class AgentService final : public servesim::v1::DeviceAgent::WithAsyncMethod_Est
   int64_t last_expiry_ns_ = 0;
   std::atomic<int64_t> next_session_{1};
   std::mutex streams_mu_;  // streams_, stop_watch_
+  std::mutex stream_ops_mu_;  // each stream operation issued; stream_queues_closed_
+  bool stream_queues_closed_ = false;
   std::condition_variable streams_cv_;
   std::vector<std::shared_ptr<OpenStream>> streams_;
   bool stop_watch_ = false;

@@ -85,10 +85,12 @@ void AgentService::WatchStreams() {
 // call's end (AsyncNotifyWhenDone) have come back.
 class AgentService::StreamCall {
  public:
-  StreamCall(AgentService* service, grpc::ServerCompletionQueue* cq)
-      : service_(service), cq_(cq), rw_(&ctx_) {
-    ctx_.AsyncNotifyWhenDone(&done_tag_);
-    service_->RequestEstimateStream(&ctx_, &rw_, cq_, cq_, &op_tag_);
+  // The next stream's call, waiting for a client; none once the queues
+  // are closed.
+  static void Await(AgentService* service, grpc::ServerCompletionQueue* cq) {
+    std::lock_guard<std::mutex> lock(service->stream_ops_mu_);
+    if (service->stream_queues_closed_) return;
+    new StreamCall(service, cq);
   }
 
   // What the queue hands back: this call's next operation, or its end.
@@ -116,7 +118,7 @@ class AgentService::StreamCall {
           ended_ = true;  // no call, so no end to wait for
           return;
         }
-        new StreamCall(service_, cq_);
+        Await(service_, cq_);
         if (grpc::Status st = service_->Authorize(&ctx_); !st.ok()) {
           Finish(st);
           return;
@@ -142,8 +144,7 @@ class AgentService::StreamCall {
           Finish(st);
           return;
         }
-        state_ = State::kWriting;
-        rw_.Write(resp_, &op_tag_);
+        Issue(State::kWriting, [this] { rw_.Write(resp_, &op_tag_); });
         return;
       }
       case State::kWriting:
@@ -160,17 +161,37 @@ class AgentService::StreamCall {
         return;
     }
   }
+  StreamCall(AgentService* service, grpc::ServerCompletionQueue* cq)
+      : service_(service), cq_(cq), rw_(&ctx_) {
+    ctx_.AsyncNotifyWhenDone(&done_tag_);
+    service_->RequestEstimateStream(&ctx_, &rw_, cq_, cq_, &op_tag_);
+  }
+  // Issues an operation and moves to `next`; once the queues are closed
+  // issues nothing and is finished (the call's end still comes back as the
+  // queue drains, and deletes it).
+  template <typename Op>
+  void Issue(State next, Op op) {
+    std::lock_guard<std::mutex> lock(service_->stream_ops_mu_);
+    if (service_->stream_queues_closed_) {
+      if (stream_ != nullptr) {
+        service_->ForgetStream(stream_);
+        stream_ = nullptr;
+      }
+      state_ = State::kFinished;
+      return;
+    }
+    state_ = next;
+    op();
+  }
   void Read() {
-    state_ = State::kReading;
-    rw_.Read(&req_, &op_tag_);
+    Issue(State::kReading, [this] { rw_.Read(&req_, &op_tag_); });
   }
   void Finish(const grpc::Status& st) {
     if (stream_ != nullptr) {
       service_->ForgetStream(stream_);
       stream_ = nullptr;
     }
-    state_ = State::kFinishing;
-    rw_.Finish(st, &op_tag_);
+    Issue(State::kFinishing, [this, &st] { rw_.Finish(st, &op_tag_); });
   }
 
   AgentService* service_;
@@ -185,8 +206,15 @@ class AgentService::StreamCall {
   v1::EstimateResponse resp_;
 };
 
+void AgentService::CloseStreamQueues(
+    const std::vector<std::unique_ptr<grpc::ServerCompletionQueue>>& queues) {
+  std::lock_guard<std::mutex> lock(stream_ops_mu_);
+  stream_queues_closed_ = true;
+  for (const auto& q : queues) q->Shutdown();
+}
+
 void AgentService::ServeStreams(grpc::ServerCompletionQueue* cq) {
-  new StreamCall(this, cq);
+  StreamCall::Await(this, cq);
   void* tag = nullptr;
   bool ok = false;
   while (cq->Next(&tag, &ok)) {
