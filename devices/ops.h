@@ -21,11 +21,15 @@ enum class OpKind : uint8_t {
   kGemm,         // activations [m x k] times a weight matrix [k x n]
   kAttention,    // softmax(Q K^T / sqrt(dh)) V per sequence and head
   kElementwise,  // layernorm, activation, residual add, embedding gather
-  kAllReduce,    // ring all-reduce among tensor-parallel peers
+  kAllReduce,    // a collective among peers (Op.collective; all-reduce by default)
   // A mixture-of-experts block: router plus the experts' grouped GEMMs
   // (devices/moe_routing.h gives the expected load on this device).
   kMoe,
 };
+
+// Which collective an OpKind::kAllReduce op is (devices/collectives.h).
+enum class CollectiveOp : uint8_t { kAllReduce, kAllGather, kReduceScatter, kAllToAll, kSendRecv };
+inline constexpr int kNumCollectiveOps = 5;
 
 // Where an op sits in the decoder; the unit of the per-stage breakdown.
 enum class Stage : uint8_t {
@@ -110,7 +114,10 @@ struct Op {
   int64_t elements = 0;
   double bytes_per_element = 0;
   double flops_per_element = 0;
-  // kAllReduce: payload each participant contributes, and the group size.
+  // kAllReduce: the collective, its message (nccl-tests' size: a rank's
+  // buffer for all-reduce, all-to-all and send/recv, the whole gathered
+  // buffer for all-gather and reduce-scatter) and the group size.
+  CollectiveOp collective = CollectiveOp::kAllReduce;
   double bytes = 0;
   int participants = 1;
   // The iteration's tokens and scheduled sequences, for devices that cost an

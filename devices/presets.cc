@@ -277,6 +277,14 @@ constexpr absl::string_view kModelPresets[][2] = {
 //  PCIe 5.0 / 4.0 x16 (no NVLink: all-reduces go over PCIe; the RTX 4090 has
 //  no peer-to-peer at all, so NCCL stages through host memory and the pcie4
 //  figures are an upper bound there); MI300X Infinity Fabric.
+//  peer_to_peer: NVLink parts reach each other's memory over NVLink; the
+//  RTX 4090 has no PCIe peer-to-peer ("GeForce cards do not support P2P",
+//  an NCCL maintainer in NVIDIA/nccl-tests#287); the RTX PRO 6000 Blackwell
+//  has it (P2P enabled between Gen5 x16 pairs, measured in the rtx6kpro
+//  community wiki, sjug/rtx6kpro hardware/pcie-bandwidth.md; "PCIe
+//  peer-to-peer, no NVLink" in vllm-project/vllm#56128). H100 PCIe, L40S
+//  and MI300X: not stated in a source found, unset (no peer-to-peer
+//  assumed; cluster.collectives.peer_to_peer sets it).
 // Utilisation caps 0.8 (compute) and 0.85 (memory) are the AttAcc
 // simulator's MAX_COMPUTE_UTIL / MAX_OFF_MEM_BW_UTIL (scale-snu/
 // attacc_simulator, src/config.py).
@@ -330,23 +338,23 @@ constexpr absl::string_view kXpuPresets[][2] = {
      R"pb(peak_flops_fp16: 312e12 peak_flops_int8: 624e12 peak_flops_fp8: 0
           memory_bytes: 42949672960 memory_bw_bytes_per_s: 1555e9 tdp_w: 400 idle_power_w: 80 profile_name: "A100"
           active_power_w: 156 flop_energy_pj: 2.2 int8_op_energy_pj: 1.1
-          interconnect: "nvlink3")pb"},
+          interconnect: "nvlink3" peer_to_peer: true)pb"},
     {"a100-80gb",  // [A100]
      R"pb(peak_flops_fp16: 312e12 peak_flops_int8: 624e12 peak_flops_fp8: 0
           memory_bytes: 85899345920 memory_bw_bytes_per_s: 2039e9 tdp_w: 400 idle_power_w: 80 profile_name: "A100"
           active_power_w: 156 flop_energy_pj: 2.2 int8_op_energy_pj: 1.1
-          interconnect: "nvlink3")pb"},
+          interconnect: "nvlink3" peer_to_peer: true)pb"},
     {"a100-hbm3",  // [ATTACC]
      R"pb(peak_flops_fp16: 312e12 peak_flops_int8: 624e12 peak_flops_fp8: 0
           memory_bytes: 85899345920 memory_bw_bytes_per_s: 3.35e12 tdp_w: 400 idle_power_w: 80
           active_power_w: 156 flop_energy_pj: 2.2 int8_op_energy_pj: 1.1
-          interconnect: "nvlink3")pb"},
+          interconnect: "nvlink3" peer_to_peer: true)pb"},
     {"h100-sxm-80gb",  // [H100], GEMM caps [GEMM-MEASURED]
      R"pb(peak_flops_fp16: 989.4e12 peak_flops_int8: 1979e12 peak_flops_fp8: 1979e12
           memory_bytes: 85899345920 memory_bw_bytes_per_s: 3.35e12 tdp_w: 700 idle_power_w: 121.7 profile_name: "H100"
           active_power_w: 282 flop_energy_pj: 1.22 int8_op_energy_pj: 0.61
           roofline { op_class: "gemm" compute_utilization: 0.741 memory_utilization: 0.821 kernel_overhead_s: 3.67e-6 }
-          interconnect: "nvlink4")pb"},
+          interconnect: "nvlink4" peer_to_peer: true)pb"},
     {"h100-pcie-80gb",  // [H100P]
      R"pb(peak_flops_fp16: 756e12 peak_flops_int8: 1513e12 peak_flops_fp8: 1513e12
           memory_bytes: 85899345920 memory_bw_bytes_per_s: 2.0e12 tdp_w: 350 idle_power_w: 0 profile_name: "H100PCIe"
@@ -355,11 +363,11 @@ constexpr absl::string_view kXpuPresets[][2] = {
      R"pb(peak_flops_fp16: 989.4e12 peak_flops_int8: 1979e12 peak_flops_fp8: 1979e12
           memory_bytes: 151397597184 memory_bw_bytes_per_s: 4.8e12 tdp_w: 700 idle_power_w: 121.7 profile_name: "H200"
           active_power_w: 282 flop_energy_pj: 1.22 int8_op_energy_pj: 0.61
-          interconnect: "nvlink4")pb"},
+          interconnect: "nvlink4" peer_to_peer: true)pb"},
     {"b200-180gb",  // [B200]
      R"pb(peak_flops_fp16: 2.25e15 peak_flops_int8: 4.5e15 peak_flops_fp8: 4.5e15
           memory_bytes: 193273528320 memory_bw_bytes_per_s: 8e12 tdp_w: 1000 idle_power_w: 0 profile_name: "B200"
-          interconnect: "nvlink5")pb"},
+          interconnect: "nvlink5" peer_to_peer: true)pb"},
     {"l40s",  // [L40S]
      R"pb(peak_flops_fp16: 362.05e12 peak_flops_int8: 733e12 peak_flops_fp8: 733e12
           memory_bytes: 51539607552 memory_bw_bytes_per_s: 864e9 tdp_w: 350 idle_power_w: 102.1 profile_name: "L40S"
@@ -369,12 +377,12 @@ constexpr absl::string_view kXpuPresets[][2] = {
      R"pb(peak_flops_fp16: 165.2e12 peak_flops_int8: 660.6e12 peak_flops_fp8: 330.3e12
           memory_bytes: 25769803776 memory_bw_bytes_per_s: 1008e9 tdp_w: 450 idle_power_w: 0 profile_name: "RTX4090"
           roofline { op_class: "gemm" compute_utilization: 0.946 memory_utilization: 0.928 kernel_overhead_s: 7.89e-6 }
-          interconnect: "pcie4")pb"},
+          interconnect: "pcie4" peer_to_peer: false)pb"},
     {"rtx-pro-6000",  // [RTX6K], GEMM caps [GEMM-MEASURED]
      R"pb(peak_flops_fp16: 500e12 peak_flops_int8: 1000e12 peak_flops_fp8: 1000e12
           memory_bytes: 103079215104 memory_bw_bytes_per_s: 1597e9 tdp_w: 600 idle_power_w: 0 profile_name: "RTXPRO6000"
           roofline { op_class: "gemm" compute_utilization: 0.723 memory_utilization: 0.957 kernel_overhead_s: 9.07e-6 }
-          interconnect: "pcie5")pb"},
+          interconnect: "pcie5" peer_to_peer: true)pb"},
     {"mi300x",  // [MI300X]
      R"pb(peak_flops_fp16: 1307.4e12 peak_flops_int8: 2614.9e12 peak_flops_fp8: 2614.9e12
           memory_bytes: 206158430208 memory_bw_bytes_per_s: 5.3e12 tdp_w: 750 idle_power_w: 0 profile_name: "MI300X"

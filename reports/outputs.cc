@@ -73,6 +73,7 @@ absl::Status WriteOutputs(const OutputDir& dir, const scenario::ResolvedScenario
                                  ", \"renewals_alongside\": ", info.hint_renewals_alongside, "}")
                   : "",
               info.profile_json.empty() ? "" : ",\n  \"profile\": " + info.profile_json,
+              info.collectives_json.empty() ? "" : ",\n  \"collectives\": " + info.collectives_json,
               FallbacksJson(info.fallbacks), "\n}\n"));
       !st.ok()) {
     return st;

@@ -36,6 +36,10 @@ struct RunInfo {
   // lookups (answered, beyond the measured grid, with no measured layer).
   // Empty: none.
   std::string profile_json;
+  // Collectives costed from measured tables (docs/collectives.md): a JSON
+  // object of the preset, the answers within the tables and outside them.
+  // Empty: the ring model only.
+  std::string collectives_json;
   // Every fallback the run took (ResolvedScenario::fallbacks, and a
   // replay's unrecorded knobs).
   std::vector<std::string> fallbacks;

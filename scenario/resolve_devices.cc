@@ -173,6 +173,7 @@ absl::Status ResolveXpuDevice(const LoadedScenario& sc, const Layout& layout,
         "the 16-bit rate"));
   }
   RETURN_IF_ERROR(ResolveProfile(sc, m, x, tp, out));
+  RETURN_IF_ERROR(ResolveCollectives(sc, layout, gpu, out));
   if (!x.roofline().empty()) {
     // Per-class caps are checked by the device; report them here, located.
     if (auto d = devices::CreateDevice(out->xpu_device); !d.ok()) {

@@ -108,6 +108,12 @@ Layout LayoutOf(const servesim::v1::Scenario& p);
 // and the configuration as a whole; the first error found.
 absl::Status CheckScenario(const LoadedScenario& sc, const Layout& layout);
 
+// resolve_collectives.cc: cluster.collectives and internode_collectives
+// into `gpu` (the preset's and the files' tables read); a missing table is
+// a fallback, a bad file an error naming it.
+absl::Status ResolveCollectives(const LoadedScenario& sc, const Layout& layout,
+                                servesim::v1::GpuDeviceSpec* gpu, ResolvedScenario* out);
+
 // resolve_devices.cc: the xPU's device spec (out->xpu_device), its profile
 // bundle and fallbacks; a roofline the device refuses is an error.
 absl::Status ResolveXpuDevice(const LoadedScenario& sc, const Layout& layout,

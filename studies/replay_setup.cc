@@ -161,6 +161,7 @@ constexpr Typed kKnobTypes[] = {
     {"prefix_caching", kBool},  {"num_gpu_blocks", kNumber},
     {"max_model_len", kNumber}, {"long_prefill_token_threshold", kNumber},
     {"chunked_prefill", kBool}, {"scheduler_policy", kString},
+    {"disable_custom_all_reduce", kBool},
 };
 
 absl::Status CheckType(const Value* v, Kind kind, absl::string_view path,
@@ -554,6 +555,20 @@ absl::Status MapParallelism(const Struct& setup, const std::string& setup_path,
       ep > 1 ||
       (ep_flag != nullptr && ep_flag->kind_case() == Value::kBoolValue && ep_flag->bool_value());
   cluster->set_tensor_parallel(static_cast<int32_t>(tp));
+  if (tp * dp > 1) {
+    // Collectives as vLLM calls them (docs/collectives.md): the measured
+    // tables of the GPUs' link class, and its custom all-reduce unless the
+    // run turned it off (--disable-custom-all-reduce).
+    cluster->mutable_collectives()->set_preset("auto");
+    const Knob custom = ReadKnob(setup, "disable_custom_all_reduce");
+    if (custom.value != nullptr && custom.value->kind_case() == Value::kBoolValue) {
+      cluster->mutable_collectives()->set_custom_all_reduce(!custom.value->bool_value());
+    } else {
+      assumptions->push_back(
+          "engine_knobs.disable_custom_all_reduce not recorded: false (vLLM's default: its "
+          "custom all-reduce where the GPUs reach each other)");
+    }
+  }
   if (moe_model) {
     // vLLM with an MoE model: the data-parallel engines step together, the
     // MoE layers sharded over all dp x tp GPUs (by expert with

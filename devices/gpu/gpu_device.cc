@@ -134,6 +134,7 @@ absl::StatusOr<std::unique_ptr<Device>> GpuDevice::Create(
     }
   }
   auto device = std::unique_ptr<GpuDevice>(new GpuDevice(spec.gpu()));
+  if (absl::Status s = device->InitCollectives(); !s.ok()) return s;
   if (spec.gpu().has_profile() && !spec.gpu().profile().dir().empty()) {
     const auto& ref = spec.gpu().profile();
     auto profile = GpuProfile::Get(ref.dir());
@@ -314,43 +315,8 @@ Cost GpuDevice::RooflineCost(const Op& op) const {
     }
     case OpKind::kMoe:
       return MoeCost(op);
-    case OpKind::kAllReduce: {
-      Cost c;
-      if (op.participants > 1 && op.bytes > 0) {
-        const double p = op.participants;
-        const auto& link = spec_.interconnect();
-        c.link_bytes = 2 * (p - 1) / p * op.bytes;
-        const int per_node = spec_.xpus_per_node();
-        if (per_node > 0 && op.participants > per_node) {
-          // Across nodes: NCCL runs one ring channel per NIC, each slicing
-          // the data; every xPU is its channel's node boundary once, so a
-          // step moves 1/C of its slice over its NIC and the rest over
-          // the node's links, at the pace of the slower of the two. The
-          // latency is NCCL's own ring model's (src/graph/tuning.cc: the
-          // pipelined data pays each hop's latency once along its way): of
-          // the 2(p - 1) steps, the 2(nodes - 1) that cross a node boundary
-          // take the NIC's latency, the others the node's link's.
-          const auto& net = spec_.internode();
-          const double slice = op.bytes / p, channels = per_node;
-          const double steps = 2 * (p - 1);
-          const double inter = 2 * (std::ceil(p / channels) - 1);
-          const double pace =
-              std::max(slice / channels / net.bandwidth_bytes_per_s(),
-                       slice * (channels - 1) / channels / link.bandwidth_bytes_per_s());
-          c.time_s = steps * pace + (steps - inter) * link.latency_s() + inter * net.latency_s();
-          c.internode_bytes = c.link_bytes / channels;
-          c.link_energy_pj = c.link_bytes / channels * net.energy_pj_per_byte() +
-                             c.link_bytes * (channels - 1) / channels * link.energy_pj_per_byte();
-          return c;
-        }
-        c.time_s = 2 * (p - 1) * (link.latency_s() + op.bytes / p / link.bandwidth_bytes_per_s());
-        c.link_energy_pj = c.link_bytes * link.energy_pj_per_byte();
-        // Each step also reads and writes its slice in device memory and
-        // adds it (the reduction), which the roofline above ignores: it is
-        // a few MB against the link time.
-      }
-      return c;
-    }
+    case OpKind::kAllReduce:
+      return CollectiveCost(op);
   }
   return Cost{};
 }

@@ -60,6 +60,7 @@
 #include <memory>
 
 #include "absl/status/statusor.h"
+#include "devices/collectives.h"
 #include "devices/device.h"
 #include "devices/gpu/profile.h"
 #include "servesim/v1/hardware.pb.h"
@@ -105,6 +106,15 @@ class GpuDevice : public Device {
   // bundle does not cover it.
   double ProfiledTime(const Op& op, const Cost& c) const;
 
+  // Collectives (OpKind::kAllReduce, gpu_collectives.cc): the measured
+  // tables of spec.collectives / internode_collectives where they answer,
+  // vLLM's custom all-reduce where vLLM takes it, else the ring model.
+  absl::Status InitCollectives();
+  Cost CollectiveCost(const Op& op) const;
+  Cost RingCost(const Op& op) const;
+  bool TakesCustomAllReduce(double bytes, int participants) const;
+  double CustomAllReduceTime(double bytes, int participants) const;
+
   // Multi-head latent attention (Op.kv_latent > 0).
   Cost MlaAttentionCost(const Op& op) const;
   // Adds `op`'s on-die traffic energy (XpuSpec.on_die) to `c`, and with
@@ -125,6 +135,9 @@ class GpuDevice : public Device {
   double w_bytes_, a_bytes_, kv_bytes_, lm_head_bytes_;
   double expert_w_bytes_;                      // routed experts' weights (MXFP4: 0.53125)
   std::shared_ptr<const GpuProfile> profile_;  // null: the roofline only
+  CollectiveTable intra_, inter_;              // no curves: the ring model
+  bool custom_all_reduce_ = false, full_nvlink_ = false;
+  double custom_bw_[4] = {};  // the custom all-reduce's bandwidth among 2, 4, 6, 8 GPUs
 };
 
 }  // namespace servesim::devices

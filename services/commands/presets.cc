@@ -8,6 +8,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "devices/attacc/attacc_device.h"
+#include "devices/collectives.h"
 #include "devices/cta/cta_device.h"
 #include "devices/lad/lad_device.h"
 #include "devices/model.h"
@@ -41,10 +42,12 @@ int PresetsCommand(const Args& args) {
   });
   if (auto exit = ParseFlags(flags, args)) return *exit;
   const std::string& k = kind;
-  if (!k.empty() && k != "models" && k != "xpus" && k != "links" && k != "nodes" && k != "attacc" &&
-      k != "topick" && k != "spatten" && k != "cta" && k != "lad") {
+  if (!k.empty() && k != "models" && k != "xpus" && k != "links" && k != "nodes" &&
+      k != "collectives" && k != "attacc" && k != "topick" && k != "spatten" && k != "cta" &&
+      k != "lad") {
     return UsageError(
-        "presets takes models, xpus, links, nodes, attacc, topick, spatten, cta or lad");
+        "presets takes models, xpus, links, nodes, collectives, attacc, topick, spatten, cta or "
+        "lad");
   }
   if (k.empty() || k == "models") {
     std::cout << "models (model.preset):\n";
@@ -85,6 +88,23 @@ int PresetsCommand(const Args& args) {
     for (const auto& name : devices::NodePresetNames()) {
       std::cout << "  " << name << "\n";
       PrintMessage(*devices::NodePreset(name));
+    }
+  }
+  if (k.empty() || k == "collectives") {
+    std::cout << "collectives (cluster.collectives.preset, cluster.internode_collectives.preset; "
+                 "also auto, analytic):\n";
+    for (const auto& name : devices::CollectivePresetNames()) {
+      std::cout << "  " << name << "\n";
+      const auto curves = devices::CollectivePreset(name);
+      if (!curves.ok()) continue;
+      for (const auto& c : *curves) {
+        const int n = c.bytes_size();
+        std::cout << absl::StrFormat(
+            "    %s among %d GPUs: %d sizes, %.0f B (%.1f us) to %.0f B "
+            "(%.1f us); %s\n",
+            c.op(), c.gpus(), n, c.bytes(0), c.time_s(0) * 1e6, c.bytes(n - 1),
+            c.time_s(n - 1) * 1e6, c.source());
+      }
     }
   }
   if (k.empty() || k == "attacc") {

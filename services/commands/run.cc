@@ -32,6 +32,7 @@
 #include "agents/remote_device.h"
 #include "cluster/simulation.h"
 #include "common/status_macros.h"
+#include "devices/collectives.h"
 #include "devices/registry.h"
 #include "metrics/collector.h"
 #include "reports/csv_writer.h"
@@ -83,6 +84,23 @@ void SetHints(const cluster::RunResult::Hints& h, reports::RunInfo* info) {
   info->hint_projections = h.projections;
   info->hint_renewals = h.renewals;
   info->hint_renewals_alongside = h.renewals_alongside;
+}
+
+// The measured collectives' answers during this run, for run_info.json
+// (in process; an agent's are counted in its own).
+std::string CollectivesJson(const scenario::ResolvedScenario& sc,
+                            const devices::CollectiveCounts& before) {
+  if (!sc.xpu_device.has_gpu()) return "";
+  const auto& c = sc.xpu_device.gpu().collectives();
+  if (c.curves().empty() && sc.xpu_device.gpu().internode_collectives().curves().empty()) return "";
+  const devices::CollectiveCounts now = devices::CollectiveTable::ProcessCounts();
+  return absl::StrFormat(
+      "{\"preset\": %s, \"peer_to_peer\": %s, \"custom_all_reduce\": %s, \"measured\": %d, "
+      "\"below_smallest\": %d, \"above_largest\": %d, \"other_gpu_count\": %d}",
+      reports::JsonString(c.preset()), c.peer_to_peer() ? "true" : "false",
+      c.custom_all_reduce() ? "true" : "false", now.measured - before.measured,
+      now.below_smallest - before.below_smallest, now.above_largest - before.above_largest,
+      now.other_gpu_count - before.other_gpu_count);
 }
 
 // The profile bundle's lookups during this run, for run_info.json (an
@@ -348,6 +366,7 @@ int RunWithFlags(const RunFlags& o) {
   std::vector<std::string> fallbacks = sc->fallbacks;
   fallbacks.insert(fallbacks.end(), o.fallbacks.begin(), o.fallbacks.end());
   for (const std::string& f : fallbacks) std::cerr << "servesim: warning: " << f << "\n";
+  const devices::CollectiveCounts collectives_before = devices::CollectiveTable::ProcessCounts();
   const devices::GpuProfile::Counts profile_before =
       sc->profile != nullptr ? sc->profile->counts() : devices::GpuProfile::Counts{};
   cluster::RunOptions run_options;
@@ -416,6 +435,7 @@ int RunWithFlags(const RunFlags& o) {
   reports::RunInfo info;
   info.agents_json = AgentsJson(*sc);
   info.profile_json = ProfileJson(*sc, profile_before);
+  info.collectives_json = CollectivesJson(*sc, collectives_before);
   info.fallbacks = fallbacks;
   if (!result.ok()) {
     return FinishStoppedRun(*loaded, *wl, dir, result.status(), stopped_by, partial, csv_status,

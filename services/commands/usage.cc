@@ -13,7 +13,7 @@ Usage:
   servesim validate SCENARIO.pbtxt [--set path=value ...]
                                           parse and check; print the resolved
                                           scenario and the replica memory plan
-  servesim presets [models|xpus|links|nodes|attacc|topick|spatten|cta|lad]
+  servesim presets [models|xpus|links|nodes|collectives|attacc|topick|spatten|cta|lad]
                                           list presets with their parameters
   servesim study attacc [--out DIR] [--trace FILE | --no-trace]
                         [--rules authors|servesim]

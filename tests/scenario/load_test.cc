@@ -270,7 +270,7 @@ TEST(ScenarioOverrideTest, UnknownFieldListsTheMessagesFields) {
       "memory_utilization, attacc, overlap, head_groups, overlap_rule, ff_min_batch, ff_max_batch, "
       "attention_pool, xpu_endpoints, attention_endpoints, profile, data_parallel, "
       "expert_parallel, xpus_per_node, internode, pipeline_parallel, node, disaggregation, power, "
-      "kv_tiers");
+      "kv_tiers, collectives, internode_collectives");
 }
 
 TEST(ScenarioOverrideTest, MessageFieldIsNotAssignable) {

@@ -140,7 +140,8 @@ TEST(CliTest, BadCommandLinesExitTwo) {
       {{"run", scenario, "--out"}, "--out needs a folder"},
       {{"run", scenario, "other.pbtxt"}, "unexpected argument other.pbtxt"},
       {{"presets", "gadgets"},
-       "presets takes models, xpus, links, nodes, attacc, topick, spatten, cta or lad"},
+       "presets takes models, xpus, links, nodes, collectives, attacc, topick, spatten, cta or "
+       "lad"},
   };
   for (const Case& c : cases) {
     const RunResult r = RunServesim(c.args);
