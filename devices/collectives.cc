@@ -427,23 +427,21 @@ double CollectiveTable::Time(CollectiveOp op, int gpus, double bytes) const {
   return t;
 }
 
-CollectiveCounts CollectiveTable::ProcessCounts() {
-  CollectiveCounts c;
-  c.measured = g_measured.load(std::memory_order_relaxed);
-  c.below_smallest = g_below.load(std::memory_order_relaxed);
-  c.above_largest = g_above.load(std::memory_order_relaxed);
-  c.other_gpu_count = g_other.load(std::memory_order_relaxed);
-  return c;
+namespace {
+
+CollectiveCounts Load(const std::atomic<int64_t>& measured, const std::atomic<int64_t>& below,
+                      const std::atomic<int64_t>& above, const std::atomic<int64_t>& other) {
+  return {measured.load(std::memory_order_relaxed), below.load(std::memory_order_relaxed),
+          above.load(std::memory_order_relaxed), other.load(std::memory_order_relaxed)};
 }
 
-CollectiveCounts CollectiveTable::counts() const {
-  CollectiveCounts c;
-  c.measured = measured_.load(std::memory_order_relaxed);
-  c.below_smallest = below_.load(std::memory_order_relaxed);
-  c.above_largest = above_.load(std::memory_order_relaxed);
-  c.other_gpu_count = other_.load(std::memory_order_relaxed);
-  return c;
+}  // namespace
+
+CollectiveCounts CollectiveTable::ProcessCounts() {
+  return Load(g_measured, g_below, g_above, g_other);
 }
+
+CollectiveCounts CollectiveTable::counts() const { return Load(measured_, below_, above_, other_); }
 
 }  // namespace servesim::devices
 
