@@ -1,7 +1,9 @@
 #include "cluster/actors.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <mutex>
 #include <simgrid/s4u.hpp>
 #include <vector>
 
@@ -55,6 +57,22 @@ void Source(RunState* sh) {
     if (sh->Interrupted()) {
       sh->Stop(Interruption());
       return;
+    }
+    if (sh->max_in_flight > 0) {
+      // Held while the clients have their limit out; sent, and timed, from
+      // when one ends.
+      std::unique_lock<sg4::Mutex> lock(*sh->client_mutex);
+      while (sh->client_in_flight >= sh->max_in_flight) sh->client_cv->wait(lock);
+      const double now = sg4::Engine::get_clock();
+      if (now > r.arrival_s) {
+        const double held = now - r.arrival_s;
+        ++sh->held.requests;
+        sh->held.total_s += held;
+        sh->held.max_s = std::max(sh->held.max_s, held);
+        r.arrival_s = now;
+        sh->next_arrival_s = now;
+      }
+      ++sh->client_in_flight;
     }
     ++sh->in_flight;
     ++sent;

@@ -300,7 +300,8 @@ bool Engine::Idle() const {
 }
 
 bool Engine::FastForward() const {
-  return sh_->live == nullptr && !sh_->paced && role_ != Role::kPrefill && !shared_store_;
+  return sh_->live == nullptr && !sh_->paced && role_ != Role::kPrefill && !shared_store_ &&
+         sh_->max_in_flight == 0;
 }
 
 void Engine::CompleteAt(double t) {

@@ -35,6 +35,7 @@ void Engine::Counting::OnFinish(const scheduler::RequestState& r, double t) {
   }
   e_->observer_->OnFinish(r, t);
   if (metrics::LiveSink* live = e_->sh_->live) live->OnFinish(e_->replica_, t - r.spec.arrival_s);
+  e_->sh_->ClientDone();
 }
 
 void Engine::Counting::OnReject(const scheduler::RequestSpec& r, scheduler::RejectReason why,
@@ -43,6 +44,7 @@ void Engine::Counting::OnReject(const scheduler::RequestSpec& r, scheduler::Reje
   --e_->sh_->loads[e_->replica_].outstanding;
   e_->observer_->OnReject(r, why, t);
   if (metrics::LiveSink* live = e_->sh_->live) live->OnReject(e_->replica_, why);
+  e_->sh_->ClientDone();
 }
 
 void Engine::Receive(Message* msg, double now) {

@@ -187,6 +187,20 @@ struct RunState {
     }
     return t;
   }
+  // workload.max_in_flight (0: none): the requests sent and not yet
+  // finished or refused, and what the source waits on while that many
+  // are out (ClientDone wakes it). Engines then step in SimGrid time, so
+  // that each finish happens at the clock's time.
+  int64_t max_in_flight = 0;
+  int64_t client_in_flight = 0;
+  simgrid::s4u::MutexPtr client_mutex;
+  simgrid::s4u::ConditionVariablePtr client_cv;
+  RunResult::Held held;
+  void ClientDone() {
+    if (max_in_flight == 0) return;
+    --client_in_flight;
+    client_cv->notify_one();
+  }
   int64_t engines_done = 0;  // engines whose Run ended with all their work
   // The times an engine or a decode replica's receiver blocked in SimGrid
   // (a sleep, a wait for a message or a flow; RunResult::engine_waits).

@@ -249,6 +249,11 @@ absl::StatusOr<RunResult> RunSimulation(const ResolvedScenario& sc, RequestStrea
   result.metrics = std::make_unique<MetricsCollector>(MetricsOptionsFor(sc, options));
   RunState sh;
   InitRunState(sc, requests, options, result.metrics.get(), &sh);
+  if (const int64_t cap = sc.proto.workload().max_in_flight(); cap > 0) {
+    sh.max_in_flight = cap;
+    sh.client_mutex = sg4::Mutex::create();
+    sh.client_cv = sg4::ConditionVariable::create();
+  }
 
   std::vector<std::unique_ptr<Engine>> engines;
   sh.cached_blocks = [&engines](int r, const scheduler::RequestSpec& spec) {
@@ -305,12 +310,14 @@ absl::StatusOr<RunResult> RunSimulation(const ResolvedScenario& sc, RequestStrea
       options.partial->simulated_s = sg4::Engine::get_clock();
       options.partial->engine_waits = sh.engine_waits;
       options.partial->hints = sh.hints;
+      options.partial->held = sh.held;
     }
     return sh.error;
   }
   result.simulated_s = sg4::Engine::get_clock();
   result.engine_waits = sh.engine_waits;
   result.hints = sh.hints;
+  result.held = sh.held;
   if (options.live != nullptr) options.live->OnDone(result.simulated_s, wall_s());
   return result;
 }

@@ -83,6 +83,14 @@ struct RunResult {
     int64_t projections = 0, renewals = 0, renewals_alongside = 0;
   };
   Hints hints;
+  // workload.max_in_flight: the requests the clients held back because
+  // that many were in flight, and how long (their latencies count from
+  // when they were sent).
+  struct Held {
+    int64_t requests = 0;
+    double total_s = 0, max_s = 0;
+  };
+  Held held;
 };
 
 // How a run is watched; none of it changes results.

@@ -74,6 +74,7 @@ absl::Status WriteOutputs(const OutputDir& dir, const scenario::ResolvedScenario
                   : "",
               info.profile_json.empty() ? "" : ",\n  \"profile\": " + info.profile_json,
               info.collectives_json.empty() ? "" : ",\n  \"collectives\": " + info.collectives_json,
+              info.client_json.empty() ? "" : ",\n  \"client\": " + info.client_json,
               FallbacksJson(info.fallbacks), "\n}\n"));
       !st.ok()) {
     return st;

@@ -40,6 +40,9 @@ struct RunInfo {
   // object of the preset, the answers within the tables and outside them.
   // Empty: the ring model only.
   std::string collectives_json;
+  // workload.max_in_flight: a JSON object of the limit and the requests the
+  // clients held back (cluster::RunResult::held). Empty: no limit.
+  std::string client_json;
   // Every fallback the run took (ResolvedScenario::fallbacks, and a
   // replay's unrecorded knobs).
   std::vector<std::string> fallbacks;

@@ -20,7 +20,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 targets_all=(scenario_fuzz trace_azure_fuzz trace_mooncake_fuzz trace_burstgpt_fuzz
-             trace_length_csv_fuzz trace_plain_csv_fuzz trace_token_ids_fuzz npy_fuzz agent_fuzz)
+             trace_length_csv_fuzz trace_plain_csv_fuzz trace_token_ids_fuzz npy_fuzz agent_fuzz
+             inference_perf_fuzz)
 which=all
 time_s=20
 runs=""

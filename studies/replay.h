@@ -31,6 +31,7 @@ struct ReplaySetup {
   // basis a setup gives for an unrecorded value, a shared prefix): listed
   // in run_info.json and warned about.
   std::vector<std::string> assumptions;
+  std::string workload_note;  // a workload the replay built: where it came from
   std::string workload_path;  // the trace the scenario reads
   std::string truth_path;       // empty: none
   std::string timeseries_path;  // empty: none
@@ -46,8 +47,25 @@ struct ReplaySetup {
 // cluster.xpu.preset among them, setup.json's model or GPU is not needed
 // (e.g. a run that did not record its GPU). Errors name the file and the
 // field.
+// A workload the replay built itself instead of the run's trace.csv (from
+// an inference-perf config, studies/inference_perf.h): a CSV trace
+// (arrival_s, input_tokens, output_tokens, prefix_group, prefix_tokens,
+// prompt_id), where it came from, and the client's concurrency limit
+// (workload.max_in_flight; 0: none).
+struct BuiltWorkload {
+  std::string trace_path;
+  std::string note;
+  int64_t max_in_flight = 0;
+};
+struct ReplayOptions {
+  const BuiltWorkload* built = nullptr;  // null: the run's trace.csv
+  // Where else the prompts' token-id file setup.json names may be
+  // (`servesim replay --workloads DIR`): as named, then by its file name.
+  std::string workloads_dir;
+};
 absl::StatusOr<ReplaySetup> PrepareReplay(const std::string& run_dir, const std::string& out_dir,
-                                          const std::vector<std::string>& sets);
+                                          const std::vector<std::string>& sets,
+                                          const ReplayOptions& options = {});
 
 // One line of replay_compare.csv.
 struct CompareRow {

@@ -20,6 +20,21 @@
 
 namespace servesim::studies::replay_internal {
 
+const google::protobuf::Value* JsonField(const google::protobuf::Struct& s,
+                                         absl::string_view path) {
+  using google::protobuf::Value;
+  const google::protobuf::Struct* cur = &s;
+  const Value* v = nullptr;
+  for (absl::string_view part : absl::StrSplit(path, '.')) {
+    if (cur == nullptr) return nullptr;
+    auto it = cur->fields().find(std::string(part));
+    if (it == cur->fields().end()) return nullptr;
+    v = &it->second;
+    cur = v->kind_case() == Value::kStructValue ? &v->struct_value() : nullptr;
+  }
+  return v;
+}
+
 absl::StatusOr<std::string> ReadFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));

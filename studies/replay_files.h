@@ -1,5 +1,5 @@
 // The files a replay reads and writes: whole files (gzip too), a written
-// file, and the small CSV tables of a measured run (trace.csv, truth.csv,
+// file, fields of a JSON object, and the small CSV tables of a measured run (trace.csv, truth.csv,
 // timeseries.csv) and of a simulated one (requests.csv, iterations.csv).
 //
 // Contract: errors name the file, and for a table the line and the column,
@@ -16,6 +16,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "google/protobuf/struct.pb.h"
 
 namespace servesim::studies::replay_internal {
 
@@ -26,6 +27,10 @@ absl::StatusOr<std::string> ReadFile(const std::string& path);
 absl::StatusOr<std::string> ReadMaybeGzip(const std::string& path);
 // Replaces the file with `text`; UNAVAILABLE when it cannot.
 absl::Status WriteFile(const std::string& path, const std::string& text);
+
+// The value at a dotted path ("engine_knobs.max_num_seqs") of a JSON
+// object read as a Struct; null when a part is missing or not an object.
+const google::protobuf::Value* JsonField(const google::protobuf::Struct& s, absl::string_view path);
 
 // A small CSV table with a header (no quoting), its rows and line numbers.
 struct Table {

@@ -48,16 +48,7 @@ using replay_internal::ReadFile;
 // -------------------------------------------------------------- setup.json ----
 
 const Value* Field(const Struct& s, absl::string_view path) {
-  const Struct* cur = &s;
-  const Value* v = nullptr;
-  for (absl::string_view part : absl::StrSplit(path, '.')) {
-    if (cur == nullptr) return nullptr;
-    auto it = cur->fields().find(std::string(part));
-    if (it == cur->fields().end()) return nullptr;
-    v = &it->second;
-    cur = v->kind_case() == Value::kStructValue ? &v->struct_value() : nullptr;
-  }
-  return v;
+  return replay_internal::JsonField(s, path);
 }
 
 std::string Describe(const Value* v) {
@@ -116,6 +107,7 @@ constexpr Typed kSetupTypes[] = {
     {"dtype", kString},
     {"kv_cache_dtype", kString},
     {"workload_profile_yaml", kString},
+    {"workload.profile_yaml", kString},
     {"workload.file", kString},
     {"model.name", kString},
     {"model.hidden_act", kString},
@@ -743,8 +735,9 @@ absl::Status CheckUnmodelledKnobs(const Struct& setup, const std::string& setup_
 // (workload_profile_yaml's prefix_tokens); 0: none.
 int64_t SharedPrefixTokens(const Struct& setup) {
   int64_t shared_prefix = 0;
-  if (const Value* yaml = Field(setup, "workload_profile_yaml");
-      yaml != nullptr && yaml->kind_case() == Value::kStringValue) {
+  const Value* yaml = Field(setup, "workload_profile_yaml");
+  if (yaml == nullptr) yaml = Field(setup, "workload.profile_yaml");
+  if (yaml != nullptr && yaml->kind_case() == Value::kStringValue) {
     for (absl::string_view line : absl::StrSplit(yaml->string_value(), '\n')) {
       line = absl::StripAsciiWhitespace(line);
       if (absl::ConsumePrefix(&line, "prefix_tokens:")) {
@@ -758,7 +751,9 @@ int64_t SharedPrefixTokens(const Struct& setup) {
 }  // namespace
 
 absl::StatusOr<ReplaySetup> PrepareReplay(const std::string& run_dir, const std::string& out_dir,
-                                          const std::vector<std::string>& sets) {
+                                          const std::vector<std::string>& sets,
+                                          const ReplayOptions& options) {
+  const BuiltWorkload* built = options.built;
   const std::string setup_path = (fs::path(run_dir) / "setup.json").string();
   ASSIGN_OR_RETURN(const std::string json, ReadFile(setup_path));
   Struct setup;
@@ -789,6 +784,12 @@ absl::StatusOr<ReplaySetup> PrepareReplay(const std::string& run_dir, const std:
   const Value* wfile = Field(setup, "workload.file");
   source.workload_file = wfile != nullptr ? wfile->string_value() : std::string();
   source.shared_prefix = SharedPrefixTokens(setup);
+  source.workloads_dir = options.workloads_dir;
+  if (built != nullptr) {
+    source.trace_path = built->trace_path;
+    source.trace_note = built->note;
+    if (built->max_in_flight > 0) sc.mutable_workload()->set_max_in_flight(built->max_in_flight);
+  }
   RETURN_IF_ERROR(replay_internal::PrepareWorkload(source, &sc, &out));
 
   // Outputs the comparison reads.
@@ -809,6 +810,7 @@ absl::StatusOr<ReplaySetup> PrepareReplay(const std::string& run_dir, const std:
   printer.PrintToString(sc, &text);
   std::string header =
       absl::StrCat("# Written by `servesim replay ", run_dir, "` from its setup.json.\n");
+  if (!out.workload_note.empty()) absl::StrAppend(&header, "# workload: ", out.workload_note, "\n");
   for (const std::string& a : out.assumptions) absl::StrAppend(&header, "# assumed: ", a, "\n");
   out.scenario_text = header + text;
   return out;

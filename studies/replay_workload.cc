@@ -12,6 +12,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "common/status_macros.h"
@@ -23,13 +24,37 @@ namespace {
 namespace fs = std::filesystem;
 
 // The run's workload file (token ids), looked for beside the run.
-std::string FindBeside(const std::string& run_dir, const std::string& file) {
+// The file setup.json's workload.file names, as the run names it: relative
+// to the run's folder or a folder above it (a bundle of runs beside their
+// workloads), then in `workloads_dir` (as named, then by file name), then
+// by its file name beside the run or up to two folders above. Empty when
+// none is there; `looked` lists where it looked.
+std::string FindWorkloadFile(const std::string& run_dir, const std::string& file,
+                             const std::string& workloads_dir, std::vector<std::string>* looked) {
   if (file.empty()) return "";
-  const std::string base = fs::path(file).filename().string();
+  const fs::path named(file);
+  const std::string base = named.filename().string();
+  std::vector<fs::path> candidates;
+  if (named.is_absolute()) {
+    candidates.push_back(named);
+  } else {
+    fs::path dir = fs::absolute(run_dir);
+    for (int up = 0; up < 3 && !dir.empty(); ++up, dir = dir.parent_path()) {
+      candidates.push_back(dir / named);
+    }
+  }
+  if (!workloads_dir.empty()) {
+    if (!named.is_absolute()) candidates.push_back(fs::path(workloads_dir) / named);
+    candidates.push_back(fs::path(workloads_dir) / base);
+  }
   fs::path dir = fs::absolute(run_dir);
   for (int up = 0; up < 3 && !dir.empty(); ++up, dir = dir.parent_path()) {
+    candidates.push_back(dir / base);
+  }
+  for (const fs::path& c : candidates) {
     std::error_code ec;
-    if (fs::is_regular_file(dir / base, ec)) return (dir / base).string();
+    if (fs::is_regular_file(c, ec)) return c.lexically_normal().string();
+    looked->push_back(c.lexically_normal().string());
   }
   return "";
 }
@@ -124,7 +149,10 @@ absl::Status PrepareWorkload(const WorkloadSource& source, servesim::v1::Scenari
   const std::string& out_dir = source.out_dir;
   const int64_t shared_prefix = source.shared_prefix;
   const bool prefix_caching = sc->scheduler().prefix_caching();
-  const std::string trace_path = fs::absolute(fs::path(run_dir) / "trace.csv").string();
+  const std::string trace_path =
+      fs::absolute(source.trace_path.empty() ? fs::path(run_dir) / "trace.csv"
+                                             : fs::path(source.trace_path))
+          .string();
   ASSIGN_OR_RETURN(const Table trace, ReadTable(trace_path));
   ASSIGN_OR_RETURN(const size_t t_arr, trace.Column("arrival_s"));
   ASSIGN_OR_RETURN(const size_t t_in, trace.Column("input_tokens"));
@@ -139,8 +167,13 @@ absl::Status PrepareWorkload(const WorkloadSource& source, servesim::v1::Scenari
   auto* tr = sc->mutable_workload()->mutable_trace();
   out->workload_path = trace_path;
   tr->set_format(servesim::v1::TRACE_FORMAT_CSV);
-  const std::string ids_path = FindBeside(run_dir, source.workload_file);
-  if (!ids_path.empty() && prefix_caching) {
+  std::vector<std::string> looked;
+  const std::string ids_path =
+      FindWorkloadFile(run_dir, source.workload_file, source.workloads_dir, &looked);
+  if (!source.trace_path.empty()) {
+    // Built by the replay with its prefix groups: read as it is.
+    out->workload_note = source.trace_note;
+  } else if (!ids_path.empty() && prefix_caching) {
     ASSIGN_OR_RETURN(const std::string merged,
                      MergeTokenIds(ids_path, trace, trace_path, t_arr, t_in, t_out));
     out->workload_path = fs::absolute(fs::path(out_dir) / "workload.jsonl").string();
@@ -158,9 +191,12 @@ absl::Status PrepareWorkload(const WorkloadSource& source, servesim::v1::Scenari
   } else if (prefix_caching) {
     out->assumptions.push_back(
         !source.workload_file.empty()
-            ? absl::StrCat("workload: ", fs::path(source.workload_file).filename().string(),
-                           " (the prompts' token ids) not found beside the run: prefix caching "
-                           "sees no shared prompts")
+            ? absl::StrCat("workload: ", source.workload_file,
+                           " (the prompts' token ids, setup.json workload.file) not found (looked "
+                           "in ",
+                           absl::StrJoin(looked, ", "),
+                           "; --workloads DIR names another folder): prefix caching sees no "
+                           "shared prompts")
             : "workload: no token ids recorded: prefix caching sees no shared prompts");
   }
   tr->set_path(out->workload_path);

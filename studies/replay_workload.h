@@ -27,6 +27,11 @@ struct WorkloadSource {
   std::string out_dir;        // where a merged workload is written
   std::string workload_file;  // setup.json's workload.file; empty: not recorded
   int64_t shared_prefix = 0;  // workload_profile_yaml's prefix_tokens; 0: none
+  // A trace the replay built (with its prefix groups), read instead of
+  // run_dir's trace.csv; `trace_note` says where it came from.
+  std::string trace_path;
+  std::string trace_note;
+  std::string workloads_dir;  // --workloads: another place for workload_file
 };
 
 // Reads trace.csv and sets `sc`'s trace (format and path) and `out`'s

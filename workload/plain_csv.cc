@@ -1,5 +1,5 @@
 // Plain CSV traces (trace_formats.h): arrival_s, input_tokens,
-// output_tokens, and optionally prefix_group, prefix_tokens.
+// output_tokens, and optionally prefix_group, prefix_tokens, prompt_id.
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -15,7 +15,7 @@ namespace servesim::workload {
 namespace {
 
 constexpr absl::string_view kColumns[] = {"arrival_s", "input_tokens", "output_tokens"};
-constexpr absl::string_view kOptional[] = {"prefix_group", "prefix_tokens"};
+constexpr absl::string_view kOptional[] = {"prefix_group", "prefix_tokens", "prompt_id"};
 
 class CsvRows : public RowReader {
  public:
@@ -56,6 +56,13 @@ class CsvRows : public RowReader {
       row.content.kind = PromptContent::Kind::kGroup;
       row.content.group = KeyOf(group.data(), group.size());
       row.content.group_tokens = tokens;
+    }
+    if (csv_.has(5) && !csv_.field(5).empty()) {
+      // The whole prompt is the prompt id's (past a group's tokens).
+      const absl::string_view prompt = csv_.field(5);
+      row.content.kind = PromptContent::Kind::kGroup;
+      row.content.has_prompt = true;
+      row.content.prompt = KeyOf(prompt.data(), prompt.size());
     }
     row.line = line;
     return true;

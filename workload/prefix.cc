@@ -31,7 +31,9 @@ std::vector<uint64_t> PromptBlockHashes(const PromptContent& c, int64_t input_to
       c.kind == PromptContent::Kind::kGroup
           ? std::min(c.group_tokens, input_tokens)
           : std::min<int64_t>(input_tokens, static_cast<int64_t>(c.ids.size()) * c.unit_tokens);
-  const uint64_t salt = Mix64(request_key ^ 0x5a17ULL);
+  const uint64_t salt = c.kind == PromptContent::Kind::kGroup && c.has_prompt
+                            ? Mix64(c.prompt ^ 0x3c6ef372fe94f82bULL)
+                            : Mix64(request_key ^ 0x5a17ULL);
   uint64_t prev = 0x2545f4914f6cdd1dULL;
   for (int64_t b = 0; b < blocks; ++b) {
     const int64_t begin = b * block_tokens, end = begin + block_tokens;

@@ -265,6 +265,14 @@ absl::StatusOr<std::unique_ptr<RequestStream>> OpenWorkload(
     shape.repeat = spec.repeat();
     RETURN_IF_ERROR(CheckCount("workload.repeat", shape.repeat, kMaxRepeat));
   }
+  if (spec.max_in_flight() != 0) {
+    RETURN_IF_ERROR(CheckCount("workload.max_in_flight", spec.max_in_flight(), 10'000'000));
+    if (spec.has_saturated()) {
+      return absl::InvalidArgumentError(
+          "workload.max_in_flight is set with the saturated source, which sends its whole "
+          "batch at once; set one or the other");
+    }
+  }
 
   const double rate_scale = shape.rate_scale;
   if (spec.has_trace() || !trace_override.empty()) {

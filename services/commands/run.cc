@@ -86,6 +86,17 @@ void SetHints(const cluster::RunResult::Hints& h, reports::RunInfo* info) {
   info->hint_renewals_alongside = h.renewals_alongside;
 }
 
+// The requests the clients held back under workload.max_in_flight, for
+// run_info.json.
+std::string ClientJson(const scenario::ResolvedScenario& sc, const cluster::RunResult::Held& h) {
+  const int64_t cap = sc.proto.workload().max_in_flight();
+  if (cap == 0) return "";
+  return absl::StrCat(
+      "{\"max_in_flight\": ", cap, ", \"held_requests\": ", h.requests, ", \"held_mean_s\": ",
+      reports::FormatFigure(h.requests > 0 ? h.total_s / static_cast<double>(h.requests) : 0),
+      ", \"held_max_s\": ", reports::FormatFigure(h.max_s), "}");
+}
+
 // The measured collectives' answers during this run, for run_info.json
 // (in process; an agent's are counted in its own).
 std::string CollectivesJson(const scenario::ResolvedScenario& sc,
@@ -205,6 +216,7 @@ int FinishStoppedRun(const Scenario& loaded, const workload::Workload& wl,
     info.simulated_s = partial.simulated_s;
     info.engine_waits = partial.engine_waits;
     SetHints(partial.hints, &info);
+    info.client_json = ClientJson(loaded.resolved, partial.held);
     info.wall_s = WallSecondsSince(wall_start);
     if (absl::Status st =
             reports::WriteOutputs(*dir, loaded.resolved, wl, *partial.metrics, summary, info);
@@ -365,6 +377,11 @@ int RunWithFlags(const RunFlags& o) {
   const scenario::ResolvedScenario* sc = &loaded->resolved;
   std::vector<std::string> fallbacks = sc->fallbacks;
   fallbacks.insert(fallbacks.end(), o.fallbacks.begin(), o.fallbacks.end());
+  if (o.strict && !fallbacks.empty()) {
+    return Fail(absl::FailedPreconditionError(
+        absl::StrCat("--strict: the run would fall back ", fallbacks.size(), " time",
+                     fallbacks.size() > 1 ? "s" : "", ": ", absl::StrJoin(fallbacks, "; "))));
+  }
   for (const std::string& f : fallbacks) std::cerr << "servesim: warning: " << f << "\n";
   const devices::CollectiveCounts collectives_before = devices::CollectiveTable::ProcessCounts();
   const devices::GpuProfile::Counts profile_before =
@@ -446,6 +463,7 @@ int RunWithFlags(const RunFlags& o) {
   info.simulated_s = result->simulated_s;
   info.engine_waits = result->engine_waits;
   SetHints(result->hints, &info);
+  info.client_json = ClientJson(*sc, result->held);
   info.wall_s = WallSecondsSince(wall_start);
   // The table first: if writing files fails, the results are still shown.
   if (!o.quiet) std::cout << reports::FormatSummaryTable(*sc, *wl, summary, info) << std::flush;

@@ -28,6 +28,9 @@ struct RunFlags {
   // Fallbacks the caller took before the run (a replay's unrecorded
   // knobs): warned about and listed in run_info.json with the run's own.
   std::vector<std::string> fallbacks;
+  // Any fallback (the caller's or the scenario's own) is an error before
+  // the run starts (`servesim replay --strict`).
+  bool strict = false;
   // The output folder, already acquired by the caller (replay writes its
   // workload there first); null: RunWithFlags acquires `out` itself once
   // the scenario has loaded, before the simulation starts.

@@ -48,11 +48,17 @@ Usage:
                                           search.csv, ...): one line per
                                           group; default FILE: TABLE.svg
   servesim replay RUN_DIR --out DIR [--profiles DIR] [--set ...]
+                 [--workloads DIR] [--strict]
                                           replay a measured vLLM run (a
                                           folder with setup.json, trace.csv,
                                           optional truth.csv): the usual
                                           outputs plus replay_compare.csv
-                                          and two SVGs (docs/fidelity.md)
+                                          and two SVGs; or an inference-perf
+                                          run (its config and stage reports):
+                                          replay_stages.csv (docs/fidelity.md).
+                                          --workloads: where else setup.json's
+                                          token-id file may be; --strict: any
+                                          assumption is an error
   servesim calibrate PROFILE_DIR [--xpu PRESET] [--out FILE]
                                           fit the roofline's efficiencies to
                                           a profile bundle's tp<N> folder;

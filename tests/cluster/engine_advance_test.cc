@@ -1,7 +1,8 @@
 // How replica engines advance: lazily, brought forward in plain calls by
 // whoever reads them (cluster/engine.h, Engine::AdvanceTo), against a
 // SimGrid event per step, which --pace forces (here so fast that it never
-// waits). Both give the same run, byte for byte, on colocated clusters of
+// waits), as does a client limit that never binds (workload.max_in_flight).
+// All give the same run, byte for byte, on colocated clusters of
 // every batching policy, routing policy and parallel layout that runs
 // lazily; the lazy run waits in SimGrid only for requests landing.
 #include <cstdint>
@@ -118,8 +119,13 @@ TEST_P(EngineAdvanceTest, LazyEnginesGiveTheRunOfAnEventPerStep) {
     WriteFile(dir + "/s.pbtxt", scenario);
     scenario = dir + "/s.pbtxt";
   }
-  auto run = [&](const std::string& out, bool paced) {
+  auto run = [&](const std::string& out, bool paced, bool limited = false) {
     std::vector<std::string> args = {"run", scenario, "--quiet", "--out", dir + "/" + out};
+    if (limited) {
+      // A client limit no run reaches: the engines step in SimGrid time
+      // (cluster/run_state.h, max_in_flight), with the same result.
+      args.insert(args.end(), {"--set", "workload.max_in_flight=10000000"});
+    }
     for (const std::string& s : c.sets) {
       args.push_back("--set");
       args.push_back(s);
@@ -133,6 +139,7 @@ TEST_P(EngineAdvanceTest, LazyEnginesGiveTheRunOfAnEventPerStep) {
   };
   run("lazy", false);
   run("paced", true);
+  run("limited", false, true);
   const int64_t requests =
       static_cast<int64_t>(Lines(ReadFile(dir + "/lazy/requests.csv")).size()) - 1;
   if (c.requests >= 0) {
@@ -142,6 +149,7 @@ TEST_P(EngineAdvanceTest, LazyEnginesGiveTheRunOfAnEventPerStep) {
     const std::string lazy = ReadFile(dir + "/lazy" + f);
     EXPECT_FALSE(lazy.empty()) << f;
     EXPECT_EQ(lazy, ReadFile(dir + "/paced" + f)) << f;
+    EXPECT_EQ(lazy, ReadFile(dir + "/limited" + f)) << f;
   }
   // The lazy engines wait for requests landing (several at once count
   // once), their end-of-stream message and, last, the end of their last

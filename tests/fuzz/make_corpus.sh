@@ -7,13 +7,16 @@
 #  - agent_fuzz: the requests in tests/fuzz/seeds/*.txtpb (an iteration of
 #    GPT-3 175B and of Llama-2 7B, Describe) and two ExecuteRequests, each
 #    encoded once per device kind (byte 0) and method (byte 1).
+#  - inference_perf_fuzz: the shipped inference-perf configs and a one-line
+#    JSON config.
 # Inputs the fuzzers found and that were fixed (regression inputs) live in
 # the same folders under names starting with `regression-`; they are kept.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=tests/fuzz/corpus
 for d in scenario_fuzz trace_azure_fuzz trace_mooncake_fuzz trace_burstgpt_fuzz \
-         trace_length_csv_fuzz trace_plain_csv_fuzz trace_token_ids_fuzz npy_fuzz agent_fuzz; do
+         trace_length_csv_fuzz trace_plain_csv_fuzz trace_token_ids_fuzz npy_fuzz agent_fuzz \
+         inference_perf_fuzz; do
   mkdir -p "$out/$d"
   find "$out/$d" -type f ! -name 'regression-*' -delete
 done
@@ -115,4 +118,10 @@ for k, kind in enumerate(kinds):
         with open(os.path.join(out, "agent_fuzz", "%s_%s" % (kind, name)), "wb") as f:
             f.write(bytes([k, method]) + data)
 PY
+# inference_perf_fuzz: the shipped configs (block YAML, flow items) and the
+# one-line JSON form some run bundles record.
+cp examples/vllm/inference_perf/*/config.yaml "$out/inference_perf_fuzz/kubecon_sweep.yaml"
+cp tests/testdata/replay/inference_perf_run/config.yml "$out/inference_perf_fuzz/two_stages.yml"
+printf '%s\n' '{"load": {"type": "poisson", "stages": [{"rate": 2, "duration": 5}]}, "data": {"type": "random", "input_distribution": {"min": 1, "max": 300, "mean": 100, "std_dev": 40, "total_count": 50}, "output_distribution": {"type": "lognormal", "min": 1, "max": 90, "mean": 30, "std_dev": 10, "total_count": 20}}}' \
+  >"$out/inference_perf_fuzz/one_line_json.yaml"
 du -sh "$out"; for d in "$out"/*; do echo "$d: $(ls "$d" | wc -l) files"; done

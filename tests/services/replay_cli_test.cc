@@ -208,6 +208,57 @@ TEST(ReplayCliTest, SetupErrorsNameTheFieldAndHowToGiveIt) {
       << r.out;
 }
 
+// The prompts' token-id file setup.json names: a replay that cannot find
+// it says where it looked and runs without shared prompts, or with
+// --strict refuses; --workloads names where it is.
+TEST(ReplayCliTest, AMissingTokenIdFileIsAFallbackThatStrictRefuses) {
+  std::string setup = ReadFile(kFixture + "/tiny_run/setup.json");
+  setup.replace(setup.find("\"prefix_caching\": false"), 23, "\"prefix_caching\": true");
+  setup.replace(setup.rfind('}'), 1, ",\n  \"workload\": {\"file\": \"workloads/ids.jsonl\"}\n}");
+  const std::string run = EditedRun("setup.json", setup);
+  std::vector<std::string> args = FixtureArgs(run, FreshDir("out"));
+  args.push_back("--strict");
+  auto r = RunServesim(args);
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("--strict: the replay would assume"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("workload: workloads/ids.jsonl (the prompts' token ids, setup.json "
+                       "workload.file) not found (looked in " +
+                       run + "/workloads/ids.jsonl"),
+            std::string::npos)
+      << r.out;
+  // Without --strict: a warning, the same run without shared prompts.
+  r = RunServesim(FixtureArgs(run, FreshDir("out")));
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("warning: workload: workloads/ids.jsonl"), std::string::npos) << r.out;
+  // Where --workloads says: the two prompts share their first block.
+  const std::string ids = FreshDir("ids");
+  std::string lines;
+  for (int i = 0; i < 2; ++i) {
+    lines += "{\"input_toks\": 16, \"output_toks\": 4, \"arrival_time_ns\": " +
+             std::to_string(i * 1000000000LL) +
+             ", \"input_tok_ids\": [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16]}\n";
+  }
+  fs::create_directories(ids + "/workloads");
+  WriteFile(ids + "/workloads/ids.jsonl", lines);
+  const std::string out = FreshDir("out");
+  args = FixtureArgs(run, out);
+  args.insert(args.end(), {"--workloads", ids, "--strict"});
+  r = RunServesim(args);
+  // Found: the one thing left assumed is the fixture model's lack of a
+  // preset.
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("--strict: the replay would assume 1 thing the run did not record: model "
+                       "test-org/tiny: no preset"),
+            std::string::npos)
+      << r.out;
+  args = FixtureArgs(run, out);
+  args.insert(args.end(), {"--workloads", ids, "--force"});
+  r = RunServesim(args);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(ReadFile(out + "/scenario.pbtxt").find("TRACE_FORMAT_TOKEN_IDS"), std::string::npos);
+  EXPECT_TRUE(fs::exists(out + "/workload.jsonl"));
+}
+
 // The shipped measured run replays with its bundle; the run's figures are
 // in the docs (pinned by DocFiguresTest), here only that it runs whole.
 TEST(ReplayCliTest, ShippedRunReplays) {
