@@ -72,6 +72,7 @@ absl::Status WriteOutputs(const OutputDir& dir, const scenario::ResolvedScenario
                                  ", \"renewals\": ", info.hint_renewals,
                                  ", \"renewals_alongside\": ", info.hint_renewals_alongside, "}")
                   : "",
+              info.op_costs_json.empty() ? "" : ",\n  \"op_costs\": " + info.op_costs_json,
               info.profile_json.empty() ? "" : ",\n  \"profile\": " + info.profile_json,
               info.collectives_json.empty() ? "" : ",\n  \"collectives\": " + info.collectives_json,
               info.client_json.empty() ? "" : ",\n  \"client\": " + info.client_json,

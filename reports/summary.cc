@@ -8,10 +8,14 @@
 
 #include <cmath>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "devices/model.h"
 #include "devices/prune_common.h"
 
@@ -38,12 +42,35 @@ std::string Ms(double s) { return absl::StrFormat("%10.2f", s * 1e3); }
 
 // Appends summary.json's "key": value lines, two spaces in; the last
 // line of the object has no comma.
+// line of the object has no comma. A figure that is null is listed in
+// `nulls` with the reason (summary.json's "nulls").
 struct JsonFields {
   std::string* j;
+  std::vector<std::pair<std::string, std::string>>* nulls = nullptr;
   void operator()(const std::string& k, const std::string& v, bool last = false) const {
     absl::StrAppend(j, "  ", JsonString(k), ": ", v, last ? "\n" : ",\n");
+    if (nulls != nullptr && v == "null") nulls->emplace_back(k, NullReason(k));
+  }
+  // Why a figure came out undefined (a ratio over nothing).
+  static std::string NullReason(absl::string_view k) {
+    if (k == "energy_per_token_j") return "no output token was generated";
+    if (k == "energy_per_good_request_j") return "no request met the SLO";
+    if (k == "power_mean_w") return "no simulated time passed";
+    if (absl::StrContains(k, "prefix_cache_hit_rate")) return "no prompt token was looked up";
+    if (k == "makespan_s" || absl::StartsWith(k, "throughput_") || k == "slo_attainment" ||
+        k == "goodput_requests_per_s" || k == "energy_per_request_j") {
+      return "no request finished";
+    }
+    return "not defined for this run: a ratio over a count or a time that is zero here";
   }
 };
+
+// A distribution's field; with no samples its statistics are null, for
+// `why`.
+void DistField(const JsonFields& kv, const std::string& k, const Distribution& d, const char* why) {
+  kv(k, Dist(d));
+  if (d.count == 0 && kv.nulls != nullptr) kv.nulls->emplace_back(k, why);
+}
 
 // The scenario: its name, model, xPU, parallelism, workload and KV capacity.
 void AddScenarioFields(const ResolvedScenario& sc, const Workload& wl, const JsonFields& kv) {
@@ -95,10 +122,10 @@ void AddRequestFields(const ResolvedScenario& sc, const Workload& wl, const Summ
 // The latency distributions (and how their percentiles were taken) and
 // the per-request SLO.
 void AddLatencyFields(const Summary& s, const JsonFields& kv) {
-  kv("ttft_s", Dist(s.ttft_s));
-  kv("tbt_s", Dist(s.tbt_s));
-  kv("tpot_s", Dist(s.tpot_s));
-  kv("e2e_s", Dist(s.e2e_s));
+  DistField(kv, "ttft_s", s.ttft_s, "no request got its first token");
+  DistField(kv, "tbt_s", s.tbt_s, "no request got a second token");
+  DistField(kv, "tpot_s", s.tpot_s, "no request finished with more than one output token");
+  DistField(kv, "e2e_s", s.e2e_s, "no request finished");
   // Only when a sketch answered (runs whose percentiles are all exact keep
   // the file they always had, as complete runs have no "partial" key).
   if (!s.ttft_s.exact || !s.tbt_s.exact || !s.tpot_s.exact || !s.e2e_s.exact) {
@@ -464,7 +491,8 @@ std::string JsonString(const std::string& s) {
 std::string SummaryJson(const ResolvedScenario& sc, const Workload& wl, const Summary& s,
                         double simulated_s, bool partial) {
   std::string j = partial ? "{\n  \"partial\": true,\n" : "{\n";
-  const JsonFields kv{&j};
+  std::vector<std::pair<std::string, std::string>> nulls;
+  JsonFields kv{&j, &nulls};
   AddScenarioFields(sc, wl, kv);
   AddRequestFields(sc, wl, s, simulated_s, kv);
   AddLatencyFields(s, kv);
@@ -473,7 +501,18 @@ std::string SummaryJson(const ResolvedScenario& sc, const Workload& wl, const Su
   if (!s.links.empty()) AddLinkFields(sc, s, kv);
   AddEnergyFields(sc, s, kv);
   if (sc.has_attention_device) AddAttentionDeviceFields(sc, s, kv);
-  kv("energy_per_token_j", FormatFigure(s.energy_per_token_j), true);
+  const std::string per_token = FormatFigure(s.energy_per_token_j);
+  if (per_token == "null")
+    nulls.emplace_back("energy_per_token_j", "no output token was generated");
+  kv.nulls = nullptr;
+  kv("energy_per_token_j", per_token, nulls.empty());
+  // Every null figure above, with why (none in a run that served).
+  if (!nulls.empty()) {
+    std::vector<std::string> items;
+    for (const auto& [k, why] : nulls)
+      items.push_back(absl::StrCat(JsonString(k), ": ", JsonString(why)));
+    kv("nulls", absl::StrCat("{", absl::StrJoin(items, ", "), "}"), true);
+  }
   j += "}\n";
   return j;
 }

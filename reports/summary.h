@@ -43,6 +43,9 @@ struct RunInfo {
   // workload.max_in_flight: a JSON object of the limit and the requests the
   // clients held back (cluster::RunResult::held). Empty: no limit.
   std::string client_json;
+  // Where each class of the xPU's ops takes its time from (profile, fitted
+  // or default roofline; collectives' tables or ring). Empty: no xPU spec.
+  std::string op_costs_json;
   // Every fallback the run took (ResolvedScenario::fallbacks, and a
   // replay's unrecorded knobs).
   std::vector<std::string> fallbacks;

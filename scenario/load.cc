@@ -106,6 +106,17 @@ std::string LoadedScenario::Where(absl::string_view field_path) const {
   return absl::StrCat(path, ":", line + 1);
 }
 
+bool LoadedScenario::Written(absl::string_view field_path) const {
+  for (const std::string& o : overridden) {
+    if (o == field_path || (absl::StartsWith(o, field_path) && o.size() > field_path.size() &&
+                            o[field_path.size()] == '.')) {
+      return true;
+    }
+  }
+  bool exact = false;
+  return LineOf(locations.get(), field_path, &exact) >= 0 && exact;
+}
+
 absl::StatusOr<LoadedScenario> ParseScenarioText(const std::string& text,
                                                  const std::string& path) {
   LoadedScenario out;

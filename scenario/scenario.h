@@ -63,6 +63,10 @@ struct LoadedScenario {
   // "file:line" of `field_path` (or of its nearest written ancestor;
   // "file (--set)" for overridden fields; "file" if never written).
   std::string Where(absl::string_view field_path) const;
+  // Whether the file writes `field_path` (or, for a message, any of it),
+  // or --set does (the proto, once normalised, has every default filled
+  // in).
+  bool Written(absl::string_view field_path) const;
 };
 
 // A scenario is a few kilobytes of text; a file past this cap (or a device,

@@ -136,7 +136,7 @@ class Parser {
         // A sequence may sit at its key's own indentation.
         ASSIGN_OR_RETURN(value, Sequence(indent));
       }
-      node.map.emplace_back(key, std::move(value));
+      node.map.push_back({key, std::move(value)});
     }
     if (i_ < lines_.size() && lines_[i_].indent > indent) {
       return Error(path_, lines_[i_].number, "indented where no block can start");
@@ -231,13 +231,20 @@ class Parser {
           if (node.Find(key.scalar) != nullptr) {
             return Error(path_, number, absl::StrCat("duplicate key \"", key.scalar, "\""));
           }
-          node.map.emplace_back(key.scalar, std::move(value));
+          node.map.push_back({key.scalar, std::move(value)});
         } else {
           ASSIGN_OR_RETURN(YamlNode item, Flow(s, pos, number, true));
           node.seq.push_back(std::move(item));
         }
         while (*pos < s.size() && s[*pos] == ' ') ++*pos;
-        if (*pos < s.size() && s[*pos] == ',') ++*pos;
+        // Each item ends at a comma or the closing bracket.
+        if (*pos < s.size() && s[*pos] == ',') {
+          ++*pos;
+        } else if (*pos < s.size() && s[*pos] != close) {
+          return Error(path_, number,
+                       absl::StrCat("expected ',' or '", std::string(1, close), "' at \"",
+                                    s.substr(*pos, 20), "\""));
+        }
       }
     }
     node.kind = YamlNode::Kind::kScalar;
@@ -301,8 +308,8 @@ class Parser {
 
 const YamlNode* YamlNode::Find(absl::string_view key) const {
   if (kind != Kind::kMap) return nullptr;
-  for (const auto& [k, v] : map) {
-    if (k == key) return &v;
+  for (const Entry& e : map) {
+    if (e.key == key) return &e.value;
   }
   return nullptr;
 }

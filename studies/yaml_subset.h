@@ -13,7 +13,6 @@
 #define SERVESIM_STUDIES_YAML_SUBSET_H_
 
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -22,13 +21,14 @@
 namespace servesim::studies {
 
 struct YamlNode {
+  struct Entry;  // a mapping's key and value
   enum class Kind { kNull, kScalar, kMap, kSeq };
   Kind kind = Kind::kNull;
-  std::string scalar;   // kScalar: the text, unquoted
-  bool quoted = false;  // kScalar: written in quotes (never a number or a boolean)
-  std::vector<std::pair<std::string, YamlNode>> map;  // kMap, in file order
-  std::vector<YamlNode> seq;                          // kSeq
-  int line = 0;                                       // where it starts, 1-based
+  std::string scalar;         // kScalar: the text, unquoted
+  bool quoted = false;        // kScalar: written in quotes (never a number or a boolean)
+  std::vector<Entry> map;     // kMap, in file order
+  std::vector<YamlNode> seq;  // kSeq
+  int line = 0;               // where it starts, 1-based
 
   bool is_map() const { return kind == Kind::kMap; }
   bool is_seq() const { return kind == Kind::kSeq; }
@@ -36,6 +36,11 @@ struct YamlNode {
   bool is_null() const { return kind == Kind::kNull; }
   // The value under `key` of a mapping; null when absent or not a mapping.
   const YamlNode* Find(absl::string_view key) const;
+};
+
+struct YamlNode::Entry {
+  std::string key;
+  YamlNode value;
 };
 
 // Parses `text`; errors are INVALID_ARGUMENT "PATH:LINE: ...".

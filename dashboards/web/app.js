@@ -244,6 +244,11 @@
     let delay = POLL_MS;
     try {
       const res = await fetch('metrics', { cache: 'no-store', headers });
+      if (res.status === 401) {
+        throw new Error(token
+          ? 'GET /metrics: HTTP 401: the token in this address (#token=...) is not the run\'s'
+          : 'GET /metrics: HTTP 401: this run wants its token (servesim --metrics-token-file): open this page as ...#token=TOKEN');
+      }
       if (!res.ok) throw new Error(`GET /metrics: HTTP ${res.status}`);
       const sum = ingest(await res.text());
       failures = 0;

@@ -114,6 +114,56 @@ std::string CollectivesJson(const scenario::ResolvedScenario& sc,
       now.other_gpu_count - before.other_gpu_count);
 }
 
+// Where each class of the xPU's ops takes its time from, for run_info.json
+// ("op_costs"): the profile bundle (ops it has no layer for fall back to
+// the roofline, counted in "profile"'s missing_layer), the roofline with
+// caps `servesim calibrate` fitted to measured kernels (the xPU preset's
+// roofline entries), or the roofline with the datasheet-level default
+// caps; collectives from measured tables or the ring model.
+std::string OpCostsJson(const scenario::ResolvedScenario& sc) {
+  if (!sc.xpu_device.has_gpu()) return "";
+  const auto& gpu = sc.xpu_device.gpu();
+  const auto& x = gpu.xpu();
+  const auto roofline = [&x](absl::string_view cls) {
+    for (const auto& c : x.roofline()) {
+      if (c.op_class() == cls) {
+        return absl::StrFormat(
+            "roofline, caps fitted to measured kernels (compute %.3g, memory %.3g, %.3g us per "
+            "kernel)",
+            c.compute_utilization(), c.memory_utilization(), c.kernel_overhead_s() * 1e6);
+      }
+    }
+    return absl::StrFormat("roofline, default caps (compute %.3g, memory %.3g, %.3g us per kernel)",
+                           x.compute_utilization(), x.memory_utilization(),
+                           x.kernel_overhead_s() * 1e6);
+  };
+  const bool profiled = sc.profile != nullptr;
+  std::vector<std::string> items;
+  for (const char* cls : {"gemm", "attention", "norm", "activation", "embedding"}) {
+    items.push_back(absl::StrCat(reports::JsonString(cls), ": ",
+                                 reports::JsonString(profiled ? "profile" : roofline(cls))));
+  }
+  if (sc.model.moe()) {
+    items.push_back(absl::StrCat(
+        "\"moe\": ",
+        reports::JsonString(profiled && sc.profile->has_moe()
+                                ? "profile (moe.csv)"
+                                : "roofline of the grouped GEMMs, " + roofline("gemm"))));
+  }
+  if (sc.xpus_per_replica() > 1) {
+    const auto& c = gpu.collectives();
+    items.push_back(absl::StrCat(
+        "\"collectives\": ",
+        reports::JsonString(
+            c.curves().empty()
+                ? absl::StrCat("ring model over ", gpu.interconnect().preset().empty()
+                                                       ? std::string("the scenario's link")
+                                                       : gpu.interconnect().preset())
+                : absl::StrCat("measured tables (", c.preset(), ")"))));
+  }
+  return absl::StrCat("{", absl::StrJoin(items, ", "), "}");
+}
+
 // The profile bundle's lookups during this run, for run_info.json (an
 // agent's lookups are counted in its own process).
 std::string ProfileJson(const scenario::ResolvedScenario& sc,
@@ -453,6 +503,7 @@ int RunWithFlags(const RunFlags& o) {
   info.agents_json = AgentsJson(*sc);
   info.profile_json = ProfileJson(*sc, profile_before);
   info.collectives_json = CollectivesJson(*sc, collectives_before);
+  info.op_costs_json = OpCostsJson(*sc);
   info.fallbacks = fallbacks;
   if (!result.ok()) {
     return FinishStoppedRun(*loaded, *wl, dir, result.status(), stopped_by, partial, csv_status,

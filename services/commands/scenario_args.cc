@@ -177,15 +177,93 @@ absl::StatusOr<std::string> ReadTokenFile(const std::string& path, const std::st
   return token;
 }
 
+namespace {
+
+// Fields outside the workload that the scenario writes and its own
+// settings make ignored: each applies under a condition this scenario does
+// not meet. A condition changed by --set (say output.timeline=false for a
+// quick run) makes the file's own fields for it moot, not wrong: those are
+// not listed (a field --set gives is).
+std::vector<std::string> InapplicableSettings(const Scenario& s) {
+  const scenario::LoadedScenario& ls = s.loaded;
+  const scenario::ResolvedScenario& rs = s.resolved;
+  std::vector<std::string> out;
+  const auto by_flag = [&ls](absl::string_view path) {
+    for (const std::string& o : ls.overridden) {
+      if (o == path ||
+          (absl::StartsWith(o, path) && o.size() > path.size() && o[path.size()] == '.')) {
+        return true;
+      }
+    }
+    return false;
+  };
+  // `field` is listed when written, the scenario does not meet its
+  // condition, and either the field came from --set or none of the
+  // settings deciding the condition did.
+  const auto check = [&](const char* field, bool applies,
+                         std::initializer_list<const char*> deciders, const std::string& why) {
+    if (applies || !ls.Written(field)) return;
+    if (!by_flag(field)) {
+      for (const char* d : deciders) {
+        if (by_flag(d)) return;
+      }
+    }
+    out.push_back(absl::StrCat(ls.Where(field), ": ", field, " ", why));
+  };
+  // The colocated scheduler's knobs (a disaggregated cluster's pools have
+  // their own scheduler blocks, resolved per pool).
+  if (!rs.disaggregated()) {
+    // A 0 (the default: no cap, eager) is harmless anywhere.
+    const auto& sched = rs.proto.scheduler();
+    check("scheduler.long_prefill_token_threshold",
+          sched.long_prefill_token_threshold() == 0 ||
+              rs.batching.policy == scheduler::BatchingPolicy::kVllmV1,
+          {"scheduler.batching"},
+          "applies to VLLM_V1 batching only (vLLM's v1 scheduler caps each prompt's chunk with "
+          "it); this scenario batches otherwise");
+    check("scheduler.cuda_graph_max_tokens",
+          sched.cuda_graph_max_tokens() == 0 || rs.data_parallel > 1, {"cluster.data_parallel"},
+          "applies to data-parallel MoE ranks only (cluster.data_parallel > 1, whose steps vLLM "
+          "pads to a captured size); this replica is one rank");
+  }
+  // The timeline's knobs without a timeline.
+  for (const char* field :
+       {"output.timeline_every", "output.timeline_max_iterations", "output.timeline_start_s",
+        "output.timeline_end_s", "output.timeline_layers"}) {
+    check(field, rs.proto.output().timeline(), {"output.timeline"},
+          "shapes the timeline, and output.timeline is false");
+  }
+  // Mooncake's unit size with another trace format named.
+  const auto format = rs.proto.workload().trace().format();
+  check("workload.trace.hash_block_tokens",
+        format == servesim::v1::TRACE_FORMAT_UNSPECIFIED ||
+            format == servesim::v1::TRACE_FORMAT_MOONCAKE,
+        {"workload.trace"},
+        absl::StrCat("applies to Mooncake traces (their hash_ids) only; this trace is ",
+                     servesim::v1::TraceFormat_Name(format)));
+  // Collective tables for replicas that run no collective.
+  const bool collectives = rs.disaggregated() || rs.tensor_parallel > 1 || rs.data_parallel > 1 ||
+                           rs.pipeline_parallel > 1;
+  for (const char* field : {"cluster.collectives", "cluster.internode_collectives"}) {
+    check(field, collectives,
+          {"cluster.tensor_parallel", "cluster.data_parallel", "cluster.pipeline_parallel"},
+          "costs collectives, and each replica is one GPU (none run)");
+  }
+  return out;
+}
+
+}  // namespace
+
 std::vector<std::string> InapplicableFields(const Scenario& s) {
+  std::vector<std::string> out = InapplicableSettings(s);
   const scenario::LoadedScenario& ls = s.loaded;
   const auto& w = ls.proto.workload();
   for (const std::string& o : ls.overridden) {
     if (absl::StartsWith(o, "workload.") && o != "workload.lengths" &&
         !absl::StartsWith(o, "workload.lengths.") && o != "workload.num_requests" &&
         !absl::StartsWith(o, "workload.window_") && o != "workload.max_requests" &&
-        o != "workload.rate_scale" && o != "workload.repeat") {
-      return {};  // the source came from the command line
+        o != "workload.rate_scale" && o != "workload.repeat" && o != "workload.max_in_flight") {
+      return out;  // the source came from the command line
     }
   }
   std::string source, instead_n, instead_len;
@@ -198,9 +276,8 @@ std::vector<std::string> InapplicableFields(const Scenario& s) {
     instead_n = "set workload.saturated.num_requests";
     instead_len = "set workload.saturated.input_tokens and output_tokens";
   } else {
-    return {};
+    return out;
   }
-  std::vector<std::string> out;
   if (w.has_lengths()) {
     out.push_back(absl::StrCat(ls.Where("workload.lengths"),
                                ": workload.lengths applies to synthetic arrivals only (poisson, "

@@ -60,11 +60,14 @@ absl::StatusOr<std::unique_ptr<workload::RequestStream>> OpenWorkloadOf(const Sc
 // checked as the agents check theirs; errors name `flag` and the file.
 absl::StatusOr<std::string> ReadTokenFile(const std::string& path, const std::string& flag);
 
-// Workload fields the scenario file sets that its own source ignores
-// (workload.lengths or num_requests with a trace or the saturated source),
-// each "FILE:LINE: workload.X ...why"; empty when --trace or --set changed
-// the source (the file's lengths were for its own). `run` and sweeps refuse
-// them, `validate` warns.
+// Fields the scenario sets that its own settings ignore, each
+// "FILE:LINE: FIELD ...why": workload.lengths or num_requests with a trace
+// or the saturated source (not when --trace or --set changed the source:
+// the file's lengths were for its own); long_prefill_token_threshold
+// without VLLM_V1 batching; cuda_graph_max_tokens on a single rank; the
+// timeline's knobs without a timeline; hash_block_tokens with a trace
+// format other than Mooncake; collective tables for one-GPU replicas.
+// `run` and sweeps refuse them, `validate` warns.
 std::vector<std::string> InapplicableFields(const Scenario& s);
 
 // The --set list a study's every run starts from: --set, then --seed,

@@ -1,8 +1,10 @@
 #!/usr/bin/env node
 // End-to-end test of the live dashboard: starts a paced servesim run with
-// --metrics, opens the page it serves in Debian's headless Chromium through
-// playwright-core, waits for the charts to fill, waits for the run to end and
-// checks the page's final values against /metrics. Saves a screenshot.
+// --metrics and a token (--metrics-token-file), opens the page it serves in
+// Debian's headless Chromium through playwright-core, first without the
+// token (it must say how to give it) and then with it (#token=...), waits
+// for the charts to fill, waits for the run to end and checks the page's
+// final values against /metrics. Saves a screenshot.
 //
 // node tests/browser/dashboard_test.js --servesim BIN --scenario FILE
 //      [--web-dir DIR] [--screenshot PNG] [--npm-dir DIR] [--pace X]
@@ -70,8 +72,9 @@ function loadPlaywright(npmDir) {
 
 // Starts servesim and resolves with {child, base, stderr()} once it prints
 // "metrics: http://HOST:PORT/".
-function startServesim(o) {
-  const args = ['run', o.scenario, '--quiet', '--metrics', '127.0.0.1:0', '--pace', o.pace, '--linger', o.linger, '--web-dir', o.webDir];
+function startServesim(o, tokenFile) {
+  const args = ['run', o.scenario, '--quiet', '--metrics', '127.0.0.1:0', '--pace', o.pace, '--linger', o.linger, '--web-dir', o.webDir,
+    '--metrics-token-file', tokenFile];
   for (const s of o.sets) args.push('--set', s);
   log(`starting: ${o.servesim} ${args.join(' ')}`);
   const child = spawn(o.servesim, args, { stdio: ['ignore', 'ignore', 'pipe'] });
@@ -119,19 +122,39 @@ async function main() {
   await page.setContent('<p>servesim</p><canvas width="8" height="8"></canvas>');
   log('browser ready');
   let run;
+  // The run wants a token on /metrics (--metrics-token-file): the page
+  // without it says how to give it; with it (#token=...) it plots.
+  const token = 'dashboard-test-' + process.pid;
+  const tokenDir = fs.mkdtempSync(path.join(require('node:os').tmpdir(), 'servesim-token-'));
+  const tokenFile = path.join(tokenDir, 'token');
+  fs.writeFileSync(tokenFile, token + '\n', { mode: 0o600 });
+  const auth = { Authorization: `Bearer ${token}` };
   try {
-    run = await startServesim(o);
+    run = await startServesim(o, tokenFile);
     const origin = new URL(run.base).origin;
     log(`dashboard at ${run.base}`);
     const offOrigin = [];
     const pageErrors = [];
+    let tokenless = true;  // 401s are expected until the page has the token
     page.on('request', (r) => { if (new URL(r.url()).origin !== origin && !r.url().startsWith('data:')) offOrigin.push(r.url()); });
     page.on('pageerror', (e) => pageErrors.push(`page error: ${e.message}`));
-    page.on('console', (m) => { if (m.type() === 'error') pageErrors.push(`console error: ${m.text()}`); });
-    page.on('response', (r) => { if (r.status() >= 400) pageErrors.push(`HTTP ${r.status()} for ${r.url()}`); });
+    page.on('console', (m) => { if (m.type() === 'error' && !(tokenless && /401/.test(m.text()))) pageErrors.push(`console error: ${m.text()}`); });
+    page.on('response', (r) => { if (r.status() >= 400 && !(tokenless && r.status() === 401)) pageErrors.push(`HTTP ${r.status()} for ${r.url()}`); });
 
-    const resp = await page.goto(run.base);
+    const bare = await fetch(new URL('metrics', run.base));
+    check(bare.status === 401, `GET /metrics without the token: HTTP ${bare.status}, expected 401`);
+    let resp = await page.goto(run.base);
     if (!resp || !resp.ok()) throw new Error(`GET ${run.base}: ${resp ? `HTTP ${resp.status()}` : 'no response'}`);
+    await page.waitForFunction(() => window.servesimDashboard && /wants its token/.test(window.servesimDashboard.error || ''), null, { timeout: 30000 })
+      .catch(async (e) => {
+        const st = await page.evaluate(() => window.servesimDashboard && { status: window.servesimDashboard.status, error: window.servesimDashboard.error });
+        throw new Error(`without the token the page should say it wants one (${JSON.stringify(st)}): ${e.message}`);
+      });
+    log('without the token the page asks for it');
+    await page.goto('about:blank');
+    tokenless = false;
+    resp = await page.goto(`${run.base}#token=${encodeURIComponent(token)}`);
+    if (!resp || !resp.ok()) throw new Error(`GET ${run.base}#token=...: ${resp ? `HTTP ${resp.status()}` : 'no response'}`);
 
     // Charts have data while the run is going.
     await page.waitForFunction(() => window.servesimDashboard && window.servesimDashboard.samples > 3, null, { timeout: 60000 })
@@ -147,7 +170,7 @@ async function main() {
     await page.waitForFunction(() => window.servesimDashboard.status === 'done', null, { timeout: runSeconds * 1000 });
 
     // Final values: /metrics now (the run is done, servesim lingers) vs the page.
-    const res = await fetch(new URL('metrics', run.base));
+    const res = await fetch(new URL('metrics', run.base), { headers: auth });
     check(res.ok, `GET /metrics: HTTP ${res.status}`);
     const text = await res.text();
     check(metricSum(text, 'servesim_run_done') === 1, 'page says done but servesim_run_done is not 1');
@@ -207,6 +230,7 @@ async function main() {
     check(ex !== null, `servesim still running ${Number(o.linger) + 20} s after the run ended (--linger ${o.linger})`);
     if (ex) check(ex.code === 0, `servesim exited with ${ex.signal || ex.code}; stderr:\n${run.stderr()}`);
   } finally {
+    fs.rmSync(tokenDir, { recursive: true, force: true });
     if (browser) await browser.close().catch(() => {});
     if (run && run.child.exitCode === null && run.child.signalCode === null) run.child.kill('SIGTERM');
   }

@@ -22,6 +22,14 @@ TEST(DocFiguresTest, InferencePerfStagesTable) {
        "/examples/vllm/inference_perf/H100_Llama-3.1-8B-Instruct_prefix-caching",
        "--out", out, "--quiet"});
   ASSERT_EQ(r.code, 0) << r.out;
+  // No profile: the H100 preset's GEMM caps were fitted to measured
+  // kernels; the other classes take the default caps.
+  const std::string info = test_util::ReadFile(out + "/run_info.json");
+  EXPECT_NE(info.find("\"op_costs\": {\"gemm\": \"roofline, caps fitted to measured kernels "
+                      "(compute 0.741, memory 0.821, 3.67 us per kernel)\", \"attention\": "
+                      "\"roofline, default caps (compute 0.8, memory 0.85, 4 us per kernel)\""),
+            std::string::npos)
+      << info;
   std::map<std::string, double> error;  // "stage.metric.stat" -> error_pct
   for (const std::string& line :
        test_util::Lines(test_util::ReadFile(out + "/replay_stages.csv"))) {

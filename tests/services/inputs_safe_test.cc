@@ -230,6 +230,65 @@ TEST(BordersTest, WorkloadFieldsTheSourceIgnoresAreRefusedByRunAndFlaggedByValid
   EXPECT_FALSE(absl::StrContains(r.out, "ignored here")) << r.out;
 }
 
+// Settings other settings make moot: each named with where it was set and
+// the condition it needs.
+TEST(BordersTest, SettingsTheScenarioIgnoresAreRefusedByRunAndFlaggedByValidate) {
+  struct Case {
+    const char* scenario;
+    std::vector<std::string> sets;
+    std::string message;
+  };
+  const Case cases[] = {
+      {kExample,
+       {"scheduler.long_prefill_token_threshold=256"},
+       "scheduler.long_prefill_token_threshold applies to VLLM_V1 batching only"},
+      {kExample,
+       {"scheduler.cuda_graph_max_tokens=512"},
+       "scheduler.cuda_graph_max_tokens applies to data-parallel MoE ranks only"},
+      {kExample,
+       {"output.timeline=false", "output.timeline_every=5"},
+       "output.timeline_every shapes the timeline, and output.timeline is false"},
+      {kShareGpt,
+       {"cluster.collectives.preset=auto"},
+       "cluster.collectives costs collectives, and each replica is one GPU (none run)"},
+  };
+  for (const auto& [scenario, sets, message] : cases) {
+    std::vector<std::string> args = {"run", scenario, "--quiet"};
+    for (const std::string& s : sets) args.insert(args.end(), {"--set", s});
+    test_util::CommandResult r = test_util::RunServesim(args);
+    EXPECT_EQ(r.code, 1) << r.out;
+    EXPECT_TRUE(absl::StrContains(r.out, message)) << message << "\n" << r.out;
+    args[0] = "validate";
+    args.erase(args.begin() + 2);  // --quiet
+    r = test_util::RunServesim(args);
+    EXPECT_EQ(r.code, 0) << r.out;
+    EXPECT_TRUE(absl::StrContains(r.out, message)) << r.out;
+    EXPECT_TRUE(absl::StrContains(r.out, "(ignored here; `servesim run` refuses it)")) << r.out;
+  }
+  // A condition --set changes makes the file's own fields for it moot: a
+  // file that shapes its timeline, run with output.timeline=false.
+  const std::string dir = test_util::FreshDir("moot");
+  CopyScenario(kExample, dir + "/s.pbtxt",
+               "-e 's|^workload {|output { timeline_every: 7 }\\nworkload {|'");
+  test_util::CommandResult moot =
+      test_util::RunServesim({"validate", dir + "/s.pbtxt", "--set", "output.timeline=false"});
+  EXPECT_EQ(moot.code, 0) << moot.out;
+  EXPECT_FALSE(absl::StrContains(moot.out, "ignored here")) << moot.out;
+  // The same file with its own timeline off: listed, at its line.
+  CopyScenario(kExample, dir + "/t.pbtxt",
+               "-e 's|^workload {|output { timeline: false timeline_every: 7 }\\nworkload {|'");
+  moot = test_util::RunServesim({"validate", dir + "/t.pbtxt"});
+  EXPECT_TRUE(absl::StrContains(moot.out, dir + "/t.pbtxt:22: output.timeline_every shapes the "
+                                                "timeline, and output.timeline is false"))
+      << moot.out;
+  // Where they apply, they run: VLLM_V1 batching with its threshold.
+  const test_util::CommandResult r = test_util::RunServesim(
+      {"validate", kExample, "--set", "scheduler.batching=BATCHING_POLICY_VLLM_V1", "--set",
+       "scheduler.long_prefill_token_threshold=256"});
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_FALSE(absl::StrContains(r.out, "ignored here")) << r.out;
+}
+
 TEST(BordersTest, ARepeatPastTheTimeLimitIsRefusedAfterOnePass) {
   const test_util::CommandResult r =
       test_util::RunServesim({"validate", kExample, "--set", "workload.repeat=10000", "--set",

@@ -81,6 +81,9 @@ TEST(ReplayCliTest, FixtureRunWithAKnownAnswer) {
   EXPECT_NE(ReadFile(out + "/scenario.pbtxt").find("num_kv_blocks: 100"), std::string::npos);
   const std::string info = ReadFile(out + "/run_info.json");
   EXPECT_NE(info.find("\"beyond_grid\": 0,"), std::string::npos) << info;
+  EXPECT_NE(info.find("\"op_costs\": {\"gemm\": \"profile\", \"attention\": \"profile\""),
+            std::string::npos)
+      << info;
   EXPECT_NE(info.find("\"missing_layer\": 0,"), std::string::npos) << info;
   EXPECT_NE(info.find("model test-org/tiny: no preset; dimensions from setup.json's model block"),
             std::string::npos)

@@ -193,6 +193,14 @@ TEST(NothingServedTest, AllRejectedExitsThreeWithUndefinedLatencies) {
                         "\"ttft_s\": {\"count\": 0, \"mean\": null, \"p50\": null, \"p90\": null, "
                         "\"p99\": null, \"max\": null}"))
       << summary;
+  // Every null figure says why, last in the file.
+  EXPECT_TRUE(absl::StrContains(
+      summary,
+      "  \"nulls\": {\"ttft_s\": \"no request got its first token\", \"tbt_s\": \"no "
+      "request got a second token\", \"tpot_s\": \"no request finished with more than "
+      "one output token\", \"e2e_s\": \"no request finished\""))
+      << summary;
+  EXPECT_TRUE(absl::StrContains(summary, "\"e2e_s\": \"no request finished\"}\n}\n")) << summary;
 }
 
 TEST(NothingServedTest, FewCompletedRequestsAreFlagged) {

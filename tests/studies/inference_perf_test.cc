@@ -73,6 +73,10 @@ TEST(YamlSubsetTest, RefusesWhatItDoesNotReadNamingTheLine) {
       {"a: 1\n  b: 2\n", "c.yml:2: indented where no block can start"},
       {"a: 1\n---\nb: 2\n", "c.yml:2: a second document"},
       {"a: \"open\n", "c.yml:1: quoted text not closed"},
+      // An item that ends in neither a comma nor the bracket (found by the
+      // fuzzer: the parser used to loop on it).
+      {"a: [: 1]\n", "c.yml:1: expected ',' or ']' at \": 1]\""},
+      {"a: {b: \"x\" c}\n", "c.yml:1: expected ',' or '}' at \"c}\""},
   };
   for (const auto& [text, message] : cases) {
     const auto r = ParseYaml(text, "c.yml");
