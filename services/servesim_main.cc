@@ -24,7 +24,10 @@ int main(int argc, char** argv) {
   }
   if (args.empty()) return svc::UsageError("no command given");
   const std::string& command = args[0];
-  if (command == "help" || command == "--help" || command == "-h") return svc::PrintUsage();
+  if (command == "help" || command == "--help" || command == "-h") {
+    // `servesim help COMMAND`: that command's part.
+    return svc::PrintUsage(command == "help" && args.size() > 1 ? args[1] : "");
+  }
   if (command == "--version" || command == "version") {
     // The revision is the source tree's when the build was configured.
     std::cout << "servesim " << SERVESIM_VERSION << " (git " << SERVESIM_GIT_REVISION << ", "
@@ -41,5 +44,9 @@ int main(int argc, char** argv) {
   };
   const auto it = kCommands.find(command);
   if (it == kCommands.end()) return svc::UsageError(absl::StrCat("unknown command ", command));
+  // `servesim COMMAND --help`: that command's part of the usage.
+  for (size_t i = 1; i < args.size(); ++i) {
+    if (args[i] == "--help" || args[i] == "-h") return svc::PrintUsage(command);
+  }
   return it->second(svc::Args(args.begin() + 1, args.end()));
 }

@@ -28,7 +28,8 @@ int ReplayCommand(const Args& args);    // replay RUN_DIR: a measured vLLM run, 
 int CalibrateCommand(const Args& args); // calibrate PROFILE_DIR: fit the roofline to a profile
 
 // Prints the usage text on stdout; returns 0.
-int PrintUsage();
+// `servesim --help`; with a command, that command's part of it.
+int PrintUsage(const std::string& command = "");
 
 // Parses `args` with `flags`: nullopt to go on, else the exit status to
 // return at once (the usage text was asked for, or a usage error printed).

@@ -1,6 +1,12 @@
-// The text of `servesim --help`.
+// The text of `servesim --help`, and of `servesim COMMAND --help` (that
+// command's entry and the option sections it takes).
 #include <iostream>
+#include <string>
+#include <vector>
 
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "services/commands/commands.h"
 
 namespace servesim::services {
@@ -155,10 +161,70 @@ scenario file's folder. Exit status: 0 success, 1 bad input or failed run,
 130 / 143 a run stopped by SIGINT / SIGTERM (partial outputs written).
 )";
 
+// kUsage's parts: the title, each command's entry under "Usage:", the
+// option sections (a line without indentation ending in ":"), the footer
+// (the paragraph after the last section).
+struct UsageParts {
+  std::string title;
+  std::vector<std::string> entries;
+  std::vector<std::string> sections;
+  std::string footer;
+};
+
+UsageParts SplitUsage() {
+  UsageParts p;
+  std::vector<std::string> lines = absl::StrSplit(kUsage, '\n');
+  size_t i = 0;
+  for (; i < lines.size() && lines[i] != "Usage:"; ++i) absl::StrAppend(&p.title, lines[i], "\n");
+  for (++i; i < lines.size() && !lines[i].empty(); ++i) {
+    if (absl::StartsWith(lines[i], "  servesim ")) p.entries.emplace_back();
+    if (!p.entries.empty()) absl::StrAppend(&p.entries.back(), lines[i], "\n");
+  }
+  for (; i < lines.size(); ++i) {
+    if (lines[i].empty()) continue;
+    if (absl::EndsWith(lines[i], ":") && lines[i][0] != ' ') {
+      p.sections.push_back(lines[i] + "\n");
+    } else if (lines[i][0] != ' ' && !absl::EndsWith(lines[i], ":")) {
+      for (; i < lines.size(); ++i) absl::StrAppend(&p.footer, lines[i], "\n");
+      break;
+    } else if (!p.sections.empty()) {
+      absl::StrAppend(&p.sections.back(), lines[i], "\n");
+    }
+  }
+  return p;
+}
+
 }  // namespace
 
-int PrintUsage() {
-  std::cout << kUsage;
+int PrintUsage(const std::string& command) {
+  if (command.empty()) {
+    std::cout << kUsage;
+    return kExitOk;
+  }
+  const UsageParts p = SplitUsage();
+  std::string entry;
+  for (const std::string& e : p.entries) {
+    if (absl::StartsWith(e, absl::StrCat("  servesim ", command, " ")) ||
+        absl::StartsWith(e, absl::StrCat("  servesim ", command, "\n"))) {
+      entry += e;
+    }
+  }
+  if (entry.empty()) return UsageError(absl::StrCat("no help for ", command, ": unknown command"));
+  // The option sections each command takes.
+  const bool runs = command == "run" || command == "validate" || command == "replay" ||
+                    command == "sweep" || command == "search";
+  const bool studies =
+      command == "sweep" || command == "search" || command == "merge" || command == "study";
+  const bool agents = command == "run" || command == "validate";
+  std::cout << p.title << "Usage:\n" << entry;
+  for (const std::string& s : p.sections) {
+    if ((runs && absl::StartsWith(s, "Options of run")) ||
+        (studies && absl::StartsWith(s, "Studies")) ||
+        (agents && absl::StartsWith(s, "Device agents"))) {
+      std::cout << "\n" << s;
+    }
+  }
+  std::cout << "\n" << p.footer;
   return kExitOk;
 }
 
