@@ -7,6 +7,7 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -226,11 +227,10 @@ absl::StatusOr<SimRequests> ReadRequests(const std::string& path, size_t planned
   return r;
 }
 
-}  // namespace
-
-absl::StatusOr<std::vector<double>> StageDrains(const std::vector<PlannedRequest>& plan, int stages,
-                                                const std::string& requests_csv) {
-  ASSIGN_OR_RETURN(const SimRequests r, ReadRequests(requests_csv, plan.size()));
+// Each stage's last finish (a refused request ends at its arrival), in
+// the run's clock.
+absl::StatusOr<std::vector<double>> RunDrains(const std::vector<PlannedRequest>& plan, int stages,
+                                              const SimRequests& r) {
   std::vector<double> drain(static_cast<size_t>(stages), 0.0);
   for (size_t i = 0; i < r.table.rows.size(); ++i) {
     const int k = plan[i].stage;
@@ -238,15 +238,28 @@ absl::StatusOr<std::vector<double>> StageDrains(const std::vector<PlannedRequest
     if (r.table.rows[i][r.status] == "done") {
       ASSIGN_OR_RETURN(end, r.table.Number(i, r.finish));
     } else {
-      // A refused request ends at its arrival.
       ASSIGN_OR_RETURN(end, r.table.Number(i, r.arrival));
     }
     drain[static_cast<size_t>(k)] = std::max(drain[static_cast<size_t>(k)], end);
   }
-  // The run starts its clock at the first arrival; the trace's clock starts
-  // at stage 0's start, the first send's offset before it.
-  for (double& d : drain) d += plan.front().offset_s;
   return drain;
+}
+
+// The run starts its clock at the first arrival; the trace's clock starts
+// at stage 0's start, the first send's offset before it.
+std::vector<double> InTraceClock(const std::vector<PlannedRequest>& plan,
+                                 std::vector<double> run_clock) {
+  for (double& d : run_clock) d += plan.front().offset_s;
+  return run_clock;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<double>> StageDrains(const std::vector<PlannedRequest>& plan, int stages,
+                                                const std::string& requests_csv) {
+  ASSIGN_OR_RETURN(const SimRequests r, ReadRequests(requests_csv, plan.size()));
+  ASSIGN_OR_RETURN(std::vector<double> drain, RunDrains(plan, stages, r));
+  return InTraceClock(plan, std::move(drain));
 }
 
 absl::StatusOr<std::vector<StageReport>> SimulatedStages(const std::vector<PlannedRequest>& plan,
@@ -255,10 +268,8 @@ absl::StatusOr<std::vector<StageReport>> SimulatedStages(const std::vector<Plann
                                                          const std::string& iterations_csv,
                                                          std::vector<double>* drain_s) {
   ASSIGN_OR_RETURN(const SimRequests r, ReadRequests(requests_csv, plan.size()));
-  ASSIGN_OR_RETURN(*drain_s, StageDrains(plan, stages, requests_csv));
-  // The same in the run's clock (which starts at the first arrival).
-  std::vector<double> sim_drain = *drain_s;
-  for (double& d : sim_drain) d -= plan.front().offset_s;
+  ASSIGN_OR_RETURN(const std::vector<double> sim_drain, RunDrains(plan, stages, r));
+  *drain_s = InTraceClock(plan, sim_drain);
   const size_t n = static_cast<size_t>(stages);
   std::vector<std::vector<double>> e2e(n), ttft(n), tpot(n), itl(n);
   std::vector<double> first(n, std::numeric_limits<double>::infinity()), last(n, 0);

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -26,30 +27,12 @@ absl::Status Error(const std::string& path, int line, absl::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat(path, ":", line, ": ", what));
 }
 
-// The text before a comment: "#" at the start or after a blank, outside
-// quotes.
-std::string StripComment(absl::string_view s) {
-  char quote = 0;
-  for (size_t i = 0; i < s.size(); ++i) {
-    const char c = s[i];
-    if (quote != 0) {
-      if (c == '\\' && quote == '"') {
-        ++i;
-      } else if (c == quote) {
-        quote = 0;
-      }
-    } else if (c == '"' || c == '\'') {
-      quote = c;
-    } else if (c == '#' && (i == 0 || s[i - 1] == ' ' || s[i - 1] == '\t')) {
-      return std::string(absl::StripTrailingAsciiWhitespace(s.substr(0, i)));
-    }
-  }
-  return std::string(absl::StripTrailingAsciiWhitespace(s));
-}
-
-// The position of a mapping entry's ": " (or a final ":") outside quotes and
-// brackets; npos when `s` is not a mapping entry.
-size_t KeyColon(absl::string_view s) {
+// The first position outside quoted text where `stop(i, depth)` holds
+// (depth: the flow brackets open there); npos if none. A quote opens
+// anywhere when `quotes_anywhere`, else only at the start, after a blank or
+// inside brackets (a plain scalar may hold an apostrophe).
+size_t ScanOutsideQuotes(absl::string_view s, bool quotes_anywhere,
+                         absl::FunctionRef<bool(size_t, int)> stop) {
   char quote = 0;
   int depth = 0;
   for (size_t i = 0; i < s.size(); ++i) {
@@ -62,17 +45,34 @@ size_t KeyColon(absl::string_view s) {
       }
       continue;
     }
-    if ((c == '"' || c == '\'') && (i == 0 || depth > 0 || s[i - 1] == ' ')) {
+    if ((c == '"' || c == '\'') && (quotes_anywhere || i == 0 || depth > 0 || s[i - 1] == ' ')) {
       quote = c;
     } else if (c == '{' || c == '[') {
       ++depth;
     } else if (c == '}' || c == ']') {
       --depth;
-    } else if (c == ':' && depth == 0 && (i + 1 == s.size() || s[i + 1] == ' ')) {
+    } else if (stop(i, depth)) {
       return i;
     }
   }
   return absl::string_view::npos;
+}
+
+// The text before a comment: "#" at the start or after a blank, outside
+// quotes.
+std::string StripComment(absl::string_view s) {
+  const size_t hash = ScanOutsideQuotes(s, /*quotes_anywhere=*/true, [s](size_t i, int) {
+    return s[i] == '#' && (i == 0 || s[i - 1] == ' ' || s[i - 1] == '\t');
+  });
+  return std::string(absl::StripTrailingAsciiWhitespace(s.substr(0, hash)));
+}
+
+// The position of a mapping entry's ": " (or a final ":") outside quotes and
+// brackets; npos when `s` is not a mapping entry.
+size_t KeyColon(absl::string_view s) {
+  return ScanOutsideQuotes(s, /*quotes_anywhere=*/false, [s](size_t i, int depth) {
+    return s[i] == ':' && depth == 0 && (i + 1 == s.size() || s[i + 1] == ' ');
+  });
 }
 
 bool IsSeqItem(absl::string_view s) { return s == "-" || absl::StartsWith(s, "- "); }
